@@ -1,0 +1,3 @@
+from dblockrun.cli import main
+
+main()

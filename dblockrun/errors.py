@@ -1,0 +1,70 @@
+"""The one exception family of dblockrun.
+
+Each class's docstring is its default message. The CLI maps
+:class:`ConfigError` and :class:`UsageError` to exit status 2 and every other
+:class:`DblockrunError` to exit status 1.
+"""
+
+from __future__ import annotations
+
+
+class DblockrunError(Exception):
+    """dblockrun failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class UsageError(DblockrunError):
+    """Bad usage."""
+
+
+class ConfigError(DblockrunError):
+    """The jobs file is invalid.
+
+    Rendered as ``file:line: job 'x': key: why`` (parts that are unknown are
+    left out).
+    """
+
+    def __init__(
+        self,
+        why: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        job: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.why = why
+        self.file = file
+        self.line = line
+        self.job = job
+        self.key = key
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        parts: list[str] = []
+        if self.file is not None:
+            parts.append(f"{self.file}:{self.line}" if self.line is not None else self.file)
+        if self.job is not None:
+            parts.append(f"job '{self.job}'")
+        if self.key is not None:
+            parts.append(self.key)
+        parts.append(self.why)
+        return ": ".join(parts)
+
+
+class DatabaseError(DblockrunError):
+    """The database could not be reached or refused a statement."""
+
+
+class SchemaTooNew(DatabaseError):
+    """The database schema is newer than this dblockrun knows; upgrade dblockrun."""
+
+
+class UnknownJob(UsageError):
+    """No such job."""
