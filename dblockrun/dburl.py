@@ -1,0 +1,87 @@
+"""Where the database is: URL resolution, driver mapping and redaction.
+
+Order: ``--db``, then ``DBLOCKRUN_DB``, then ``database:`` in the jobs file,
+then the embedded SQLite file under ``$XDG_STATE_HOME/dblockrun/``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from dblockrun.errors import UsageError
+
+_SCHEMES = {
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "postgresql+psycopg": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mysql+pymysql",
+    "mysql+pymysql": "mysql+pymysql",
+    "mariadb+pymysql": "mysql+pymysql",
+    "sqlite": "sqlite",
+}
+
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$", re.S)
+_PASSWORD = re.compile(r"^(?P<user>[^:/@]*):(?P<password>[^@/]*)@")
+
+
+def default_sqlite_path() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "dblockrun" / "dblockrun.db"
+
+
+def resolve_url(cli_db: str | None, file_db: str | None) -> str:
+    """The database URL the user asked for, by the documented precedence."""
+    for candidate in (cli_db, os.environ.get("DBLOCKRUN_DB"), file_db):
+        if candidate:
+            return candidate
+    return f"sqlite:///{default_sqlite_path()}"
+
+
+def driver_url(url: str) -> str:
+    """Map a user URL to the SQLAlchemy URL with our chosen driver."""
+    match = _URL.match(url)
+    if not match:
+        raise UsageError(f"database URL {redact(url)!r} is not a URL (e.g. postgresql://host/db)")
+    scheme = match.group("scheme").lower()
+    if scheme not in _SCHEMES:
+        known = "postgresql://, mysql://, mariadb://, sqlite:///path"
+        raise UsageError(f"database URL scheme {scheme!r} is not supported (use {known})")
+    return f"{_SCHEMES[scheme]}://{match.group('rest')}"
+
+
+def dialect_of(url: str) -> str:
+    """``sqlite``, ``postgresql`` or ``mysql``."""
+    return driver_url(url).split("+")[0].split(":")[0]
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a sqlite URL, or None for memory or other databases."""
+    if dialect_of(url) != "sqlite":
+        return None
+    path = driver_url(url)[len("sqlite:///") :].split("?")[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def prepare_sqlite_file(url: str) -> None:
+    """Create the folder of a SQLite file private to the user (0700), file 0600."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+    if not path.exists():
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+        os.close(fd)
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***``."""
+    match = _URL.match(url)
+    if not match:
+        return "***" if "@" in url else url
+    rest = _PASSWORD.sub(lambda m: f"{m.group('user')}:***@", match.group("rest"))
+    rest = re.sub(r"(?i)(password=)[^&]*", r"\1***", rest)
+    return f"{match.group('scheme')}://{rest}"

@@ -1,0 +1,69 @@
+"""What differs between SQLite, PostgreSQL and MySQL/MariaDB, decided once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.sql.elements import ColumnElement
+
+# The database clock in epoch seconds, read per statement.
+_NOW = {
+    # clock_timestamp(), not now(): now() is frozen at transaction start.
+    "postgresql": "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)",
+    # NOW(6) is the statement's start; the session runs in UTC (see engine_options).
+    "mysql": "CAST(UNIX_TIMESTAMP(NOW(6)) AS DOUBLE)",
+    # 'now' is stable within one statement.
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+}
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+
+    def now(self) -> ColumnElement[float]:
+        return sa.literal_column(_NOW[self.name], sa.Double())
+
+    def greatest(self, a: ColumnElement[Any], b: ColumnElement[Any]) -> ColumnElement[Any]:
+        fn = sa.func.max if self.name == "sqlite" else sa.func.greatest
+        return fn(a, b, type_=sa.Double())
+
+    @property
+    def update_returning(self) -> bool:
+        """UPDATE ... RETURNING (MySQL/MariaDB have none; we use LAST_INSERT_ID(expr))."""
+        return self.name != "mysql"
+
+    def engine_options(self) -> dict[str, Any]:
+        if self.name == "postgresql":
+            return {
+                "connect_args": {
+                    "connect_timeout": 5,
+                    "application_name": "dblockrun",
+                    "options": "-c statement_timeout=15000",
+                },
+                "pool_pre_ping": True,
+            }
+        if self.name == "mysql":
+            return {
+                "connect_args": {
+                    "connect_timeout": 5,
+                    "read_timeout": 15,
+                    "write_timeout": 15,
+                    "init_command": "SET time_zone = '+00:00'",
+                    "charset": "utf8mb4",
+                },
+                "pool_pre_ping": True,
+                "pool_recycle": 3600,
+            }
+        return {"connect_args": {"timeout": 15, "check_same_thread": False}}
+
+    def insert_ignore(self, table: sa.Table) -> Any:
+        if self.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            return pg_insert(table).on_conflict_do_nothing()
+        if self.name == "mysql":
+            return table.insert().prefix_with("IGNORE")
+        return table.insert().prefix_with("OR IGNORE")

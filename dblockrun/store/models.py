@@ -1,0 +1,89 @@
+"""Plain records the store returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Run results.
+RUNNING = "running"
+OK = "ok"
+FAILED = "failed"
+TIMEOUT = "timeout"
+KILLED = "killed"
+LOST = "lost"
+MISSED = "missed"
+SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class ClockSample:
+    """One reading of the database clock."""
+
+    db_now: float
+    offset: float  # database clock minus this host's wall clock, seconds
+    mono_offset: float  # database clock minus time.monotonic()
+    rtt: float
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: int
+    job: str
+    item: str | None
+    host: str
+    slot: float | None
+    token: int | None
+    attempt: int
+    started: float
+    finished: float | None
+    exit_code: int | None
+    result: str
+    output: str | None = None
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.finished is None else self.finished - self.started
+
+
+@dataclass(frozen=True)
+class LockState:
+    name: str
+    holder: str | None
+    lock_until: float | None
+    locked_at: float | None
+    token: int
+    last_slot: float | None
+    last_start: float | None
+    next_due: float | None
+    disabled_until: float | None
+    disabled_reason: str | None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    lock: LockState
+    last_run: RunRecord | None
+    running: RunRecord | None
+    db_now: float
+
+    @property
+    def state(self) -> str:
+        lock = self.lock
+        if lock.disabled_until is not None and lock.disabled_until > self.db_now:
+            return "disabled"
+        if lock.lock_until is not None and lock.lock_until > self.db_now:
+            return "running" if self.running is not None else "locked"
+        return "idle"
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    id: str
+    hostname: str
+    pid: int
+    version: str
+    started: float
+    last_seen: float
+    clock_offset: float | None
+    running: int
+    jobs: str | None

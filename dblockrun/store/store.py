@@ -1,0 +1,644 @@
+"""All SQL of dblockrun: schema, claims, leases, runs, hosts and flags.
+
+Every statement runs in autocommit and takes the time from the database
+clock (:meth:`Dialect.now`). A claim is ONE conditional UPDATE; renewals,
+releases and results are conditioned on the fencing token.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
+from dblockrun.errors import DatabaseError, SchemaTooNew
+from dblockrun.store import models as m
+from dblockrun.store.dialect import Dialect
+from dblockrun.store.schema import SCHEMA_VERSION, Tables, build_tables
+
+T = TypeVar("T")
+
+#: ``disable`` with no duration: until 9999-12-31.
+FOREVER = 253402300799.0
+
+DEFAULT_PREFIX = "dblockrun_"
+
+
+def _db_error(exc: Exception) -> DatabaseError:
+    orig = getattr(exc, "orig", None) or exc
+    text = " ".join(str(orig).split())
+    return DatabaseError(f"database error: {text[:500]}")
+
+
+class Store:
+    """The lock store on one database. Thread-safe (one pooled engine)."""
+
+    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, *, create: bool = True) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.dialect = Dialect(dialect_of(url))
+        if self.dialect.name == "sqlite":
+            prepare_sqlite_file(url)
+        self.engine: Engine = sa.create_engine(
+            driver_url(url), isolation_level="AUTOCOMMIT", **self.dialect.engine_options()
+        )
+        if self.dialect.name == "sqlite":
+            sa.event.listen(self.engine, "connect", _sqlite_on_connect)
+        self.t: Tables = build_tables(prefix)
+        self.statements = 0
+        self._count_lock = threading.Lock()
+        sa.event.listen(self.engine, "before_cursor_execute", self._count)
+        self._schema_checked = False
+        self._create = create
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _count(self, *_args: Any) -> None:
+        with self._count_lock:
+            self.statements += 1
+
+    def __repr__(self) -> str:
+        return f"Store({redact(self.url)!r}, prefix={self.prefix!r})"
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _conn(self) -> Iterator[Connection]:
+        if not self._schema_checked:
+            self._schema_checked = True
+            try:
+                self.ensure_schema(create=self._create)
+            except BaseException:
+                self._schema_checked = False
+                raise
+        try:
+            with self.engine.connect() as conn:
+                yield conn
+        except sa.exc.SQLAlchemyError as exc:
+            raise _db_error(exc) from exc
+
+    def _run(self, fn: Callable[[Connection], T]) -> T:
+        with self._conn() as conn:
+            return fn(conn)
+
+    @property
+    def now(self) -> sa.ColumnElement[float]:
+        return self.dialect.now()
+
+    # -- schema -------------------------------------------------------------
+
+    def schema_version(self) -> int | None:
+        try:
+            with self.engine.connect() as conn:
+                if not sa.inspect(conn).has_table(self.t.meta.name):
+                    return None
+                value = conn.execute(
+                    sa.select(self.t.meta.c.value).where(self.t.meta.c.key == "schema_version")
+                ).scalar()
+        except sa.exc.SQLAlchemyError as exc:
+            raise _db_error(exc) from exc
+        return None if value is None else int(value)
+
+    def ensure_schema(self, *, create: bool = True) -> int:
+        """Create the schema if missing (``create``), refuse a newer one."""
+        version = self.schema_version()
+        if version is not None and version > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"the database schema is version {version}, this dblockrun knows up to "
+                f"{SCHEMA_VERSION}: upgrade dblockrun"
+            )
+        if version == SCHEMA_VERSION:
+            return version
+        if not create:
+            raise DatabaseError(
+                f"no dblockrun schema (prefix {self.prefix!r}) in the database: run `dblockrun init-db`"
+            )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self._create_schema()
+                break
+            except sa.exc.SQLAlchemyError as exc:
+                # Another process may be creating the same tables right now.
+                if time.monotonic() > deadline:
+                    raise _db_error(exc) from exc
+                time.sleep(0.2)
+                if self.schema_version() == SCHEMA_VERSION:
+                    break
+        return SCHEMA_VERSION
+
+    def _create_schema(self) -> None:
+        with self.engine.connect() as conn:
+            self.t.metadata.create_all(conn, checkfirst=True)
+            stmt = self.dialect.insert_ignore(self.t.meta).values(
+                key="schema_version", value=str(SCHEMA_VERSION)
+            )
+            conn.execute(stmt)
+
+    def drop_schema(self) -> None:
+        with self.engine.connect() as conn:
+            self.t.metadata.drop_all(conn, checkfirst=True)
+        self._schema_checked = False
+
+    # -- clock --------------------------------------------------------------
+
+    def db_now(self) -> float:
+        return self._run(lambda c: float(c.execute(sa.select(self.now)).scalar_one()))
+
+    def clock_sample(self) -> m.ClockSample:
+        """Read the database clock once, timed from both local clocks."""
+        with self._conn() as conn:
+            stmt = sa.select(self.now)
+            wall0, mono0 = time.time(), time.monotonic()
+            db = float(conn.execute(stmt).scalar_one())
+            wall1, mono1 = time.time(), time.monotonic()
+        return m.ClockSample(
+            db_now=db,
+            offset=db - (wall0 + wall1) / 2,
+            mono_offset=db - (mono0 + mono1) / 2,
+            rtt=mono1 - mono0,
+        )
+
+    # -- lock rows ----------------------------------------------------------
+
+    def ensure_jobs(self, names: Iterable[str]) -> None:
+        """Make sure each name has its lock row (free, token 0)."""
+        wanted = list(dict.fromkeys(names))
+        if not wanted:
+            return
+        locks = self.t.locks
+
+        def go(conn: Connection) -> None:
+            have: set[str] = set()
+            for chunk in _chunks(wanted, 500):
+                rows = conn.execute(sa.select(locks.c.name).where(locks.c.name.in_(chunk)))
+                have.update(r[0] for r in rows)
+            missing = [{"name": n, "token": 0} for n in wanted if n not in have]
+            for chunk in _chunks(missing, 500):
+                conn.execute(self.dialect.insert_ignore(locks), chunk)
+
+        self._run(go)
+
+    def claim(
+        self,
+        name: str,
+        holder: str,
+        lease: float,
+        *,
+        slot: float | None = None,
+        rate: float | None = None,
+        next_due: float | None = None,
+        slot_tolerance: float = 0.25,
+    ) -> int | None:
+        """Try to take the lock of ``name``: one conditional UPDATE.
+
+        Wins only if the lock is free (lease expired), the job is not disabled,
+        the slot is newer than the last one claimed (and not in the future),
+        and the last start is at least ``rate`` old. Returns the new fencing
+        token, or None when another host has it (or the slot is taken).
+        """
+        locks = self.t.locks
+        now = self.now
+        conds: list[sa.ColumnElement[bool]] = [
+            locks.c.name == name,
+            sa.or_(locks.c.lock_until.is_(None), locks.c.lock_until <= now),
+            sa.or_(locks.c.disabled_until.is_(None), locks.c.disabled_until <= now),
+        ]
+        values: dict[str, Any] = {
+            "holder": holder,
+            "lock_until": now + lease,
+            "locked_at": now,
+            "last_start": now,
+            "run_requested": None,
+        }
+        if slot is not None:
+            conds.append(sa.or_(locks.c.last_slot.is_(None), locks.c.last_slot < slot))
+            conds.append(sa.literal(slot, sa.Double()) <= now + slot_tolerance)
+            values["last_slot"] = slot
+        if rate is not None:
+            conds.append(sa.or_(locks.c.last_start.is_(None), locks.c.last_start <= now - rate))
+        if next_due is not None:
+            values["next_due"] = next_due
+        return self._take(conds, values)
+
+    def claim_requested(self, name: str, holder: str, lease: float) -> int | None:
+        """Claim a job that an operator asked to run now (``dblockrun run``)."""
+        locks = self.t.locks
+        now = self.now
+        conds = [
+            locks.c.name == name,
+            locks.c.run_requested.is_not(None),
+            sa.or_(locks.c.lock_until.is_(None), locks.c.lock_until <= now),
+        ]
+        values = {
+            "holder": holder,
+            "lock_until": now + lease,
+            "locked_at": now,
+            "last_start": now,
+            "run_requested": None,
+        }
+        return self._take(conds, values)
+
+    def _take(self, conds: Sequence[sa.ColumnElement[bool]], values: dict[str, Any]) -> int | None:
+        locks = self.t.locks
+        if self.dialect.update_returning:
+            values["token"] = locks.c.token + 1
+            stmt = locks.update().where(*conds).values(**values).returning(locks.c.token)
+
+            def go(conn: Connection) -> int | None:
+                token = conn.execute(stmt).scalar()
+                return None if token is None else int(token)
+
+            return self._run(go)
+        # MySQL/MariaDB: LAST_INSERT_ID(expr) hands the new token back in the
+        # OK packet of the same statement, so a win is still one round trip.
+        values["token"] = sa.func.last_insert_id(locks.c.token + 1)
+        stmt2 = locks.update().where(*conds).values(**values)
+
+        def go_mysql(conn: Connection) -> int | None:
+            result = conn.execute(stmt2)
+            return int(result.lastrowid) if result.rowcount == 1 else None
+
+        return self._run(go_mysql)
+
+    def renew(self, name: str, holder: str, token: int, lease: float) -> bool:
+        """Extend the lease; False when the token no longer matches (we lost it)."""
+        locks = self.t.locks
+        stmt = (
+            locks.update()
+            .where(locks.c.name == name, locks.c.holder == holder, locks.c.token == token)
+            .values(lock_until=self.now + lease)
+        )
+        return self._run(lambda c: c.execute(stmt).rowcount == 1)
+
+    def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool:
+        """Free the lock, but not before ``locked_at + lock_at_least``."""
+        locks = self.t.locks
+        until = self.dialect.greatest(self.now, locks.c.locked_at + lock_at_least)
+        stmt = (
+            locks.update()
+            .where(locks.c.name == name, locks.c.holder == holder, locks.c.token == token)
+            .values(lock_until=until)
+        )
+        return self._run(lambda c: c.execute(stmt).rowcount == 1)
+
+    def skip_slot(self, name: str, slot: float) -> bool:
+        """Advance the job's last slot without running it (missed or skipped).
+
+        True for the one host that advanced it, which then records the run.
+        """
+        locks = self.t.locks
+        stmt = (
+            locks.update()
+            .where(
+                locks.c.name == name,
+                sa.or_(locks.c.last_slot.is_(None), locks.c.last_slot < slot),
+            )
+            .values(last_slot=slot)
+        )
+        return self._run(lambda c: c.execute(stmt).rowcount == 1)
+
+    def set_next_due(self, names_due: dict[str, float | None]) -> None:
+        locks = self.t.locks
+        stmt = (
+            locks.update()
+            .where(locks.c.name == sa.bindparam("b_name"))
+            .values(next_due=sa.bindparam("b_next"))
+        )
+        rows = [{"b_name": n, "b_next": d} for n, d in names_due.items()]
+        if rows:
+            self._run(lambda c: c.execute(stmt, rows))
+
+    # -- runs ---------------------------------------------------------------
+
+    def start_run(
+        self,
+        job: str,
+        host: str,
+        *,
+        token: int | None,
+        slot: float | None = None,
+        attempt: int = 1,
+        item: str | None = None,
+        result: str = m.RUNNING,
+    ) -> int:
+        runs = self.t.runs
+        finished = None if result == m.RUNNING else self.now
+        stmt = runs.insert().values(
+            job=job,
+            item=item,
+            host=host,
+            slot=slot,
+            token=token,
+            attempt=attempt,
+            started=self.now,
+            finished=finished,
+            result=result,
+        )
+
+        def go(conn: Connection) -> int:
+            res = conn.execute(stmt)
+            return int(res.inserted_primary_key[0])  # type: ignore[index]
+
+        return self._run(go)
+
+    def finish_run(
+        self,
+        run_id: int,
+        job: str,
+        token: int | None,
+        result: str,
+        exit_code: int | None,
+        output: str | None,
+    ) -> bool:
+        """Record a run's end, only while the job's token is still ours."""
+        runs, locks = self.t.runs, self.t.locks
+        conds: list[sa.ColumnElement[bool]] = [runs.c.id == run_id]
+        if token is not None:
+            still_ours = (
+                sa.select(locks.c.name)
+                .where(locks.c.name == job, locks.c.token == token)
+                .exists()
+            )
+            conds.append(still_ours)
+        stmt = (
+            runs.update()
+            .where(*conds)
+            .values(finished=self.now, result=result, exit_code=exit_code, output=output)
+        )
+        return self._run(lambda c: c.execute(stmt).rowcount == 1)
+
+    def sweep_lost(self) -> int:
+        """Mark as lost the runs whose lease ran out or was taken over."""
+        runs, locks = self.t.runs, self.t.locks
+        now = self.now
+        alive = (
+            sa.select(locks.c.name)
+            .where(
+                locks.c.name == runs.c.job,
+                locks.c.token == runs.c.token,
+                locks.c.lock_until > now,
+            )
+            .exists()
+        )
+        stmt = (
+            runs.update()
+            .where(runs.c.result == m.RUNNING, runs.c.token.is_not(None), ~alive)
+            .values(result=m.LOST, finished=now)
+        )
+        return self._run(lambda c: int(c.execute(stmt).rowcount))
+
+    def prune_runs(self, job: str, keep: int) -> int:
+        """Delete all but the newest ``keep`` runs of ``job``."""
+        runs = self.t.runs
+
+        def go(conn: Connection) -> int:
+            cutoff = conn.execute(
+                sa.select(runs.c.id)
+                .where(runs.c.job == job)
+                .order_by(runs.c.id.desc())
+                .offset(keep)
+                .limit(1)
+            ).scalar()
+            if cutoff is None:
+                return 0
+            res = conn.execute(runs.delete().where(runs.c.job == job, runs.c.id <= cutoff))
+            return int(res.rowcount)
+
+        return self._run(go)
+
+    def history(self, job: str | None = None, limit: int = 20) -> list[m.RunRecord]:
+        runs = self.t.runs
+        stmt = sa.select(runs).order_by(runs.c.id.desc()).limit(limit)
+        if job is not None:
+            stmt = stmt.where(runs.c.job == job)
+        return self._run(lambda c: [_run_record(r._mapping) for r in c.execute(stmt)])
+
+    def run(self, run_id: int) -> m.RunRecord | None:
+        runs = self.t.runs
+        stmt = sa.select(runs).where(runs.c.id == run_id)
+        row = self._run(lambda c: c.execute(stmt).first())
+        return None if row is None else _run_record(row._mapping)
+
+    # -- flags --------------------------------------------------------------
+
+    def disable(
+        self,
+        name: str,
+        *,
+        for_seconds: float | None = None,
+        until: float | None = None,
+        reason: str | None = None,
+    ) -> float:
+        """Pause a job cluster-wide; returns the database time it ends."""
+        self.ensure_jobs([name])
+        locks = self.t.locks
+        end: Any
+        if for_seconds is not None:
+            end = self.now + for_seconds
+        elif until is not None:
+            end = until
+        else:
+            end = FOREVER
+        stmt = (
+            locks.update()
+            .where(locks.c.name == name)
+            .values(disabled_until=end, disabled_reason=reason)
+        )
+        read = sa.select(locks.c.disabled_until).where(locks.c.name == name)
+
+        def go(conn: Connection) -> float:
+            conn.execute(stmt)
+            return float(conn.execute(read).scalar_one())
+
+        return self._run(go)
+
+    def enable(self, name: str) -> bool:
+        locks = self.t.locks
+        stmt = (
+            locks.update()
+            .where(locks.c.name == name)
+            .values(disabled_until=None, disabled_reason=None)
+        )
+        return self._run(lambda c: c.execute(stmt).rowcount == 1)
+
+    def request_run(self, name: str) -> None:
+        self.ensure_jobs([name])
+        locks = self.t.locks
+        stmt = locks.update().where(locks.c.name == name).values(run_requested=self.now)
+        self._run(lambda c: c.execute(stmt))
+
+    def requested(self, names: Iterable[str]) -> list[str]:
+        locks = self.t.locks
+        wanted = list(names)
+        stmt = sa.select(locks.c.name).where(locks.c.run_requested.is_not(None))
+        rows = self._run(lambda c: [r[0] for r in c.execute(stmt)])
+        return [n for n in rows if n in set(wanted)]
+
+    # -- hosts --------------------------------------------------------------
+
+    def heartbeat_host(
+        self,
+        host_id: str,
+        *,
+        hostname: str,
+        pid: int,
+        version: str,
+        clock_offset: float | None,
+        running: int,
+        jobs: str | None,
+    ) -> None:
+        hosts = self.t.hosts
+        now = self.now
+        values = {
+            "last_seen": now,
+            "clock_offset": clock_offset,
+            "running": running,
+            "jobs": jobs,
+        }
+
+        def go(conn: Connection) -> None:
+            res = conn.execute(hosts.update().where(hosts.c.id == host_id).values(**values))
+            if res.rowcount == 0:
+                conn.execute(
+                    hosts.insert().values(
+                        id=host_id, hostname=hostname, pid=pid, version=version, started=now,
+                        **values,
+                    )
+                )
+
+        self._run(go)
+
+    def remove_host(self, host_id: str) -> None:
+        hosts = self.t.hosts
+        self._run(lambda c: c.execute(hosts.delete().where(hosts.c.id == host_id)))
+
+    def hosts(self, seen_within: float | None = None) -> list[m.HostStatus]:
+        hosts = self.t.hosts
+        stmt = sa.select(hosts).order_by(hosts.c.hostname, hosts.c.id)
+        if seen_within is not None:
+            stmt = stmt.where(hosts.c.last_seen >= self.now - seen_within)
+        return self._run(lambda c: [_host(r._mapping) for r in c.execute(stmt)])
+
+    # -- status -------------------------------------------------------------
+
+    def status(self, names: Sequence[str] | None = None) -> list[m.JobStatus]:
+        locks, runs = self.t.locks, self.t.runs
+
+        def go(conn: Connection) -> list[m.JobStatus]:
+            db_now = float(conn.execute(sa.select(self.now)).scalar_one())
+            stmt = sa.select(locks).order_by(locks.c.name)
+            if names:
+                stmt = stmt.where(locks.c.name.in_(list(names)))
+            lock_rows = [_lock(r._mapping) for r in conn.execute(stmt)]
+            out: list[m.JobStatus] = []
+            for lock in lock_rows:
+                last_ids = (
+                    sa.select(runs)
+                    .where(runs.c.job == lock.name, runs.c.result != m.RUNNING)
+                    .order_by(runs.c.id.desc())
+                    .limit(1)
+                )
+                last = conn.execute(last_ids).first()
+                running = conn.execute(
+                    sa.select(runs)
+                    .where(
+                        runs.c.job == lock.name,
+                        runs.c.result == m.RUNNING,
+                        runs.c.token == lock.token,
+                    )
+                    .order_by(runs.c.id.desc())
+                    .limit(1)
+                ).first()
+                out.append(
+                    m.JobStatus(
+                        lock=lock,
+                        last_run=None if last is None else _run_record(last._mapping, False),
+                        running=None if running is None else _run_record(running._mapping, False),
+                        db_now=db_now,
+                    )
+                )
+            return out
+
+        return self._run(go)
+
+    def lock_state(self, name: str) -> m.LockState | None:
+        locks = self.t.locks
+        row = self._run(lambda c: c.execute(sa.select(locks).where(locks.c.name == name)).first())
+        return None if row is None else _lock(row._mapping)
+
+
+def _chunks(seq: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for i in range(0, len(seq), size):
+        yield seq[i : i + size]
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _run_record(r: Any, with_output: bool = True) -> m.RunRecord:
+    return m.RunRecord(
+        id=int(r["id"]),
+        job=r["job"],
+        item=r["item"],
+        host=r["host"],
+        slot=_opt_float(r["slot"]),
+        token=None if r["token"] is None else int(r["token"]),
+        attempt=int(r["attempt"]),
+        started=float(r["started"]),
+        finished=_opt_float(r["finished"]),
+        exit_code=None if r["exit_code"] is None else int(r["exit_code"]),
+        result=r["result"],
+        output=r["output"] if with_output else None,
+    )
+
+
+def _lock(r: Any) -> m.LockState:
+    return m.LockState(
+        name=r["name"],
+        holder=r["holder"],
+        lock_until=_opt_float(r["lock_until"]),
+        locked_at=_opt_float(r["locked_at"]),
+        token=int(r["token"]),
+        last_slot=_opt_float(r["last_slot"]),
+        last_start=_opt_float(r["last_start"]),
+        next_due=_opt_float(r["next_due"]),
+        disabled_until=_opt_float(r["disabled_until"]),
+        disabled_reason=r["disabled_reason"],
+    )
+
+
+def _host(r: Any) -> m.HostStatus:
+    return m.HostStatus(
+        id=r["id"],
+        hostname=r["hostname"],
+        pid=int(r["pid"]),
+        version=r["version"],
+        started=float(r["started"]),
+        last_seen=float(r["last_seen"]),
+        clock_offset=_opt_float(r["clock_offset"]),
+        running=int(r["running"]),
+        jobs=r["jobs"],
+    )
+
+
+def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=15000")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
