@@ -124,7 +124,8 @@ class Store:
             return version
         if not create:
             raise DatabaseError(
-                f"no dblockrun schema (prefix {self.prefix!r}) in the database: run `dblockrun init-db`"
+                f"no dblockrun schema (prefix {self.prefix!r}) in the database: "
+                "run `dblockrun init-db`"
             )
         deadline = time.monotonic() + 20
         while True:
@@ -184,11 +185,11 @@ class Store:
         def go(conn: Connection) -> None:
             have: set[str] = set()
             for chunk in _chunks(wanted, 500):
-                rows = conn.execute(sa.select(locks.c.name).where(locks.c.name.in_(chunk)))
-                have.update(r[0] for r in rows)
+                found = conn.execute(sa.select(locks.c.name).where(locks.c.name.in_(chunk)))
+                have.update(r[0] for r in found)
             missing = [{"name": n, "token": 0} for n in wanted if n not in have]
-            for chunk in _chunks(missing, 500):
-                conn.execute(self.dialect.insert_ignore(locks), chunk)
+            for batch in _chunks(missing, 500):
+                conn.execute(self.dialect.insert_ignore(locks), list(batch))
 
         self._run(go)
 
@@ -232,6 +233,8 @@ class Store:
             conds.append(sa.or_(locks.c.last_start.is_(None), locks.c.last_start <= now - rate))
         if next_due is not None:
             values["next_due"] = next_due
+        elif rate is not None:
+            values["next_due"] = now + rate
         return self._take(conds, values)
 
     def claim_requested(self, name: str, holder: str, lease: float) -> int | None:

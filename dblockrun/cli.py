@@ -1,0 +1,346 @@
+"""The command line: parse, call one core function, map errors to exit codes.
+
+Heavy modules (SQLAlchemy, drivers, rich, croniter) are imported inside the
+commands so that ``exec`` and ``--help`` start fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+import click
+
+from dblockrun import __version__
+from dblockrun.errors import ConfigError, DblockrunError, UsageError
+
+if TYPE_CHECKING:
+    from dblockrun.jobs import JobsFile
+    from dblockrun.store import Store
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+
+
+@dataclass
+class Globals:
+    db: str | None
+    prefix: str
+    debug: bool
+    verbose: int
+
+
+def _setup_logging(level: int) -> None:
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S%z",
+    )
+
+
+def _duration(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    from dblockrun.durations import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=name) from exc
+
+
+def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Map dblockrun's exceptions to one line on stderr and an exit status."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        ctx = click.get_current_context()
+        debug = bool(ctx.find_object(Globals) and ctx.find_object(Globals).debug)  # type: ignore[union-attr]
+        try:
+            return fn(*args, **kwargs)
+        except (ConfigError, UsageError) as exc:
+            if debug:
+                raise
+            click.echo(f"dblockrun: {exc.message}", err=True)
+            ctx.exit(EXIT_USAGE)
+        except DblockrunError as exc:
+            if debug:
+                raise
+            click.echo(f"dblockrun: {exc.message}", err=True)
+            ctx.exit(EXIT_RUNTIME)
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+def _globals() -> Globals:
+    obj = click.get_current_context().find_object(Globals)
+    assert obj is not None
+    return obj
+
+
+def _load(path: str) -> JobsFile:
+    from dblockrun.config import load_jobs
+
+    return load_jobs(path)
+
+
+def _open_store(file_db: str | None = None, *, create: bool = True) -> Store:
+    from dblockrun.dburl import resolve_url
+    from dblockrun.store import Store
+
+    g = _globals()
+    return Store(resolve_url(g.db, file_db), g.prefix, create=create)
+
+
+def _store_for(file: str | None) -> Store:
+    return _open_store(_load(file).database if file else None)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dblockrun")
+@click.option("--db", envvar="DBLOCKRUN_DB", metavar="URL",
+              help="Database URL (postgresql://, mysql://, mariadb://, sqlite:///path). "
+                   "Default: DBLOCKRUN_DB, then `database:` in the jobs file, then "
+                   "~/.local/state/dblockrun/dblockrun.db.")
+@click.option("--table-prefix", "prefix", envvar="DBLOCKRUN_TABLE_PREFIX",
+              default="dblockrun_", show_default=True, help="Prefix of dblockrun's tables.")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.pass_context
+def cli(ctx: click.Context, db: str | None, prefix: str, debug: bool) -> None:
+    """A cron replacement for fleets: every host runs the same jobs file, a
+    shared SQL database decides which one runs each slot."""
+    ctx.obj = Globals(db=db, prefix=prefix, debug=debug, verbose=0)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--heartbeat", default="10s", show_default=True,
+              help="How often running jobs' leases are renewed.")
+@click.option("--lease", default="30s", show_default=True,
+              help="How long a lock outlives its last renewal (failover time).")
+@click.option("--grace", default="30s", show_default=True,
+              help="On SIGTERM/SIGINT, how long running jobs may take to finish.")
+@click.option("-v", "--verbose", is_flag=True, help="Log each claim attempt.")
+@handle_errors
+def daemon(file: str, heartbeat: str, lease: str, grace: str, verbose: bool) -> None:
+    """Run the scheduler on FILE (SIGHUP reloads it, SIGTERM stops)."""
+    import signal
+    import threading
+
+    from dblockrun.daemon import Daemon, DaemonOptions
+
+    g = _globals()
+    _setup_logging(logging.DEBUG if g.debug or verbose else logging.INFO)
+    options = DaemonOptions(
+        heartbeat=_duration(heartbeat, "--heartbeat") or 10.0,
+        lease=_duration(lease, "--lease") or 30.0,
+        grace=_duration(grace, "--grace") or 0.0,
+    )
+    if options.heartbeat * 2 > options.lease:
+        raise UsageError("--lease must be at least twice --heartbeat")
+    jobs = _load(file)
+    store = _open_store(jobs.database)
+    d = Daemon(jobs, store, options, stop=threading.Event())
+    from dblockrun.signals import handling
+
+    with handling({
+        signal.SIGTERM: lambda _s: d.request_stop(),
+        signal.SIGINT: lambda _s: d.request_stop(),
+        signal.SIGHUP: lambda _s: d.request_reload(),
+    }):
+        d.run()
+    store.close()
+
+
+@cli.command()
+@click.argument("jobs", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("-f", "--file", type=click.Path(dir_okay=False),
+              help="Jobs file to take `database:` from.")
+@handle_errors
+def status(jobs: tuple[str, ...], as_json: bool, file: str | None) -> None:
+    """Show jobs (state, holder, lock, last and next run) and live hosts."""
+    from dblockrun import output
+
+    with _store_for(file) as store:
+        rows = store.status(list(jobs) or None)
+        hosts = store.hosts(seen_within=120)
+        now = store.db_now()
+    missing = set(jobs) - {r.lock.name for r in rows}
+    if missing:
+        raise UsageError(f"no such job in the database: {', '.join(sorted(missing))}")
+    if as_json:
+        click.echo(output.status_json(rows, hosts, now))
+    else:
+        output.print_status(rows, hosts, now)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--for", "for_", metavar="DURATION", help="How long, e.g. 3h.")
+@click.option("--until", metavar="TIME", help="ISO 8601 time, e.g. 2026-12-01T06:00:00Z.")
+@click.option("--reason", help="Shown in status.")
+@click.option("-f", "--file", type=click.Path(dir_okay=False),
+              help="Jobs file to take `database:` from.")
+@handle_errors
+def disable(job: str, for_: str | None, until: str | None, reason: str | None,
+            file: str | None) -> None:
+    """Pause JOB on every host (no duration: until `enable`)."""
+    from dblockrun.output import iso
+
+    if for_ and until:
+        raise UsageError("give --for or --until, not both")
+    seconds = _duration(for_, "--for")
+    until_ts = _parse_time(until) if until else None
+    with _store_for(file) as store:
+        end = store.disable(job, for_seconds=seconds, until=until_ts, reason=reason)
+    click.echo(f"{job} disabled until {iso(end)}")
+
+
+def _parse_time(text: str) -> float:
+    from datetime import datetime
+
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r} is not an ISO 8601 time", param_hint="--until") from exc
+    if dt.tzinfo is None:
+        dt = dt.astimezone()
+    return dt.timestamp()
+
+
+@cli.command()
+@click.argument("job")
+@click.option("-f", "--file", type=click.Path(dir_okay=False),
+              help="Jobs file to take `database:` from.")
+@handle_errors
+def enable(job: str, file: str | None) -> None:
+    """Clear a `disable` of JOB."""
+    with _store_for(file) as store:
+        if not store.enable(job):
+            raise UsageError(f"no such job in the database: {job}")
+    click.echo(f"{job} enabled")
+
+
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.option("--name", "-n", required=True, help="Lock name (shared with a daemon job).")
+@click.option("--lock-at-most", default="1h", show_default=True,
+              help="Stop the command after this long.")
+@click.option("--lock-at-least", default="0s", show_default=True,
+              help="Keep the lock at least this long after the start.")
+@click.option("--lease", default="30s", show_default=True, help="Lease renewed while it runs.")
+@click.option("--busy-exit-code", default=0, show_default=True, type=int,
+              help="Exit status when the lock is busy elsewhere.")
+@click.option("-v", "--verbose", is_flag=True, help="Say when the lock is busy.")
+@click.option("-f", "--file", type=click.Path(dir_okay=False),
+              help="Jobs file to take `database:` from.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@handle_errors
+def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exit_code: int,
+          verbose: bool, file: str | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND under the lock NAME; its exit status passes through."""
+    from dblockrun.execlock import ExecOptions, exec_locked
+
+    g = _globals()
+    _setup_logging(logging.DEBUG if g.debug else logging.INFO if verbose else logging.WARNING)
+    most = _duration(lock_at_most, "--lock-at-most") or 3600.0
+    least = _duration(lock_at_least, "--lock-at-least") or 0.0
+    if least > most:
+        raise UsageError("--lock-at-least is longer than --lock-at-most")
+    lease_s = _duration(lease, "--lease") or 30.0
+    opts = ExecOptions(name=name, argv=command, lock_at_most=most, lock_at_least=least,
+                       lease=lease_s, heartbeat=lease_s / 3, busy_exit_code=busy_exit_code,
+                       verbose=verbose)
+    with _store_for(file) as store:
+        code = exec_locked(store, opts)
+    sys.exit(code)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@handle_errors
+def validate(file: str) -> None:
+    """Check a jobs file; exit 2 with `file:line: job: key: why` if invalid."""
+    jobs = _load(file)
+    click.echo(f"{file}: ok, {len(jobs.jobs)} job(s)")
+
+
+@cli.command(name="next")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--count", "-c", default=3, show_default=True, type=click.IntRange(1, 1000))
+@handle_errors
+def next_(file: str, count: int) -> None:
+    """Show the next fire times of each job, in the job's timezone."""
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo
+
+    from dblockrun.durations import format_duration
+    from dblockrun.schedule import describe_next
+
+    jobs = _load(file)
+    now = datetime.now(UTC)
+    for job in jobs.jobs:
+        if job.cron is None:
+            click.echo(f"{job.name}: every {format_duration(job.rate or 0)} (rate)")
+            continue
+        tz = ZoneInfo(job.timezone)
+        times = [t.astimezone(tz).isoformat() for t in describe_next(job.cron, job.timezone,
+                                                                     now, count)]
+        click.echo(f"{job.name}: {', '.join(times)}")
+
+
+@cli.command(name="init-db")
+@click.option("-f", "--file", type=click.Path(dir_okay=False),
+              help="Jobs file to take `database:` from.")
+@handle_errors
+def init_db(file: str | None) -> None:
+    """Create or migrate the schema (for setups where services may not run DDL)."""
+    from dblockrun.dburl import redact
+
+    with _store_for(file) as store:
+        version = store.ensure_schema(create=True)
+        click.echo(f"schema version {version} ready in {redact(store.url)}")
+
+
+@cli.command()
+@click.argument("job", required=False)
+@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 100000))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--output", "output_of", type=int, metavar="RUN",
+              help="Print the stored output tail of run RUN.")
+@click.option("-f", "--file", type=click.Path(dir_okay=False),
+              help="Jobs file to take `database:` from.")
+@handle_errors
+def history(job: str | None, limit: int, as_json: bool, output_of: int | None,
+            file: str | None) -> None:
+    """Past runs, newest first."""
+    from dblockrun import output
+
+    with _store_for(file) as store:
+        if output_of is not None:
+            run = store.run(output_of)
+            if run is None:
+                raise UsageError(f"no run {output_of}")
+            click.echo(run.output or "", nl=False)
+            return
+        runs = store.history(job, limit)
+        now = store.db_now()
+    if as_json:
+        click.echo(output.history_json(runs))
+    else:
+        output.print_history(runs, now)
+
+
+def main() -> None:
+    cli(prog_name="dblockrun")
+
+

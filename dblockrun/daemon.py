@@ -1,0 +1,320 @@
+"""The scheduler loop: sleep until the next due slot by the database clock,
+claim it, run the command under a renewed lease, record the run."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from dblockrun import __version__
+from dblockrun.config import load_jobs
+from dblockrun.errors import ConfigError, DatabaseError
+from dblockrun.heartbeat import DbClock, Renewer
+from dblockrun.jobs import Job, JobsFile
+from dblockrun.outage import Outage
+from dblockrun.runjob import JobRun, RunContext
+from dblockrun.schedule import next_slot
+from dblockrun.store import Store
+from dblockrun.store import models as m
+
+log = logging.getLogger("dblockrun")
+
+
+def new_holder_id() -> str:
+    """hostname:pid:random — unique per process, readable in ``status``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    heartbeat: float = 10.0
+    lease: float = 30.0
+    grace: float = 30.0
+    kill_grace: float = 5.0
+
+
+@dataclass(order=True)
+class _Due:
+    fire_at: float
+    seq: int
+    name: str = field(compare=False)
+    slot: float | None = field(compare=False)
+    generation: int = field(compare=False)
+
+
+def _utc(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+class Daemon:
+    def __init__(
+        self,
+        jobs: JobsFile,
+        store: Store,
+        options: DaemonOptions = DaemonOptions(),
+        *,
+        stop: threading.Event | None = None,
+        holder: str | None = None,
+    ) -> None:
+        self.jobs = jobs
+        self.store = store
+        self.options = options
+        self.stop = stop or threading.Event()
+        self.holder = holder or new_holder_id()
+        self.clock = DbClock()
+        self.outage = Outage()
+        self.renewer = Renewer(store, options.heartbeat, self.outage, extra=self._heartbeat_extra)
+        self._wake = threading.Event()
+        self._reload = threading.Event()
+        self._heap: list[_Due] = []
+        self._seq = 0
+        self._generation = 0
+        self._running: dict[str, JobRun] = {}
+        self._running_lock = threading.Lock()
+        self._shutdown_deadline: float | None = None
+        self.ctx = RunContext(
+            store=store,
+            holder=self.holder,
+            lease=options.lease,
+            kill_grace=options.kill_grace,
+            renewer=self.renewer,
+            outage=self.outage,
+            stop=self.stop,
+            stop_grace=lambda: self._shutdown_deadline,
+        )
+
+    # -- control from signal handlers ---------------------------------------
+
+    def request_stop(self) -> None:
+        if self._shutdown_deadline is None:
+            self._shutdown_deadline = time.monotonic() + self.options.grace
+        self.stop.set()
+        self._wake.set()
+
+    def request_reload(self) -> None:
+        self._reload.set()
+        self._wake.set()
+
+    # -- main loop ------------------------------------------------------------
+
+    def run(self) -> None:
+        log.info(
+            "daemon %s starting: %d jobs from %s, database %r",
+            self.holder, len(self.jobs.jobs), self.jobs.path, self.store,
+        )
+        if not self._startup():
+            return
+        self.renewer.start()
+        self._plan_all()
+        try:
+            while not self.stop.is_set():
+                if self._reload.is_set():
+                    self._reload.clear()
+                    self._do_reload()
+                self._fire_due()
+                self._wake.wait(self._sleep_time())
+                self._wake.clear()
+        finally:
+            self._shutdown()
+
+    def _startup(self) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.store.ensure_schema()
+                self.store.ensure_jobs(j.name for j in self.jobs.jobs)
+                self._heartbeat_extra()
+                self._publish_next_due()
+                self.outage.ok()
+                return True
+            except DatabaseError as exc:
+                self.stop.wait(self.outage.failed("startup", exc))
+        return False
+
+    def _heartbeat_extra(self) -> None:
+        self.clock.add(self.store.clock_sample())
+        with self._running_lock:
+            running = len(self._running)
+        self.store.heartbeat_host(
+            self.holder,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            version=__version__,
+            clock_offset=self.clock.offset,
+            running=running,
+            jobs=json.dumps({j.name: j.definition_hash() for j in self.jobs.jobs}),
+        )
+        self.store.sweep_lost()
+
+    def _sleep_time(self) -> float:
+        if not self._heap:
+            return self.options.heartbeat
+        return max(0.0, min(self.options.heartbeat, self._heap[0].fire_at - self.clock.now()))
+
+    # -- planning -------------------------------------------------------------
+
+    def _push(self, fire_at: float, name: str, slot: float | None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, _Due(fire_at, self._seq, name, slot, self._generation))
+
+    def _plan_all(self) -> None:
+        self._generation += 1
+        self._heap = []
+        now = self.clock.now()
+        for job in self.jobs.jobs:
+            if job.enabled:
+                self._plan(job, now)
+
+    def _plan(self, job: Job, after: float, *, not_before: float | None = None) -> None:
+        """Queue the job's next attempt strictly after database time ``after``."""
+        margin = self.clock.uncertainty + 0.001
+        jitter = random.uniform(0, job.jitter) if job.jitter else 0.0
+        if job.cron is not None:
+            slot = next_slot(job.cron, job.timezone, _utc(after)).timestamp()
+            self._push(slot + margin + jitter, job.name, slot)
+        else:
+            assert job.rate is not None
+            fire = max(after, not_before or after)
+            self._push(fire + margin + jitter, job.name, None)
+
+    def _publish_next_due(self) -> None:
+        now = self.clock.now()
+        due: dict[str, float | None] = {}
+        for job in self.jobs.jobs:
+            if job.cron is not None and job.enabled:
+                due[job.name] = next_slot(job.cron, job.timezone, _utc(now)).timestamp()
+        self.store.set_next_due(due)
+
+    # -- firing ---------------------------------------------------------------
+
+    def _fire_due(self) -> None:
+        while self._heap and not self.stop.is_set():
+            head = self._heap[0]
+            now = self.clock.now()
+            if head.fire_at > now:
+                return
+            heapq.heappop(self._heap)
+            if head.generation != self._generation:
+                continue
+            job = self.jobs.job(head.name)
+            if job is None or not job.enabled:
+                continue
+            self._fire(job, head.slot, now)
+
+    def _fire(self, job: Job, slot: float | None, now: float) -> None:
+        if slot is not None:
+            # A late wake-up (paused host, long claim) tries only the newest
+            # past slot; older ones are simply gone.
+            while True:
+                later = next_slot(job.cron or "", job.timezone, _utc(slot)).timestamp()
+                if later > now:
+                    break
+                slot = later
+            next_due = next_slot(job.cron or "", job.timezone, _utc(slot)).timestamp()
+        with self._running_lock:
+            busy_here = job.name in self._running
+        try:
+            if slot is not None and busy_here:
+                if self.store.skip_slot(job.name, slot):
+                    self.store.start_run(job.name, self.holder, token=None, slot=slot,
+                                         result=m.SKIPPED)
+                    log.warning("job %s: slot %s skipped: previous run still going",
+                                job.name, _utc(slot).isoformat())
+                self._plan(job, slot)
+                return
+            if (
+                slot is not None
+                and job.starting_deadline is not None
+                and now - slot > job.starting_deadline
+            ):
+                if self.store.skip_slot(job.name, slot):
+                    self.store.start_run(job.name, self.holder, token=None, slot=slot,
+                                         result=m.MISSED)
+                    log.warning("job %s: slot %s missed (%.1fs late, starting-deadline %gs)",
+                                job.name, _utc(slot).isoformat(), now - slot,
+                                job.starting_deadline)
+                self._plan(job, slot)
+                return
+            sent = time.monotonic()
+            token = self.store.claim(
+                job.name, self.holder, self.options.lease, slot=slot, rate=job.rate,
+                next_due=next_due if slot is not None else None,
+            )
+            self.outage.ok()
+        except DatabaseError as exc:
+            delay = self.outage.failed(f"claim {job.name}", exc)
+            self._push(self.clock.now() + delay, job.name, slot)
+            return
+        if token is not None:
+            self._start(job, token, slot, sent)
+        if slot is not None:
+            self._plan(job, slot)
+        else:
+            self._plan_rate(job)
+
+    def _plan_rate(self, job: Job) -> None:
+        """Next attempt of a rate-only job: when its last start is ``rate`` old."""
+        assert job.rate is not None
+        now = self.clock.now()
+        try:
+            lock = self.store.lock_state(job.name)
+        except DatabaseError as exc:
+            self._push(now + self.outage.failed(f"read {job.name}", exc), job.name, None)
+            return
+        due = now + job.rate
+        if lock is not None and lock.last_start is not None:
+            due = lock.last_start + job.rate
+            if lock.lock_until is not None and lock.lock_until > due:
+                due = lock.lock_until
+        self._push(max(due, now + 0.05) + self.clock.uncertainty, job.name, None)
+
+    def _start(self, job: Job, token: int, slot: float | None, claimed_mono: float) -> None:
+        run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self._done)
+        with self._running_lock:
+            self._running[job.name] = run
+        run.start()
+
+    def _done(self, run: JobRun) -> None:
+        with self._running_lock:
+            if self._running.get(run.job.name) is run:
+                del self._running[run.job.name]
+        self._wake.set()
+
+    # -- reload and shutdown --------------------------------------------------
+
+    def _do_reload(self) -> None:
+        try:
+            new = load_jobs(self.jobs.path)
+        except ConfigError as exc:
+            log.error("reload failed, keeping the %d jobs loaded before: %s",
+                      len(self.jobs.jobs), exc.message)
+            return
+        try:
+            self.store.ensure_jobs(j.name for j in new.jobs)
+        except DatabaseError as exc:
+            self.outage.failed("reload", exc)
+        self.jobs = new
+        self._plan_all()
+        log.info("reloaded %s: %d jobs", new.path, len(new.jobs))
+
+    def _shutdown(self) -> None:
+        with self._running_lock:
+            runs = list(self._running.values())
+        if runs:
+            log.info("stopping: waiting up to %gs for %d running job(s)",
+                     self.options.grace, len(runs))
+        for run in runs:
+            run.join()
+        self.renewer.stop()
+        try:
+            self.store.remove_host(self.holder)
+        except DatabaseError:
+            pass
+        log.info("daemon %s stopped", self.holder)

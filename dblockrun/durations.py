@@ -1,0 +1,88 @@
+"""Durations as users write them (``250ms``, ``90s``, ``1h30m``, ``2d``), in seconds."""
+
+from __future__ import annotations
+
+import math
+import re
+
+#: Shown in every error message.
+FORMS = "use e.g. 250ms, 90s, 5m, 1h30m, 2d"
+
+#: Longest accepted duration: 100 years, far below what datetime arithmetic can hold.
+MAX_SECONDS = 36_500 * 86_400.0
+
+# Largest unit first; a duration names each unit at most once, in this order.
+_UNITS = ("d", "h", "m", "s", "ms")
+_SECONDS = {"d": 86_400.0, "h": 3_600.0, "m": 60.0, "s": 1.0}
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")  # "ms" before "m"
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Return the seconds that ``text`` stands for.
+
+    A bare number (or numeric string) is seconds. Raises :class:`ValueError`
+    with the reason and the accepted forms.
+    """
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise ValueError(f"{text!r} is not a duration ({FORMS})")
+    if not isinstance(text, str):
+        return _checked(float(text), repr(text))
+    shown = repr(text) if len(text) <= 40 else repr(text[:40] + "...")
+    body = text.strip()
+    if not body:
+        raise ValueError(f"empty duration ({FORMS})")
+    if body.startswith("-"):
+        raise ValueError(f"{shown} is negative ({FORMS})")
+    if _NUMBER.fullmatch(body):
+        return _checked(float(body), shown)
+    seconds = 0.0
+    position = 0
+    last_unit = -1
+    while position < len(body):
+        match = _PART.match(body, position)
+        if match is None:
+            raise ValueError(f"{shown} is not a duration ({FORMS})")
+        number, unit = match.groups()
+        index = _UNITS.index(unit)
+        if index <= last_unit:
+            raise ValueError(
+                f"{shown} is not a duration: units go from largest to smallest, "
+                f"each once ({FORMS})"
+            )
+        last_unit = index
+        seconds += float(number) / 1000 if unit == "ms" else float(number) * _SECONDS[unit]
+        position = match.end()
+    return _checked(seconds, shown)
+
+
+def _checked(seconds: float, shown: str) -> float:
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{shown} is not a duration ({FORMS})")
+    if seconds < 0:
+        raise ValueError(f"{shown} is negative ({FORMS})")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{shown} is too long (at most 36500d)")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest form of ``seconds`` that :func:`parse_duration` reads back.
+
+    Rounded to the millisecond: ``5400`` -> ``1h30m``, ``0.25`` -> ``250ms``,
+    ``0`` -> ``0s``. Negative durations get a leading ``-``.
+    """
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{seconds!r} is not a finite number of seconds")
+    sign = "-" if seconds < 0 else ""
+    millis = round(abs(seconds) * 1000)
+    if millis == 0:
+        return "0s"
+    parts: list[str] = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        count, millis = divmod(millis, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if millis:
+        parts.append(f"{millis}ms")
+    return sign + "".join(parts)

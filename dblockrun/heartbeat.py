@@ -1,0 +1,133 @@
+"""Lease renewal and the database clock, shared by the daemon and ``exec``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from dblockrun.errors import DatabaseError
+from dblockrun.outage import Outage
+from dblockrun.runner import LeaseWatch
+from dblockrun.store import Store
+from dblockrun.store.models import ClockSample
+
+log = logging.getLogger("dblockrun")
+
+
+class DbClock:
+    """This host's estimate of the database clock, from timed reads of it."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self._samples: deque[ClockSample] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+
+    def add(self, sample: ClockSample) -> None:
+        with self._lock:
+            self._samples.append(sample)
+
+    def _best(self) -> ClockSample | None:
+        with self._lock:
+            return min(self._samples, key=lambda s: s.rtt) if self._samples else None
+
+    @property
+    def known(self) -> bool:
+        return self._best() is not None
+
+    def now(self) -> float:
+        """The database time now (epoch seconds), by the best recent sample."""
+        best = self._best()
+        if best is None:
+            return time.time()
+        return time.monotonic() + best.mono_offset
+
+    @property
+    def offset(self) -> float | None:
+        """The database clock minus this host's wall clock."""
+        best = self._best()
+        return None if best is None else best.offset
+
+    @property
+    def uncertainty(self) -> float:
+        best = self._best()
+        return 0.0 if best is None else best.rtt / 2
+
+
+class Renewer:
+    """Renews held leases every ``heartbeat`` seconds, retrying quickly on error.
+
+    ``extra`` runs after each successful round (host row, clock, sweeps).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        heartbeat: float,
+        outage: Outage,
+        extra: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.heartbeat = heartbeat
+        self.outage = outage
+        self.extra = extra
+        self._leases: dict[int, LeaseWatch] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._kick = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        self._thread.join(timeout=30)
+
+    def add(self, watch: LeaseWatch) -> None:
+        with self._lock:
+            self._leases[id(watch)] = watch
+
+    def remove(self, watch: LeaseWatch) -> None:
+        with self._lock:
+            self._leases.pop(id(watch), None)
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self._leases)
+
+    def _loop(self) -> None:
+        delay = self.heartbeat
+        while not self._stop.is_set():
+            self._kick.wait(delay)
+            self._kick.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.renew_all()
+                if self.extra is not None:
+                    self.extra()
+                self.outage.ok()
+                delay = self.heartbeat
+            except DatabaseError as exc:
+                delay = min(self.heartbeat, self.outage.failed("heartbeat", exc))
+
+    def renew_all(self) -> None:
+        with self._lock:
+            leases = list(self._leases.values())
+        for watch in leases:
+            if watch.lost:
+                continue
+            sent = time.monotonic()
+            if self.store.renew(watch.name, watch.holder, watch.token, watch.lease):
+                watch.last_ok = sent
+            else:
+                watch.lost = True
+                log.error(
+                    "job %s: lock lost (token %d no longer current); stopping its command",
+                    watch.name,
+                    watch.token,
+                )

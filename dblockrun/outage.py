@@ -1,0 +1,45 @@
+"""Log database trouble once per outage, not once per attempt; back off."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+log = logging.getLogger("dblockrun")
+
+
+class Outage:
+    """Tracks whether the database is answering, for logs, health and backoff."""
+
+    def __init__(self, min_delay: float = 0.5, max_delay: float = 10.0) -> None:
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._failures = 0
+        self.last_ok = time.monotonic()
+        self.min_delay = min_delay
+        self.max_delay = max_delay
+        self.errors = 0
+
+    @property
+    def down(self) -> bool:
+        return self._since is not None
+
+    def failed(self, what: str, exc: BaseException) -> float:
+        """Note a failure; returns how long to wait before trying again."""
+        with self._lock:
+            self.errors += 1
+            self._failures += 1
+            if self._since is None:
+                self._since = time.monotonic()
+                log.error("database unreachable (%s): %s; retrying with backoff", what, exc)
+            delay: float = self.min_delay * 2.0 ** min(self._failures - 1, 10)
+            return min(self.max_delay, delay)
+
+    def ok(self) -> None:
+        with self._lock:
+            self.last_ok = time.monotonic()
+            if self._since is not None:
+                log.warning("database back after %.1fs", self.last_ok - self._since)
+            self._since = None
+            self._failures = 0

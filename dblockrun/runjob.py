@@ -1,0 +1,231 @@
+"""One claimed run of a job: record it, run the command under the lease,
+retry, record the result, release the lock, apply on-failure."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from dblockrun.errors import DatabaseError
+from dblockrun.heartbeat import Renewer
+from dblockrun.jobs import Job
+from dblockrun.outage import Outage
+from dblockrun.runner import LeaseWatch, Outcome, argv_for, run_process
+from dblockrun.store import Store
+from dblockrun.store import models as m
+
+log = logging.getLogger("dblockrun")
+out_log = logging.getLogger("dblockrun.output")
+
+_RESULT = {"timeout": m.TIMEOUT, "fenced": m.KILLED, "stopped": m.KILLED, "error": m.FAILED}
+
+
+@dataclass(frozen=True)
+class RunContext:
+    store: Store
+    holder: str
+    lease: float
+    kill_grace: float
+    renewer: Renewer
+    outage: Outage
+    stop: threading.Event
+    stop_grace: Callable[[], float | None]
+
+
+def result_of(outcome: Outcome) -> str:
+    if outcome.reason == "exit":
+        return m.OK if outcome.exit_code == 0 else m.FAILED
+    return _RESULT[outcome.reason]
+
+
+def exit_status(code: int | None) -> int | None:
+    """A shell-style exit status: 128+N for a command killed by signal N."""
+    if code is None:
+        return None
+    return 128 - code if code < 0 else code
+
+
+def command_env(job: Job, *, holder: str, run_id: int, token: int, slot: float | None,
+                item: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(dict(job.env))
+    env.update(
+        DBLOCKRUN_JOB=job.name,
+        DBLOCKRUN_RUN_ID=str(run_id),
+        DBLOCKRUN_FENCING_TOKEN=str(token),
+        DBLOCKRUN_HOST_ID=holder,
+    )
+    if slot is not None:
+        env["DBLOCKRUN_SLOT"] = datetime.fromtimestamp(slot, UTC).isoformat().replace(
+            "+00:00", "Z"
+        )
+    if item is not None:
+        env["DBLOCKRUN_ITEM"] = item
+    return env
+
+
+def retry_db(ctx: RunContext, what: str, fn: Callable[[], object], until: float) -> bool:
+    """Call ``fn`` until it succeeds or monotonic ``until`` passes."""
+    while True:
+        try:
+            fn()
+            ctx.outage.ok()
+            return True
+        except DatabaseError as exc:
+            delay = ctx.outage.failed(what, exc)
+            if time.monotonic() + delay > until:
+                return False
+            time.sleep(delay)
+
+
+class JobRun(threading.Thread):
+    """Runs in its own thread; the thread lives as long as the command, so
+    the command's parent-death signal fires only if the daemon dies."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        job: Job,
+        token: int,
+        slot: float | None,
+        claimed_mono: float,
+        on_done: Callable[[JobRun], None] | None = None,
+        line_sink: Callable[[bytes], None] | None = None,
+        on_start: Callable[[int], None] | None = None,
+    ) -> None:
+        super().__init__(name=f"job-{job.name}", daemon=True)
+        self.ctx = ctx
+        self.job = job
+        self.token = token
+        self.slot = slot
+        self.watch = LeaseWatch(job.name, ctx.holder, token, ctx.lease, last_ok=claimed_mono)
+        self.deadline = claimed_mono + job.lock_at_most
+        self.on_done = on_done
+        self.line_sink = line_sink
+        self.on_start = on_start
+        self.last_outcome: Outcome | None = None
+        self.last_run_id: int | None = None
+
+    def run(self) -> None:
+        self.ctx.renewer.add(self.watch)
+        try:
+            self._attempts()
+        finally:
+            self.ctx.renewer.remove(self.watch)
+            self._release()
+            if self.on_done is not None:
+                self.on_done(self)
+
+    def _attempts(self) -> None:
+        job, ctx = self.job, self.ctx
+        for attempt in range(1, job.retries + 2):
+            outcome = self._attempt(attempt)
+            if outcome is None:
+                return
+            self.last_outcome = outcome
+            if result_of(outcome) != m.FAILED or attempt > job.retries:
+                break
+            if self.watch.lost or ctx.stop.wait(job.retry_delay):
+                break
+            if time.monotonic() + 0.1 >= self.deadline:
+                break
+            log.info("job %s: retrying (attempt %d of %d)", job.name, attempt + 1,
+                     job.retries + 1)
+        if self.last_outcome is not None and result_of(self.last_outcome) == m.FAILED:
+            self._on_failure(self.last_outcome)
+
+    def _attempt(self, attempt: int) -> Outcome | None:
+        job, ctx = self.job, self.ctx
+        ids: list[int] = []
+
+        def record() -> None:
+            ids.append(ctx.store.start_run(job.name, ctx.holder, token=self.token,
+                                           slot=self.slot, attempt=attempt))
+
+        if not retry_db(ctx, f"record run of {job.name}", record,
+                        self.watch.fence_at(ctx.kill_grace + 1)):
+            log.error("job %s: could not record the run; not starting it", job.name)
+            return None
+        run_id = ids[0]
+        self.last_run_id = run_id
+        env = command_env(job, holder=ctx.holder, run_id=run_id, token=self.token, slot=self.slot)
+        log.info("job %s: run %d started (token %d, attempt %d)", job.name, run_id, self.token,
+                 attempt)
+        started = time.monotonic()
+        prefix = f"[{job.name}] "
+
+        def on_line(line: bytes) -> None:
+            out_log.info("%s%s", prefix, line.decode("utf-8", "replace").rstrip("\r\n"),
+                         extra={"job": job.name, "run_id": run_id})
+
+        outcome = run_process(
+            argv_for(job.command, job.shell),
+            env=env,
+            cwd=job.workdir,
+            on_line=self.line_sink or on_line,
+            deadline=self.deadline,
+            watch=self.watch,
+            stop=ctx.stop,
+            kill_grace=ctx.kill_grace,
+            stop_grace=ctx.stop_grace,
+            on_start=self.on_start,
+        )
+        result = result_of(outcome)
+        code = exit_status(outcome.exit_code)
+        took = time.monotonic() - started
+        extra = f" ({outcome.detail})" if outcome.detail else ""
+        log.log(
+            logging.INFO if result == m.OK else logging.WARNING,
+            "job %s: run %d %s, exit %s, %.2fs%s", job.name, run_id, result, code, took, extra,
+        )
+        output = outcome.tail.decode("utf-8", "replace")
+        if outcome.reason == "error":
+            output = (output + outcome.detail + "\n")[-65536:]
+        written: list[bool] = []
+        retry_db(ctx, f"record result of {job.name}",
+                 lambda: written.append(ctx.store.finish_run(run_id, job.name, self.token,
+                                                              result, code, output)),
+                 time.monotonic() + 60)
+        if written and not written[0]:
+            log.warning("job %s: run %d result not recorded: token %d is no longer current",
+                        job.name, run_id, self.token)
+        return outcome
+
+    def _release(self) -> None:
+        job, ctx = self.job, self.ctx
+        retry_db(ctx, f"release {job.name}",
+                 lambda: ctx.store.release(job.name, ctx.holder, self.token, job.lock_at_least),
+                 time.monotonic() + 30)
+        if job.history_limit and self.last_run_id and self.last_run_id % 50 == 0:
+            try:
+                ctx.store.prune_runs(job.name, job.history_limit)
+            except DatabaseError:
+                pass
+
+    def _on_failure(self, outcome: Outcome) -> None:
+        job, ctx = self.job, self.ctx
+        disable_for = job.on_failure.disable_for
+        if disable_for:
+            reason = (f"on-failure: run {self.last_run_id} exited "
+                      f"{exit_status(outcome.exit_code)} on {ctx.holder}")
+            if retry_db(ctx, f"disable {job.name}",
+                        lambda: ctx.store.disable(job.name, for_seconds=disable_for,
+                                                  reason=reason),
+                        time.monotonic() + 30):
+                log.warning("job %s: disabled for %gs after failure", job.name, disable_for)
+        if job.on_failure.command is not None:
+            env = command_env(job, holder=ctx.holder, run_id=self.last_run_id or 0,
+                              token=self.token, slot=self.slot)
+            env["DBLOCKRUN_EXIT_CODE"] = str(exit_status(outcome.exit_code))
+            run_process(
+                argv_for(job.on_failure.command, job.shell), env=env, cwd=job.workdir,
+                on_line=lambda line: out_log.info(
+                    "[%s on-failure] %s", job.name, line.decode("utf-8", "replace").rstrip()),
+                deadline=time.monotonic() + 300, watch=None, stop=ctx.stop,
+                kill_grace=ctx.kill_grace,
+            )

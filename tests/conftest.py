@@ -1,0 +1,238 @@
+"""Real databases for the tests.
+
+Backends come from `--backends` or `DBLOCKRUN_TEST_BACKENDS` (default
+`sqlite,postgresql,mariadb`). PostgreSQL and MariaDB each get one fresh
+database per test run (`dblockrun_t_<pid>_<hex>`), dropped at the end; tests
+keep apart by prefixing their tables with `db.prefix`. SQLite gets a new file
+per test.
+
+An unreachable server skips the tests using it, or fails them when `CI=true`
+or `DBLOCKRUN_TEST_STRICT=1`: in CI a missing database must never look green.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pymysql
+import pytest
+from helpers import TestDb
+from psycopg import sql
+
+ALL_BACKENDS = ("sqlite", "postgresql", "mariadb")
+SERVER_BACKENDS = ("postgresql", "mariadb")
+DEFAULT_BACKENDS = ",".join(ALL_BACKENDS)
+
+PG_HOST, PG_PORT, PG_USER = "127.0.0.1", 5432, "postgres"
+PG_ADMIN_DATABASES = ("test", "postgres")
+MY_HOST, MY_PORT, MY_USER = "127.0.0.1", 3306, "root"
+MY_ADMIN_DATABASE = "test"
+CONNECT_TIMEOUT = 5
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backends",
+        default=os.environ.get("DBLOCKRUN_TEST_BACKENDS") or DEFAULT_BACKENDS,
+        help="comma-separated database backends to test: sqlite,postgresql,mariadb "
+        "(default: $DBLOCKRUN_TEST_BACKENDS or all)",
+    )
+
+
+def selected_backends(config: pytest.Config) -> list[str]:
+    raw = str(config.getoption("--backends"))
+    chosen = [name.strip() for name in raw.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in ALL_BACKENDS]
+    if unknown or not chosen:
+        raise pytest.UsageError(
+            f"--backends / DBLOCKRUN_TEST_BACKENDS: unknown backend(s) {unknown or raw!r}; "
+            f"choose from {', '.join(ALL_BACKENDS)}"
+        )
+    return chosen
+
+
+def strict() -> bool:
+    """Unreachable databases fail instead of skip (always in CI)."""
+    return (
+        os.environ.get("CI", "").lower() in ("true", "1")
+        or os.environ.get("DBLOCKRUN_TEST_STRICT") == "1"
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    selected_backends(config)  # reject a bad list before collecting anything
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    mode = "fail" if strict() else "skip"
+    return f"dblockrun backends: {','.join(selected_backends(config))} (unreachable: {mode})"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        backends = selected_backends(metafunc.config)
+        metafunc.parametrize("backend", backends, indirect=True, ids=backends)
+
+
+class ServerDatabases:
+    """Creates one fresh database per server backend on first use; drops them all."""
+
+    def __init__(self) -> None:
+        self.name = f"dblockrun_t_{os.getpid()}_{secrets.token_hex(4)}"
+        self._urls: dict[str, str] = {}
+        self._errors: dict[str, str] = {}
+
+    def url(self, backend: str) -> str:
+        """The URL of this run's database on `backend`; skips/fails if unreachable."""
+        if backend not in SERVER_BACKENDS:
+            raise ValueError(f"not a server backend: {backend!r}")
+        if backend not in self._urls and backend not in self._errors:
+            try:
+                self._urls[backend] = self._create(backend)
+            except Exception as exc:  # any driver error means "unreachable"
+                self._errors[backend] = f"{type(exc).__name__}: {exc}".strip()
+        if backend in self._errors:
+            reason = f"{backend} test database unavailable: {self._errors[backend]}"
+            if strict():
+                pytest.fail(f"{reason} (CI/DBLOCKRUN_TEST_STRICT: not skipping)", pytrace=False)
+            pytest.skip(reason)
+        return self._urls[backend]
+
+    def _create(self, backend: str) -> str:
+        if backend == "postgresql":
+            with pg_admin() as conn:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+            return f"postgresql://{PG_USER}@{PG_HOST}:{PG_PORT}/{self.name}"
+        with my_admin() as my_conn, my_conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
+        return f"mysql://{MY_USER}@{MY_HOST}:{MY_PORT}/{self.name}"
+
+    def drop_all(self) -> None:
+        if "postgresql" in self._urls:
+            with pg_admin() as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (self.name,)
+                ).fetchone()
+                warn_leaks("postgresql", self.name, row[0] if row else 0)
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        sql.Identifier(self.name)
+                    )
+                )
+        if "mariadb" in self._urls:
+            with my_admin() as my_conn, my_conn.cursor() as cur:
+                cur.execute(
+                    "SELECT id FROM information_schema.processlist"
+                    " WHERE db = %s AND id <> connection_id()",
+                    (self.name,),
+                )
+                leaked = [int(row[0]) for row in cur.fetchall()]
+                warn_leaks("mariadb", self.name, len(leaked))
+                for thread_id in leaked:  # a leaked open transaction would block the DROP
+                    try:
+                        cur.execute(f"KILL {thread_id}")
+                    except pymysql.MySQLError:
+                        pass  # already gone
+                cur.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
+
+
+def warn_leaks(backend: str, name: str, count: int) -> None:
+    if count:
+        warnings.warn(
+            f"{count} connection(s) to {backend} database {name} still open at the end "
+            "of the test session: a test or fixture leaked them",
+            pytest.PytestWarning,
+            stacklevel=2,
+        )
+
+
+def pg_admin() -> psycopg.Connection[Any]:
+    error: Exception | None = None
+    for dbname in PG_ADMIN_DATABASES:
+        try:
+            return psycopg.connect(
+                host=PG_HOST,
+                port=PG_PORT,
+                user=PG_USER,
+                dbname=dbname,
+                autocommit=True,
+                connect_timeout=CONNECT_TIMEOUT,
+            )
+        except psycopg.OperationalError as exc:
+            error = exc
+    assert error is not None
+    raise error
+
+
+def my_admin() -> pymysql.connections.Connection[Any]:
+    return pymysql.connect(
+        host=MY_HOST,
+        port=MY_PORT,
+        user=MY_USER,
+        password="",
+        database=MY_ADMIN_DATABASE,
+        autocommit=True,
+        connect_timeout=CONNECT_TIMEOUT,
+    )
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path.resolve()}"
+
+
+def new_prefix() -> str:
+    return f"t{secrets.token_hex(4)}_"
+
+
+@pytest.fixture(scope="session")
+def server_databases() -> Iterator[ServerDatabases]:
+    """This run's PostgreSQL/MariaDB databases, created lazily, dropped at the end."""
+    databases = ServerDatabases()
+    yield databases
+    databases.drop_all()
+
+
+@pytest.fixture(scope="session")
+def session_db_url(
+    tmp_path_factory: pytest.TempPathFactory, server_databases: ServerDatabases
+) -> Callable[[str], str]:
+    """`session_db_url(backend) -> url`: the database shared by the whole run.
+
+    SQLite: one file in a per-session temporary directory.
+    """
+    sqlite_file = tmp_path_factory.mktemp("sqlite-session") / "test.db"
+
+    def url(backend: str) -> str:
+        if backend == "sqlite":
+            return sqlite_url(sqlite_file)
+        return server_databases.url(backend)
+
+    return url
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend under test: `sqlite`, `postgresql` or `mariadb` (parametrized)."""
+    if not hasattr(request, "param"):
+        raise pytest.UsageError("the `backend` fixture is parametrized by conftest only")
+    return str(request.param)
+
+
+@pytest.fixture
+def db(backend: str, tmp_path: Path, server_databases: ServerDatabases) -> TestDb:
+    """A database on each selected backend; a fresh file per test for SQLite."""
+    if backend == "sqlite":
+        return TestDb("sqlite", sqlite_url(tmp_path / "dblockrun.db"), new_prefix())
+    return TestDb(backend, server_databases.url(backend), new_prefix())
+
+
+@pytest.fixture
+def sqlite_db(tmp_path: Path) -> TestDb:
+    """A fresh SQLite database, for tests that need no server backend."""
+    return TestDb("sqlite", sqlite_url(tmp_path / "dblockrun.db"), new_prefix())

@@ -1,0 +1,58 @@
+"""Helpers shared by the tests: polling with a deadline, the database handle, the CLI."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TestDb:
+    """A database for one test.
+
+    `url` is what dblockrun takes (`sqlite:////abs/file.db`,
+    `postgresql://postgres@127.0.0.1:5432/<db>`, `mysql://root@127.0.0.1:3306/<db>`).
+    The server databases are shared by the whole test session, so every table a
+    test creates must start with `prefix` (`t<8 hex>_`), unique per test.
+    """
+
+    __test__: ClassVar[bool] = False  # not a test class, despite the name
+
+    backend: str
+    url: str
+    prefix: str
+
+
+def wait_for(
+    predicate: Callable[[], T | None | bool],
+    timeout: float,
+    interval: float = 0.05,
+    what: str = "",
+) -> T:
+    """Call `predicate` until it returns something other than None or False.
+
+    Returns that value (so `0` from `Popen.poll` counts as done). Raises
+    AssertionError naming `what` if the deadline passes first. Exceptions from
+    the predicate propagate. Use this instead of sleeping in tests.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result is not None and result is not False:
+            return result  # type: ignore[return-value]  # True is returned as T=bool
+        if time.monotonic() >= deadline:
+            name = what or getattr(predicate, "__name__", repr(predicate))
+            raise AssertionError(
+                f"timed out after {timeout:g}s waiting for {name} (last result: {result!r})"
+            )
+        time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+
+
+def dblockrun_cmd() -> list[str]:
+    """The command line that starts dblockrun as a real process."""
+    return [sys.executable, "-m", "dblockrun"]
