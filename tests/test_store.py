@@ -1,0 +1,221 @@
+"""The lock store on every backend: claims, tokens, leases, flags, runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from helpers import TestDb
+
+from dblockrun.errors import DatabaseError, SchemaTooNew
+from dblockrun.store import Store
+from dblockrun.store import models as m
+
+
+@pytest.fixture
+def store(db: TestDb) -> Iterator[Store]:
+    s = Store(db.url, db.prefix)
+    s.ensure_schema()
+    yield s
+    s.drop_schema()
+    s.close()
+
+
+def test_clock_is_the_databases(store: Store) -> None:
+    sample = store.clock_sample()
+    # Local servers: the database clock and ours agree within a second.
+    assert abs(sample.offset) < 1.0
+    assert sample.rtt >= 0
+    assert store.db_now() >= sample.db_now
+
+
+def test_one_claim_per_slot_and_token_increments(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    slot = store.db_now() - 1
+    t1 = store.claim("job", "h1", 30, slot=slot)
+    assert t1 == 1
+    assert store.claim("job", "h2", 30, slot=slot) is None  # locked
+    assert store.release("job", "h1", t1)
+    # Free again, but the slot is taken: nobody runs it twice.
+    assert store.claim("job", "h2", 30, slot=slot) is None
+    t2 = store.claim("job", "h2", 30, slot=slot + 0.5)
+    assert t2 == 2
+
+
+def test_future_slot_is_not_claimed_early(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    assert store.claim("job", "h1", 30, slot=store.db_now() + 5) is None
+
+
+def test_renew_and_release_need_the_current_token(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    token = store.claim("job", "h1", 0.2)
+    assert token is not None
+    assert store.renew("job", "h1", token, 30)
+    assert not store.renew("job", "h1", token + 1, 30)
+    assert not store.renew("job", "h2", token, 30)
+    assert not store.release("job", "h1", token - 1)
+    assert store.release("job", "h1", token)
+
+
+def test_expired_lease_is_taken_over_and_old_holder_is_fenced(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    old = store.claim("job", "h1", 0.1)
+    assert old is not None
+    import time
+
+    deadline = time.monotonic() + 5
+    new = None
+    while new is None and time.monotonic() < deadline:
+        new = store.claim("job", "h2", 30)
+    assert new == old + 1
+    assert not store.renew("job", "h1", old, 30)
+    assert not store.release("job", "h1", old)
+    run = store.start_run("job", "h1", token=old)
+    assert not store.finish_run(run, "job", old, m.OK, 0, "late")
+    assert store.history("job")[0].result == m.RUNNING
+
+
+def test_lock_at_least_keeps_the_lock_after_release(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    token = store.claim("job", "h1", 30)
+    assert token is not None
+    assert store.release("job", "h1", token, lock_at_least=60)
+    assert store.claim("job", "h2", 30) is None
+    state = store.lock_state("job")
+    assert state is not None and state.lock_until is not None and state.locked_at is not None
+    assert state.lock_until == pytest.approx(state.locked_at + 60, abs=0.01)
+
+
+def test_rate_condition(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    token = store.claim("job", "h1", 30, rate=3600)
+    assert token is not None
+    store.release("job", "h1", token)
+    assert store.claim("job", "h2", 30, rate=3600) is None
+    assert store.claim("job", "h2", 30, rate=0.0) is not None
+
+
+def test_disable_for_until_and_enable(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    end = store.disable("job", for_seconds=3 * 3600, reason="maintenance; 'quoted' %s")
+    assert end == pytest.approx(store.db_now() + 3 * 3600, abs=5)
+    assert store.claim("job", "h1", 30) is None
+    status = store.status(["job"])[0]
+    assert status.state == "disabled"
+    assert status.lock.disabled_reason == "maintenance; 'quoted' %s"
+    assert store.enable("job")
+    assert store.claim("job", "h1", 30) is not None
+    past = store.disable("other", until=store.db_now() - 10)
+    assert past < store.db_now()
+    assert store.claim("other", "h1", 30) is not None
+
+
+def test_concurrent_threads_one_winner_per_slot(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    base = store.db_now() - 1
+    wins: list[tuple[str, float, int]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(6)
+
+    def worker(me: str) -> None:
+        barrier.wait()
+        for i in range(15):
+            slot = base - 15 + i
+            token = store.claim("job", me, 30, slot=slot)
+            if token is not None:
+                with lock:
+                    wins.append((me, slot, token))
+                store.release("job", me, token)
+
+    threads = [threading.Thread(target=worker, args=(f"h{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    slots = [w[1] for w in wins]
+    assert len(slots) == len(set(slots)), "a slot was claimed twice"
+    tokens = [w[2] for w in wins]
+    assert sorted(tokens) == list(range(1, len(tokens) + 1))
+
+
+def test_runs_and_history(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    token = store.claim("job", "h1", 30, slot=store.db_now() - 1)
+    assert token is not None
+    run = store.start_run("job", "h1", token=token, slot=100.0)
+    status = store.status(["job"])[0]
+    assert status.state == "running" and status.running is not None
+    assert store.finish_run(run, "job", token, m.FAILED, 3, "out\n")
+    rec = store.run(run)
+    assert rec is not None
+    assert (rec.result, rec.exit_code, rec.output, rec.slot) == (m.FAILED, 3, "out\n", 100.0)
+    assert rec.duration is not None and rec.duration >= 0
+    for _ in range(5):
+        store.start_run("job", "h1", token=None, result=m.MISSED)
+    assert store.prune_runs("job", 2) == 4
+    assert len(store.history("job", 100)) == 2
+
+
+def test_sweep_marks_runs_of_dead_holders_lost(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    token = store.claim("job", "h1", 0.05)
+    assert token is not None
+    run = store.start_run("job", "h1", token=token)
+    import time
+
+    deadline = time.monotonic() + 5
+    while store.sweep_lost() == 0:
+        assert time.monotonic() < deadline
+    rec = store.run(run)
+    assert rec is not None and rec.result == m.LOST
+
+
+def test_hosts_register_with_offset(store: Store) -> None:
+    store.heartbeat_host("a:1:x", hostname="a", pid=1, version="0", clock_offset=0.25,
+                         running=1, jobs=None)
+    store.heartbeat_host("a:1:x", hostname="a", pid=1, version="0", clock_offset=0.5,
+                         running=0, jobs=None)
+    (host,) = store.hosts(seen_within=60)
+    assert (host.id, host.clock_offset, host.running) == ("a:1:x", 0.5, 0)
+    store.remove_host("a:1:x")
+    assert store.hosts() == []
+
+
+def test_newer_schema_is_refused(db: TestDb, store: Store) -> None:
+    with store.engine.connect() as conn:
+        conn.execute(
+            store.t.meta.update().where(store.t.meta.c.key == "schema_version").values(value="99")
+        )
+    fresh = Store(db.url, db.prefix)
+    with pytest.raises(SchemaTooNew, match="version 99"):
+        fresh.db_now()
+    fresh.close()
+
+
+def test_no_schema_without_create(db: TestDb) -> None:
+    s = Store(db.url, db.prefix + "x_", create=False)
+    with pytest.raises(DatabaseError, match="init-db"):
+        s.db_now()
+    s.close()
+
+
+def test_unreachable_database_is_a_database_error() -> None:
+    s = Store("postgresql://nobody:secret@127.0.0.1:1/none")
+    with pytest.raises(DatabaseError) as info:
+        s.db_now()
+    assert "secret" not in str(info.value)
+    s.close()
+
+
+def test_names_and_reasons_are_bound_parameters(store: Store) -> None:
+    name = "x'; DROP TABLE t; --%s"
+    store.ensure_jobs([name])
+    store.disable(name, reason="it's 100% \"bad\"; --")
+    (status,) = store.status([name])
+    assert status.lock.name == name
+    assert status.lock.disabled_reason == "it's 100% \"bad\"; --"
+    with store.engine.connect() as conn:
+        assert sa.inspect(conn).has_table(store.t.locks.name)
