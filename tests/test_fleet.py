@@ -20,10 +20,13 @@ jobs:
   tick:
     cron: "* * * * * *"
     lock-at-most: 10s
+    env:
+      LOG: {log}
     command: |
-      echo "start $DBLOCKRUN_SLOT $DBLOCKRUN_FENCING_TOKEN $DBLOCKRUN_HOST_ID $(date +%s.%N)" >> {log}
+      line="$DBLOCKRUN_SLOT $DBLOCKRUN_FENCING_TOKEN $DBLOCKRUN_HOST_ID"
+      echo "start $line $(date +%s.%N)" >> "$LOG"
       sleep 0.3
-      echo "end $DBLOCKRUN_SLOT $DBLOCKRUN_FENCING_TOKEN $DBLOCKRUN_HOST_ID $(date +%s.%N)" >> {log}
+      echo "end $line $(date +%s.%N)" >> "$LOG"
 """
 
 

@@ -43,7 +43,6 @@ class Dialect:
                     "application_name": "dblockrun",
                     "options": "-c statement_timeout=15000",
                 },
-                "pool_pre_ping": True,
             }
         if self.name == "mysql":
             return {
@@ -54,7 +53,6 @@ class Dialect:
                     "init_command": "SET time_zone = '+00:00'",
                     "charset": "utf8mb4",
                 },
-                "pool_pre_ping": True,
                 "pool_recycle": 3600,
             }
         return {"connect_args": {"timeout": 15, "check_same_thread": False}}

@@ -46,7 +46,11 @@ class Store:
         if self.dialect.name == "sqlite":
             prepare_sqlite_file(url)
         self.engine: Engine = sa.create_engine(
-            driver_url(url), isolation_level="AUTOCOMMIT", **self.dialect.engine_options()
+            driver_url(url),
+            isolation_level="AUTOCOMMIT",
+            # Autocommit: nothing to roll back when a connection returns to the pool.
+            pool_reset_on_return=None,
+            **self.dialect.engine_options(),
         )
         if self.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_on_connect)
@@ -91,6 +95,15 @@ class Store:
             raise _db_error(exc) from exc
 
     def _run(self, fn: Callable[[Connection], T]) -> T:
+        # No ping before each statement (it would double the round trips): a
+        # pooled connection that turns out dead is dropped and retried once.
+        try:
+            with self._conn() as conn:
+                return fn(conn)
+        except DatabaseError as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, sa.exc.DBAPIError) and cause.connection_invalidated):
+                raise
         with self._conn() as conn:
             return fn(conn)
 
