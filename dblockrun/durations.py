@@ -47,8 +47,7 @@ def parse_duration(text: str | int | float) -> float:
         index = _UNITS.index(unit)
         if index <= last_unit:
             raise ValueError(
-                f"{shown} is not a duration: units go from largest to smallest, "
-                f"each once ({FORMS})"
+                f"{shown} is not a duration: units go from largest to smallest, each once ({FORMS})"
             )
         last_unit = index
         seconds += float(number) / 1000 if unit == "ms" else float(number) * _SECONDS[unit]

@@ -1,0 +1,506 @@
+"""Load a jobs file (YAML) into frozen :class:`~dblockrun.jobs.Job` objects.
+
+Every problem is a :class:`~dblockrun.errors.ConfigError` rendered as
+``file:line: job 'x': key: why``; no other exception leaves
+:func:`load_jobs_text`, whatever the text.
+
+``defaults`` are merged under each job key by key, except ``env``, which is
+merged variable by variable. A ``null`` value unsets an optional key (``cron``,
+``rate``, ``workdir``, ``starting-deadline``, ``items``, ``items-command``,
+``on-failure``) that ``defaults`` set.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import yaml
+
+from dblockrun.durations import format_duration, parse_duration
+from dblockrun.errors import ConfigError
+from dblockrun.jobs import Command, Job, JobsFile, OnFailure
+from dblockrun.schedule import validate_cron, validate_timezone
+
+TOP_LEVEL_KEYS = ("database", "defaults", "jobs")
+JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
+MAX_JOB_NAME = 200
+MAX_INT = 2**31 - 1
+ON_FAILURE_KEYS = ("disable-for", "command")
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _Invalid(ValueError):
+    """A value is wrong; the caller knows the file, line, job and key."""
+
+    def __init__(self, why: str, *, line: int | None = None, key: str | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.line = line  # a nested key's line, if not the key's own
+        self.key = key  # a nested key, appended to the key
+
+
+# --- YAML with line numbers and duplicate keys --------------------------------------
+
+
+class _Mapping(dict[Any, Any]):
+    """A YAML mapping that remembers each key's line and the keys it repeats."""
+
+    def __init__(self, line: int) -> None:
+        super().__init__()
+        self.line = line
+        self.lines: dict[Any, int] = {}
+        self.duplicates: list[tuple[Any, int]] = []
+
+
+class _Loader(yaml.SafeLoader):
+    """A safe loader whose mappings are :class:`_Mapping` objects."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._own_keys: dict[int, set[int]] = {}
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, OverflowError) as exc:
+            # e.g. `2026-02-30` is a timestamp to YAML, and a bare ValueError from PyYAML.
+            what = repr(node.value) if isinstance(node, yaml.ScalarNode) else "value"
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {what}: {exc}", node.start_mark
+            ) from exc
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        # Remember the keys written in the mapping itself before `<<` merges add others.
+        if id(node) not in self._own_keys:
+            self._own_keys[id(node)] = {id(key) for key, _ in node.value if key.tag != _MERGE_TAG}
+        super().flatten_mapping(node)
+
+    def fill_mapping(self, data: _Mapping, node: yaml.MappingNode) -> None:
+        self.flatten_mapping(node)
+        own = self._own_keys[id(node)]
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    "found unhashable key",
+                    key_node.start_mark,
+                ) from None
+            line = key_node.start_mark.line + 1
+            if id(key_node) in own:
+                if key in seen:
+                    data.duplicates.append((key, line))
+                seen.add(key)
+            data[key] = self.construct_object(value_node)
+            data.lines[key] = line
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Iterator[_Mapping]:
+    data = _Mapping(node.start_mark.line + 1)
+    yield data
+    loader.fill_mapping(data, node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+
+
+# --- entry points ------------------------------------------------------------------
+
+
+def load_jobs(path: str) -> JobsFile:
+    """Read and validate the jobs file at ``path``."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            text = stream.read()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read: not UTF-8 text ({exc.reason})", file=path) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=path) from exc
+    return load_jobs_text(text, path)
+
+
+def load_jobs_text(text: str, path: str) -> JobsFile:
+    """Validate the jobs file ``text``; ``path`` is only used in messages."""
+    try:
+        return _Parser(path).parse(_load_yaml(text))
+    except ConfigError:
+        raise
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        why = ", ".join(part for part in (exc.context, exc.problem) if part) or "cannot parse"
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError(f"invalid YAML: {why}", file=path, line=line) from exc
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        code = ord(exc.character) if isinstance(exc.character, str) else exc.character
+        why = f"invalid YAML: {exc.reason} (character #x{code:04x})"
+        raise ConfigError(why, file=path, line=line) from exc
+    except RecursionError as exc:
+        raise ConfigError("invalid YAML: nested too deeply", file=path) from exc
+    except Exception as exc:
+        # The contract: any text gives a JobsFile or a ConfigError (e.g. `2026-02-30`
+        # makes PyYAML raise a bare ValueError).
+        raise ConfigError(f"invalid YAML: {exc}", file=path) from exc
+
+
+def _load_yaml(text: str) -> Any:
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+# --- describing values -------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    """``value`` for a message: scalars shown (shortened), containers named."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, str | int | float):
+        shown = repr(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        return f"{'a string' if isinstance(value, str) else 'a number'} ({shown})"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _suggest(key: Any, known: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key (did you mean '{close[0]}'?)"
+    return f"unknown key (known: {', '.join(known)})"
+
+
+# --- value parsers: each returns the Job field's value or raises _Invalid -----------
+
+
+def _string(value: Any, *, empty: bool = True) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"must be a string, got {_kind(value)}")
+    if not empty and not value.strip():
+        raise _Invalid("must not be empty")
+    if "\0" in value:
+        raise _Invalid("must not contain a NUL character")
+    return value
+
+
+def _word(value: Any, what: str) -> str:
+    """A string or number as the string a process sees (items, arguments, env values)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise _Invalid(f"{what} must be a string or number, got {_kind(value)} (quote it)")
+    text = str(value)
+    if "\0" in text:
+        raise _Invalid(f"{what} must not contain a NUL character")
+    return text
+
+
+def _duration(value: Any, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise _Invalid(f"must be a duration like 90s, 5m or 1h30m, got {_kind(value)}")
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+    if positive and seconds <= 0:
+        raise _Invalid(f"must be more than 0, got {_kind(value)}")
+    return seconds
+
+
+def _integer(value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Invalid(f"must be a whole number, got {_kind(value)}")
+    if value < minimum:
+        raise _Invalid(f"must be at least {minimum}, got {value}")
+    if value > MAX_INT:
+        raise _Invalid(f"must be at most {MAX_INT}, got {value}")
+    return value
+
+
+def _command(value: Any) -> Command:
+    if isinstance(value, str):
+        return _string(value, empty=False)
+    if isinstance(value, list):
+        if not value:
+            raise _Invalid("must not be an empty list")
+        words = tuple(_word(word, "each argument") for word in value)
+        if not words[0].strip():
+            raise _Invalid("the program (first item) must not be empty")
+        return words
+    raise _Invalid(f"must be a string or a list of arguments, got {_kind(value)}")
+
+
+def _cron(value: Any) -> str:
+    text = _string(value)
+    try:
+        validate_cron(text)
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+    return text.strip()
+
+
+def _timezone(value: Any) -> str:
+    name = _string(value)
+    try:
+        validate_timezone(name)
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+    return name
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"must be true or false, got {_kind(value)}")
+    return value
+
+
+def _mapping(value: Any) -> _Mapping:
+    if not isinstance(value, _Mapping):
+        raise _Invalid(f"must be a mapping, got {_kind(value)}")
+    return value
+
+
+def _env(value: Any) -> tuple[tuple[str, str], ...]:
+    pairs: list[tuple[str, str]] = []
+    mapping = _mapping(value)
+    for name, raw in mapping.items():
+        line = mapping.lines[name]
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise _Invalid(
+                f"variable names must be non-empty strings without '=', got {_kind(name)}",
+                line=line,
+            )
+        try:
+            pairs.append((name, _word(raw, "the value")))
+        except _Invalid as exc:
+            raise _Invalid(exc.why, line=line, key=name) from None
+    return tuple(sorted(pairs))
+
+
+def _items(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise _Invalid(f"must be a list, got {_kind(value)}")
+    items = tuple(_word(item, "each item") for item in value)
+    for item in items:
+        if items.count(item) > 1:
+            raise _Invalid(f"item {item!r} is listed twice")
+    return items
+
+
+def _on_failure(value: Any) -> OnFailure:
+    if value is None:
+        return OnFailure()
+    mapping = _mapping(value)
+    parsed: dict[str, Any] = {}
+    for key, raw in mapping.items():
+        line = mapping.lines[key]
+        if key not in ON_FAILURE_KEYS:
+            raise _Invalid(_suggest(key, ON_FAILURE_KEYS), line=line, key=str(key))
+        try:
+            if key == "disable-for":
+                parsed["disable_for"] = _duration(raw, positive=True)
+            else:
+                parsed["command"] = _command(raw)
+        except _Invalid as exc:
+            raise _Invalid(exc.why, line=line, key=key) from None
+    return OnFailure(**parsed)
+
+
+def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``parse``, with ``null`` meaning unset."""
+
+    def parse_optional(value: Any) -> Any:
+        return None if value is None else parse(value)
+
+    return parse_optional
+
+
+def _required(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def parse_required(value: Any) -> Any:
+        if value is None:
+            raise _Invalid("needs a value")
+        return parse(value)
+
+    return parse_required
+
+
+#: YAML key -> (Job field, parser).
+JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "cron": ("cron", _optional(_cron)),
+    "rate": ("rate", _optional(lambda v: _duration(v, positive=True))),
+    "command": ("command", _required(_command)),
+    "lock-at-most": ("lock_at_most", _required(lambda v: _duration(v, positive=True))),
+    "lock-at-least": ("lock_at_least", _required(_duration)),
+    "timezone": ("timezone", _required(_timezone)),
+    "env": ("env", _required(_env)),
+    "workdir": ("workdir", _optional(lambda v: _string(v, empty=False))),
+    "shell": ("shell", _required(lambda v: _string(v, empty=False))),
+    "starting-deadline": ("starting_deadline", _optional(lambda v: _duration(v, positive=True))),
+    "retries": ("retries", _required(lambda v: _integer(v, 0))),
+    "retry-delay": ("retry_delay", _required(_duration)),
+    "on-failure": ("on_failure", _on_failure),
+    "jitter": ("jitter", _required(_duration)),
+    "description": ("description", _required(_string)),
+    "enabled": ("enabled", _required(_bool)),
+    "items": ("items", _optional(_items)),
+    "items-command": ("items_command", _optional(_command)),
+    "parallel": ("parallel", _required(lambda v: _integer(v, 1))),
+    "batch": ("batch", _required(lambda v: _integer(v, 1))),
+    "history-limit": ("history_limit", _required(lambda v: _integer(v, 1))),
+}
+_KNOWN_JOB_KEYS = tuple(JOB_KEYS)
+
+
+# --- the file ------------------------------------------------------------------------
+
+
+class _Parser:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def error(
+        self, why: str, line: int | None, job: str | None = None, key: str | None = None
+    ) -> ConfigError:
+        return ConfigError(why, file=self.path, line=line, job=job, key=key)
+
+    def parse(self, data: Any) -> JobsFile:
+        if data is None:
+            raise self.error("no jobs: mapping", None)
+        if not isinstance(data, _Mapping):
+            raise self.error(f"the file must be a mapping with a jobs: key, got {_kind(data)}", 1)
+        self.check_duplicates(data)
+        for key in data:
+            if key not in TOP_LEVEL_KEYS:
+                raise self.error(_suggest(key, TOP_LEVEL_KEYS), data.lines[key], key=str(key))
+        if "jobs" not in data:
+            raise self.error("no jobs: mapping", data.line)
+        database = data.get("database")
+        if database is not None:
+            try:
+                database = _string(database, empty=False)
+            except _Invalid as exc:
+                raise self.error(exc.why, data.lines["database"], key="database") from None
+        defaults = self.parse_defaults(data)
+        jobs = data["jobs"]
+        if jobs is None:
+            return JobsFile(path=self.path, database=database, jobs=())
+        if not isinstance(jobs, _Mapping):
+            why = f"must be a mapping of job names to jobs, got {_kind(jobs)}"
+            raise self.error(why, data.lines["jobs"], key="jobs")
+        parsed = tuple(
+            self.parse_job(name, body, jobs.lines[name], defaults) for name, body in jobs.items()
+        )
+        return JobsFile(path=self.path, database=database, jobs=parsed)
+
+    def check_duplicates(self, data: _Mapping) -> None:
+        """Reject a key written twice in any mapping of the file."""
+        stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+        seen: set[int] = set()
+        while stack:
+            value, where = stack.pop()
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if isinstance(value, _Mapping):
+                if value.duplicates:
+                    key, line = value.duplicates[0]
+                    raise self.duplicate(where, key, line)
+                children = [(child, (*where, str(key))) for key, child in value.items()]
+            elif isinstance(value, list | tuple | set):
+                children = [(child, where) for child in value]
+            else:
+                continue
+            stack.extend(reversed(children))
+
+    def duplicate(self, where: tuple[str, ...], key: Any, line: int) -> ConfigError:
+        if where == ("jobs",):
+            return self.error(f"duplicate job {str(key)!r}", line)
+        why = f"duplicate key {str(key)!r}"
+        if len(where) >= 2 and where[0] == "jobs":
+            nested = ".".join(where[2:]) or None
+            return self.error(why, line, job=where[1], key=nested)
+        return self.error(why, line, key=".".join(where) or None)
+
+    def parse_defaults(self, data: _Mapping) -> dict[str, tuple[Any, int]]:
+        raw = data.get("defaults")
+        if raw is None:
+            return {}
+        if not isinstance(raw, _Mapping):
+            why = f"must be a mapping of job keys, got {_kind(raw)}"
+            raise self.error(why, data.lines["defaults"], key="defaults")
+        return self.parse_keys(raw, job=None, prefix="defaults.")
+
+    def parse_keys(
+        self, raw: _Mapping, job: str | None, prefix: str = ""
+    ) -> dict[str, tuple[Any, int]]:
+        """Each key of a job (or of defaults) -> (Job field value, line)."""
+        parsed: dict[str, tuple[Any, int]] = {}
+        for key, value in raw.items():
+            line = raw.lines[key]
+            if key not in JOB_KEYS:
+                raise self.error(_suggest(key, _KNOWN_JOB_KEYS), line, job, f"{prefix}{key}")
+            _field, parse = JOB_KEYS[key]
+            try:
+                parsed[key] = (parse(value), line)
+            except _Invalid as exc:
+                nested = f"{prefix}{key}.{exc.key}" if exc.key else f"{prefix}{key}"
+                raise self.error(exc.why, exc.line or line, job, nested) from None
+        return parsed
+
+    def parse_job(
+        self, name: Any, body: Any, line: int, defaults: dict[str, tuple[Any, int]]
+    ) -> Job:
+        if not isinstance(name, str):
+            raise self.error(f"job names must be strings, got {_kind(name)} (quote it)", line)
+        if not JOB_NAME.fullmatch(name):
+            why = "bad job name: use letters, digits, '.', '_' and '-'"
+            raise self.error(why, line, job=name)
+        if len(name) > MAX_JOB_NAME:
+            why = f"job name is {len(name)} characters long (at most {MAX_JOB_NAME})"
+            raise self.error(why, line, job=name[:40] + "...")
+        if not isinstance(body, _Mapping):
+            raise self.error(f"must be a mapping of job keys, got {_kind(body)}", line, job=name)
+        own = self.parse_keys(body, job=name)
+        keys = {**defaults, **own}
+        if "env" in defaults and "env" in own:
+            env = dict(defaults["env"][0]) | dict(own["env"][0])
+            keys["env"] = (tuple(sorted(env.items())), own["env"][1])
+
+        def value(key: str) -> Any:
+            return keys[key][0] if key in keys else None
+
+        if value("command") is None:
+            raise self.error("missing (every job needs a command)", line, name, "command")
+        if value("cron") is None and value("rate") is None:
+            why = "missing (a job needs cron, rate or both)"
+            raise self.error(why, line, name, "cron")
+        if value("items") is not None and value("items-command") is not None:
+            why = "cannot be used together with items (use one)"
+            raise self.error(why, keys["items-command"][1], name, "items-command")
+        job = Job(
+            name=name,
+            line=line,
+            **{JOB_KEYS[key][0]: parsed for key, (parsed, _line) in keys.items()},
+        )
+        if job.lock_at_least > job.lock_at_most:
+            why = (
+                f"{format_duration(job.lock_at_least)} is longer than "
+                f"lock-at-most {format_duration(job.lock_at_most)}"
+            )
+            raise self.error(why, keys["lock-at-least"][1], name, "lock-at-least")
+        return job

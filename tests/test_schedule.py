@@ -1,0 +1,424 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+from croniter import croniter
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dblockrun.schedule import (
+    describe_next,
+    is_wildcard,
+    next_slot,
+    validate_cron,
+    validate_timezone,
+)
+
+AMS = "Europe/Amsterdam"
+NYC = "America/New_York"
+
+
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+
+
+def wall(slots: list[datetime], zone: str) -> list[str]:
+    """Slots as local ISO strings, offset included, to read the DST cases."""
+    return [slot.astimezone(ZoneInfo(zone)).isoformat() for slot in slots]
+
+
+# --- validate_cron -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "*/5 * * * *",
+        "0 0 1-5,10 */2 mon-fri",
+        "*/10 * * * * *",
+        "0 30 2 * * *",
+        "0 0 29 2 *",
+        "0 0 L * *",
+        "0 0 * * 1#2",
+        "0 0 * * 7",
+        "0 0 1 jan *",
+        "  */5   *\t* * *  ",
+        "@yearly",
+        "@annually",
+        "@monthly",
+        "@weekly",
+        "@daily",
+        "@midnight",
+        "@hourly",
+        "@DAILY",
+    ],
+)
+def test_validate_cron_accepts(expr: str) -> None:
+    validate_cron(expr)
+
+
+FIELDS_HINT = "use 5 (minute hour day-of-month month day-of-week), 6 with the seconds first"
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("", "empty cron expression"),
+        ("* * * *", f"4 fields; {FIELDS_HINT}, or a macro like @daily"),
+        ("0 0 * * * * 2026", f"7 fields; {FIELDS_HINT}, or a macro like @daily"),
+        (
+            "@reboot",
+            "@reboot is not supported: a fleet has no single boot (use a cron expression or rate)",
+        ),
+        (
+            "@every",
+            "unknown macro '@every' (use @yearly, @annually, @monthly, @weekly, @daily, "
+            "@midnight, @hourly)",
+        ),
+        ("61 * * * *", "bad minute field '61' (allowed: 0-59)"),
+        ("*/0 * * * *", "bad minute field '*/0' (allowed: 0-59)"),
+        ("0 24 * * *", "bad hour field '24' (allowed: 0-23)"),
+        ("0 0 32 * *", "bad day-of-month field '32' (allowed: 1-31, L, nW)"),
+        ("0 0 * 13 *", "bad month field '13' (allowed: 1-12 or jan-dec)"),
+        ("0 0 * * 8", "bad day-of-week field '8' (allowed: 0-7 or sun-sat, n#k, nL)"),
+        ("60 * * * * *", "bad second field '60' (allowed: 0-59)"),
+        ("5,,6 * * * *", "bad minute field '5,,6' (allowed: 0-59)"),
+        (
+            "H * * * *",
+            "minute field 'H': hashed (H) and random (R) values are not supported; "
+            "every host must compute the same slots",
+        ),
+        (
+            "0 R * * *",
+            "hour field 'R': hashed (H) and random (R) values are not supported; "
+            "every host must compute the same slots",
+        ),
+        ("0 0 30 2 *", "'0 0 30 2 *' never matches a date"),
+        ("0 0 31 4 *", "'0 0 31 4 *' never matches a date"),
+    ],
+)
+def test_validate_cron_rejects(expr: str, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        validate_cron(expr)
+    assert str(info.value) == message
+
+
+@given(st.text(alphabet="0123456789*/,-#?LWHRlw@ abcdefghijklmnopqrstuvwxyz\t", max_size=30))
+@settings(max_examples=300, deadline=None)
+def test_validate_cron_raises_only_value_error(expr: str) -> None:
+    try:
+        validate_cron(expr)
+    except ValueError:
+        pass
+
+
+# --- is_wildcard ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "wildcard"),
+    [
+        ("*/5 * * * *", True),
+        ("0 * * * *", True),
+        ("@hourly", True),
+        ("*/5 2 * * *", True),
+        ("30 2 * * *", False),
+        ("@daily", False),
+        ("@weekly", False),
+        ("0 0 * * * *", True),  # hour wildcard
+        ("*/10 30 2 * * *", True),  # seconds wildcard
+        ("0 30 2 * * *", False),
+        ("0-30 2 * * *", False),  # a range is not a wildcard (Debian cron's rule)
+    ],
+)
+def test_is_wildcard(expr: str, wildcard: bool) -> None:
+    assert is_wildcard(expr) is wildcard
+
+
+# --- validate_timezone ---------------------------------------------------------------
+
+
+def test_validate_timezone() -> None:
+    validate_timezone("UTC")
+    validate_timezone(AMS)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "Europe/Amsterdm",
+            "unknown time zone 'Europe/Amsterdm' (did you mean 'Europe/Amsterdam'?)",
+        ),
+        (
+            "Mars/Olympus_Mons",
+            "unknown time zone 'Mars/Olympus_Mons' (use e.g. UTC, Europe/Amsterdam)",
+        ),
+        ("", "unknown time zone '' (use e.g. UTC, Europe/Amsterdam)"),
+        (
+            "../../etc/passwd",
+            "unknown time zone '../../etc/passwd' (use e.g. UTC, Europe/Amsterdam)",
+        ),
+        ("localtime", "'localtime' depends on the host; name a zone like Europe/Amsterdam"),
+    ],
+)
+def test_validate_timezone_rejects(name: str, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        validate_timezone(name)
+    assert str(info.value) == message
+
+
+# --- next_slot: ordinary days --------------------------------------------------------
+
+
+def test_strictly_after() -> None:
+    assert next_slot("*/5 * * * *", "UTC", utc(2026, 1, 1, 10, 5)) == utc(2026, 1, 1, 10, 10)
+    assert next_slot("*/5 * * * *", "UTC", utc(2026, 1, 1, 10, 4, 59)) == utc(2026, 1, 1, 10, 5)
+    just_after = utc(2026, 1, 1, 10, 5) + timedelta(microseconds=1)
+    assert next_slot("*/5 * * * *", "UTC", just_after) == utc(2026, 1, 1, 10, 10)
+
+
+def test_result_is_utc_and_input_may_be_any_zone() -> None:
+    after = datetime(2026, 6, 1, 12, 0, tzinfo=timezone(timedelta(hours=5)))  # 07:00 UTC
+    slot = next_slot("0 * * * *", AMS, after)
+    assert slot == utc(2026, 6, 1, 8, 0)
+    assert slot.tzinfo is UTC
+
+
+def test_naive_after_is_rejected() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        next_slot("* * * * *", "UTC", datetime(2026, 1, 1))
+
+
+def test_cron_is_evaluated_in_the_job_timezone() -> None:
+    # 09:00 in Amsterdam is 08:00 UTC in winter, 07:00 UTC in summer.
+    assert next_slot("0 9 * * *", AMS, utc(2026, 1, 10)) == utc(2026, 1, 10, 8)
+    assert next_slot("0 9 * * *", AMS, utc(2026, 7, 10)) == utc(2026, 7, 10, 7)
+    assert next_slot("0 9 * * *", NYC, utc(2026, 1, 10)) == utc(2026, 1, 10, 14)
+
+
+def test_six_fields_put_seconds_first() -> None:
+    # croniter itself would read the last field as seconds: every second.
+    after = utc(2026, 1, 1, 10, 0, 3)
+    assert describe_next("*/10 * * * * *", "UTC", after, 3) == [
+        utc(2026, 1, 1, 10, 0, 10),
+        utc(2026, 1, 1, 10, 0, 20),
+        utc(2026, 1, 1, 10, 0, 30),
+    ]
+    assert next_slot("15 30 2 * * *", "UTC", utc(2026, 1, 1)) == utc(2026, 1, 1, 2, 30, 15)
+    assert next_slot("0 * * * * *", "UTC", utc(2026, 1, 1, 0, 0, 30)) == utc(2026, 1, 1, 0, 1)
+
+
+@pytest.mark.parametrize(
+    ("macro", "expected"),
+    [
+        ("@yearly", utc(2027, 1, 1)),
+        ("@annually", utc(2027, 1, 1)),
+        ("@monthly", utc(2026, 6, 1)),
+        ("@weekly", utc(2026, 5, 17)),  # Sunday
+        ("@daily", utc(2026, 5, 16)),
+        ("@midnight", utc(2026, 5, 16)),
+        ("@hourly", utc(2026, 5, 15, 13)),
+    ],
+)
+def test_macros(macro: str, expected: datetime) -> None:
+    assert next_slot(macro, "UTC", utc(2026, 5, 15, 12, 30)) == expected
+
+
+def test_leap_day() -> None:
+    assert describe_next("0 0 29 2 *", "UTC", utc(2026, 3, 1), 3) == [
+        utc(2028, 2, 29),
+        utc(2032, 2, 29),
+        utc(2036, 2, 29),
+    ]
+    # 2100 is not a leap year.
+    assert next_slot("0 0 29 2 *", "UTC", utc(2096, 3, 1)) == utc(2104, 2, 29)
+    assert next_slot("0 12 29 2 *", AMS, utc(2027, 1, 1)) == utc(2028, 2, 29, 11)
+
+
+def test_day_of_month_or_day_of_week() -> None:
+    # Like cron: both restricted means either matches. 2026-01-05 is a Monday.
+    assert next_slot("0 0 13 * 1", "UTC", utc(2026, 1, 1)) == utc(2026, 1, 5)
+
+
+# --- next_slot: daylight saving, Europe/Amsterdam ------------------------------------
+# 2026-03-29 02:00 CET -> 03:00 CEST (01:00 UTC); 2026-10-25 03:00 CEST -> 02:00 CET (01:00 UTC)
+
+
+def test_spring_fixed_job_runs_once_when_the_gap_ends() -> None:
+    slots = describe_next("30 2 * * *", AMS, utc(2026, 3, 28, 12), 3)
+    assert wall(slots, AMS) == [
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-30T02:30:00+02:00",
+        "2026-03-31T02:30:00+02:00",
+    ]
+    assert slots[0] == utc(2026, 3, 29, 1)
+
+
+def test_spring_fixed_gap_slots_collapse_into_one() -> None:
+    slots = describe_next("0,15,30,45 2 * * *", AMS, utc(2026, 3, 28, 12), 2)
+    assert wall(slots, AMS) == ["2026-03-29T03:00:00+02:00", "2026-03-30T02:00:00+02:00"]
+
+
+def test_spring_fixed_job_at_gap_end_is_not_doubled() -> None:
+    # `0 2` (in the gap) and `0 3` (right after it) both land on 03:00: one slot.
+    slots = describe_next("0 2,3 * * *", AMS, utc(2026, 3, 28, 12), 2)
+    assert wall(slots, AMS) == ["2026-03-29T03:00:00+02:00", "2026-03-30T02:00:00+02:00"]
+
+
+def test_spring_after_the_gap_end_runs_next_day() -> None:
+    slot = next_slot("30 2 * * *", AMS, utc(2026, 3, 29, 1))  # exactly 03:00 CEST
+    assert wall([slot], AMS) == ["2026-03-30T02:30:00+02:00"]
+
+
+def test_spring_wildcard_job_skips_the_gap() -> None:
+    slots = describe_next("*/30 * * * *", AMS, utc(2026, 3, 29, 0, 15), 4)
+    assert wall(slots, AMS) == [
+        "2026-03-29T01:30:00+01:00",
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-29T03:30:00+02:00",
+        "2026-03-29T04:00:00+02:00",
+    ]
+
+
+def test_spring_wildcard_minute_fixed_hour_has_no_slot_that_day() -> None:
+    slots = describe_next("*/30 2 * * *", AMS, utc(2026, 3, 28, 12), 2)
+    assert wall(slots, AMS) == ["2026-03-30T02:00:00+02:00", "2026-03-30T02:30:00+02:00"]
+
+
+def test_spring_hourly_is_one_hour_short() -> None:
+    slots = describe_next("@hourly", AMS, utc(2026, 3, 28, 23, 30), 4)
+    assert wall(slots, AMS) == [
+        "2026-03-29T01:00:00+01:00",
+        "2026-03-29T03:00:00+02:00",
+        "2026-03-29T04:00:00+02:00",
+        "2026-03-29T05:00:00+02:00",
+    ]
+
+
+def test_autumn_fixed_job_runs_at_first_occurrence_only() -> None:
+    slots = describe_next("30 2 * * *", AMS, utc(2026, 10, 24, 12), 2)
+    assert wall(slots, AMS) == ["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]
+    assert slots[0] == utc(2026, 10, 25, 0, 30)
+
+
+def test_autumn_fixed_job_after_first_occurrence_skips_the_repeat() -> None:
+    # 02:45 CEST, between the two 02:30s.
+    slot = next_slot("30 2 * * *", AMS, utc(2026, 10, 25, 0, 45))
+    assert wall([slot], AMS) == ["2026-10-26T02:30:00+01:00"]
+
+
+def test_autumn_wildcard_job_runs_twice_in_the_repeated_hour() -> None:
+    slots = describe_next("*/30 * * * *", AMS, utc(2026, 10, 24, 23, 15), 6)
+    assert wall(slots, AMS) == [
+        "2026-10-25T01:30:00+02:00",
+        "2026-10-25T02:00:00+02:00",
+        "2026-10-25T02:30:00+02:00",
+        "2026-10-25T02:00:00+01:00",
+        "2026-10-25T02:30:00+01:00",
+        "2026-10-25T03:00:00+01:00",
+    ]
+
+
+def test_autumn_wildcard_minute_fixed_hour_runs_twice() -> None:
+    slots = describe_next("*/30 2 * * *", AMS, utc(2026, 10, 24, 12), 5)
+    assert wall(slots, AMS) == [
+        "2026-10-25T02:00:00+02:00",
+        "2026-10-25T02:30:00+02:00",
+        "2026-10-25T02:00:00+01:00",
+        "2026-10-25T02:30:00+01:00",
+        "2026-10-26T02:00:00+01:00",
+    ]
+
+
+def test_autumn_six_field_seconds_wildcard_follows_the_clock() -> None:
+    after = datetime(2026, 10, 25, 2, 59, 50, tzinfo=ZoneInfo(AMS), fold=1)
+    slots = describe_next("*/5 * * * * *", AMS, after, 3)
+    assert wall(slots, AMS) == [
+        "2026-10-25T02:59:55+01:00",
+        "2026-10-25T03:00:00+01:00",
+        "2026-10-25T03:00:05+01:00",
+    ]
+
+
+# --- next_slot: daylight saving, America/New_York ------------------------------------
+# 2026-03-08 02:00 EST -> 03:00 EDT (07:00 UTC); 2026-11-01 02:00 EDT -> 01:00 EST (06:00 UTC)
+
+
+def test_new_york_spring() -> None:
+    fixed = describe_next("30 2 * * *", NYC, utc(2026, 3, 7, 12), 3)
+    assert wall(fixed, NYC) == [
+        "2026-03-08T03:00:00-04:00",
+        "2026-03-09T02:30:00-04:00",
+        "2026-03-10T02:30:00-04:00",
+    ]
+    assert fixed[0] == utc(2026, 3, 8, 7)
+    daily = describe_next("@daily", NYC, utc(2026, 3, 7, 12), 2)
+    assert wall(daily, NYC) == ["2026-03-08T00:00:00-05:00", "2026-03-09T00:00:00-04:00"]
+    wildcard = describe_next("*/20 * * * *", NYC, utc(2026, 3, 8, 6, 30), 3)
+    assert wall(wildcard, NYC) == [
+        "2026-03-08T01:40:00-05:00",
+        "2026-03-08T03:00:00-04:00",
+        "2026-03-08T03:20:00-04:00",
+    ]
+
+
+def test_new_york_autumn() -> None:
+    fixed = describe_next("30 1 * * *", NYC, utc(2026, 10, 31, 12), 2)
+    assert wall(fixed, NYC) == ["2026-11-01T01:30:00-04:00", "2026-11-02T01:30:00-05:00"]
+    wildcard = describe_next("30 * * * *", NYC, utc(2026, 11, 1, 4), 4)
+    assert wall(wildcard, NYC) == [
+        "2026-11-01T00:30:00-04:00",
+        "2026-11-01T01:30:00-04:00",
+        "2026-11-01T01:30:00-05:00",
+        "2026-11-01T02:30:00-05:00",
+    ]
+
+
+# --- properties ----------------------------------------------------------------------
+
+ZONES = ["UTC", AMS, NYC, "Australia/Lord_Howe", "Asia/Kolkata", "Pacific/Apia"]
+CRONS = ["*/7 * * * *", "30 2 * * *", "0 */3 * * *", "0 0 * * 0", "15 1,2,3 * * *"]
+
+
+@given(
+    cron=st.sampled_from(CRONS),
+    zone=st.sampled_from(ZONES),
+    after=st.datetimes(
+        min_value=datetime(2010, 1, 1), max_value=datetime(2035, 1, 1), timezones=st.just(UTC)
+    ),
+)
+@settings(max_examples=150, deadline=None)
+def test_slots_increase_and_match_the_wall_clock(cron: str, zone: str, after: datetime) -> None:
+    slots = describe_next(cron, zone, after, 4)
+    assert all(slot.tzinfo is UTC for slot in slots)
+    assert after < slots[0] < slots[1] < slots[2] < slots[3]
+    assert slots[0] - after <= timedelta(days=8)
+    for slot in slots:
+        local = slot.astimezone(ZoneInfo(zone)).replace(tzinfo=None)
+        if is_wildcard(cron):
+            assert croniter.match(cron, local)
+        else:  # on its wall time, or right after a gap that swallowed it
+            gap_end = (
+                slot.astimezone(ZoneInfo(zone)).utcoffset()
+                != (slot - timedelta(seconds=1)).astimezone(ZoneInfo(zone)).utcoffset()
+            )
+            assert croniter.match(cron, local) or gap_end
+
+
+@given(
+    cron=st.sampled_from([*CRONS, "*/10 * * * * *", "0 0 29 2 *"]),
+    after=st.datetimes(
+        min_value=datetime(2010, 1, 1), max_value=datetime(2035, 1, 1), timezones=st.just(UTC)
+    ),
+)
+@settings(max_examples=100, deadline=None)
+def test_utc_agrees_with_croniter(cron: str, after: datetime) -> None:
+    fields = cron.split()
+    expr = " ".join(fields[1:] + fields[:1]) if len(fields) == 6 else cron
+    expected = croniter(expr, after.replace(tzinfo=None)).get_next(datetime)
+    assert next_slot(cron, "UTC", after) == expected.replace(tzinfo=UTC)
