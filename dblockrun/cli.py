@@ -27,6 +27,8 @@ R = TypeVar("R")
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
+#: Hosts seen this recently are live in `status` (3 default heartbeats).
+LIVE_HOST_WINDOW = 30.0
 
 
 @dataclass
@@ -173,7 +175,7 @@ def status(jobs: tuple[str, ...], as_json: bool, file: str | None) -> None:
 
     with _store_for(file) as store:
         rows = store.status(list(jobs) or None)
-        hosts = store.hosts(seen_within=120)
+        hosts = store.hosts(seen_within=LIVE_HOST_WINDOW)
         now = store.db_now()
     missing = set(jobs) - {r.lock.name for r in rows}
     if missing:
@@ -251,7 +253,7 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
     from dblockrun.execlock import ExecOptions, exec_locked
 
     g = _globals()
-    _setup_logging(logging.DEBUG if g.debug else logging.INFO if verbose else logging.WARNING)
+    _setup_logging(logging.DEBUG if g.debug else logging.INFO if verbose else logging.ERROR)
     most = _duration(lock_at_most, "--lock-at-most") or 3600.0
     least = _duration(lock_at_least, "--lock-at-least") or 0.0
     if least > most:

@@ -80,6 +80,7 @@ class Daemon:
         self._running: dict[str, JobRun] = {}
         self._running_lock = threading.Lock()
         self._shutdown_deadline: float | None = None
+        self._drift_seen: set[tuple[str, str]] = set()
         self.ctx = RunContext(
             store=store,
             holder=self.holder,
@@ -152,6 +153,24 @@ class Daemon:
             jobs=json.dumps({j.name: j.definition_hash() for j in self.jobs.jobs}),
         )
         self.store.sweep_lost()
+        self._check_drift()
+
+    def _check_drift(self) -> None:
+        """Warn once per (job, other definition) seen on another live host."""
+        mine = {j.name: j.definition_hash() for j in self.jobs.jobs}
+        live = self.store.hosts(seen_within=3 * self.options.heartbeat)
+        for name, defs in m.definitions(live).items():
+            if name not in mine:
+                continue
+            for digest, hosts in defs.items():
+                key = (name, digest)
+                if digest != mine[name] and key not in self._drift_seen:
+                    self._drift_seen.add(key)
+                    log.warning(
+                        "job %s: defined differently on %s (definition %s, here %s): "
+                        "check that every host has the same jobs file",
+                        name, ", ".join(hosts), digest, mine[name],
+                    )
 
     def _sleep_time(self) -> float:
         if not self._heap:

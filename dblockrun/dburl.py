@@ -24,7 +24,9 @@ _SCHEMES = {
 }
 
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$", re.S)
-_PASSWORD = re.compile(r"^(?P<user>[^:/@]*):(?P<password>[^@/]*)@")
+# As SQLAlchemy splits it: the password runs from the first ':' to the next '@'
+# and may hold '/' (``u:ab/cd@host``), so redact exactly what it will use.
+_PASSWORD = re.compile(r"^(?P<user>[^:/@]*):(?P<password>[^@]*)@")
 
 
 def default_sqlite_path() -> Path:
@@ -49,7 +51,19 @@ def driver_url(url: str) -> str:
     if scheme not in _SCHEMES:
         known = "postgresql://, mysql://, mariadb://, sqlite:///path"
         raise UsageError(f"database URL scheme {scheme!r} is not supported (use {known})")
-    return f"{_SCHEMES[scheme]}://{match.group('rest')}"
+    result = f"{_SCHEMES[scheme]}://{match.group('rest')}"
+    # SQLAlchemy parses the URL only when the engine is made; a bad port or
+    # host would surface there as a bare ValueError and a traceback.
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        make_url(result)
+    except (ValueError, ArgumentError):
+        raise UsageError(
+            f"database URL {redact(url)!r} is not a valid URL (check the host and port)"
+        ) from None
+    return result
 
 
 def dialect_of(url: str) -> str:

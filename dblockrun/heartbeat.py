@@ -123,7 +123,7 @@ class Renewer:
                 continue
             sent = time.monotonic()
             if self.store.renew(watch.name, watch.holder, watch.token, watch.lease):
-                watch.last_ok = sent
+                watch.renewed(sent)
             else:
                 watch.lost = True
                 log.error(

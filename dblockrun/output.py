@@ -10,7 +10,7 @@ from typing import Any
 
 from dblockrun.durations import format_duration
 from dblockrun.store import FOREVER
-from dblockrun.store.models import HostStatus, JobStatus, RunRecord
+from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions
 
 #: Bumped only on incompatible changes to the ``--json`` shapes.
 JSON_VERSION = 1
@@ -32,7 +32,8 @@ def _short(ts: float | None, now: float) -> str:
     if ts >= FOREVER:
         return "until enabled"
     delta = ts - now
-    when = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    fmt = "%H:%M:%SZ" if abs(delta) < 86400 else "%Y-%m-%d %H:%MZ"
+    when = datetime.fromtimestamp(ts, UTC).strftime(fmt)
     rel = format_duration(round(abs(delta), 1 if abs(delta) < 60 else 0))
     return f"{when} ({'in ' + rel if delta >= 0 else rel + ' ago'})"
 
@@ -70,6 +71,7 @@ def host_json(h: HostStatus) -> dict[str, Any]:
 
 
 def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float) -> str:
+    defs = definitions(list(hosts))
     doc = {
         "version": JSON_VERSION,
         "db_time": iso(db_now),
@@ -87,6 +89,8 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
                 "disabled_reason": s.lock.disabled_reason if s.state == "disabled" else None,
                 "last_run": run_json(s.last_run),
                 "running": run_json(s.running),
+                "definitions": defs.get(s.lock.name, {}),
+                "drift": len(defs.get(s.lock.name, {})) > 1,
             }
             for s in jobs
         ],
@@ -114,9 +118,7 @@ def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now:
         if last is not None:
             took = "" if last.duration is None else f" {last.duration:.1f}s"
             code = "" if last.exit_code is None else f" exit {last.exit_code}"
-            last_txt = f"{last.result}{code}{took} on {last.host.split(':')[0]} " + _short(
-                last.started, db_now
-            )
+            last_txt = f"{last.result}{code}{took} {_short(last.started, db_now)}"
         disabled = "-"
         if s.state == "disabled":
             disabled = _short(s.lock.disabled_until, db_now)
@@ -142,6 +144,10 @@ def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now:
         htable.add_row(h.id, str(h.pid), h.version, _short(h.last_seen, db_now), offset,
                        str(h.running))
     console.print(htable)
+    for name, defs in sorted(definitions(list(hosts)).items()):
+        if len(defs) > 1 and any(s.lock.name == name for s in jobs):
+            where = "; ".join(f"{d} on {', '.join(h)}" for d, h in sorted(defs.items()))
+            console.print(f"[yellow]warning:[/] job {name} is defined differently: {where}")
 
 
 def print_history(runs: Sequence[RunRecord], db_now: float) -> None:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dblockrun.guard import GuardPipe, guard_argv
 from dblockrun.jobs import Command
 
 log = logging.getLogger("dblockrun")
@@ -50,6 +51,12 @@ class LeaseWatch:
     lease: float
     last_ok: float = field(default_factory=time.monotonic)  # monotonic send time
     lost: bool = False
+    pipe: GuardPipe | None = None
+
+    def renewed(self, sent: float) -> None:
+        self.last_ok = sent
+        if self.pipe is not None:
+            self.pipe.beat()
 
     def fence_at(self, margin: float) -> float:
         """Monotonic time by which the command must be gone."""
@@ -126,19 +133,35 @@ def run_process(
     the command then gets until ``stop_grace()`` (monotonic) before it is
     stopped.
     """
+    fence_margin = min(kill_grace, (watch.lease / 6) if watch else kill_grace) + 1.0
+    term_grace = fence_margin - 1.0
+    pipe: GuardPipe | None = None
+    full_argv = list(argv)
+    if watch is not None:
+        # The guard stops the group a little after we would, from its own
+        # clock: the backstop for a frozen or dead daemon.
+        pipe = GuardPipe()
+        full_argv = guard_argv(pipe.read_fd, watch.lease - fence_margin + 0.5, term_grace,
+                               full_argv)
+        watch.pipe = pipe
     try:
         proc = subprocess.Popen(
-            list(argv),
+            full_argv,
             env=dict(env),
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=None if pipe else _die_with_parent,
+            pass_fds=(pipe.read_fd,) if pipe else (),
         )
     except OSError as exc:
+        if pipe is not None:
+            pipe.close()
         return Outcome(None, "error", b"", f"cannot start command: {exc}")
+    if pipe is not None:
+        pipe.child_started()
     pgid = proc.pid
     if on_start is not None:
         on_start(pgid)
@@ -159,8 +182,6 @@ def run_process(
 
     reader = threading.Thread(target=pump, name=f"output-{pgid}", daemon=True)
     reader.start()
-    fence_margin = min(kill_grace, (watch.lease / 6) if watch else kill_grace) + 1.0
-    term_grace = fence_margin - 1.0
     reason = "exit"
     detail = ""
     try:
@@ -198,5 +219,7 @@ def run_process(
             stop_group(pgid, 1.0, lambda: not _signal_group(pgid, 0))
         reader.join(timeout=2.0)
         stdout.close()
+        if pipe is not None:
+            pipe.close()
     code = proc.returncode
     return Outcome(code, reason, tail.value(), detail)

@@ -87,3 +87,25 @@ class HostStatus:
     clock_offset: float | None
     running: int
     jobs: str | None
+
+
+def definitions(hosts: list[HostStatus]) -> dict[str, dict[str, list[str]]]:
+    """Per job, which hosts run which version of it (definition hash -> host ids)."""
+    import json
+
+    out: dict[str, dict[str, list[str]]] = {}
+    for host in hosts:
+        try:
+            jobs = json.loads(host.jobs or "{}")
+        except ValueError:
+            continue
+        if not isinstance(jobs, dict):
+            continue
+        for name, digest in jobs.items():
+            out.setdefault(str(name), {}).setdefault(str(digest), []).append(host.id)
+    return out
+
+
+def drifted(hosts: list[HostStatus]) -> dict[str, dict[str, list[str]]]:
+    """Only the jobs that live hosts define differently."""
+    return {name: defs for name, defs in definitions(hosts).items() if len(defs) > 1}
