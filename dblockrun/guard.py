@@ -24,11 +24,13 @@ fd, fence, grace = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 argv = sys.argv[4:]
 # Signals reach the command directly (same process group); the guard only
 # waits for it and keeps watch.
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+# SIGPIPE too: the output pipe's reader is the daemon, which may be dead.
+WATCHED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE)
+for s in WATCHED:
     signal.signal(s, signal.SIG_IGN)
 pid = os.fork()
 if pid == 0:
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+    for s in WATCHED:
         signal.signal(s, signal.SIG_DFL)
     os.close(fd)
     try:
@@ -52,7 +54,10 @@ while why is None:
     elif time.monotonic() >= last + fence:
         why = "lease not renewed for %gs" % fence
 if why is not None:
-    os.write(2, ("dblockrun guard: %s; stopping the command\n" % why).encode())
+    try:
+        os.write(2, ("dblockrun guard: %s; stopping the command\n" % why).encode())
+    except OSError:
+        pass
     try:
         os.killpg(0, signal.SIGTERM)
     except OSError:

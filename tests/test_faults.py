@@ -1,0 +1,270 @@
+"""Fleet guarantees under faults, with real daemon processes:
+kill -9 failover, a frozen daemon (SIGSTOP), a lost database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers import TestDb, dblockrun_cmd, wait_for
+from proxy import Proxy
+
+from dblockrun.store import Store
+
+LONG_JOB = """\
+jobs:
+  long:
+    cron: "* * * * * *"
+    lock-at-most: 60s
+    env:
+      LOG: {log}
+    command: |
+      echo "start $DBLOCKRUN_FENCING_TOKEN $$ $(date +%s.%N)" >> "$LOG"
+      trap 'echo "end $DBLOCKRUN_FENCING_TOKEN $$ $(date +%s.%N)" >> "$LOG"; exit 143' TERM
+      sleep 30 & wait
+"""
+
+
+@dataclass
+class Line:
+    kind: str
+    token: int
+    pid: int
+    at: float
+
+
+def read_lines(path: Path) -> list[Line]:
+    if not path.exists():
+        return []
+    out = []
+    for raw in path.read_text().splitlines():
+        kind, token, pid, at = raw.split()
+        out.append(Line(kind, int(token), int(pid), float(at)))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Fleet:
+    def __init__(self, db: TestDb, tmp: Path, lease: str = "3s", url: str | None = None) -> None:
+        self.db = db
+        self.tmp = tmp
+        self.log = tmp / "runs.log"
+        self.jobs = tmp / "jobs.yaml"
+        self.jobs.write_text(LONG_JOB.format(log=self.log))
+        self.url = url or db.url
+        self.lease = lease
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.store = Store(db.url, db.prefix)
+
+    def start(self, n: int) -> None:
+        for _ in range(n):
+            i = len(self.procs)
+            cmd = [*dblockrun_cmd(), "--db", self.url, "--table-prefix", self.db.prefix,
+                   "daemon", str(self.jobs), "--heartbeat", "1s", "--lease", self.lease,
+                   "--grace", "2s"]
+            err = (self.tmp / f"daemon{i}.log").open("wb")
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err))
+
+    def daemon_log(self, i: int) -> str:
+        return (self.tmp / f"daemon{i}.log").read_text()
+
+    def running(self) -> tuple[str, int] | None:
+        rows = self.store.status(["long"])
+        if not rows:
+            return None
+        status = rows[0]
+        if status.running is None or status.lock.holder is None:
+            return None
+        return status.lock.holder, status.lock.token
+
+    def proc_of(self, holder: str) -> subprocess.Popen[bytes]:
+        pid = int(holder.split(":")[1])
+        return next(p for p in self.procs if p.pid == pid)
+
+    def starts(self) -> list[Line]:
+        return [ln for ln in read_lines(self.log) if ln.kind == "start"]
+
+    def stop(self) -> list[int | None]:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.send_signal(signal.SIGTERM)
+        codes: list[int | None] = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=30))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(None)
+        self.store.close()
+        return codes
+
+
+@pytest.fixture
+def fleet(db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
+    f = Fleet(db, tmp_path)
+    yield f
+    f.stop()
+
+
+def assert_no_overlap(lines: list[Line]) -> None:
+    by_token: dict[int, list[Line]] = {}
+    for ln in lines:
+        by_token.setdefault(ln.token, []).append(ln)
+    spans = []
+    for token, group in by_token.items():
+        start = min(ln.at for ln in group if ln.kind == "start")
+        ends = [ln.at for ln in group if ln.kind == "end"]
+        spans.append((start, max(ends) if ends else float("inf"), token))
+    spans.sort()
+    for (_s1, e1, t1), (s2, _e2, t2) in zip(spans, spans[1:], strict=False):
+        assert s2 >= e1, f"run {t2} started at {s2:.3f} while run {t1} ran until {e1:.3f}"
+
+
+@pytest.mark.slow
+def test_kill_9_fails_over_within_a_lease(fleet: Fleet) -> None:
+    fleet.start(2)
+    holder, token = wait_for(fleet.running, 30, what="a running job")
+    first = wait_for(lambda: fleet.starts() or None, 10, what="the command's start")[0]
+    pgid = os.getpgid(first.pid)
+    victim = fleet.proc_of(holder)
+    killed_at = time.time()
+    victim.kill()
+    victim.wait()
+    # The dead daemon's command goes with it: its guard stops the whole group.
+    wait_for(lambda: not group_alive(pgid), 5, what="the dead host's command group to stop")
+    gone_after = time.time() - killed_at
+    nxt = wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 10,
+                   what="another host to run the job")
+    failover = nxt.at - killed_at
+    print(f"\nkill -9: command group gone after {gone_after:.2f}s, "
+          f"next run on another host after {failover:.2f}s (lease 3s)")
+    assert failover < 3 + 2.0
+    run = next(r for r in fleet.store.history("long", 100) if r.token == token)
+    wait_for(lambda: fleet.store.run(run.id).result == "lost",  # type: ignore[union-attr]
+             10, what="the dead run to be recorded lost")
+    assert_no_overlap(read_lines(fleet.log))
+    codes = fleet.stop()
+    assert codes.count(0) == 1  # the survivor stops cleanly; the victim was killed
+
+
+@pytest.mark.slow
+def test_frozen_daemon_is_fenced_and_its_late_result_refused(fleet: Fleet) -> None:
+    fleet.start(2)
+    holder, token = wait_for(fleet.running, 30, what="a running job")
+    victim = fleet.proc_of(holder)
+    victim.send_signal(signal.SIGSTOP)
+    stopped_at = time.time()
+    # Its command is stopped by the guard before the lease can run out...
+    end = wait_for(
+        lambda: next((ln for ln in read_lines(fleet.log) if ln.kind == "end"
+                      and ln.token == token), None), 10, what="the frozen host's command to stop")
+    # ...and only then does another host take the job.
+    nxt = wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 15,
+                   what="another host to run the job")
+    print(f"\nSIGSTOP: command stopped {end.at - stopped_at:.2f}s after the freeze, "
+          f"other host started {nxt.at - stopped_at:.2f}s after it")
+    assert end.at < nxt.at
+    victim.send_signal(signal.SIGCONT)
+    run = next(r for r in fleet.store.history("long", 100) if r.token == token)
+    wait_for(lambda: fleet.store.run(run.id).result == "lost",  # type: ignore[union-attr]
+             10, what="the frozen run to be recorded lost")
+    idx = fleet.procs.index(victim)
+    wait_for(lambda: "no longer current" in fleet.daemon_log(idx), 10,
+             what="the woken daemon to learn it lost the lock")
+    # The late writer did not overwrite the record.
+    assert fleet.store.run(run.id).result == "lost"  # type: ignore[union-attr]
+    assert victim.poll() is None, "the woken daemon keeps serving"
+    assert_no_overlap(read_lines(fleet.log))
+
+
+@pytest.fixture
+def proxied(db: TestDb, tmp_path: Path) -> Iterator[tuple[Fleet, Proxy]]:
+    if db.backend == "sqlite":
+        pytest.skip("SQLite has no connection to lose (it is a local file)")
+    port = 5432 if db.backend == "postgresql" else 3306
+    proxy = Proxy(port)
+    f = Fleet(db, tmp_path, url=proxy.url_for(db.url))
+    yield f, proxy
+    proxy.restore()
+    f.stop()
+    proxy.close()
+
+
+@pytest.mark.slow
+def test_lost_database_stops_the_command_before_its_lease_ends(
+    proxied: tuple[Fleet, Proxy],
+) -> None:
+    fleet, proxy = proxied
+    fleet.start(1)
+    _holder, token = wait_for(fleet.running, 30, what="a running job")
+    lock = fleet.store.lock_state("long")
+    assert lock is not None and lock.lock_until is not None
+    proxy.cut()
+    cut_at = time.time()
+    end = wait_for(
+        lambda: next((ln for ln in read_lines(fleet.log) if ln.kind == "end"), None), 10,
+        what="the command to be stopped")
+    print(f"\ndatabase cut: command stopped {end.at - cut_at:.2f}s after the cut, "
+          f"{lock.lock_until - end.at:.2f}s before its lease could expire")
+    assert end.at < lock.lock_until
+    # Keep it down past the lease, then bring it back.
+    wait_for(lambda: time.time() - cut_at > 4.5, 6, what="an outage longer than the lease")
+    proxy.restore()
+    wait_for(lambda: "database back" in fleet.daemon_log(0), 20, what="the daemon to reconnect")
+    wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 15,
+             what="runs to resume after the outage")
+    log = fleet.daemon_log(0)
+    assert log.count("database unreachable") == 1, log
+    assert fleet.procs[0].poll() is None
+    runs = fleet.store.history("long", 100)
+    slots = [r.slot for r in runs if r.slot is not None and r.result != "skipped"]
+    assert len(slots) == len(set(slots)), "a slot ran twice across the outage"
+    old = next(r for r in runs if r.token == token)
+    assert old.result == "killed"
+
+
+@pytest.mark.slow
+def test_short_blip_changes_nothing(db: TestDb, tmp_path: Path) -> None:
+    if db.backend == "sqlite":
+        pytest.skip("SQLite has no connection to lose (it is a local file)")
+    proxy = Proxy(5432 if db.backend == "postgresql" else 3306)
+    fleet = Fleet(db, tmp_path, lease="6s", url=proxy.url_for(db.url))
+    try:
+        fleet.start(1)
+        _holder, token = wait_for(fleet.running, 30, what="a running job")
+        proxy.cut()
+        cut_at = time.time()
+        wait_for(lambda: time.time() - cut_at > 1.0, 3, what="a one-second blip")
+        proxy.restore()
+        wait_for(lambda: "database back" in fleet.daemon_log(0), 15, what="reconnect")
+        # Two more heartbeats later the same run still holds the lock.
+        after = time.time()
+        wait_for(lambda: time.time() - after > 2.5, 4, what="two heartbeats")
+        assert fleet.running() == (_holder, token)
+        assert not [ln for ln in read_lines(fleet.log) if ln.kind == "end"]
+    finally:
+        proxy.restore()
+        fleet.stop()
+        proxy.close()
