@@ -19,6 +19,7 @@ from dblockrun.config import load_jobs
 from dblockrun.errors import ConfigError, DatabaseError
 from dblockrun.heartbeat import DbClock, Renewer
 from dblockrun.jobs import Job, JobsFile
+from dblockrun.metrics import Metrics, serve
 from dblockrun.outage import Outage
 from dblockrun.runjob import JobRun, RunContext
 from dblockrun.schedule import next_slot
@@ -39,6 +40,10 @@ class DaemonOptions:
     lease: float = 30.0
     grace: float = 30.0
     kill_grace: float = 5.0
+    #: How often the daemon looks for `dblockrun run` requests (one statement).
+    request_poll: float = 1.0
+    #: Serve Prometheus metrics and /healthz on [HOST:]PORT.
+    metrics_addr: str | None = None
 
 
 @dataclass(order=True)
@@ -72,6 +77,8 @@ class Daemon:
         self.clock = DbClock()
         self.outage = Outage()
         self.renewer = Renewer(store, options.heartbeat, self.outage, extra=self._heartbeat_extra)
+        self.metrics = Metrics()
+        self.metrics.watch(self._live_metrics)
         self._wake = threading.Event()
         self._reload = threading.Event()
         self._heap: list[_Due] = []
@@ -81,6 +88,7 @@ class Daemon:
         self._running_lock = threading.Lock()
         self._shutdown_deadline: float | None = None
         self._drift_seen: set[tuple[str, str]] = set()
+        self._next_request_poll = 0.0
         self.ctx = RunContext(
             store=store,
             holder=self.holder,
@@ -90,6 +98,7 @@ class Daemon:
             outage=self.outage,
             stop=self.stop,
             stop_grace=lambda: self._shutdown_deadline,
+            metrics=self.metrics,
         )
 
     # -- control from signal handlers ---------------------------------------
@@ -111,6 +120,30 @@ class Daemon:
             "daemon %s starting: %d jobs from %s, database %r",
             self.holder, len(self.jobs.jobs), self.jobs.path, self.store,
         )
+        server = None
+        if self.options.metrics_addr:
+            server = serve(self.metrics, self.options.metrics_addr, self.healthy)
+            log.info("metrics on http://%s/metrics", self.options.metrics_addr)
+        try:
+            self._run()
+        finally:
+            if server is not None:
+                server.shutdown()
+
+    def healthy(self) -> bool:
+        """The database answered within the last three heartbeats."""
+        return (not self.outage.down
+                and time.monotonic() - self.outage.last_ok < 3 * self.options.heartbeat)
+
+    def _live_metrics(self) -> dict[str, float | None]:
+        return {
+            "running": self.renewer.count,
+            "db_errors": self.outage.errors,
+            "clock_offset": self.clock.offset,
+            "db_up": 1.0 if self.healthy() else 0.0,
+        }
+
+    def _run(self) -> None:
         if not self._startup():
             return
         self.renewer.start()
@@ -121,6 +154,7 @@ class Daemon:
                     self._reload.clear()
                     self._do_reload()
                 self._fire_due()
+                self._poll_requests()
                 self._wake.wait(self._sleep_time())
                 self._wake.clear()
         finally:
@@ -173,9 +207,34 @@ class Daemon:
                     )
 
     def _sleep_time(self) -> float:
+        until_poll = self._next_request_poll - time.monotonic()
         if not self._heap:
-            return self.options.heartbeat
-        return max(0.0, min(self.options.heartbeat, self._heap[0].fire_at - self.clock.now()))
+            return max(0.0, min(self.options.heartbeat, until_poll))
+        until_due = self._heap[0].fire_at - self.clock.now()
+        return max(0.0, min(self.options.heartbeat, until_due, until_poll))
+
+    def _poll_requests(self) -> None:
+        """Run the jobs an operator asked for with `dblockrun run JOB`."""
+        if time.monotonic() < self._next_request_poll:
+            return
+        self._next_request_poll = time.monotonic() + self.options.request_poll
+        try:
+            names = self.store.requested()
+            for name in names:
+                job = self.jobs.job(name)
+                if job is None:
+                    continue  # only jobs of the local file are ever run
+                with self._running_lock:
+                    if name in self._running:
+                        continue
+                sent = time.monotonic()
+                token = self.store.claim_requested(name, self.holder, self.options.lease)
+                if token is not None:
+                    log.info("job %s: run requested by an operator", name)
+                    self._start(job, token, None, sent)
+            self.outage.ok()
+        except DatabaseError as exc:
+            self.outage.failed("run requests", exc)
 
     # -- planning -------------------------------------------------------------
 
@@ -244,6 +303,7 @@ class Daemon:
                 if self.store.skip_slot(job.name, slot):
                     self.store.start_run(job.name, self.holder, token=None, slot=slot,
                                          result=m.SKIPPED)
+                    self.metrics.missed.labels(job.name, "skipped").inc()
                     log.warning("job %s: slot %s skipped: previous run still going",
                                 job.name, _utc(slot).isoformat())
                 self._plan(job, slot)
@@ -256,6 +316,7 @@ class Daemon:
                 if self.store.skip_slot(job.name, slot):
                     self.store.start_run(job.name, self.holder, token=None, slot=slot,
                                          result=m.MISSED)
+                    self.metrics.missed.labels(job.name, "missed").inc()
                     log.warning("job %s: slot %s missed (%.1fs late, starting-deadline %gs)",
                                 job.name, _utc(slot).isoformat(), now - slot,
                                 job.starting_deadline)
@@ -268,9 +329,11 @@ class Daemon:
             )
             self.outage.ok()
         except DatabaseError as exc:
+            self.metrics.claims.labels(job.name, "error").inc()
             delay = self.outage.failed(f"claim {job.name}", exc)
             self._push(self.clock.now() + delay, job.name, slot)
             return
+        self.metrics.claims.labels(job.name, "won" if token is not None else "lost").inc()
         if token is not None:
             self._start(job, token, slot, sent)
         if slot is not None:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from dblockrun.errors import DatabaseError
 from dblockrun.heartbeat import Renewer
 from dblockrun.jobs import Job
+from dblockrun.metrics import Metrics
 from dblockrun.outage import Outage
 from dblockrun.runner import LeaseWatch, Outcome, argv_for, run_process
 from dblockrun.store import Store
@@ -35,6 +36,7 @@ class RunContext:
     outage: Outage
     stop: threading.Event
     stop_grace: Callable[[], float | None]
+    metrics: Metrics | None = None
 
 
 def result_of(outcome: Outcome) -> str:
@@ -154,8 +156,10 @@ class JobRun(threading.Thread):
         run_id = ids[0]
         self.last_run_id = run_id
         env = command_env(job, holder=ctx.holder, run_id=run_id, token=self.token, slot=self.slot)
+        fields = {"job": job.name, "run_id": run_id, "token": self.token, "host": ctx.holder,
+                  "slot": env.get("DBLOCKRUN_SLOT")}
         log.info("job %s: run %d started (token %d, attempt %d)", job.name, run_id, self.token,
-                 attempt)
+                 attempt, extra={**fields, "event": "start"})
         started = time.monotonic()
         prefix = f"[{job.name}] "
 
@@ -178,10 +182,13 @@ class JobRun(threading.Thread):
         result = result_of(outcome)
         code = exit_status(outcome.exit_code)
         took = time.monotonic() - started
+        if ctx.metrics is not None:
+            ctx.metrics.run_finished(job.name, result, took)
         extra = f" ({outcome.detail})" if outcome.detail else ""
         log.log(
             logging.INFO if result == m.OK else logging.WARNING,
             "job %s: run %d %s, exit %s, %.2fs%s", job.name, run_id, result, code, took, extra,
+            extra={**fields, "event": result},
         )
         output = outcome.tail.decode("utf-8", "replace")
         if outcome.reason == "error":

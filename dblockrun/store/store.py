@@ -497,12 +497,11 @@ class Store:
         stmt = locks.update().where(locks.c.name == name).values(run_requested=self.now)
         self._run(lambda c: c.execute(stmt))
 
-    def requested(self, names: Iterable[str]) -> list[str]:
+    def requested(self) -> list[str]:
+        """Jobs an operator asked to run now (one statement, whatever the job count)."""
         locks = self.t.locks
-        wanted = list(names)
         stmt = sa.select(locks.c.name).where(locks.c.run_requested.is_not(None))
-        rows = self._run(lambda c: [r[0] for r in c.execute(stmt)])
-        return [n for n in rows if n in set(wanted)]
+        return self._run(lambda c: [str(r[0]) for r in c.execute(stmt)])
 
     # -- hosts --------------------------------------------------------------
 

@@ -1,0 +1,56 @@
+"""Log output: human-readable lines, or one JSON object per line.
+
+Fields given as ``extra=`` (job, run_id, slot, host, token, event) become
+JSON keys. Database URLs are always rendered redacted by the code that logs
+them; as a last line of defence any ``scheme://user:password@`` in a message
+is redacted here too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from datetime import UTC, datetime
+
+FIELDS = ("job", "run_id", "slot", "host", "token", "event", "item")
+_PASSWORD = re.compile(r"(\w+://[^:/@\s]*):[^@\s]*@")
+
+
+def scrub(text: str) -> str:
+    return _PASSWORD.sub(r"\1:***@", text)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S%z")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(super().format(record))
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": scrub(record.getMessage()),
+        }
+        for name in FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                doc[name] = value
+        if record.exc_info:
+            doc["exc"] = scrub(self.formatException(record.exc_info))
+        return json.dumps(doc, ensure_ascii=False)
+
+
+def setup(level: int, fmt: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

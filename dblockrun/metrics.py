@@ -1,0 +1,114 @@
+"""Prometheus metrics and /healthz for ``daemon --metrics ADDR``.
+
+Uses prometheus-client for the exposition format and metric types rather than
+hand-writing them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from dblockrun.errors import UsageError
+
+DURATION_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600)
+
+
+class _Live(Collector):
+    """Values read at scrape time from the daemon's state."""
+
+    def __init__(self, read: Callable[[], dict[str, float | None]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        v = self.read()
+        yield GaugeMetricFamily("dblockrun_running_commands", "Commands running on this host",
+                                value=v.get("running") or 0)
+        yield CounterMetricFamily("dblockrun_database_errors", "Failed database statements",
+                                  value=v.get("db_errors") or 0)
+        offset = v.get("clock_offset")
+        if offset is not None:
+            yield GaugeMetricFamily("dblockrun_clock_offset_seconds",
+                                    "Database clock minus this host's clock", value=offset)
+        yield GaugeMetricFamily("dblockrun_database_up",
+                                "1 while the database answered within the last 3 heartbeats",
+                                value=v.get("db_up") or 0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.runs = Counter("dblockrun_runs", "Finished runs", ["job", "result"], registry=r)
+        self.duration = Histogram("dblockrun_run_duration_seconds", "Run duration", ["job"],
+                                  buckets=DURATION_BUCKETS, registry=r)
+        self.claims = Counter("dblockrun_claims", "Claim attempts by outcome (won, lost: "
+                              "busy, disabled or taken by another host, error)",
+                              ["job", "outcome"], registry=r)
+        self.last_success = Gauge("dblockrun_last_success_timestamp_seconds",
+                                  "End of the last successful run", ["job"], registry=r)
+        self.missed = Counter("dblockrun_missed_slots", "Slots recorded missed or skipped",
+                              ["job", "reason"], registry=r)
+
+    def watch(self, read: Callable[[], dict[str, float | None]]) -> None:
+        self.registry.register(_Live(read))
+
+    def run_finished(self, job: str, result: str, seconds: float) -> None:
+        self.runs.labels(job, result).inc()
+        self.duration.labels(job).observe(seconds)
+        if result == "ok":
+            self.last_success.labels(job).set(time.time())
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise UsageError(f"--metrics {addr!r}: expected [HOST:]PORT, e.g. 127.0.0.1:9464") from None
+    if not 0 <= number <= 65535:
+        raise UsageError(f"--metrics {addr!r}: port out of range")
+    return (host.strip("[]") or "0.0.0.0"), number
+
+
+def serve(metrics: Metrics, addr: str, healthy: Callable[[], bool]) -> ThreadingHTTPServer:
+    """Serve /metrics and /healthz in a background thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path.split("?")[0] == "/metrics":
+                self._reply(200, metrics.render(), "text/plain; version=0.0.4")
+            elif self.path.split("?")[0] == "/healthz":
+                ok = healthy()
+                self._reply(200 if ok else 503, b"ok\n" if ok else b"database unreachable\n",
+                            "text/plain")
+            else:
+                self._reply(404, b"not found\n", "text/plain")
+
+        def _reply(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    host, port = parse_addr(addr)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise UsageError(f"--metrics {addr}: {exc.strerror}") from exc
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
