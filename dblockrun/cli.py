@@ -39,13 +39,10 @@ class Globals:
     verbose: int
 
 
-def _setup_logging(level: int) -> None:
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S%z",
-    )
+def _setup_logging(level: int, fmt: str = "text") -> None:
+    from dblockrun.logs import setup
+
+    setup(level, fmt)
 
 
 def _duration(value: str | None, name: str) -> float | None:
@@ -131,9 +128,14 @@ def cli(ctx: click.Context, db: str | None, prefix: str, debug: bool) -> None:
               help="How long a lock outlives its last renewal (failover time).")
 @click.option("--grace", default="30s", show_default=True,
               help="On SIGTERM/SIGINT, how long running jobs may take to finish.")
-@click.option("-v", "--verbose", is_flag=True, help="Log each claim attempt.")
+@click.option("--metrics", "metrics_addr", metavar="[HOST:]PORT",
+              help="Serve Prometheus /metrics and /healthz here.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: one object per line.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logs.")
 @handle_errors
-def daemon(file: str, heartbeat: str, lease: str, grace: str, verbose: bool) -> None:
+def daemon(file: str, heartbeat: str, lease: str, grace: str, metrics_addr: str | None,
+           log_format: str, verbose: bool) -> None:
     """Run the scheduler on FILE (SIGHUP reloads it, SIGTERM stops)."""
     import signal
     import threading
@@ -141,12 +143,17 @@ def daemon(file: str, heartbeat: str, lease: str, grace: str, verbose: bool) -> 
     from dblockrun.daemon import Daemon, DaemonOptions
 
     g = _globals()
-    _setup_logging(logging.DEBUG if g.debug or verbose else logging.INFO)
+    _setup_logging(logging.DEBUG if g.debug or verbose else logging.INFO, log_format)
     options = DaemonOptions(
         heartbeat=_duration(heartbeat, "--heartbeat") or 10.0,
         lease=_duration(lease, "--lease") or 30.0,
         grace=_duration(grace, "--grace") or 0.0,
+        metrics_addr=metrics_addr,
     )
+    if metrics_addr:
+        from dblockrun.metrics import parse_addr
+
+        parse_addr(metrics_addr)
     if options.heartbeat * 2 > options.lease:
         raise UsageError("--lease must be at least twice --heartbeat")
     jobs = _load(file)
@@ -233,7 +240,9 @@ def enable(job: str, file: str | None) -> None:
     click.echo(f"{job} enabled")
 
 
-@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
+# Options end at the command's first word: in `exec -n x grep -v foo`, `-v` is grep's.
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True,
+                                           "allow_interspersed_args": False})
 @click.option("--name", "-n", required=True, help="Lock name (shared with a daemon job).")
 @click.option("--lock-at-most", default="1h", show_default=True,
               help="Stop the command after this long.")
@@ -340,6 +349,58 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None,
         click.echo(output.history_json(runs))
     else:
         output.print_history(runs, now)
+
+
+@cli.command(name="run")
+@click.argument("job")
+@click.option("--timeout", default="10s", show_default=True,
+              help="How long to wait for a daemon to start it.")
+@click.option("--no-wait", is_flag=True, help="Only file the request.")
+@click.option("-f", "--file", type=click.Path(dir_okay=False),
+              help="Jobs file to take `database:` from.")
+@handle_errors
+def run_(job: str, timeout: str, no_wait: bool, file: str | None) -> None:
+    """Ask the fleet to run JOB now: some daemon that has it claims it, under
+    the same lock, within about a second."""
+    from dblockrun.ops import request_run
+
+    wait = None if no_wait else (_duration(timeout, "--timeout") or 10.0)
+    with _store_for(file) as store:
+        run = request_run(store, job, wait)
+    if run is None:
+        click.echo(f"{job}: run requested")
+    else:
+        click.echo(f"{job}: run {run.id} started on {run.host} (token {run.token})")
+
+
+@cli.command(name="import-crontab")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--system", is_flag=True, default=None,
+              help="Lines have a user field (/etc/crontab, /etc/cron.d); "
+                   "the default for files under /etc/.")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False),
+              help="Write the jobs file here instead of to stdout.")
+@handle_errors
+def import_crontab(file: str, system: bool | None, out: str | None) -> None:
+    """Translate the crontab FILE (- for stdin) into a jobs file.
+
+    Each line that cannot be translated (@reboot, MAILTO=, an unescaped %, a bad
+    schedule...) is reported on stderr as `FILE:LINE: cannot translate: why`; the
+    other jobs are still written. Exit status 0 if every line translated, 1 if
+    some were skipped, 2 if FILE cannot be read or OUT written.
+    """
+    from dblockrun.crontab import import_crontab as translate
+    from dblockrun.crontab import write_jobs
+
+    result = translate(file, system=system)
+    if out is None:
+        click.echo(result.text, nl=False)
+    else:
+        write_jobs(out, result.text)
+    for message in result.messages:
+        click.echo(message, err=True)
+    if result.problems:
+        sys.exit(EXIT_RUNTIME)
 
 
 def main() -> None:

@@ -1,0 +1,248 @@
+"""`dblockrun exec` as real processes on every backend: exit status, busy, env,
+signals, lock-at-most and lock-at-least."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+import pytest
+from helpers import TestDb, dblockrun_cmd, wait_for
+
+from dblockrun.store import Store
+from dblockrun.store import models as m
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def store(db: TestDb) -> Iterator[Store]:
+    s = Store(db.url, db.prefix)
+    yield s
+    s.close()
+
+
+def exec_args(db: TestDb, *args: str) -> list[str]:
+    return [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "exec", *args]
+
+
+def clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for key in ("DBLOCKRUN_DB", "DBLOCKRUN_TABLE_PREFIX"):
+        env.pop(key, None)
+    return env
+
+
+def run_exec(db: TestDb, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(exec_args(db, *args), capture_output=True, text=True,
+                          env=clean_env(), cwd=REPO, timeout=timeout)
+
+
+class Background:
+    """A `dblockrun exec` running in the background, its stdout collected by lines."""
+
+    def __init__(self, args: Sequence[str]) -> None:
+        self.proc = subprocess.Popen(list(args), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=clean_env(),
+                                     cwd=REPO)
+        self.lines: list[str] = []
+        self.errors: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.errors), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: IO[str] | None, into: list[str]) -> None:
+        assert stream is not None
+        for line in stream:
+            into.append(line.rstrip("\n"))
+
+    def finish(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=5)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def wait_running(store: Store, name: str, timeout: float = 30) -> m.JobStatus:
+    def running() -> m.JobStatus | None:
+        rows = store.status([name])
+        return rows[0] if rows and rows[0].state == "running" else None
+
+    return wait_for(running, timeout, what=f"job {name} running")
+
+
+def test_exit_status_and_stdout_pass_through(db: TestDb) -> None:
+    proc = run_exec(db, "--name", "x", "--", "sh", "-c", "echo hello; echo world; exit 7")
+    assert proc.returncode == 7
+    assert proc.stdout == "hello\nworld\n"
+
+
+def test_success_is_quiet(db: TestDb) -> None:
+    proc = run_exec(db, "--name", "x", "--", "true")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
+def test_command_not_found_exits_127(db: TestDb) -> None:
+    proc = run_exec(db, "--name", "x", "--", "/nonexistent/command")
+    assert proc.returncode == 127
+    assert "Traceback" not in proc.stderr
+
+
+def test_busy_is_silent_exit_0_or_the_chosen_code(db: TestDb, store: Store) -> None:
+    store.ensure_jobs(["x"])
+    assert store.claim("x", "other", 30) is not None
+
+    proc = run_exec(db, "--name", "x", "--", "echo", "ran")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+    proc = run_exec(db, "-v", "--name", "x", "--", "echo", "ran")
+    assert proc.returncode == 0
+    assert proc.stdout == ""
+    assert "busy" in proc.stderr
+    assert "other" in proc.stderr  # names who holds it
+
+    proc = run_exec(db, "--busy-exit-code", "75", "--name", "x", "--", "echo", "ran")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (75, "", "")
+    assert store.history("x") == []  # nothing ran
+
+
+def test_command_environment(db: TestDb, store: Store) -> None:
+    script = ('echo "$DBLOCKRUN_JOB|$DBLOCKRUN_FENCING_TOKEN|$DBLOCKRUN_RUN_ID|'
+              '$DBLOCKRUN_HOST_ID"')
+    seen = []
+    for _ in range(2):
+        proc = run_exec(db, "--name", "envjob", "--", "sh", "-c", script)
+        assert proc.returncode == 0, proc.stderr
+        seen.append(proc.stdout.rstrip("\n").split("|"))
+    (job1, token1, run1, host1), (job2, token2, run2, host2) = seen
+    assert job1 == job2 == "envjob"
+    assert (token1, token2) == ("1", "2")
+    runs = store.history("envjob")
+    assert [str(r.id) for r in runs] == [run2, run1]
+    assert [r.host for r in runs] == [host2, host1]
+    assert host1 and host2 and host1 != host2  # one holder id per exec process
+
+
+def test_sigterm_is_forwarded_and_the_run_recorded(db: TestDb, store: Store) -> None:
+    bg = Background(exec_args(
+        db, "--name", "x", "--", "sh", "-c",
+        'trap "echo got-term; exit 3" TERM; echo ready; while :; do sleep 0.1; done'))
+    try:
+        wait_for(lambda: "ready" in bg.lines, 30, what="ready on stdout")
+        bg.proc.send_signal(signal.SIGTERM)
+        assert bg.finish(timeout=15) == 3
+    finally:
+        bg.kill()
+    # (the shell may also report its killed `sleep` as "Terminated")
+    assert [line for line in bg.lines if line != "Terminated"] == ["ready", "got-term"]
+    runs = store.history("x")
+    assert len(runs) == 1
+    assert (runs[0].result, runs[0].exit_code) == (m.FAILED, 3)
+    assert runs[0].output is not None
+    assert runs[0].output.replace("Terminated\n", "") == "ready\ngot-term\n"
+    # The lock is free again: the next exec runs.
+    assert run_exec(db, "--name", "x", "--", "true").returncode == 0
+    assert len(store.history("x")) == 2
+
+
+def test_lock_is_shared_between_execs(db: TestDb, store: Store) -> None:
+    bg = Background(exec_args(db, "--name", "shared", "--", "sleep", "60"))
+    try:
+        status = wait_running(store, "shared")
+        assert status.running is not None
+        holder = status.lock.holder
+        assert holder is not None
+
+        proc = run_exec(db, "--busy-exit-code", "75", "--name", "shared", "--", "echo", "ran")
+        assert (proc.returncode, proc.stdout) == (75, "")
+        proc = run_exec(db, "-v", "--name", "shared", "--", "echo", "ran")
+        assert proc.returncode == 0
+        assert "busy" in proc.stderr
+        assert holder in proc.stderr
+
+        bg.proc.send_signal(signal.SIGTERM)
+        assert bg.finish(timeout=15) == 128 + signal.SIGTERM
+    finally:
+        bg.kill()
+    assert [r.result for r in store.history("shared")] == [m.FAILED]
+
+
+def test_lock_at_most_stops_the_command(db: TestDb, store: Store) -> None:
+    started = time.monotonic()
+    proc = run_exec(db, "--lock-at-most", "1s", "--name", "slow", "--", "sleep", "30")
+    took = time.monotonic() - started
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert took < 10
+    runs = store.history("slow")
+    assert len(runs) == 1
+    assert runs[0].result == m.TIMEOUT
+    assert runs[0].exit_code == 128 + signal.SIGTERM
+    assert runs[0].duration is not None and 0.9 <= runs[0].duration < 8
+
+
+def test_lock_at_least_keeps_the_lock_after_the_command(db: TestDb, store: Store) -> None:
+    proc = run_exec(db, "--lock-at-least", "1h", "--name", "once", "--", "echo", "ran")
+    assert (proc.returncode, proc.stdout) == (0, "ran\n")
+
+    proc = run_exec(db, "--busy-exit-code", "75", "--lock-at-least", "1h", "--name", "once",
+                    "--", "echo", "ran")
+    assert (proc.returncode, proc.stdout) == (75, "")
+    assert [r.result for r in store.history("once")] == [m.OK]
+    lock = store.lock_state("once")
+    assert lock is not None and lock.lock_until is not None
+    assert lock.lock_until - store.db_now() > 3500
+
+
+def test_lock_at_least_over_lock_at_most_is_a_usage_error(db: TestDb) -> None:
+    proc = run_exec(db, "--lock-at-most", "1m", "--lock-at-least", "1h", "--name", "x",
+                    "--", "echo", "ran")
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == "dblockrun: --lock-at-least is longer than --lock-at-most\n"
+
+
+def test_options_after_the_command_belong_to_the_command(db: TestDb, store: Store) -> None:
+    # Without `--`: `-v` and `-n` after the command's first word are the command's.
+    proc = run_exec(db, "--name", "x", "printf", "%s|", "-v", "a", "-n", "b", "--name", "c")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "-v|a|-n|b|--name|c|"
+    assert proc.stderr == ""  # -v was not taken as exec's --verbose
+    assert [r.job for r in store.history()] == ["x"]
+
+
+def process_gone(pid: int) -> bool:
+    """True once `pid` has exited (a zombie nobody reaped counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_command_dies_with_a_killed_exec(db: TestDb, store: Store) -> None:
+    bg = Background(exec_args(db, "--name", "x", "--", "sh", "-c", "echo $$; exec sleep 60"))
+    try:
+        wait_for(lambda: len(bg.lines) > 0, 30, what="the command's pid")
+        child = int(bg.lines[0])
+        assert not process_gone(child)
+        bg.proc.send_signal(signal.SIGKILL)
+        assert bg.finish(timeout=10) == -signal.SIGKILL
+        wait_for(lambda: process_gone(child), 10, what=f"command {child} to die with exec")
+    finally:
+        bg.kill()

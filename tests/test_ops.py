@@ -1,0 +1,143 @@
+"""Operations with a real daemon: run-now, metrics and /healthz, JSON logs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import TestDb, dblockrun_cmd, wait_for
+from proxy import Proxy
+
+from dblockrun.store import Store
+from dblockrun.store.models import RunRecord
+
+JOBS = """\
+jobs:
+  manual:
+    rate: 1d
+    command: echo "manual $DBLOCKRUN_FENCING_TOKEN"
+  often:
+    cron: "* * * * * *"
+    command: echo often
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daemon:
+    def __init__(self, db: TestDb, tmp: Path, *extra: str) -> None:
+        self.db = db
+        jobs = tmp / "jobs.yaml"
+        jobs.write_text(JOBS)
+        self.log = tmp / "daemon.log"
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
+             "--heartbeat", "1s", "--lease", "3s", "--metrics", f"127.0.0.1:{self.port}",
+             *extra],
+            stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*dblockrun_cmd(), "--db", self.db.url, "--table-prefix", self.db.prefix, *args],
+            capture_output=True, text=True, timeout=60)
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError:
+            return 0, ""
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def daemon(db: TestDb, tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(db, tmp_path, "--log-format", "json")
+    yield d
+    d.stop()
+
+
+@pytest.mark.slow
+def test_run_now_runs_the_job_on_some_daemon(daemon: Daemon) -> None:
+    store = Store(daemon.db.url, daemon.db.prefix)
+    try:
+        # The rate job ran once at start; it is not due again for a day.
+        def ok_runs() -> list[RunRecord] | None:
+            return [r for r in store.history("manual") if r.result == "ok"] or None
+
+        wait_for(ok_runs, 20, what="the first run of the rate job")
+        res = daemon.cli("run", "manual", "--timeout", "10s")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.startswith("manual: run ")
+        assert " started on " in res.stdout
+        runs = wait_for(lambda: (r := ok_runs()) and len(r) >= 2 and r, 10,
+                        what="the requested run to finish")
+        newest, before = runs[0].token, runs[1].token
+        assert newest is not None and before is not None and newest == before + 1
+        assert daemon.cli("run", "no-such-job").returncode == 2
+        daemon.cli("disable", "manual")
+        res = daemon.cli("run", "manual")
+        assert res.returncode == 2 and "disabled" in res.stderr
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_metrics_healthz_and_json_logs(daemon: Daemon) -> None:
+    def scraped() -> str | None:
+        code, body = daemon.get("/metrics")
+        return body if code == 200 and 'dblockrun_runs_total{job="often",result="ok"}' in body \
+            else None
+
+    body = wait_for(scraped, 20, what="metrics with a finished run")
+    for name in ("dblockrun_run_duration_seconds_bucket", "dblockrun_claims_total",
+                 "dblockrun_last_success_timestamp_seconds", "dblockrun_running_commands",
+                 "dblockrun_database_errors_total", "dblockrun_clock_offset_seconds",
+                 "dblockrun_database_up 1.0"):
+        assert name in body, name
+    assert daemon.get("/healthz") == (200, "ok\n")
+    assert daemon.get("/nope")[0] == 404
+    # Every log line is one JSON object; run events carry job, run id and token.
+    lines = [json.loads(x) for x in daemon.log.read_text().splitlines() if x.strip()]
+    starts = [x for x in lines if x.get("event") == "start"]
+    assert starts and {"job", "run_id", "token", "host"} <= set(starts[0])
+    outputs = [x for x in lines if x["msg"].startswith("[often] ")]
+    assert outputs and outputs[0]["job"] == "often" and "run_id" in outputs[0]
+
+
+@pytest.mark.slow
+def test_healthz_fails_while_the_database_is_unreachable(db: TestDb, tmp_path: Path) -> None:
+    if db.backend == "sqlite":
+        pytest.skip("SQLite has no connection to lose (it is a local file)")
+    proxy = Proxy(5432 if db.backend == "postgresql" else 3306)
+    d = Daemon(TestDb(db.backend, proxy.url_for(db.url), db.prefix), tmp_path)
+    try:
+        wait_for(lambda: d.get("/healthz")[0] == 200, 20, what="healthy")
+        proxy.cut()
+        wait_for(lambda: d.get("/healthz")[0] == 503, 20, what="unhealthy")
+        assert "dblockrun_database_up 0.0" in d.get("/metrics")[1]
+        proxy.restore()
+        wait_for(lambda: d.get("/healthz")[0] == 200, 30, what="healthy again")
+    finally:
+        proxy.restore()
+        assert d.stop() == 0
+        proxy.close()
