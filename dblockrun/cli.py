@@ -328,11 +328,12 @@ def init_db(file: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--output", "output_of", type=int, metavar="RUN",
               help="Print the stored output tail of run RUN.")
+@click.option("--item", help="Only the runs of this item (fan-out jobs).")
 @click.option("-f", "--file", type=click.Path(dir_okay=False),
               help="Jobs file to take `database:` from.")
 @handle_errors
 def history(job: str | None, limit: int, as_json: bool, output_of: int | None,
-            file: str | None) -> None:
+            item: str | None, file: str | None) -> None:
     """Past runs, newest first."""
     from dblockrun import output
 
@@ -343,7 +344,7 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None,
                 raise UsageError(f"no run {output_of}")
             click.echo(run.output or "", nl=False)
             return
-        runs = store.history(job, limit)
+        runs = store.history(job, limit, item=item)
         now = store.db_now()
     if as_json:
         click.echo(output.history_json(runs))

@@ -11,12 +11,14 @@ import random
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from dblockrun import __version__
 from dblockrun.config import load_jobs
 from dblockrun.errors import ConfigError, DatabaseError
+from dblockrun.fanout import FanOut
 from dblockrun.heartbeat import DbClock, Renewer
 from dblockrun.jobs import Job, JobsFile
 from dblockrun.metrics import Metrics, serve
@@ -27,6 +29,9 @@ from dblockrun.store import Store
 from dblockrun.store import models as m
 
 log = logging.getLogger("dblockrun")
+
+#: At most this many slots passed over by one late wake-up are recorded missed.
+_MAX_MISSED = 100
 
 
 def new_holder_id() -> str:
@@ -84,7 +89,7 @@ class Daemon:
         self._heap: list[_Due] = []
         self._seq = 0
         self._generation = 0
-        self._running: dict[str, JobRun] = {}
+        self._running: dict[str, JobRun | FanOut] = {}
         self._running_lock = threading.Lock()
         self._shutdown_deadline: float | None = None
         self._drift_seen: set[tuple[str, str]] = set()
@@ -222,8 +227,8 @@ class Daemon:
             names = self.store.requested()
             for name in names:
                 job = self.jobs.job(name)
-                if job is None:
-                    continue  # only jobs of the local file are ever run
+                if job is None or job.fan_out:
+                    continue  # only jobs of the local file; fan-out jobs follow their items
                 with self._running_lock:
                     if name in self._running:
                         continue
@@ -287,18 +292,27 @@ class Daemon:
             self._fire(job, head.slot, now)
 
     def _fire(self, job: Job, slot: float | None, now: float) -> None:
+        passed: deque[float] = deque(maxlen=_MAX_MISSED)
         if slot is not None:
             # A late wake-up (paused host, long claim) tries only the newest
-            # past slot; older ones are simply gone.
+            # past slot; older ones are dropped, or recorded missed when the
+            # job has a starting-deadline (the newest _MAX_MISSED of them).
             while True:
                 later = next_slot(job.cron or "", job.timezone, _utc(slot)).timestamp()
                 if later > now:
                     break
+                passed.append(slot)
                 slot = later
             next_due = next_slot(job.cron or "", job.timezone, _utc(slot)).timestamp()
         with self._running_lock:
             busy_here = job.name in self._running
+        if job.fan_out:
+            self._fan_out(job, slot, busy_here)
+            return
         try:
+            if job.starting_deadline is not None:
+                for old in passed:
+                    self._missed(job, old, now)
             if slot is not None and busy_here:
                 if self.store.skip_slot(job.name, slot):
                     self.store.start_run(job.name, self.holder, token=None, slot=slot,
@@ -313,13 +327,7 @@ class Daemon:
                 and job.starting_deadline is not None
                 and now - slot > job.starting_deadline
             ):
-                if self.store.skip_slot(job.name, slot):
-                    self.store.start_run(job.name, self.holder, token=None, slot=slot,
-                                         result=m.MISSED)
-                    self.metrics.missed.labels(job.name, "missed").inc()
-                    log.warning("job %s: slot %s missed (%.1fs late, starting-deadline %gs)",
-                                job.name, _utc(slot).isoformat(), now - slot,
-                                job.starting_deadline)
+                self._missed(job, slot, now)
                 self._plan(job, slot)
                 return
             sent = time.monotonic()
@@ -340,6 +348,13 @@ class Daemon:
             self._plan(job, slot)
         else:
             self._plan_rate(job)
+
+    def _missed(self, job: Job, slot: float, now: float) -> None:
+        if self.store.skip_slot(job.name, slot):
+            self.store.start_run(job.name, self.holder, token=None, slot=slot, result=m.MISSED)
+            self.metrics.missed.labels(job.name, "missed").inc()
+            log.warning("job %s: slot %s missed (%.1fs late, starting-deadline %gs)",
+                        job.name, _utc(slot).isoformat(), now - slot, job.starting_deadline)
 
     def _plan_rate(self, job: Job) -> None:
         """Next attempt of a rate-only job: when its last start is ``rate`` old."""
@@ -363,7 +378,23 @@ class Daemon:
             self._running[job.name] = run
         run.start()
 
-    def _done(self, run: JobRun) -> None:
+    def _fan_out(self, job: Job, slot: float | None, busy_here: bool) -> None:
+        """Work through the job's items (in a thread) unless still at it."""
+        if busy_here:
+            log.info("job %s: still working through the items of the previous slot", job.name)
+        else:
+            worker = FanOut(self.ctx, job, slot, on_done=self._done)
+            with self._running_lock:
+                self._running[job.name] = worker
+            worker.start()
+        if slot is not None:
+            self._plan(job, slot)
+        else:
+            assert job.rate is not None
+            # Items come due one by one; look again within a fraction of the rate.
+            self._push(self.clock.now() + max(1.0, min(job.rate / 4, 30.0)), job.name, None)
+
+    def _done(self, run: JobRun | FanOut) -> None:
         with self._running_lock:
             if self._running.get(run.job.name) is run:
                 del self._running[run.job.name]

@@ -122,7 +122,11 @@ class Renewer:
             if watch.lost:
                 continue
             sent = time.monotonic()
-            if self.store.renew(watch.name, watch.holder, watch.token, watch.lease):
+            if watch.renew is not None:
+                ok = watch.renew()
+            else:
+                ok = self.store.renew(watch.name, watch.holder, watch.token, watch.lease)
+            if ok:
                 watch.renewed(sent)
             else:
                 watch.lost = True

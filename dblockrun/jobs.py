@@ -44,6 +44,11 @@ class Job:
     history_limit: int = 1000
     line: int = 0  # line of the job's name in the file; not part of the definition
 
+    @property
+    def fan_out(self) -> bool:
+        """One row per work item (``items`` or ``items-command``)."""
+        return self.items is not None or self.items_command is not None
+
     def definition_hash(self) -> str:
         """A short hash of everything that defines the job (not its line)."""
         data = asdict(self)

@@ -34,7 +34,7 @@ def _short(ts: float | None, now: float) -> str:
     delta = ts - now
     fmt = "%H:%M:%SZ" if abs(delta) < 86400 else "%Y-%m-%d %H:%MZ"
     when = datetime.fromtimestamp(ts, UTC).strftime(fmt)
-    rel = format_duration(round(abs(delta), 1 if abs(delta) < 60 else 0))
+    rel = f"{abs(delta):.1f}s" if abs(delta) < 60 else format_duration(round(abs(delta)))
     return f"{when} ({'in ' + rel if delta >= 0 else rel + ' ago'})"
 
 
@@ -89,6 +89,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
                 "disabled_reason": s.lock.disabled_reason if s.state == "disabled" else None,
                 "last_run": run_json(s.last_run),
                 "running": run_json(s.running),
+                "items": s.items,
                 "definitions": defs.get(s.lock.name, {}),
                 "drift": len(defs.get(s.lock.name, {})) > 1,
             }
@@ -103,11 +104,19 @@ def history_json(runs: Sequence[RunRecord]) -> str:
     return json.dumps({"version": JSON_VERSION, "runs": [run_json(r) for r in runs]}, indent=2)
 
 
-def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float) -> None:
+def _console() -> Any:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # piped or captured: don't squeeze to 80 columns
+    return console
+
+
+def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float) -> None:
+    from rich.table import Table
+
+    console = _console()
     table = Table(title="jobs", title_justify="left")
     for col in ("job", "state", "holder", "lock until", "token", "last run", "next run",
                 "disabled"):
@@ -125,9 +134,14 @@ def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now:
             if s.lock.disabled_reason:
                 disabled += f": {s.lock.disabled_reason}"
         locked = s.state in ("running", "locked")
+        state = s.state
+        if s.items is not None:
+            c = s.items
+            state += (f"\nitems: {c['done']}/{c['total']} done, {c['running']} running, "
+                      f"{c['waiting']} waiting, {c['failed']} failed")
         table.add_row(
             s.lock.name,
-            s.state,
+            state,
             (s.lock.holder or "-") if locked else "-",
             _short(s.lock.lock_until, db_now) if locked else "-",
             str(s.lock.token),
@@ -151,7 +165,6 @@ def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now:
 
 
 def print_history(runs: Sequence[RunRecord], db_now: float) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="runs", title_justify="left")
@@ -164,4 +177,4 @@ def print_history(runs: Sequence[RunRecord], db_now: float) -> None:
             "-" if r.exit_code is None else str(r.exit_code),
             "-" if r.duration is None else f"{r.duration:.2f}s",
         )
-    Console().print(table)
+    _console().print(table)

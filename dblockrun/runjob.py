@@ -234,5 +234,5 @@ class JobRun(threading.Thread):
                 on_line=lambda line: out_log.info(
                     "[%s on-failure] %s", job.name, line.decode("utf-8", "replace").rstrip()),
                 deadline=time.monotonic() + 300, watch=None, stop=ctx.stop,
-                kill_grace=ctx.kill_grace,
+                kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace,
             )

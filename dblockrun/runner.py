@@ -52,6 +52,8 @@ class LeaseWatch:
     last_ok: float = field(default_factory=time.monotonic)  # monotonic send time
     lost: bool = False
     pipe: GuardPipe | None = None
+    #: Renews the lease (True) or finds it lost (False); default: the job's lock row.
+    renew: Callable[[], bool] | None = None
 
     def renewed(self, sent: float) -> None:
         self.last_ok = sent

@@ -65,6 +65,8 @@ class JobStatus:
     last_run: RunRecord | None
     running: RunRecord | None
     db_now: float
+    #: Fan-out jobs: total, done (this slot), running, waiting, failed.
+    items: dict[str, int] | None = None
 
     @property
     def state(self) -> str:

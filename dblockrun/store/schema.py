@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: items (fan-out jobs)
 
 #: Stored output tail of a run, in bytes.
 OUTPUT_TAIL = 64 * 1024
@@ -23,6 +23,7 @@ class Tables:
     locks: sa.Table
     runs: sa.Table
     hosts: sa.Table
+    items: sa.Table
 
 
 def build_tables(prefix: str) -> Tables:
@@ -80,4 +81,20 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("running", sa.Integer(), nullable=False, default=0),
         sa.Column("jobs", _Text),
     )
-    return Tables(md, meta, locks, runs, hosts)
+    items = sa.Table(
+        f"{prefix}items",
+        md,
+        sa.Column("job", sa.String(255), primary_key=True),
+        # sha256 of the item, so items of any length have a short key.
+        sa.Column("item_key", sa.String(64), primary_key=True),
+        sa.Column("item", sa.Text(), nullable=False),
+        sa.Column("retired", sa.Boolean(), nullable=False, default=False),
+        sa.Column("holder", sa.String(255)),
+        sa.Column("lock_until", sa.Double()),
+        sa.Column("locked_at", sa.Double()),
+        sa.Column("token", sa.BigInteger(), nullable=False, default=0),
+        sa.Column("last_slot", sa.Double()),
+        sa.Column("last_start", sa.Double()),
+        sa.Column("last_result", sa.String(16)),
+    )
+    return Tables(md, meta, locks, runs, hosts, items)

@@ -20,6 +20,7 @@ from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store import models as m
 from dblockrun.store.dialect import Dialect
+from dblockrun.store.items import ItemStore
 from dblockrun.store.schema import SCHEMA_VERSION, Tables, build_tables
 
 T = TypeVar("T")
@@ -60,6 +61,7 @@ class Store:
         sa.event.listen(self.engine, "before_cursor_execute", self._count)
         self._schema_checked = False
         self._create = create
+        self._items: ItemStore | None = None
 
     # -- plumbing ---------------------------------------------------------
 
@@ -111,6 +113,13 @@ class Store:
     def now(self) -> sa.ColumnElement[float]:
         return self.dialect.now()
 
+    @property
+    def items(self) -> ItemStore:
+        """Fan-out items of jobs (their own module: store/items.py)."""
+        if self._items is None:
+            self._items = ItemStore(self)
+        return self._items
+
     # -- schema -------------------------------------------------------------
 
     def schema_version(self) -> int | None:
@@ -155,12 +164,20 @@ class Store:
         return SCHEMA_VERSION
 
     def _create_schema(self) -> None:
+        # Every migration so far only adds tables: create what is missing,
+        # then record the version.
+        meta = self.t.meta
         with self.engine.connect() as conn:
             self.t.metadata.create_all(conn, checkfirst=True)
-            stmt = self.dialect.insert_ignore(self.t.meta).values(
+            stmt = self.dialect.insert_ignore(meta).values(
                 key="schema_version", value=str(SCHEMA_VERSION)
             )
             conn.execute(stmt)
+            conn.execute(
+                meta.update()
+                .where(meta.c.key == "schema_version", meta.c.value != str(SCHEMA_VERSION))
+                .values(value=str(SCHEMA_VERSION))
+            )
 
     def drop_schema(self) -> None:
         with self.engine.connect() as conn:
@@ -436,11 +453,14 @@ class Store:
 
         return self._run(go)
 
-    def history(self, job: str | None = None, limit: int = 20) -> list[m.RunRecord]:
+    def history(self, job: str | None = None, limit: int = 20,
+                item: str | None = None) -> list[m.RunRecord]:
         runs = self.t.runs
         stmt = sa.select(runs).order_by(runs.c.id.desc()).limit(limit)
         if job is not None:
             stmt = stmt.where(runs.c.job == job)
+        if item is not None:
+            stmt = stmt.where(runs.c.item == item)
         return self._run(lambda c: [_run_record(r._mapping) for r in c.execute(stmt)])
 
     def run(self, run_id: int) -> m.RunRecord | None:
@@ -559,6 +579,9 @@ class Store:
             if names:
                 stmt = stmt.where(locks.c.name.in_(list(names)))
             lock_rows = [_lock(r._mapping) for r in conn.execute(stmt)]
+            items = self.t.items
+            fan_out = {str(r[0]) for r in conn.execute(
+                sa.select(items.c.job).where(items.c.retired == sa.false()).distinct())}
             out: list[m.JobStatus] = []
             for lock in lock_rows:
                 last_ids = (
@@ -584,6 +607,8 @@ class Store:
                         last_run=None if last is None else _run_record(last._mapping, False),
                         running=None if running is None else _run_record(running._mapping, False),
                         db_now=db_now,
+                        items=self.items.progress(lock.name, lock.last_slot)
+                        if lock.name in fan_out else None,
                     )
                 )
             return out
