@@ -60,6 +60,7 @@ class Store:
         self._count_lock = threading.Lock()
         sa.event.listen(self.engine, "before_cursor_execute", self._count)
         self._schema_checked = False
+        self._schema_lock = threading.Lock()
         self._create = create
         self._items: ItemStore | None = None
 
@@ -84,12 +85,10 @@ class Store:
     @contextmanager
     def _conn(self) -> Iterator[Connection]:
         if not self._schema_checked:
-            self._schema_checked = True
-            try:
-                self.ensure_schema(create=self._create)
-            except BaseException:
-                self._schema_checked = False
-                raise
+            with self._schema_lock:
+                if not self._schema_checked:
+                    self.ensure_schema(create=self._create)
+                    self._schema_checked = True
         try:
             with self.engine.connect() as conn:
                 yield conn
