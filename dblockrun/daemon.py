@@ -415,6 +415,10 @@ class Daemon:
             self.outage.failed("reload", exc)
         self.jobs = new
         self._plan_all()
+        try:
+            self._publish_next_due()
+        except DatabaseError as exc:
+            self.outage.failed("reload", exc)
         log.info("reloaded %s: %d jobs", new.path, len(new.jobs))
 
     def _shutdown(self) -> None:

@@ -138,7 +138,11 @@ class JobRun(threading.Thread):
                 break
             log.info("job %s: retrying (attempt %d of %d)", job.name, attempt + 1,
                      job.retries + 1)
-        if self.last_outcome is not None and result_of(self.last_outcome) == m.FAILED:
+        # A command that failed or ran into lock-at-most triggers on-failure;
+        # one stopped by a shutdown or fencing does not.
+        if (self.last_outcome is not None
+                and result_of(self.last_outcome) in (m.FAILED, m.TIMEOUT)
+                and not ctx.stop.is_set()):
             self._on_failure(self.last_outcome)
 
     def _attempt(self, attempt: int) -> Outcome | None:

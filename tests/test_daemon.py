@@ -1,0 +1,477 @@
+"""`dblockrun daemon` as a real process on every backend: shutdown, reload,
+starting-deadline, overlap, retries, on-failure, lock-at-most, the command's
+environment and its output.
+
+Each test starts its own daemon on its own table prefix and asserts what a
+user would notice: run records, exit statuses and log lines.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from helpers import TestDb, dblockrun_cmd, wait_for
+
+from dblockrun.store import Store
+from dblockrun.store import models as m
+
+pytestmark = pytest.mark.slow
+
+T = TypeVar("T")
+
+EVERY_SECOND = '"* * * * * *"'
+
+
+def clean_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for key in ("DBLOCKRUN_DB", "DBLOCKRUN_TABLE_PREFIX"):
+        env.pop(key, None)
+    return env
+
+
+class DaemonProc:
+    """One `dblockrun daemon` process, its stderr in a log file."""
+
+    def __init__(self, db: TestDb, workdir: Path, jobs_text: str, grace: str) -> None:
+        self.jobs = workdir / "jobs.yaml"
+        self.jobs.write_text(jobs_text)
+        self.log = workdir / "daemon.log"
+        cmd = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon",
+               str(self.jobs), "--heartbeat", "1s", "--lease", "3s", "--grace", grace]
+        with self.log.open("wb") as err:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
+                                         env=clean_env(), cwd=workdir)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, predicate: Callable[[], T | None | bool], timeout: float, what: str,
+             interval: float = 0.05) -> T:
+        """``wait_for`` that fails at once, with the log, if the daemon exits."""
+
+        def check() -> T | None | bool:
+            if not self.alive():
+                raise AssertionError(f"daemon exited {self.proc.returncode} while waiting "
+                                     f"for {what}; log:\n{self.text()}")
+            return predicate()
+
+        return wait_for(check, timeout, interval=interval, what=what)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait; the exit status."""
+        if self.alive():
+            self.send(signal.SIGCONT)
+            self.send(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.alive():
+            self.send(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+StartDaemon = Callable[..., DaemonProc]
+
+
+@pytest.fixture
+def store(db: TestDb) -> Iterator[Store]:
+    s = Store(db.url, db.prefix)
+    yield s
+    s.close()
+
+
+def _starter(db: TestDb, tmp_path: Path) -> Iterator[StartDaemon]:
+    started: list[DaemonProc] = []
+
+    def start(jobs_text: str, grace: str = "5s") -> DaemonProc:
+        d = DaemonProc(db, tmp_path, jobs_text, grace)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.kill()
+
+
+@pytest.fixture
+def start_daemon(db: TestDb, tmp_path: Path) -> Iterator[StartDaemon]:
+    """`start_daemon(jobs_text, grace="5s")`: a daemon, killed at the end if still up."""
+    yield from _starter(db, tmp_path)
+
+
+@pytest.fixture
+def start_sqlite_daemon(sqlite_db: TestDb, tmp_path: Path) -> Iterator[StartDaemon]:
+    """`start_daemon` on SQLite only, for behaviour that does not depend on the database."""
+    yield from _starter(sqlite_db, tmp_path)
+
+
+def runs_of(store: Store, job: str) -> list[m.RunRecord]:
+    """All run records of ``job``, oldest first."""
+    return sorted(store.history(job, 1000), key=lambda r: r.id)
+
+
+def with_result(store: Store, job: str, *results: str) -> list[m.RunRecord]:
+    return [r for r in runs_of(store, job) if r.result in results]
+
+
+def first_with(store: Store, job: str, *results: str) -> m.RunRecord | None:
+    found = with_result(store, job, *results)
+    return found[0] if found else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def pass_time(seconds: float, check: Callable[[], None] = lambda: None) -> None:
+    """Let ``seconds`` pass (to show that something does NOT happen), calling
+    ``check`` meanwhile so a violation fails at once."""
+    end = time.monotonic() + seconds
+
+    def done() -> bool:
+        check()
+        return time.monotonic() >= end
+
+    wait_for(done, seconds + 5, interval=0.1, what=f"{seconds}s to pass")
+
+
+def parse_iso_z(text: str) -> float:
+    assert text.endswith("Z"), text
+    return datetime.fromisoformat(text[:-1] + "+00:00").timestamp()
+
+
+# -- 1, 2: SIGTERM ----------------------------------------------------------
+
+
+def test_sigterm_lets_a_run_finish_within_grace(
+    store: Store, start_daemon: StartDaemon
+) -> None:
+    d = start_daemon("jobs:\n  finish:\n    rate: 1h\n"
+                     "    command: sleep 1.5; echo finished\n", grace="10s")
+    running = d.wait(lambda: first_with(store, "finish", m.RUNNING), 20, what="run started")
+    sent = time.monotonic()
+    d.send(signal.SIGTERM)
+    assert d.proc.wait(timeout=15) == 0
+    took = time.monotonic() - sent
+    assert took < 8, f"daemon took {took:.1f}s to stop after its run ended"
+    run = store.run(running.id)
+    assert run is not None
+    assert (run.result, run.exit_code) == (m.OK, 0)
+    assert "finished" in (run.output or "")
+    assert [r.id for r in runs_of(store, "finish")] == [running.id]
+    assert running.host not in {h.id for h in store.hosts()}
+    assert "waiting up to 10s for 1 running job" in d.text()
+    token = store.claim("finish", "test", 10.0)
+    assert token is not None and running.token is not None and token > running.token
+
+
+def test_sigterm_stops_a_run_longer_than_grace(
+    store: Store, start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    d = start_daemon(f"jobs:\n  long:\n    rate: 1h\n"
+                     f"    command: echo $$ > {pidfile}; exec sleep 30\n", grace="1s")
+    running = d.wait(lambda: first_with(store, "long", m.RUNNING), 20, what="run started")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10, what="pid file")
+    pid = int(pidfile.read_text())
+    assert pid_alive(pid)
+    sent = time.monotonic()
+    d.send(signal.SIGTERM)
+    assert d.proc.wait(timeout=15) == 0
+    took = time.monotonic() - sent
+    assert took < 5, f"daemon took {took:.1f}s to stop with --grace 1s"
+    assert not pid_alive(pid), "the command outlived the daemon"
+    run = store.run(running.id)
+    assert run is not None
+    assert run.result == m.KILLED
+    assert run.exit_code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+    assert running.host not in {h.id for h in store.hosts()}
+    assert store.claim("long", "test", 10.0) is not None
+
+
+def test_sigterm_stops_an_on_failure_command_after_grace(
+    sqlite_db: TestDb, start_sqlite_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    d = start_sqlite_daemon(
+        "jobs:\n  fails:\n    rate: 1h\n    command: exit 3\n"
+        f"    on-failure: {{command: 'echo $$ > {pidfile}; exec sleep 30'}}\n", grace="1s")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20,
+             what="the on-failure command started")
+    pid = int(pidfile.read_text())
+    sent = time.monotonic()
+    d.send(signal.SIGTERM)
+    assert d.proc.wait(timeout=40) == 0
+    took = time.monotonic() - sent
+    assert took < 5, f"daemon took {took:.1f}s to stop with --grace 1s"
+    assert not pid_alive(pid), "the on-failure command outlived the daemon"
+    with Store(sqlite_db.url, sqlite_db.prefix) as store:
+        assert [(r.result, r.exit_code) for r in runs_of(store, "fails")] == [(m.FAILED, 3)]
+        assert store.claim("fails", "test", 10.0) is not None
+
+
+# -- 3: SIGHUP ----------------------------------------------------------------
+
+JOB_ALPHA = f"  alpha:\n    cron: {EVERY_SECOND}\n    command: 'true'\n"
+JOB_BETA = f"  beta:\n    cron: {EVERY_SECOND}\n    command: 'true'\n"
+
+
+def test_sighup_reloads_and_a_bad_file_keeps_the_old_jobs(
+    store: Store, start_daemon: StartDaemon
+) -> None:
+    d = start_daemon("jobs:\n" + JOB_ALPHA)
+    d.wait(lambda: first_with(store, "alpha", m.OK), 20, what="alpha ran")
+    assert runs_of(store, "beta") == []
+
+    d.jobs.write_text("jobs:\n" + JOB_ALPHA + JOB_BETA)
+    d.send(signal.SIGHUP)
+    d.wait(lambda: first_with(store, "beta", m.OK), 10, what="beta ran after reload")
+    assert d.alive()
+    assert "reloaded" in d.text()
+
+    bad = "jobs:\n" + JOB_ALPHA + JOB_BETA + "    bogus: 1\n"
+    bad_line = bad.splitlines().index("    bogus: 1") + 1
+    d.jobs.write_text(bad)
+    d.send(signal.SIGHUP)
+    d.wait(lambda: "reload failed" in d.text(), 10, what="'reload failed' in the log")
+    assert f"{d.jobs}:{bad_line}: job 'beta': bogus" in d.text()
+    counts = {job: len(with_result(store, job, m.OK)) for job in ("alpha", "beta")}
+
+    def kept_running() -> bool:
+        return all(len(with_result(store, job, m.OK)) > n for job, n in counts.items())
+
+    d.wait(kept_running, 10, what="alpha and beta still running after the failed reload")
+    assert d.alive()
+    assert d.stop() == 0
+
+
+# -- 4: starting-deadline ------------------------------------------------------
+
+
+def test_starting_deadline_records_a_late_slot_as_missed(
+    store: Store, start_daemon: StartDaemon
+) -> None:
+    d = start_daemon(f"jobs:\n  punctual:\n    cron: {EVERY_SECOND}\n"
+                     "    starting-deadline: 300ms\n    command: 'true'\n")
+    d.wait(lambda: first_with(store, "punctual", m.OK), 20, what="first run")
+    # The local servers share this host's clock. Pause the daemon mid-second
+    # (no run going), resume 0.6s past a slot: that slot is 0.6s late, over
+    # the 300ms deadline.
+    now = time.time()
+    stop_at = math.floor(now) + (0.4 if now % 1 < 0.3 else 1.4)
+    resume_at = stop_at + 2.3
+    wait_for(lambda: time.time() >= stop_at, 3, interval=0.01, what="pause time")
+    d.send(signal.SIGSTOP)
+    try:
+        wait_for(lambda: time.time() >= resume_at, 5, interval=0.01, what="resume time")
+    finally:
+        d.send(signal.SIGCONT)
+    late_slot = math.floor(resume_at)
+    d.wait(lambda: any(r.slot == late_slot for r in with_result(store, "punctual", m.MISSED)),
+           10, what="the late slot recorded missed")
+    d.wait(lambda: any(r.slot is not None and r.slot > late_slot
+                       for r in with_result(store, "punctual", m.OK)), 10,
+           what="an ok run after the missed slot")
+    assert "missed" in d.text()
+    # Every slot of the pause is recorded missed (README: older ones are
+    # "recorded `missed` when `starting-deadline` is set"); none ran late.
+    runs = runs_of(store, "punctual")
+    paused = [r for r in runs if r.slot is not None and stop_at < r.slot <= resume_at]
+    expected = range(math.ceil(stop_at), late_slot + 1)
+    assert [(r.slot, r.result) for r in paused] == [(float(s), m.MISSED) for s in expected]
+    assert all(r.token is None for r in paused)
+    slots = [r.slot for r in runs]
+    assert len(set(slots)) == len(slots)
+    assert {r.result for r in runs} <= {m.OK, m.MISSED}
+    assert d.stop() == 0
+
+
+# -- 5: no overlap --------------------------------------------------------------
+
+
+def test_overlapping_slots_are_skipped(store: Store, start_daemon: StartDaemon) -> None:
+    d = start_daemon(f"jobs:\n  slow:\n    cron: {EVERY_SECOND}\n    command: sleep 2.5\n",
+                     grace="1s")
+
+    def at_most_one_running() -> list[m.RunRecord]:
+        runs = runs_of(store, "slow")
+        assert len([r for r in runs if r.result == m.RUNNING]) <= 1, runs
+        return runs
+
+    def enough() -> bool:
+        runs = at_most_one_running()
+        return (len([r for r in runs if r.result == m.OK]) >= 1
+                and len([r for r in runs if r.result == m.SKIPPED]) >= 2)
+
+    d.wait(enough, 20, interval=0.1, what="an ok run and two skipped slots")
+    assert d.stop() == 0
+    runs = runs_of(store, "slow")
+    assert {r.result for r in runs} <= {m.OK, m.SKIPPED, m.KILLED}
+    slots = [r.slot for r in runs]
+    assert None not in slots and len(set(slots)) == len(slots), "a slot recorded twice"
+    ran = [r for r in runs if r.result != m.SKIPPED]
+    for a, b in zip(ran, ran[1:], strict=False):
+        assert a.finished is not None and b.started >= a.finished, "two runs overlapped"
+    for skip in (r for r in runs if r.result == m.SKIPPED):
+        assert skip.token is None
+        holders = [r for r in ran if r.started <= skip.started
+                   and (r.finished is None or skip.started <= r.finished)]
+        assert holders, f"slot {skip.slot} skipped while nothing ran"
+        assert skip.host == holders[0].host
+        assert holders[0].slot is not None and skip.slot is not None
+        assert skip.slot > holders[0].slot
+
+
+# -- 6: retries ------------------------------------------------------------------
+
+
+def test_retries_share_one_token(
+    store: Store, start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    counter = tmp_path / "count"
+    d = start_daemon(
+        "jobs:\n  flaky:\n    rate: 1h\n    retries: 2\n    retry-delay: 200ms\n"
+        f"    command: n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); "
+        f"echo $n > {counter}; echo attempt $n; [ $n -ge 3 ]\n"
+    )
+    d.wait(lambda: first_with(store, "flaky", m.OK), 20, what="the third attempt")
+    runs = runs_of(store, "flaky")
+    assert [r.attempt for r in runs] == [1, 2, 3]
+    assert [r.result for r in runs] == [m.FAILED, m.FAILED, m.OK]
+    assert [r.exit_code for r in runs] == [1, 1, 0]
+    assert [(r.output or "").strip() for r in runs] == ["attempt 1", "attempt 2", "attempt 3"]
+    tokens = {r.token for r in runs}
+    assert len(tokens) == 1 and None not in tokens
+    for a, b in zip(runs, runs[1:], strict=False):
+        assert a.finished is not None and b.started - a.finished >= 0.15, "no retry-delay"
+    assert "retrying (attempt 3 of 3)" in d.text()
+    assert d.stop() == 0
+    assert len(runs_of(store, "flaky")) == 3
+
+
+# -- 7: on-failure disable-for --------------------------------------------------
+
+
+def test_on_failure_disables_the_job(store: Store, start_daemon: StartDaemon) -> None:
+    d = start_daemon(f"jobs:\n  broken:\n    cron: {EVERY_SECOND}\n"
+                     "    on-failure: {disable-for: 3h}\n    command: echo boom; exit 1\n")
+    failed = d.wait(lambda: first_with(store, "broken", m.FAILED), 20, what="failed run")
+    assert failed.exit_code == 1
+
+    def disabled() -> m.JobStatus | None:
+        st = store.status(["broken"])[0]
+        return st if st.state == "disabled" else None
+
+    st = d.wait(disabled, 5, what="job disabled")
+    assert st.lock.disabled_until is not None
+    assert st.lock.disabled_until - st.db_now == pytest.approx(3 * 3600, abs=30)
+    reason = st.lock.disabled_reason or ""
+    assert "exited 1" in reason and f"run {failed.id}" in reason, reason
+
+    def one_run() -> None:
+        runs = runs_of(store, "broken")
+        assert [r.id for r in runs] == [failed.id], runs
+
+    pass_time(2.2, one_run)
+    assert d.alive()
+    assert d.stop() == 0
+
+
+# -- 8: lock-at-most ------------------------------------------------------------
+
+
+def test_lock_at_most_stops_the_command(
+    store: Store, start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "pid"
+    d = start_daemon(f"jobs:\n  stuck:\n    rate: 1h\n    lock-at-most: 1s\n"
+                     f"    command: echo $$ > {pidfile}; exec sleep 30\n")
+    run = d.wait(lambda: first_with(store, "stuck", m.TIMEOUT), 10, what="timeout record")
+    assert run.exit_code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+    assert run.duration is not None and 0.9 <= run.duration < 4, run.duration
+    pid = int(pidfile.read_text())
+    wait_for(lambda: not pid_alive(pid), 5, what="the command gone")
+    assert "reached lock-at-most" in d.text()
+    assert d.stop() == 0
+    assert store.claim("stuck", "test", 10.0) is not None
+
+
+# -- 9: environment ---------------------------------------------------------------
+
+
+def test_command_environment_and_workdir(
+    store: Store, start_daemon: StartDaemon, tmp_path: Path
+) -> None:
+    out = tmp_path / "env"
+    out.mkdir()
+    wd = tmp_path / "work dir"
+    wd.mkdir()
+    names = ("DBLOCKRUN_JOB", "DBLOCKRUN_RUN_ID", "DBLOCKRUN_SLOT",
+             "DBLOCKRUN_FENCING_TOKEN", "DBLOCKRUN_HOST_ID", "GREETING")
+    script = "".join(f'      echo "{n}=${n}"\n' for n in names)
+    d = start_daemon(
+        f"jobs:\n  envjob:\n    cron: {EVERY_SECOND}\n"
+        f"    env: {{GREETING: 'hello world'}}\n    workdir: '{wd}'\n"
+        f"    command: |\n      tmp='{out}'/$DBLOCKRUN_RUN_ID.tmp\n      {{\n{script}"
+        f'      echo "PWD=$(pwd -P)"\n      }} > "$tmp"\n'
+        f"      mv \"$tmp\" '{out}'/$DBLOCKRUN_RUN_ID.env\n"
+    )
+
+    def first_ok_with_file() -> tuple[m.RunRecord, dict[str, str]] | None:
+        for run in with_result(store, "envjob", m.OK):
+            path = out / f"{run.id}.env"
+            if path.exists():
+                env = dict(line.split("=", 1) for line in path.read_text().splitlines())
+                return run, env
+        return None
+
+    run, env = d.wait(first_ok_with_file, 20, what="an ok run that wrote its env")
+    assert d.stop() == 0
+    assert env["DBLOCKRUN_JOB"] == "envjob"
+    assert env["DBLOCKRUN_RUN_ID"] == str(run.id)
+    assert run.slot is not None
+    assert env["DBLOCKRUN_SLOT"].endswith("Z")
+    assert parse_iso_z(env["DBLOCKRUN_SLOT"]) == pytest.approx(run.slot, abs=1e-3)
+    assert env["DBLOCKRUN_FENCING_TOKEN"] == str(run.token)
+    assert env["DBLOCKRUN_HOST_ID"] == run.host
+    assert env["GREETING"] == "hello world"
+    assert env["PWD"] == str(wd.resolve())
+
+
+# -- 10: output ---------------------------------------------------------------------
+
+
+def test_output_is_logged_with_the_job_prefix_and_kept(
+    store: Store, start_daemon: StartDaemon
+) -> None:
+    d = start_daemon("jobs:\n  chatty.job-1:\n    rate: 1h\n"
+                     "    command: echo line one; echo line two >&2; printf 'no newline'\n")
+    run = d.wait(lambda: first_with(store, "chatty.job-1", m.OK), 20, what="ok run")
+    d.wait(lambda: "[chatty.job-1] no newline" in d.text(), 5, what="output in the log")
+    text = d.text()
+    assert "[chatty.job-1] line one\n" in text
+    assert "[chatty.job-1] line two\n" in text
+    assert d.stop() == 0
+    hist = store.history("chatty.job-1")
+    assert [r.id for r in hist] == [run.id]
+    assert hist[0].output == "line one\nline two\nno newline"
