@@ -1,0 +1,132 @@
+"""Config drift: two daemons on one database whose jobs files disagree.
+
+Both files define `drifted` (with different commands) and `same` (identical).
+Each daemon publishes its jobs' definition hashes with its heartbeat; within a
+few heartbeats each one logs a warning naming `drifted` and the other host, and
+`dblockrun status` shows the drift: `"drift": true` with two `"definitions"` in
+`--json`, and `warning: job drifted is defined differently` for people. `same`
+is never reported. When one daemon stops, the drift is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import TestDb, dblockrun_cmd, wait_for
+
+from dblockrun.store import Store
+
+HEARTBEAT = 1.0
+#: "Within a few heartbeats" of both daemons being registered.
+WARN_WITHIN = 5 * HEARTBEAT
+
+# Both jobs fire once a year: nothing runs during the test.
+JOBS = """\
+jobs:
+  drifted:
+    cron: "0 0 1 1 *"
+    command: echo {version}
+  same:
+    cron: "0 0 1 1 *"
+    command: echo same everywhere
+"""
+DRIFT_WARNING = "job drifted: defined differently on "
+
+
+def start_daemon(db: TestDb, jobs: Path, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
+           "--heartbeat", f"{HEARTBEAT:g}s", "--lease", f"{3 * HEARTBEAT:g}s", "--grace", "5s"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=30)
+
+
+def status(db: TestDb, *args: str) -> str:
+    """`dblockrun status ARGS`, run as a real process."""
+    res = subprocess.run(
+        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "status", *args],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 0, f"status {args} exited {res.returncode}: {res.stderr}"
+    return res.stdout
+
+
+def jobs_by_name(db: TestDb) -> dict[str, dict[str, Any]]:
+    doc = json.loads(status(db, "--json"))
+    return {job["name"]: job for job in doc["jobs"]}
+
+
+def drift_warnings(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if "defined differently" in line]
+
+
+@pytest.mark.slow
+def test_daemons_warn_about_and_status_shows_config_drift(db: TestDb, tmp_path: Path) -> None:
+    files = []
+    for version in ("version-a", "version-b"):
+        path = tmp_path / f"jobs-{version}.yaml"
+        path.write_text(JOBS.format(version=version))
+        files.append(path)
+    logs = [tmp_path / "daemon-a.log", tmp_path / "daemon-b.log"]
+    procs = [start_daemon(db, f, log) for f, log in zip(files, logs, strict=True)]
+    try:
+        with Store(db.url, db.prefix) as store:
+            wait_for(lambda: len(store.hosts(seen_within=30)) == 2
+                     or any(p.poll() is not None for p in procs),
+                     30, what="2 daemons registered")
+        assert all(p.poll() is None for p in procs), "a daemon died during startup"
+
+        # Each daemon warns about `drifted`, naming the other daemon.
+        for log, other in ((logs[0], procs[1]), (logs[1], procs[0])):
+
+            def warned(log: Path = log) -> str | None:
+                return next((w for w in drift_warnings(log) if DRIFT_WARNING in w), None)
+
+            line = wait_for(warned, WARN_WITHIN, interval=0.1,
+                            what=f"a drift warning in {log.name}")
+            assert " WARNING " in line, line
+            assert f":{other.pid}:" in line, f"the warning does not name pid {other.pid}: {line}"
+
+        jobs = jobs_by_name(db)
+        drifted, same = jobs["drifted"], jobs["same"]
+        assert drifted["drift"] is True, drifted
+        assert len(drifted["definitions"]) == 2, drifted["definitions"]
+        holders = sorted(h for hosts in drifted["definitions"].values() for h in hosts)
+        assert [sorted(hosts) for hosts in drifted["definitions"].values()] == [
+            [h] for h in holders
+        ], f"each definition of `drifted` should be on one host: {drifted['definitions']}"
+        assert sorted(int(h.split(":")[1]) for h in holders) == sorted(p.pid for p in procs)
+        assert same["drift"] is False, same
+        assert len(same["definitions"]) == 1, same["definitions"]
+        assert sorted(next(iter(same["definitions"].values()))) == holders
+
+        human = status(db).splitlines()
+        warnings = [line for line in human if line.startswith("warning: job ")]
+        assert any(w.startswith("warning: job drifted is defined differently") for w in warnings), (
+            "\n".join(human)
+        )
+        assert not any("job same " in w for w in warnings), "\n".join(warnings)
+
+        # One version left: no drift any more (a stopping daemon removes its host row).
+        assert stop(procs[1]) == 0
+        assert jobs_by_name(db)["drifted"]["drift"] is False
+        assert not any(line.startswith("warning:") for line in status(db).splitlines())
+    finally:
+        codes = [stop(p) for p in procs]
+    assert codes == [0, 0]
+    for log in logs:
+        assert not any("job same:" in w for w in drift_warnings(log)), log.read_text()
+        assert len([w for w in drift_warnings(log) if DRIFT_WARNING in w]) == 1, (
+            f"{log.name}: the drift should be reported once:\n{log.read_text()}"
+        )
