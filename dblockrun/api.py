@@ -36,11 +36,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Literal, ParamSpec, TypeVar, overload
 
-from dblockrun.daemon import new_holder_id
 from dblockrun.dburl import resolve_url
 from dblockrun.durations import parse_duration
 from dblockrun.errors import DatabaseError, DblockrunError
 from dblockrun.heartbeat import Renewer
+from dblockrun.holder import new_holder_id
 from dblockrun.outage import Outage
 from dblockrun.runner import LeaseWatch
 from dblockrun.store import DEFAULT_PREFIX, Store

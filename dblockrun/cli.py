@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from dblockrun.errors import ConfigError, DblockrunError, UsageError
 if TYPE_CHECKING:
     from dblockrun.jobs import JobsFile
     from dblockrun.store import Store
+    from dblockrun.store.base import RunStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -34,6 +36,7 @@ LIVE_HOST_WINDOW = 30.0
 @dataclass
 class Globals:
     db: str | None
+    db_file: str | None
     prefix: str
     debug: bool
     verbose: int
@@ -80,6 +83,20 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+#: Column sizes of the lock table (store/schema.py): longer values are refused here.
+MAX_NAME = 200
+MAX_REASON = 1000
+
+
+def _check_name(name: str, what: str = "job name") -> str:
+    from dblockrun.jobs import JOB_NAME
+
+    if not JOB_NAME.fullmatch(name) or len(name) > MAX_NAME:
+        raise UsageError(f"bad {what} {name[:60]!r}: use letters, digits, '.', '_' and '-' "
+                         f"(at most {MAX_NAME})")
+    return name
+
+
 def _globals() -> Globals:
     obj = click.get_current_context().find_object(Globals)
     assert obj is not None
@@ -92,32 +109,45 @@ def _load(path: str) -> JobsFile:
     return load_jobs(path)
 
 
-def _open_store(file_db: str | None = None, *, create: bool = True) -> Store:
+def _db_url(jobs: JobsFile | None = None) -> str:
     from dblockrun.dburl import resolve_url
-    from dblockrun.store import Store
 
     g = _globals()
-    return Store(resolve_url(g.db, file_db), g.prefix, create=create)
+    return resolve_url(g.db, jobs.database if jobs else None, cli_db_file=g.db_file,
+                       file_db_file=jobs.database_file if jobs else None)
+
+
+def _open_store(jobs: JobsFile | None = None, *, create: bool = True) -> Store:
+    from dblockrun.store import Store
+
+    return Store(_db_url(jobs), _globals().prefix, create=create)
 
 
 def _store_for(file: str | None) -> Store:
-    return _open_store(_load(file).database if file else None)
+    return _open_store(_load(file) if file else None)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dblockrun")
-@click.option("--db", envvar="DBLOCKRUN_DB", metavar="URL",
+# DBLOCKRUN_DB and DBLOCKRUN_DB_FILE are read by dburl.resolve_url, which
+# places them after both options.
+@click.option("--db", metavar="URL",
               help="Database URL (postgresql://, mysql://, mariadb://, sqlite:///path). "
-                   "Default: DBLOCKRUN_DB, then `database:` in the jobs file, then "
+                   "Default: --db-file, DBLOCKRUN_DB, DBLOCKRUN_DB_FILE, `database:` then "
+                   "`database-file:` in the jobs file, then "
                    "~/.local/state/dblockrun/dblockrun.db.")
+@click.option("--db-file", metavar="PATH",
+              help="Read the database URL from the first line of this file (a mounted "
+                   "secret); also DBLOCKRUN_DB_FILE.")
 @click.option("--table-prefix", "prefix", envvar="DBLOCKRUN_TABLE_PREFIX",
               default="dblockrun_", show_default=True, help="Prefix of dblockrun's tables.")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.pass_context
-def cli(ctx: click.Context, db: str | None, prefix: str, debug: bool) -> None:
+def cli(ctx: click.Context, db: str | None, db_file: str | None, prefix: str,
+        debug: bool) -> None:
     """A cron replacement for fleets: every host runs the same jobs file, a
     shared SQL database decides which one runs each slot."""
-    ctx.obj = Globals(db=db, prefix=prefix, debug=debug, verbose=0)
+    ctx.obj = Globals(db=db, db_file=db_file, prefix=prefix, debug=debug, verbose=0)
 
 
 @cli.command()
@@ -157,7 +187,7 @@ def daemon(file: str, heartbeat: str, lease: str, grace: str, metrics_addr: str 
     if options.heartbeat * 2 > options.lease:
         raise UsageError("--lease must be at least twice --heartbeat")
     jobs = _load(file)
-    store = _open_store(jobs.database)
+    store = _open_store(jobs)
     d = Daemon(jobs, store, options, stop=threading.Event())
     from dblockrun.signals import handling
 
@@ -208,6 +238,9 @@ def disable(job: str, for_: str | None, until: str | None, reason: str | None,
 
     if for_ and until:
         raise UsageError("give --for or --until, not both")
+    _check_name(job)
+    if reason is not None and len(reason) > MAX_REASON:
+        raise UsageError(f"--reason is {len(reason)} characters long (at most {MAX_REASON})")
     seconds = _duration(for_, "--for")
     until_ts = _parse_time(until) if until else None
     with _store_for(file) as store:
@@ -234,10 +267,29 @@ def _parse_time(text: str) -> float:
 @handle_errors
 def enable(job: str, file: str | None) -> None:
     """Clear a `disable` of JOB."""
+    _check_name(job)
     with _store_for(file) as store:
         if not store.enable(job):
             raise UsageError(f"no such job in the database: {job}")
     click.echo(f"{job} enabled")
+
+
+@cli.command()
+@click.argument("job")
+@click.option("-f", "--file", type=click.Path(dir_okay=False),
+              help="Jobs file to take `database:` from.")
+@handle_errors
+def unlock(job: str, file: str | None) -> None:
+    """Free JOB's lock now, whoever holds it (a lock row edited into nonsense,
+    a lock_until far in the future). The fencing token is incremented, so a
+    holder that is still running loses its lease and stops its command at its
+    next heartbeat."""
+    _check_name(job)
+    with _store_for(file) as store:
+        token = store.force_unlock(job)
+    if token is None:
+        raise UsageError(f"no such job in the database: {job}")
+    click.echo(f"{job} unlocked (token now {token})")
 
 
 # Options end at the command's first word: in `exec -n x grep -v foo`, `-v` is grep's.
@@ -263,6 +315,7 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
 
     g = _globals()
     _setup_logging(logging.DEBUG if g.debug else logging.INFO if verbose else logging.ERROR)
+    _check_name(name, "lock name")
     most = _duration(lock_at_most, "--lock-at-most") or 3600.0
     least = _duration(lock_at_least, "--lock-at-least") or 0.0
     if least > most:
@@ -271,8 +324,18 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
     opts = ExecOptions(name=name, argv=command, lock_at_most=most, lock_at_least=least,
                        lease=lease_s, heartbeat=lease_s / 3, busy_exit_code=busy_exit_code,
                        verbose=verbose)
-    with _store_for(file) as store:
+    # The lean store (the driver alone, no SQLAlchemy) when the schema is there.
+    from dblockrun.store.lean import open_lean
+
+    jobs = _load(file) if file else None
+    lean = None
+    if os.environ.get("DBLOCKRUN_EXEC_LEAN", "1") != "0":  # 0: always through SQLAlchemy
+        lean = open_lean(_db_url(jobs), g.prefix)
+    store: RunStore = lean or _open_store(jobs)
+    try:
         code = exec_locked(store, opts)
+    finally:
+        store.close()
     sys.exit(code)
 
 
@@ -365,6 +428,7 @@ def run_(job: str, timeout: str, no_wait: bool, file: str | None) -> None:
     the same lock, within about a second."""
     from dblockrun.ops import request_run
 
+    _check_name(job)
     wait = None if no_wait else (_duration(timeout, "--timeout") or 10.0)
     with _store_for(file) as store:
         run = request_run(store, job, wait)

@@ -13,7 +13,8 @@ merged variable by variable. A ``null`` value unsets an optional key (``cron``,
 from __future__ import annotations
 
 import difflib
-import re
+import os
+import pwd
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,11 +22,10 @@ import yaml
 
 from dblockrun.durations import format_duration, parse_duration
 from dblockrun.errors import ConfigError
-from dblockrun.jobs import Command, Job, JobsFile, OnFailure
+from dblockrun.jobs import JOB_NAME, Command, Job, JobsFile, OnFailure
 from dblockrun.schedule import validate_cron, validate_timezone
 
-TOP_LEVEL_KEYS = ("database", "defaults", "jobs")
-JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
+TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs")
 MAX_JOB_NAME = 200
 MAX_INT = 2**31 - 1
 ON_FAILURE_KEYS = ("disable-for", "command")
@@ -263,6 +263,15 @@ def _timezone(value: Any) -> str:
     return name
 
 
+def _user(value: Any) -> str:
+    name = _string(value, empty=False)
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise _Invalid(f"unknown user {name!r}") from None
+    return name
+
+
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise _Invalid(f"must be true or false, got {_kind(value)}")
@@ -362,6 +371,7 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "parallel": ("parallel", _required(lambda v: _integer(v, 1))),
     "batch": ("batch", _required(lambda v: _integer(v, 1))),
     "history-limit": ("history_limit", _required(lambda v: _integer(v, 1))),
+    "user": ("user", _optional(_user)),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 
@@ -395,17 +405,28 @@ class _Parser:
                 database = _string(database, empty=False)
             except _Invalid as exc:
                 raise self.error(exc.why, data.lines["database"], key="database") from None
+        database_file = data.get("database-file")
+        if database_file is not None:
+            try:
+                database_file = _string(database_file, empty=False)
+            except _Invalid as exc:
+                line = data.lines["database-file"]
+                raise self.error(exc.why, line, key="database-file") from None
+            # Relative to the jobs file, like any path a reader of the file would follow.
+            database_file = os.path.join(os.path.dirname(self.path), database_file)
         defaults = self.parse_defaults(data)
         jobs = data["jobs"]
         if jobs is None:
-            return JobsFile(path=self.path, database=database, jobs=())
+            return JobsFile(path=self.path, database=database, jobs=(),
+                            database_file=database_file)
         if not isinstance(jobs, _Mapping):
             why = f"must be a mapping of job names to jobs, got {_kind(jobs)}"
             raise self.error(why, data.lines["jobs"], key="jobs")
         parsed = tuple(
             self.parse_job(name, body, jobs.lines[name], defaults) for name, body in jobs.items()
         )
-        return JobsFile(path=self.path, database=database, jobs=parsed)
+        return JobsFile(path=self.path, database=database, jobs=parsed,
+                        database_file=database_file)
 
     def check_duplicates(self, data: _Mapping) -> None:
         """Reject a key written twice in any mapping of the file."""

@@ -17,9 +17,10 @@ from datetime import UTC, datetime
 
 from dblockrun import __version__
 from dblockrun.config import load_jobs
-from dblockrun.errors import ConfigError, DatabaseError
+from dblockrun.errors import ConfigError, DatabaseError, DatabaseRefused, SchemaTooNew
 from dblockrun.fanout import FanOut
 from dblockrun.heartbeat import DbClock, Renewer
+from dblockrun.holder import new_holder_id as new_holder_id
 from dblockrun.jobs import Job, JobsFile
 from dblockrun.metrics import Metrics, serve
 from dblockrun.outage import Outage
@@ -32,11 +33,6 @@ log = logging.getLogger("dblockrun")
 
 #: At most this many slots passed over by one late wake-up are recorded missed.
 _MAX_MISSED = 100
-
-
-def new_holder_id() -> str:
-    """hostname:pid:random — unique per process, readable in ``status``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
 
 
 @dataclass(frozen=True)
@@ -94,6 +90,8 @@ class Daemon:
         self._shutdown_deadline: float | None = None
         self._drift_seen: set[tuple[str, str]] = set()
         self._next_request_poll = 0.0
+        self._defs_for: JobsFile | None = None
+        self._defs: tuple[dict[str, str], str] = ({}, "{}")
         self.ctx = RunContext(
             store=store,
             holder=self.holder,
@@ -174,6 +172,8 @@ class Daemon:
                 self._publish_next_due()
                 self.outage.ok()
                 return True
+            except (DatabaseRefused, SchemaTooNew):
+                raise  # retrying cannot fix these: exit status 1 with the reason
             except DatabaseError as exc:
                 self.stop.wait(self.outage.failed("startup", exc))
         return False
@@ -189,14 +189,23 @@ class Daemon:
             version=__version__,
             clock_offset=self.clock.offset,
             running=running,
-            jobs=json.dumps({j.name: j.definition_hash() for j in self.jobs.jobs}),
+            jobs=self._definitions()[1],
         )
         self.store.sweep_lost()
         self._check_drift()
 
+    def _definitions(self) -> tuple[dict[str, str], str]:
+        """Each job's definition hash (and as JSON), once per jobs file: an idle
+        heartbeat then costs the same whatever the number of jobs."""
+        if self._defs_for is not self.jobs:
+            defs = {j.name: j.definition_hash() for j in self.jobs.jobs}
+            self._defs = (defs, json.dumps(defs))
+            self._defs_for = self.jobs
+        return self._defs
+
     def _check_drift(self) -> None:
         """Warn once per (job, other definition) seen on another live host."""
-        mine = {j.name: j.definition_hash() for j in self.jobs.jobs}
+        mine = self._definitions()[0]
         live = self.store.hosts(seen_within=3 * self.options.heartbeat)
         for name, defs in m.definitions(live).items():
             if name not in mine:
@@ -307,7 +316,8 @@ class Daemon:
         with self._running_lock:
             busy_here = job.name in self._running
         if job.fan_out:
-            self._fan_out(job, slot, busy_here)
+            self._fan_out(job, slot, busy_here,
+                          next_due if slot is not None else None)
             return
         try:
             if job.starting_deadline is not None:
@@ -367,7 +377,9 @@ class Daemon:
             return
         due = now + job.rate
         if lock is not None and lock.last_start is not None:
-            due = lock.last_start + job.rate
+            # min(): a last start in the future (a row edited by hand) must not
+            # silence the job for longer than a rate; `dblockrun unlock` repairs it.
+            due = min(lock.last_start, now) + job.rate
             if lock.lock_until is not None and lock.lock_until > due:
                 due = lock.lock_until
         self._push(max(due, now + 0.05) + self.clock.uncertainty, job.name, None)
@@ -378,12 +390,13 @@ class Daemon:
             self._running[job.name] = run
         run.start()
 
-    def _fan_out(self, job: Job, slot: float | None, busy_here: bool) -> None:
+    def _fan_out(self, job: Job, slot: float | None, busy_here: bool,
+                 next_due: float | None) -> None:
         """Work through the job's items (in a thread) unless still at it."""
         if busy_here:
             log.info("job %s: still working through the items of the previous slot", job.name)
         else:
-            worker = FanOut(self.ctx, job, slot, on_done=self._done)
+            worker = FanOut(self.ctx, job, slot, on_done=self._done, next_due=next_due)
             with self._running_lock:
                 self._running[job.name] = worker
             worker.start()

@@ -1,7 +1,10 @@
 """Where the database is: URL resolution, driver mapping and redaction.
 
-Order: ``--db``, then ``DBLOCKRUN_DB``, then ``database:`` in the jobs file,
-then the embedded SQLite file under ``$XDG_STATE_HOME/dblockrun/``.
+Order: ``--db``, ``--db-file``, ``DBLOCKRUN_DB``, ``DBLOCKRUN_DB_FILE``,
+``database:`` in the jobs file, ``database-file:`` in the jobs file, then the
+embedded SQLite file under ``$XDG_STATE_HOME/dblockrun/``. A file holds the
+URL on its first line (a secret mounted by systemd or Kubernetes); its content
+is never shown, not even in errors.
 """
 
 from __future__ import annotations
@@ -34,12 +37,50 @@ def default_sqlite_path() -> Path:
     return Path(state) / "dblockrun" / "dblockrun.db"
 
 
-def resolve_url(cli_db: str | None, file_db: str | None) -> str:
-    """The database URL the user asked for, by the documented precedence."""
-    for candidate in (cli_db, os.environ.get("DBLOCKRUN_DB"), file_db):
+def resolve_url(
+    cli_db: str | None,
+    file_db: str | None,
+    *,
+    cli_db_file: str | None = None,
+    file_db_file: str | None = None,
+) -> str:
+    """The database URL the user asked for, by the documented precedence.
+
+    ``cli_*`` come from the command line, ``file_*`` from the jobs file
+    (``database:``, ``database-file:``); the environment sits between them.
+    """
+    candidates: tuple[tuple[str | None, bool], ...] = (
+        (cli_db, False),
+        (cli_db_file, True),
+        (os.environ.get("DBLOCKRUN_DB"), False),
+        (os.environ.get("DBLOCKRUN_DB_FILE"), True),
+        (file_db, False),
+        (file_db_file, True),
+    )
+    for candidate, is_file in candidates:
         if candidate:
-            return candidate
+            return read_url_file(candidate) if is_file else candidate
     return f"sqlite:///{default_sqlite_path()}"
+
+
+def read_url_file(path: str) -> str:
+    """The URL on the first line of ``path``; errors name the file, never its content."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            first = stream.readline(64 * 1024)
+    except UnicodeDecodeError:
+        raise UsageError(f"database file {path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read database file {path}: {exc.strerror or exc}") from None
+    url = first.strip()
+    if not url:
+        raise UsageError(f"database file {path}: the first line is empty (want a database URL)")
+    if not _URL.match(url):
+        raise UsageError(
+            f"database file {path}: the first line is not a database URL "
+            "(e.g. postgresql://user:password@host/db)"
+        )
+    return url
 
 
 def driver_url(url: str) -> str:

@@ -62,6 +62,11 @@ class DatabaseError(DblockrunError):
     """The database could not be reached or refused a statement."""
 
 
+class DatabaseRefused(DatabaseError):
+    """The database refused us: wrong password, unknown user or database, or
+    missing privileges. Retrying will not help; a daemon stops at startup."""
+
+
 class SchemaTooNew(DatabaseError):
     """The database schema is newer than this dblockrun knows; upgrade dblockrun."""
 

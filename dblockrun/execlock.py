@@ -10,13 +10,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dblockrun.daemon import new_holder_id
 from dblockrun.heartbeat import Renewer
+from dblockrun.holder import new_holder_id
 from dblockrun.jobs import Job
 from dblockrun.outage import Outage
 from dblockrun.runjob import JobRun, RunContext, exit_status
 from dblockrun.signals import handling
-from dblockrun.store import Store
+from dblockrun.store.base import RunStore
 
 log = logging.getLogger("dblockrun")
 
@@ -36,7 +36,7 @@ class ExecOptions:
     verbose: bool = False
 
 
-def exec_locked(store: Store, opts: ExecOptions) -> int:
+def exec_locked(store: RunStore, opts: ExecOptions) -> int:
     """Run the command if the lock is free; returns the exit status to use."""
     holder = new_holder_id()
     store.ensure_jobs([opts.name])

@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import Job
 from dblockrun.runjob import RunContext, command_env, exit_status, result_of, retry_db
-from dblockrun.runner import LeaseWatch, argv_for, run_process
+from dblockrun.runner import LeaseWatch, RunAs, argv_for, run_process
+from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.items import ClaimedItem
 
@@ -42,9 +43,16 @@ def list_items(job: Job, timeout: float) -> list[str]:
         return list(job.items)
     assert job.items_command is not None
     argv = argv_for(job.items_command, job.shell)
+    env, cwd = command_env_static(job), job.workdir
     try:
-        proc = subprocess.run(argv, capture_output=True, cwd=job.workdir, timeout=timeout,
-                              env=command_env_static(job), stdin=subprocess.DEVNULL)
+        run_as = RunAs.lookup(job.user) if job.user else None
+        if run_as is not None:
+            env, cwd = run_as.env(env), run_as.cwd(cwd)
+        proc = subprocess.run(argv, capture_output=True, cwd=cwd, timeout=timeout,
+                              env=env, stdin=subprocess.DEVNULL,
+                              user=run_as.uid if run_as else None,
+                              group=run_as.gid if run_as else None,
+                              extra_groups=list(run_as.groups) if run_as else None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ItemsFailed(None, str(exc)) from exc
     output = proc.stdout.decode("utf-8", "replace")
@@ -70,8 +78,12 @@ def command_env_static(job: Job) -> dict[str, str]:
 
 class FanOut(threading.Thread):
     def __init__(self, ctx: RunContext, job: Job, slot: float | None,
-                 on_done: Callable[[FanOut], None] | None = None) -> None:
+                 on_done: Callable[[FanOut], None] | None = None,
+                 next_due: float | None = None) -> None:
         super().__init__(name=f"fanout-{job.name}", daemon=True)
+        self.next_due = next_due
+        assert isinstance(ctx.store, Store), "fan-out needs the full store"
+        self.store: Store = ctx.store
         self.ctx = ctx
         self.job = job
         self.slot = slot
@@ -93,8 +105,9 @@ class FanOut(threading.Thread):
     def _refresh(self) -> bool:
         """Refresh the item list if this host wins the job's lock; else wait
         for the host that won. False when there is nothing to work on."""
-        job, ctx, store = self.job, self.ctx, self.ctx.store
-        token = store.claim(job.name, ctx.holder, ctx.lease, slot=self.slot, rate=job.rate)
+        job, ctx, store = self.job, self.ctx, self.store
+        token = store.claim(job.name, ctx.holder, ctx.lease, slot=self.slot, rate=job.rate,
+                            next_due=self.next_due)
         if token is None:
             deadline = time.monotonic() + SYNC_WAIT
             while time.monotonic() < deadline and not ctx.stop.is_set():
@@ -132,8 +145,8 @@ class FanOut(threading.Thread):
             free = job.parallel - len(active)
             claimed: list[ClaimedItem] = []
             if free > 0:
-                claimed = ctx.store.items.claim(job.name, ctx.holder, ctx.lease, slot=self.slot,
-                                                rate=job.rate, limit=free * job.batch)
+                claimed = self.store.items.claim(job.name, ctx.holder, ctx.lease, slot=self.slot,
+                                                 rate=job.rate, limit=free * job.batch)
                 for i in range(0, len(claimed), job.batch):
                     batch = claimed[i : i + job.batch]
                     t = threading.Thread(target=self._run_batch, args=(batch, finished),
@@ -150,7 +163,7 @@ class FanOut(threading.Thread):
 
     def _run_batch(self, batch: Sequence[ClaimedItem], finished: threading.Event) -> None:
         job, ctx = self.job, self.ctx
-        items = ctx.store.items
+        items = self.store.items
         sent = time.monotonic()
         watch = LeaseWatch(job.name, ctx.holder, batch[0].token, ctx.lease, last_ok=sent,
                            renew=lambda: items.renew(job.name, ctx.holder, batch, ctx.lease))
@@ -179,7 +192,7 @@ class FanOut(threading.Thread):
             outcome = run_process(argv_for(job.command, job.shell), env=env, cwd=job.workdir,
                                   on_line=on_line, deadline=sent + job.lock_at_most, watch=watch,
                                   stop=ctx.stop, kill_grace=ctx.kill_grace,
-                                  stop_grace=ctx.stop_grace)
+                                  stop_grace=ctx.stop_grace, user=job.user)
             result = result_of(outcome)
             took = time.monotonic() - started
             code = exit_status(outcome.exit_code)

@@ -9,8 +9,10 @@ then SIGKILL after a grace) when
   to the pipe after every successful lease renewal.
 
 So a command never outlives its lease, whatever happens to its daemon. It
-runs as ``python -I -S -c GUARD_SOURCE FD FENCE GRACE CMD...`` and imports
-only built-in modules (about 15 ms to start).
+runs as ``python -I -S -c GUARD_SOURCE FD FENCE GRACE USER CMD...`` and imports
+only built-in modules (about 15 ms to start). ``USER`` is ``-`` or
+``uid:gid:groups`` (a job's ``user:``): the guard keeps the daemon's user and
+switches only the command, so the command cannot kill its watchdog.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import sys
 GUARD_SOURCE = r"""
 import os, select, signal, sys, time
 fd, fence, grace = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-argv = sys.argv[4:]
+user = sys.argv[4]
+argv = sys.argv[5:]
 # Signals reach the command directly (same process group); the guard only
 # waits for it and keeps watch.
 # SIGPIPE too: the output pipe's reader is the daemon, which may be dead.
@@ -34,6 +37,11 @@ if pid == 0:
         signal.signal(s, signal.SIG_DFL)
     os.close(fd)
     try:
+        if user != "-":
+            uid, gid, groups = user.split(":")
+            os.setgroups([int(g) for g in groups.split(",") if g])
+            os.setgid(int(gid))
+            os.setuid(int(uid))
         os.execvp(argv[0], argv)
     except OSError as exc:
         os.write(2, ("dblockrun: cannot run %s: %s\n" % (argv[0], exc.strerror)).encode())
@@ -77,9 +85,10 @@ os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)
 """
 
 
-def guard_argv(read_fd: int, fence: float, grace: float, argv: list[str]) -> list[str]:
+def guard_argv(read_fd: int, fence: float, grace: float, argv: list[str],
+               user: str | None = None) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", GUARD_SOURCE, str(read_fd), repr(fence),
-            repr(grace), *argv]
+            repr(grace), user or "-", *argv]
 
 
 class GuardPipe:

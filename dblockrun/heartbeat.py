@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dblockrun.errors import DatabaseError
 from dblockrun.outage import Outage
 from dblockrun.runner import LeaseWatch
-from dblockrun.store import Store
+from dblockrun.store.base import RunStore
 from dblockrun.store.models import ClockSample
 
 log = logging.getLogger("dblockrun")
@@ -63,7 +63,7 @@ class Renewer:
 
     def __init__(
         self,
-        store: Store,
+        store: RunStore,
         heartbeat: float,
         outage: Outage,
         extra: Callable[[], None] | None = None,

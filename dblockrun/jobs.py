@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
+import re
 from dataclasses import asdict, dataclass, field
+
+#: What a job (and an exec lock) may be called.
+JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 #: A command: a string runs through the job's shell (``sh -c``), a tuple is exec'd.
 Command = str | tuple[str, ...]
@@ -42,6 +44,8 @@ class Job:
     parallel: int = 1
     batch: int = 1
     history_limit: int = 1000
+    #: Run the command as this user (the daemon must be root); None: as the daemon.
+    user: str | None = None
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -53,6 +57,11 @@ class Job:
         """A short hash of everything that defines the job (not its line)."""
         data = asdict(self)
         data.pop("line")
+        if data["user"] is None:
+            del data["user"]  # hashes stay those of versions without `user:`
+        import hashlib  # here: exec never hashes, and starts faster without them
+        import json
+
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -62,6 +71,8 @@ class JobsFile:
     path: str
     database: str | None
     jobs: tuple[Job, ...]
+    #: ``database-file:``, relative to the jobs file's folder.
+    database_file: str | None = None
 
     def job(self, name: str) -> Job | None:
         for job in self.jobs:

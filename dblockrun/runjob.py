@@ -10,15 +10,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from dblockrun.errors import DatabaseError
 from dblockrun.heartbeat import Renewer
 from dblockrun.jobs import Job
-from dblockrun.metrics import Metrics
 from dblockrun.outage import Outage
 from dblockrun.runner import LeaseWatch, Outcome, argv_for, run_process
-from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.base import RunStore
+
+if TYPE_CHECKING:
+    from dblockrun.metrics import Metrics
 
 log = logging.getLogger("dblockrun")
 out_log = logging.getLogger("dblockrun.output")
@@ -28,7 +31,7 @@ _RESULT = {"timeout": m.TIMEOUT, "fenced": m.KILLED, "stopped": m.KILLED, "error
 
 @dataclass(frozen=True)
 class RunContext:
-    store: Store
+    store: RunStore
     holder: str
     lease: float
     kill_grace: float
@@ -182,6 +185,7 @@ class JobRun(threading.Thread):
             kill_grace=ctx.kill_grace,
             stop_grace=ctx.stop_grace,
             on_start=self.on_start,
+            user=job.user,
         )
         result = result_of(outcome)
         code = exit_status(outcome.exit_code)
@@ -238,5 +242,5 @@ class JobRun(threading.Thread):
                 on_line=lambda line: out_log.info(
                     "[%s on-failure] %s", job.name, line.decode("utf-8", "replace").rstrip()),
                 deadline=time.monotonic() + 300, watch=None, stop=ctx.stop,
-                kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace,
+                kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace, user=job.user,
             )

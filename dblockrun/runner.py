@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import threading
@@ -73,6 +74,40 @@ class Outcome:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class RunAs:
+    """The user a job's ``user:`` key names, looked up when the command starts."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @classmethod
+    def lookup(cls, name: str) -> RunAs:
+        """Raises OSError (shown as "cannot start command") if it cannot be used."""
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            raise OSError(f"unknown user {name!r}") from None
+        if os.geteuid() != 0 and pw.pw_uid != os.geteuid():
+            raise OSError(f"cannot run as user {name!r}: the daemon is not root")
+        groups = tuple(os.getgrouplist(name, pw.pw_gid))
+        return cls(name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
+
+    def env(self, env: Mapping[str, str]) -> dict[str, str]:
+        return {**env, "HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+    def cwd(self, cwd: str | None) -> str | None:
+        """Like cron: in the user's home unless the job has a workdir."""
+        return cwd if cwd is not None or not os.path.isdir(self.home) else self.home
+
+    def spec(self) -> str:
+        """For the guard: ``uid:gid:g1,g2``."""
+        return f"{self.uid}:{self.gid}:{','.join(map(str, self.groups))}"
+
+
 def argv_for(command: Command, shell: str) -> list[str]:
     if isinstance(command, str):
         return [shell, "-c", command]
@@ -128,13 +163,23 @@ def run_process(
     kill_grace: float = 5.0,
     stop_grace: Callable[[], float | None] = lambda: None,
     on_start: Callable[[int], None] | None = None,
+    user: str | None = None,
 ) -> Outcome:
     """Run ``argv`` in a new process group until it ends or must be stopped.
 
     ``deadline`` is monotonic (lock-at-most). ``stop`` asks for a shutdown:
     the command then gets until ``stop_grace()`` (monotonic) before it is
-    stopped.
+    stopped. ``user``: run the command as that user (its groups, HOME, USER,
+    LOGNAME); the guard stays with the daemon's user, so the command cannot
+    kill its own watchdog.
     """
+    run_as: RunAs | None = None
+    if user is not None:
+        try:
+            run_as = RunAs.lookup(user)
+        except OSError as exc:
+            return Outcome(None, "error", b"", f"cannot start command: {exc}")
+        env, cwd = run_as.env(env), run_as.cwd(cwd)
     fence_margin = min(kill_grace, (watch.lease / 6) if watch else kill_grace) + 1.0
     term_grace = fence_margin - 1.0
     pipe: GuardPipe | None = None
@@ -144,8 +189,9 @@ def run_process(
         # clock: the backstop for a frozen or dead daemon.
         pipe = GuardPipe()
         full_argv = guard_argv(pipe.read_fd, watch.lease - fence_margin + 0.5, term_grace,
-                               full_argv)
+                               full_argv, run_as.spec() if run_as else None)
         watch.pipe = pipe
+    direct = run_as if pipe is None else None  # with the guard, the guard switches
     try:
         proc = subprocess.Popen(
             full_argv,
@@ -157,6 +203,9 @@ def run_process(
             start_new_session=True,
             preexec_fn=None if pipe else _die_with_parent,
             pass_fds=(pipe.read_fd,) if pipe else (),
+            user=direct.uid if direct else None,
+            group=direct.gid if direct else None,
+            extra_groups=list(direct.groups) if direct else None,
         )
     except OSError as exc:
         if pipe is not None:

@@ -8,15 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import ColumnElement
 
-# The database clock in epoch seconds, read per statement.
-_NOW = {
-    # clock_timestamp(), not now(): now() is frozen at transaction start.
-    "postgresql": "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)",
-    # NOW(6) is the statement's start; the session runs in UTC (see engine_options).
-    "mysql": "CAST(UNIX_TIMESTAMP(NOW(6)) AS DOUBLE)",
-    # 'now' is stable within one statement.
-    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
-}
+from dblockrun.store.sql import NOW as _NOW
 
 
 @dataclass(frozen=True)

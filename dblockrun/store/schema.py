@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-SCHEMA_VERSION = 2  # 2: items (fan-out jobs)
+from dblockrun.store.sql import SCHEMA_VERSION as SCHEMA_VERSION
 
 #: Stored output tail of a run, in bytes.
 OUTPUT_TAIL = 64 * 1024

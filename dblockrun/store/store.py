@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
-from dblockrun.errors import DatabaseError, SchemaTooNew
+from dblockrun.errors import DatabaseError, DatabaseRefused, SchemaTooNew
 from dblockrun.store import models as m
 from dblockrun.store.dialect import Dialect
 from dblockrun.store.items import ItemStore
@@ -31,9 +31,22 @@ FOREVER = 253402300799.0
 DEFAULT_PREFIX = "dblockrun_"
 
 
+#: MySQL/MariaDB errors that retrying cannot fix: access denied (to the server, a
+#: database, a table), unknown database.
+_MYSQL_REFUSED = {1044, 1045, 1049, 1142, 1698}
+#: The same from PostgreSQL, as its connection errors carry no SQLSTATE.
+_PG_REFUSED = ("password authentication failed", "no pg_hba.conf entry",
+               "permission denied", "does not exist", "no password supplied")
+
+
 def _db_error(exc: Exception) -> DatabaseError:
     orig = getattr(exc, "orig", None) or exc
     text = " ".join(str(orig).split())
+    code = orig.args[0] if getattr(orig, "args", None) else None
+    refused = (code in _MYSQL_REFUSED if isinstance(code, int)
+               else any(p in text for p in _PG_REFUSED) and "FATAL" in text)
+    if refused or getattr(orig, "sqlstate", None) == "42501":  # insufficient_privilege
+        return DatabaseRefused(f"database refused: {text[:500]}")
     return DatabaseError(f"database error: {text[:500]}")
 
 
@@ -63,6 +76,8 @@ class Store:
         self._schema_lock = threading.Lock()
         self._create = create
         self._items: ItemStore | None = None
+        #: Statements built once per shape (claim, renew, release, runs).
+        self._stmts: dict[tuple[Any, ...], Any] = {}
 
     # -- plumbing ---------------------------------------------------------
 
@@ -231,7 +246,7 @@ class Store:
         slot: float | None = None,
         rate: float | None = None,
         next_due: float | None = None,
-        slot_tolerance: float = 0.25,
+        slot_tolerance: float = 0.1,
     ) -> int | None:
         """Try to take the lock of ``name``: one conditional UPDATE.
 
@@ -240,31 +255,53 @@ class Store:
         and the last start is at least ``rate`` old. Returns the new fencing
         token, or None when another host has it (or the slot is taken).
         """
+        # Prebuilt per shape, values bound: no statement is built per call.
+        shape = (slot is not None, rate is not None, next_due is not None)
+        stmt = self._prebuilt(("claim", *shape), lambda: self._claim_stmt(*shape))
+        params: dict[str, Any] = {"b_name": name, "b_holder": holder, "b_lease": lease}
+        if slot is not None:
+            params["b_slot"] = slot
+            params["b_tol"] = slot_tolerance
+        if rate is not None:
+            params["b_rate"] = rate
+        if next_due is not None:
+            params["b_next"] = next_due
+        return self._take_prebuilt(stmt, params)
+
+    def _claim_stmt(self, has_slot: bool, has_rate: bool, has_next_due: bool) -> Any:
         locks = self.t.locks
         now = self.now
         conds: list[sa.ColumnElement[bool]] = [
-            locks.c.name == name,
+            locks.c.name == sa.bindparam("b_name"),
             sa.or_(locks.c.lock_until.is_(None), locks.c.lock_until <= now),
             sa.or_(locks.c.disabled_until.is_(None), locks.c.disabled_until <= now),
         ]
         values: dict[str, Any] = {
-            "holder": holder,
-            "lock_until": now + lease,
+            "holder": sa.bindparam("b_holder"),
+            "lock_until": now + sa.bindparam("b_lease", type_=sa.Double()),
             "locked_at": now,
             "last_start": now,
             "run_requested": None,
         }
-        if slot is not None:
+        if has_slot:
+            slot: sa.BindParameter[float] = sa.bindparam("b_slot", type_=sa.Double())
             conds.append(sa.or_(locks.c.last_slot.is_(None), locks.c.last_slot < slot))
-            conds.append(sa.literal(slot, sa.Double()) <= now + slot_tolerance)
+            conds.append(slot <= now + sa.bindparam("b_tol", type_=sa.Double()))
             values["last_slot"] = slot
-        if rate is not None:
+        rate: sa.BindParameter[float] = sa.bindparam("b_rate", type_=sa.Double())
+        if has_rate:
             conds.append(sa.or_(locks.c.last_start.is_(None), locks.c.last_start <= now - rate))
-        if next_due is not None:
-            values["next_due"] = next_due
-        elif rate is not None:
+        if has_next_due:
+            values["next_due"] = sa.bindparam("b_next", type_=sa.Double())
+        elif has_rate:
             values["next_due"] = now + rate
-        return self._take(conds, values)
+        return self._take_stmt(conds, values)
+
+    def _prebuilt(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
+        stmt = self._stmts.get(key)
+        if stmt is None:
+            stmt = self._stmts[key] = build()
+        return stmt
 
     def claim_requested(self, name: str, holder: str, lease: float) -> int | None:
         """Claim a job that an operator asked to run now (``dblockrun run``)."""
@@ -285,47 +322,87 @@ class Store:
         return self._take(conds, values)
 
     def _take(self, conds: Sequence[sa.ColumnElement[bool]], values: dict[str, Any]) -> int | None:
+        return self._take_prebuilt(self._take_stmt(conds, values), None)
+
+    def _take_stmt(self, conds: Sequence[sa.ColumnElement[bool]], values: dict[str, Any]) -> Any:
         locks = self.t.locks
         if self.dialect.update_returning:
             values["token"] = locks.c.token + 1
-            stmt = locks.update().where(*conds).values(**values).returning(locks.c.token)
-
-            def go(conn: Connection) -> int | None:
-                token = conn.execute(stmt).scalar()
-                return None if token is None else int(token)
-
-            return self._run(go)
+            return locks.update().where(*conds).values(**values).returning(locks.c.token)
         # MySQL/MariaDB: LAST_INSERT_ID(expr) hands the new token back in the
         # OK packet of the same statement, so a win is still one round trip.
         values["token"] = sa.func.last_insert_id(locks.c.token + 1)
-        stmt2 = locks.update().where(*conds).values(**values)
+        return locks.update().where(*conds).values(**values)
+
+    def _take_prebuilt(self, stmt: Any, params: dict[str, Any] | None) -> int | None:
+        if self.dialect.update_returning:
+
+            def go(conn: Connection) -> int | None:
+                token = conn.execute(stmt, params).scalar()
+                return None if token is None else int(token)
+
+            return self._run(go)
 
         def go_mysql(conn: Connection) -> int | None:
-            result = conn.execute(stmt2)
+            result = conn.execute(stmt, params)
             return int(result.lastrowid) if result.rowcount == 1 else None
 
         return self._run(go_mysql)
 
     def renew(self, name: str, holder: str, token: int, lease: float) -> bool:
         """Extend the lease; False when the token no longer matches (we lost it)."""
+        stmt = self._prebuilt(("renew",), lambda: self._mine(self.t.locks.update()).values(
+            lock_until=self.now + sa.bindparam("b_lease", type_=sa.Double())))
+        params = {"b_name": name, "b_holder": holder, "b_token": token, "b_lease": lease}
+        return self._run(lambda c: c.execute(stmt, params).rowcount == 1)
+
+    def _mine(self, stmt: Any) -> Any:
+        """WHERE the lock is still ours: name, holder and token."""
         locks = self.t.locks
-        stmt = (
-            locks.update()
-            .where(locks.c.name == name, locks.c.holder == holder, locks.c.token == token)
-            .values(lock_until=self.now + lease)
-        )
-        return self._run(lambda c: c.execute(stmt).rowcount == 1)
+        return stmt.where(locks.c.name == sa.bindparam("b_name"),
+                          locks.c.holder == sa.bindparam("b_holder"),
+                          locks.c.token == sa.bindparam("b_token"))
 
     def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool:
         """Free the lock, but not before ``locked_at + lock_at_least``."""
         locks = self.t.locks
-        until = self.dialect.greatest(self.now, locks.c.locked_at + lock_at_least)
+        stmt = self._prebuilt(("release",), lambda: self._mine(locks.update()).values(
+            lock_until=self.dialect.greatest(
+                self.now, locks.c.locked_at + sa.bindparam("b_least", type_=sa.Double()))))
+        params = {"b_name": name, "b_holder": holder, "b_token": token,
+                  "b_least": lock_at_least}
+        return self._run(lambda c: c.execute(stmt, params).rowcount == 1)
+
+    def force_unlock(self, name: str) -> int | None:
+        """Free the lock whoever holds it and bump the token (fencing the holder);
+        forget a last slot or start in the future, which would hold the job back;
+        a negative token restarts at 1.
+
+        The new token, or None if there is no such job.
+        """
+        locks = self.t.locks
+        now = self.now
+
+        def past(column: sa.Column[Any]) -> sa.ColumnElement[Any]:
+            return sa.case((column > now, None), else_=column)
+
         stmt = (
             locks.update()
-            .where(locks.c.name == name, locks.c.holder == holder, locks.c.token == token)
-            .values(lock_until=until)
+            .where(locks.c.name == name)
+            # A negative token (edited by hand; MySQL's LAST_INSERT_ID() claim cannot
+            # take one) restarts at 1: still above every token handed out before.
+            .values(holder=None, lock_until=None,
+                    token=sa.case((locks.c.token < 0, 0), else_=locks.c.token) + 1,
+                    last_slot=past(locks.c.last_slot), last_start=past(locks.c.last_start))
         )
-        return self._run(lambda c: c.execute(stmt).rowcount == 1)
+        read = sa.select(locks.c.token).where(locks.c.name == name)
+
+        def go(conn: Connection) -> int | None:
+            if conn.execute(stmt).rowcount != 1:
+                return None
+            return int(conn.execute(read).scalar_one())
+
+        return self._run(go)
 
     def skip_slot(self, name: str, slot: float) -> bool:
         """Advance the job's last slot without running it (missed or skipped).
@@ -367,22 +444,27 @@ class Store:
         item: str | None = None,
         result: str = m.RUNNING,
     ) -> int:
-        runs = self.t.runs
-        finished = None if result == m.RUNNING else self.now
-        stmt = runs.insert().values(
-            job=job,
-            item=item,
-            host=host,
-            slot=slot,
-            token=token,
-            attempt=attempt,
-            started=self.now,
-            finished=finished,
-            result=result,
-        )
+        running = result == m.RUNNING
+
+        def build() -> Any:
+            return self.t.runs.insert().values(
+                job=sa.bindparam("b_job"),
+                item=sa.bindparam("b_item"),
+                host=sa.bindparam("b_host"),
+                slot=sa.bindparam("b_slot", type_=sa.Double()),
+                token=sa.bindparam("b_token", type_=sa.BigInteger()),
+                attempt=sa.bindparam("b_attempt"),
+                started=self.now,
+                finished=None if running else self.now,
+                result=sa.bindparam("b_result"),
+            )
+
+        stmt = self._prebuilt(("start_run", running), build)
+        params = {"b_job": job, "b_item": item, "b_host": host, "b_slot": slot,
+                  "b_token": token, "b_attempt": attempt, "b_result": result}
 
         def go(conn: Connection) -> int:
-            res = conn.execute(stmt)
+            res = conn.execute(stmt, params)
             return int(res.inserted_primary_key[0])  # type: ignore[index]
 
         return self._run(go)
@@ -397,21 +479,29 @@ class Store:
         output: str | None,
     ) -> bool:
         """Record a run's end, only while the job's token is still ours."""
-        runs, locks = self.t.runs, self.t.locks
-        conds: list[sa.ColumnElement[bool]] = [runs.c.id == run_id]
-        if token is not None:
-            still_ours = (
-                sa.select(locks.c.name)
-                .where(locks.c.name == job, locks.c.token == token)
-                .exists()
-            )
-            conds.append(still_ours)
-        stmt = (
-            runs.update()
-            .where(*conds)
-            .values(finished=self.now, result=result, exit_code=exit_code, output=output)
-        )
-        return self._run(lambda c: c.execute(stmt).rowcount == 1)
+        checked = token is not None
+
+        def build() -> Any:
+            runs, locks = self.t.runs, self.t.locks
+            conds: list[sa.ColumnElement[bool]] = [runs.c.id == sa.bindparam("b_id")]
+            if checked:
+                still_ours = (
+                    sa.select(locks.c.name)
+                    .where(locks.c.name == sa.bindparam("b_job"),
+                           locks.c.token == sa.bindparam("b_token"))
+                    .exists()
+                )
+                conds.append(still_ours)
+            return runs.update().where(*conds).values(
+                finished=self.now, result=sa.bindparam("b_result"),
+                exit_code=sa.bindparam("b_code"), output=sa.bindparam("b_output"))
+
+        stmt = self._prebuilt(("finish_run", checked), build)
+        params: dict[str, Any] = {"b_id": run_id, "b_result": result, "b_code": exit_code,
+                                  "b_output": output}
+        if checked:
+            params.update(b_job=job, b_token=token)
+        return self._run(lambda c: c.execute(stmt, params).rowcount == 1)
 
     def sweep_lost(self) -> int:
         """Mark as lost the runs whose lease ran out or was taken over."""

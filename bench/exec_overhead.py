@@ -1,0 +1,105 @@
+"""Wall time of ``dblockrun exec --name x -- true`` against the floor, in one run.
+
+    python bench/exec_overhead.py [--runs 20] [--backends sqlite,postgresql,mariadb]
+
+The commands run round-robin (one of each, then again) so that a busy
+machine slows them alike. Rows: ``python -c pass`` (the interpreter alone),
+``flock -n FILE true`` (cron's usual lock), importing each driver (the floor
+of a Python exec on that database), then dblockrun exec on each backend: the
+lean path (the driver alone) and, for comparison, the SQLAlchemy path
+(``DBLOCKRUN_EXEC_LEAN=0``). The lock is free each time (exec releases it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import URLS, Table, bench_prefix, make_schema
+
+TARGET_MS = {"sqlite": 120.0, "postgresql": 200.0, "mariadb": 200.0}
+DRIVER = {"sqlite": "sqlite3", "postgresql": "psycopg", "mariadb": "pymysql"}
+
+
+def dblockrun_argv() -> list[str]:
+    script = Path(sys.executable).with_name("dblockrun")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "dblockrun"]
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, check=False)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}: "
+                         f"{proc.stderr.decode(errors='replace')[-2000:]}")
+    return took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--backends", default="sqlite,postgresql,mariadb")
+    args = ap.parse_args()
+    backends = [b for b in args.backends.split(",") if b]
+    prefix = bench_prefix()
+    tmp = tempfile.mkdtemp(prefix="dblockrun-bench-")
+    lockfile = os.path.join(tmp, "flock")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBLOCKRUN_")}
+    env["DBLOCKRUN_TABLE_PREFIX"] = prefix
+    cases: list[tuple[str, list[str], dict[str, str], str | None]] = [
+        ("python -c pass", [sys.executable, "-c", "pass"], env, None),
+    ]
+    flock = shutil.which("flock")
+    if flock:
+        cases.append(("flock -n FILE true", [flock, "-n", lockfile, "true"], env, None))
+    stores = []
+    for backend in backends:
+        url = URLS[backend](tmp)
+        stores.append(make_schema(url, prefix))
+        cases.append((f"python -c 'import {DRIVER[backend]}'",
+                      [sys.executable, "-c", f"import {DRIVER[backend]}"], env, None))
+        exec_argv = [*dblockrun_argv(), "--db", url, "exec", "--name", "x", "--", "true"]
+        cases.append((f"dblockrun exec, {backend}", exec_argv, env, backend))
+        cases.append((f"dblockrun exec, {backend}, SQLAlchemy path", exec_argv,
+                      {**env, "DBLOCKRUN_EXEC_LEAN": "0"}, None))
+    times: dict[str, list[float]] = {name: [] for name, *_ in cases}
+    try:
+        for _name, argv, e, _ in cases:  # warm the page cache and .pyc files
+            timed(argv, e)
+        for _ in range(args.runs):
+            for name, argv, e, _ in cases:
+                times[name].append(timed(argv, e))
+    finally:
+        for store in stores:
+            store.drop_schema()
+            store.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    floor = statistics.median(times["python -c pass"])
+    flock_ms = statistics.median(times["flock -n FILE true"]) if flock else None
+    table = Table(["command", "median ms", "p90 ms", "x python", "target ms", "met"])
+    for name, _, _, target_of in cases:
+        ts = sorted(times[name])
+        med = statistics.median(ts)
+        p90 = ts[min(len(ts) - 1, int(len(ts) * 0.9))]
+        target = TARGET_MS.get(target_of or "")
+        table.add([name, f"{med * 1000:.1f}", f"{p90 * 1000:.1f}", f"{med / floor:.1f}",
+                   f"{target:.0f}" if target else "",
+                   ("yes" if med * 1000 < target else "NO") if target else ""])
+    print(f"exec overhead: medians of {args.runs} runs each, round-robin"
+          + (f"; flock {flock_ms * 1000:.1f} ms" if flock_ms else ""))
+    table.print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Every benchmark in one command, one after the other.
+
+    python bench/run_all.py [--quick]
+
+Full: about 8 minutes on a 2-core machine; --quick: about 2 minutes, with
+fewer runs and shorter windows (noisier). Needs PostgreSQL on 127.0.0.1:5432
+(user postgres, database test) and MariaDB on 127.0.0.1:3306 (root, database
+test), as the test suite does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+FULL = [
+    ["exec_overhead.py", "--runs", "20"],
+    ["claims.py", "--seconds", "3", "--repeats", "3", "--procs", "1,4"],
+    ["idle.py", "--seconds", "60", "--jobs", "10,1000"],
+]
+QUICK = [
+    ["exec_overhead.py", "--runs", "7"],
+    ["claims.py", "--seconds", "1", "--repeats", "2", "--procs", "1,4"],
+    ["idle.py", "--seconds", "20", "--settle", "5", "--jobs", "10,1000"],
+]
+
+
+def machine() -> str:
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{platform.system()} {platform.release()}, {os.cpu_count()} cores ({cpu}), "
+            f"Python {platform.python_version()}, load {load:.2f} at start")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer runs, shorter windows")
+    args = ap.parse_args()
+    print(machine(), flush=True)
+    print(flush=True)
+    failed = []
+    for argv in QUICK if args.quick else FULL:
+        start = time.monotonic()
+        code = subprocess.call([sys.executable, os.path.join(HERE, argv[0]), *argv[1:]])
+        print(f"({argv[0]}: {time.monotonic() - start:.0f} s)", flush=True)
+        print(flush=True)
+        if code != 0:
+            failed.append(argv[0])
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

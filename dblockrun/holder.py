@@ -1,0 +1,12 @@
+"""Holder ids: who holds a lock (no heavy imports: ``exec`` uses it)."""
+
+from __future__ import annotations
+
+import os
+
+
+def new_holder_id() -> str:
+    """hostname:pid:random — unique per process, readable in ``status``."""
+    # os.uname().nodename is what socket.gethostname() returns, without
+    # importing socket (a few ms of exec's start).
+    return f"{os.uname().nodename}:{os.getpid()}:{os.urandom(3).hex()}"
