@@ -90,6 +90,7 @@ class Daemon:
         self._shutdown_deadline: float | None = None
         self._drift_seen: set[tuple[str, str]] = set()
         self._next_request_poll = 0.0
+        self._finished: set[str] = set()
         self._defs_for: JobsFile | None = None
         self._defs: tuple[dict[str, str], str] = ({}, "{}")
         self.ctx = RunContext(
@@ -158,6 +159,7 @@ class Daemon:
                     self._do_reload()
                 self._fire_due()
                 self._poll_requests()
+                self._replan_finished()
                 self._wake.wait(self._sleep_time())
                 self._wake.clear()
         finally:
@@ -411,7 +413,18 @@ class Daemon:
         with self._running_lock:
             if self._running.get(run.job.name) is run:
                 del self._running[run.job.name]
+            self._finished.add(run.job.name)
         self._wake.set()
+
+    def _replan_finished(self) -> None:
+        """A rate-only job is due again ``rate`` after its start: plan that
+        now that its run (and so its lease) is over."""
+        with self._running_lock:
+            names, self._finished = self._finished, set()
+        for name in names:
+            job = self.jobs.job(name)
+            if job is not None and job.enabled and job.cron is None and not job.fan_out:
+                self._plan_rate(job)
 
     # -- reload and shutdown --------------------------------------------------
 
