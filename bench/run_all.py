@@ -23,11 +23,13 @@ FULL = [
     ["exec_overhead.py", "--runs", "20"],
     ["claims.py", "--seconds", "3", "--repeats", "3", "--procs", "1,4"],
     ["idle.py", "--seconds", "60", "--jobs", "10,1000"],
+    ["fanout.py", "--items", "120"],
 ]
 QUICK = [
     ["exec_overhead.py", "--runs", "7"],
     ["claims.py", "--seconds", "1", "--repeats", "2", "--procs", "1,4"],
     ["idle.py", "--seconds", "20", "--settle", "5", "--jobs", "10,1000"],
+    ["fanout.py", "--items", "40"],
 ]
 
 
