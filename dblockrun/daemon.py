@@ -91,6 +91,7 @@ class Daemon:
         self._drift_seen: set[tuple[str, str]] = set()
         self._next_request_poll = 0.0
         self._finished: set[str] = set()
+        self._unslotted: dict[str, int] = {}
         self._defs_for: JobsFile | None = None
         self._defs: tuple[dict[str, str], str] = ({}, "{}")
         self.ctx = RunContext(
@@ -256,6 +257,10 @@ class Daemon:
 
     def _push(self, fire_at: float, name: str, slot: float | None) -> None:
         self._seq += 1
+        if slot is None:
+            # A job without slots (rate, fan-out by rate) has one pending
+            # attempt: the newest plan replaces any older one.
+            self._unslotted[name] = self._seq
         heapq.heappush(self._heap, _Due(fire_at, self._seq, name, slot, self._generation))
 
     def _plan_all(self) -> None:
@@ -266,17 +271,16 @@ class Daemon:
             if job.enabled:
                 self._plan(job, now)
 
-    def _plan(self, job: Job, after: float, *, not_before: float | None = None) -> None:
-        """Queue the job's next attempt strictly after database time ``after``."""
+    def _plan(self, job: Job, after: float) -> None:
+        """Queue the job's next attempt: its next slot strictly after database
+        time ``after``, or for a rate-only job an attempt at ``after``."""
         margin = self.clock.uncertainty + 0.001
         jitter = random.uniform(0, job.jitter) if job.jitter else 0.0
         if job.cron is not None:
             slot = next_slot(job.cron, job.timezone, _utc(after)).timestamp()
             self._push(slot + margin + jitter, job.name, slot)
         else:
-            assert job.rate is not None
-            fire = max(after, not_before or after)
-            self._push(fire + margin + jitter, job.name, None)
+            self._push(after + margin + jitter, job.name, None)
 
     def _publish_next_due(self) -> None:
         now = self.clock.now()
@@ -297,6 +301,8 @@ class Daemon:
             heapq.heappop(self._heap)
             if head.generation != self._generation:
                 continue
+            if head.slot is None and self._unslotted.get(head.name) != head.seq:
+                continue  # replaced by a newer plan
             job = self.jobs.job(head.name)
             if job is None or not job.enabled:
                 continue
