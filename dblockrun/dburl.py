@@ -15,7 +15,8 @@ from pathlib import Path
 
 from dblockrun.errors import UsageError
 
-_SCHEMES = {
+#: URL scheme -> SQLAlchemy driver (the part before ``+`` is the dialect).
+DRIVERS = {
     "postgresql": "postgresql+psycopg",
     "postgres": "postgresql+psycopg",
     "postgresql+psycopg": "postgresql+psycopg",
@@ -89,10 +90,10 @@ def driver_url(url: str) -> str:
     if not match:
         raise UsageError(f"database URL {redact(url)!r} is not a URL (e.g. postgresql://host/db)")
     scheme = match.group("scheme").lower()
-    if scheme not in _SCHEMES:
+    if scheme not in DRIVERS:
         known = "postgresql://, mysql://, mariadb://, sqlite:///path"
         raise UsageError(f"database URL scheme {scheme!r} is not supported (use {known})")
-    result = f"{_SCHEMES[scheme]}://{match.group('rest')}"
+    result = f"{DRIVERS[scheme]}://{match.group('rest')}"
     # SQLAlchemy parses the URL only when the engine is made; a bad port or
     # host would surface there as a bare ValueError and a traceback.
     from sqlalchemy.engine import make_url

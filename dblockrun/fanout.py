@@ -17,14 +17,21 @@ from collections.abc import Callable, Sequence
 
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import Job
-from dblockrun.runjob import RunContext, command_env, exit_status, result_of, retry_db
+from dblockrun.runjob import (
+    RunContext,
+    base_env,
+    command_env,
+    exit_status,
+    line_logger,
+    result_of,
+    retry_db,
+)
 from dblockrun.runner import LeaseWatch, RunAs, argv_for, run_process
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.items import ClaimedItem
 
 log = logging.getLogger("dblockrun")
-out_log = logging.getLogger("dblockrun.output")
 
 #: Longest wait for another host to finish refreshing the item list.
 SYNC_WAIT = 60.0
@@ -43,7 +50,7 @@ def list_items(job: Job, timeout: float) -> list[str]:
         return list(job.items)
     assert job.items_command is not None
     argv = argv_for(job.items_command, job.shell)
-    env, cwd = command_env_static(job), job.workdir
+    env, cwd = base_env(job), job.workdir
     try:
         run_as = RunAs.lookup(job.user) if job.user else None
         if run_as is not None:
@@ -67,15 +74,6 @@ def list_items(job: Job, timeout: float) -> list[str]:
     return list(seen)
 
 
-def command_env_static(job: Job) -> dict[str, str]:
-    import os
-
-    env = dict(os.environ)
-    env.update(dict(job.env))
-    env["DBLOCKRUN_JOB"] = job.name
-    return env
-
-
 class FanOut(threading.Thread):
     def __init__(self, ctx: RunContext, job: Job, slot: float | None,
                  on_done: Callable[[FanOut], None] | None = None,
@@ -88,7 +86,6 @@ class FanOut(threading.Thread):
         self.job = job
         self.slot = slot
         self.on_done = on_done
-        self.ran = 0
 
     def run(self) -> None:
         try:
@@ -181,13 +178,8 @@ class FanOut(threading.Thread):
                               slot=self.slot, item=batch[0].item if len(batch) == 1 else None)
             env["DBLOCKRUN_ITEMS"] = "\n".join(c.item for c in batch)
             label = batch[0].item if len(batch) == 1 else f"{batch[0].item} +{len(batch) - 1}"
-            prefix = f"[{job.name}:{label}] "
-
-            def on_line(line: bytes) -> None:
-                out_log.info("%s%s", prefix, line.decode("utf-8", "replace").rstrip("\r\n"),
-                             extra={"job": job.name, "run_id": run_ids[0],
-                                    "item": batch[0].item})
-
+            on_line = line_logger(f"[{job.name}:{label}] ", job=job.name, run_id=run_ids[0],
+                                  item=batch[0].item)
             started = time.monotonic()
             outcome = run_process(argv_for(job.command, job.shell), env=env, cwd=job.workdir,
                                   on_line=on_line, deadline=sent + job.lock_at_most, watch=watch,

@@ -55,12 +55,18 @@ def exit_status(code: int | None) -> int | None:
     return 128 - code if code < 0 else code
 
 
-def command_env(job: Job, *, holder: str, run_id: int, token: int, slot: float | None,
-                item: str | None = None) -> dict[str, str]:
+def base_env(job: Job) -> dict[str, str]:
+    """The daemon's environment, the job's ``env`` and ``DBLOCKRUN_JOB``."""
     env = dict(os.environ)
     env.update(dict(job.env))
+    env["DBLOCKRUN_JOB"] = job.name
+    return env
+
+
+def command_env(job: Job, *, holder: str, run_id: int, token: int, slot: float | None,
+                item: str | None = None) -> dict[str, str]:
+    env = base_env(job)
     env.update(
-        DBLOCKRUN_JOB=job.name,
         DBLOCKRUN_RUN_ID=str(run_id),
         DBLOCKRUN_FENCING_TOKEN=str(token),
         DBLOCKRUN_HOST_ID=holder,
@@ -72,6 +78,16 @@ def command_env(job: Job, *, holder: str, run_id: int, token: int, slot: float |
     if item is not None:
         env["DBLOCKRUN_ITEM"] = item
     return env
+
+
+def line_logger(prefix: str, **fields: object) -> Callable[[bytes], None]:
+    """Log each output line of a command, prefixed (``[job] ``), with ``fields``."""
+
+    def on_line(line: bytes) -> None:
+        out_log.info("%s%s", prefix, line.decode("utf-8", "replace").rstrip("\r\n"),
+                     extra=fields)
+
+    return on_line
 
 
 def retry_db(ctx: RunContext, what: str, fn: Callable[[], object], until: float) -> bool:
@@ -89,8 +105,8 @@ def retry_db(ctx: RunContext, what: str, fn: Callable[[], object], until: float)
 
 
 class JobRun(threading.Thread):
-    """Runs in its own thread; the thread lives as long as the command, so
-    the command's parent-death signal fires only if the daemon dies."""
+    """One claimed run, in its own thread for as long as the command runs
+    (retries included); the command's guard process watches the lease."""
 
     def __init__(
         self,
@@ -168,17 +184,11 @@ class JobRun(threading.Thread):
         log.info("job %s: run %d started (token %d, attempt %d)", job.name, run_id, self.token,
                  attempt, extra={**fields, "event": "start"})
         started = time.monotonic()
-        prefix = f"[{job.name}] "
-
-        def on_line(line: bytes) -> None:
-            out_log.info("%s%s", prefix, line.decode("utf-8", "replace").rstrip("\r\n"),
-                         extra={"job": job.name, "run_id": run_id})
-
         outcome = run_process(
             argv_for(job.command, job.shell),
             env=env,
             cwd=job.workdir,
-            on_line=self.line_sink or on_line,
+            on_line=self.line_sink or line_logger(f"[{job.name}] ", job=job.name, run_id=run_id),
             deadline=self.deadline,
             watch=self.watch,
             stop=ctx.stop,
@@ -239,8 +249,8 @@ class JobRun(threading.Thread):
             env["DBLOCKRUN_EXIT_CODE"] = str(exit_status(outcome.exit_code))
             run_process(
                 argv_for(job.on_failure.command, job.shell), env=env, cwd=job.workdir,
-                on_line=lambda line: out_log.info(
-                    "[%s on-failure] %s", job.name, line.decode("utf-8", "replace").rstrip()),
+                on_line=line_logger(f"[{job.name} on-failure] ", job=job.name,
+                                    run_id=self.last_run_id),
                 deadline=time.monotonic() + 300, watch=None, stop=ctx.stop,
                 kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace, user=job.user,
             )

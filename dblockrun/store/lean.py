@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote
 
+from dblockrun.dburl import DRIVERS
 from dblockrun.errors import DatabaseError
 from dblockrun.store import models as m
 from dblockrun.store.sql import NOW, SCHEMA_VERSION
@@ -31,17 +32,6 @@ if TYPE_CHECKING:
     from dblockrun.store.store import Store
 
 T = TypeVar("T")
-
-_SCHEMES = {
-    "postgresql": "postgresql",
-    "postgres": "postgresql",
-    "postgresql+psycopg": "postgresql",
-    "mysql": "mysql",
-    "mariadb": "mysql",
-    "mysql+pymysql": "mysql",
-    "mariadb+pymysql": "mysql",
-    "sqlite": "sqlite",
-}
 
 # SQLAlchemy's own URL pattern (sqlalchemy.engine.url._parse_url), so that
 # both paths read a URL the same way.
@@ -82,9 +72,10 @@ def _connector(url: str) -> tuple[str, Callable[[], Any]] | None:
     match = _URL.match(url)
     if match is None:
         return None
-    dialect = _SCHEMES.get(match.group("name").lower())
-    if dialect is None or match.group("query") is not None:
+    driver = DRIVERS.get(match.group("name").lower())
+    if driver is None or match.group("query") is not None:
         return None
+    dialect = driver.split("+")[0]
     user = match.group("username")
     password = match.group("password")
     host = match.group("ipv4host") or match.group("ipv6host")

@@ -4,6 +4,7 @@ database clock, so the three dialects compare them the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
@@ -26,6 +27,19 @@ class Tables:
     items: sa.Table
 
 
+def _lease_columns() -> list[sa.Column[Any]]:
+    """What makes a row lockable (a job's lock, a fan-out item): holder,
+    lease, fencing token and the last slot and start claimed."""
+    return [
+        sa.Column("holder", sa.String(255)),
+        sa.Column("lock_until", sa.Double()),
+        sa.Column("locked_at", sa.Double()),
+        sa.Column("token", sa.BigInteger(), nullable=False, default=0),
+        sa.Column("last_slot", sa.Double()),
+        sa.Column("last_start", sa.Double()),
+    ]
+
+
 def build_tables(prefix: str) -> Tables:
     md = sa.MetaData()
     meta = sa.Table(
@@ -38,12 +52,7 @@ def build_tables(prefix: str) -> Tables:
         f"{prefix}locks",
         md,
         sa.Column("name", sa.String(255), primary_key=True),
-        sa.Column("holder", sa.String(255)),
-        sa.Column("lock_until", sa.Double()),
-        sa.Column("locked_at", sa.Double()),
-        sa.Column("token", sa.BigInteger(), nullable=False, default=0),
-        sa.Column("last_slot", sa.Double()),
-        sa.Column("last_start", sa.Double()),
+        *_lease_columns(),
         sa.Column("next_due", sa.Double()),
         sa.Column("disabled_until", sa.Double()),
         sa.Column("disabled_reason", sa.String(1000)),
@@ -89,12 +98,7 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("item_key", sa.String(64), primary_key=True),
         sa.Column("item", sa.Text(), nullable=False),
         sa.Column("retired", sa.Boolean(), nullable=False, default=False),
-        sa.Column("holder", sa.String(255)),
-        sa.Column("lock_until", sa.Double()),
-        sa.Column("locked_at", sa.Double()),
-        sa.Column("token", sa.BigInteger(), nullable=False, default=0),
-        sa.Column("last_slot", sa.Double()),
-        sa.Column("last_start", sa.Double()),
+        *_lease_columns(),
         sa.Column("last_result", sa.String(16)),
     )
     return Tables(md, meta, locks, runs, hosts, items)
