@@ -25,6 +25,8 @@ import pytest
 from helpers import TestDb
 from psycopg import sql
 
+from dblockrun.store import Store
+
 ALL_BACKENDS = ("sqlite", "postgresql", "mariadb")
 SERVER_BACKENDS = ("postgresql", "mariadb")
 DEFAULT_BACKENDS = ",".join(ALL_BACKENDS)
@@ -236,3 +238,12 @@ def db(backend: str, tmp_path: Path, server_databases: ServerDatabases) -> TestD
 def sqlite_db(tmp_path: Path) -> TestDb:
     """A fresh SQLite database, for tests that need no server backend."""
     return TestDb("sqlite", sqlite_url(tmp_path / "dblockrun.db"), new_prefix())
+
+
+@pytest.fixture
+def store(db: TestDb) -> Iterator[Store]:
+    """A Store on the test's database and table prefix; like dblockrun itself
+    it creates the schema on first use."""
+    s = Store(db.url, db.prefix)
+    yield s
+    s.close()

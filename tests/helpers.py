@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, TypeVar
 
 T = TypeVar("T")
+
+#: The checkout: tests start dblockrun processes from here.
+REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -56,3 +61,12 @@ def wait_for(
 def dblockrun_cmd() -> list[str]:
     """The command line that starts dblockrun as a real process."""
     return [sys.executable, "-m", "dblockrun"]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the settings that would point a
+    dblockrun process at another database or table prefix, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DBLOCKRUN_DB", "DBLOCKRUN_DB_FILE", "DBLOCKRUN_TABLE_PREFIX")}
+    env.update(extra)
+    return env

@@ -4,7 +4,6 @@ run records."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -13,15 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import TestDb, dblockrun_cmd, wait_for
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
 import dblockrun
 from dblockrun import api
 from dblockrun.errors import DatabaseError, DblockrunError
 from dblockrun.store import Store
 from dblockrun.store import models as m
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -30,24 +27,10 @@ def _close_cached_stores() -> Iterator[None]:
     api.close_stores()  # the server databases are dropped at the end of the session
 
 
-@pytest.fixture
-def store(db: TestDb) -> Iterator[Store]:
-    s = Store(db.url, db.prefix)
-    yield s
-    s.close()
-
-
 def is_free(store: Store, name: str) -> bool:
     state = store.lock_state(name)
     assert state is not None
     return state.lock_until is None or state.lock_until <= store.db_now()
-
-
-def clean_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for key in ("DBLOCKRUN_DB", "DBLOCKRUN_TABLE_PREFIX"):
-        env.pop(key, None)
-    return env
 
 
 def run_exec(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,6 @@ user would notice: run records, exit statuses and log lines.
 from __future__ import annotations
 
 import math
-import os
 import signal
 import subprocess
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from helpers import TestDb, dblockrun_cmd, wait_for
+from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -29,13 +28,6 @@ pytestmark = pytest.mark.slow
 T = TypeVar("T")
 
 EVERY_SECOND = '"* * * * * *"'
-
-
-def clean_env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for key in ("DBLOCKRUN_DB", "DBLOCKRUN_TABLE_PREFIX"):
-        env.pop(key, None)
-    return env
 
 
 class DaemonProc:
@@ -49,7 +41,7 @@ class DaemonProc:
                str(self.jobs), "--heartbeat", "1s", "--lease", "3s", "--grace", grace]
         with self.log.open("wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
-                                         env=clean_env(), cwd=workdir)
+                                         env=clean_env(PYTHONUNBUFFERED="1"), cwd=workdir)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -86,13 +78,6 @@ class DaemonProc:
 
 
 StartDaemon = Callable[..., DaemonProc]
-
-
-@pytest.fixture
-def store(db: TestDb) -> Iterator[Store]:
-    s = Store(db.url, db.prefix)
-    yield s
-    s.close()
 
 
 def _starter(db: TestDb, tmp_path: Path) -> Iterator[StartDaemon]:

@@ -3,40 +3,23 @@ signals, lock-at-most and lock-at-least."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 import pytest
-from helpers import TestDb, dblockrun_cmd, wait_for
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def store(db: TestDb) -> Iterator[Store]:
-    s = Store(db.url, db.prefix)
-    yield s
-    s.close()
-
 
 def exec_args(db: TestDb, *args: str) -> list[str]:
     return [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "exec", *args]
-
-
-def clean_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for key in ("DBLOCKRUN_DB", "DBLOCKRUN_TABLE_PREFIX"):
-        env.pop(key, None)
-    return env
 
 
 def run_exec(db: TestDb, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -23,11 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def store(db: TestDb) -> Iterator[Store]:
-    s = Store(db.url, db.prefix)
-    s.ensure_schema()
-    yield s
-    s.close()
+def store(store: Store) -> Store:
+    """conftest's store, with the schema created before the test."""
+    store.ensure_schema()
+    return store
 
 
 @pytest.fixture

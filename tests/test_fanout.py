@@ -6,7 +6,6 @@ import collections
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,10 @@ from dblockrun.store.items import ClaimedItem
 
 
 @pytest.fixture
-def store(db: TestDb) -> Iterator[Store]:
-    s = Store(db.url, db.prefix)
-    s.ensure_schema()
-    yield s
-    s.drop_schema()
-    s.close()
+def store(store: Store) -> Store:
+    """conftest's store, with the schema created before the test."""
+    store.ensure_schema()
+    return store
 
 
 def test_sync_adds_retires_and_brings_back(store: Store) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from conftest import MY_HOST, MY_PORT, PG_HOST, PG_PORT, my_admin, pg_admin
-from helpers import TestDb, dblockrun_cmd, wait_for
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,15 +30,7 @@ from dblockrun.dburl import resolve_url
 from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
 
-REPO = Path(__file__).resolve().parent.parent
 SECRET = "s3cr3t-Pw"
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DBLOCKRUN_DB", "DBLOCKRUN_DB_FILE", "DBLOCKRUN_TABLE_PREFIX")}
-    env.update(extra)
-    return env
 
 
 def cli(*args: str, env: dict[str, str] | None = None,

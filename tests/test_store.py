@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -15,12 +14,10 @@ from dblockrun.store import models as m
 
 
 @pytest.fixture
-def store(db: TestDb) -> Iterator[Store]:
-    s = Store(db.url, db.prefix)
-    s.ensure_schema()
-    yield s
-    s.drop_schema()
-    s.close()
+def store(store: Store) -> Store:
+    """conftest's store, with the schema created before the test."""
+    store.ensure_schema()
+    return store
 
 
 def test_clock_is_the_databases(store: Store) -> None:
