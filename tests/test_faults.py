@@ -173,6 +173,10 @@ def test_kill_9_fails_over_within_a_lease(fleet: Fleet) -> None:
 def test_frozen_daemon_is_fenced_and_its_late_result_refused(fleet: Fleet) -> None:
     fleet.start(2)
     holder, token = wait_for(fleet.running, 30, what="a running job")
+    # The run is recorded just before its command starts: freeze the daemon
+    # only once the command runs, or there is no command to fence.
+    wait_for(lambda: any(s.token == token for s in fleet.starts()), 10,
+             what="the command to start")
     victim = fleet.proc_of(holder)
     victim.send_signal(signal.SIGSTOP)
     stopped_at = time.time()
