@@ -7,8 +7,9 @@ UPDATE sent from a bare driver loop, in the same run.
 Each process claims and releases its own job in a loop (claim + release, no
 command) for ``--seconds``; the rate is the sum over processes. Store and
 bare loop alternate, ``--repeats`` times, and the table shows medians. Then
-statements per won and per lost claim are counted (Store.statements), and
-per won run with its record (claim, start_run, finish_run, release).
+round trips per won and per lost claim are counted (Store.statements), and
+per won run as the daemon sends it (claim with its run record, result with
+the release: target 2).
 """
 
 from __future__ import annotations
@@ -134,11 +135,11 @@ def count_statements(store: Store) -> tuple[int, int, int]:
     lost = store.statements - before
     store.release("count", "me", token)
     before = store.statements
-    token = store.claim("count", "me", 30)
-    assert token is not None
-    run_id = store.start_run("count", "me", token=token)
-    store.finish_run(run_id, "count", token, m.OK, 0, "")
-    store.release("count", "me", token)
+    # What the daemon sends for a won run: the claim with its run record,
+    # then the result with the release.
+    claimed = store.claim_and_record("count", "me", 30)
+    assert claimed is not None and claimed.run_id is not None
+    store.finish_and_release(claimed.run_id, "count", "me", claimed.token, m.OK, 0, "")
     run = store.statements - before
     return won, lost, run
 
@@ -152,7 +153,7 @@ def main() -> None:
     args = ap.parse_args()
     procs = [int(p) for p in args.procs.split(",")]
     table = Table(["backend", "procs", "store/s", "bare/s", "ratio", "target", "met",
-                   "stmts/win", "stmts/loss", "stmts/run"])
+                   "trips/claim+release", "trips/loss", "trips/won run"])
     for backend in args.backends.split(","):
         prefix = bench_prefix()
         url = URLS[backend](tempfile.gettempdir())

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from dblockrun.store import models as m
@@ -38,3 +38,12 @@ class RunStore(Protocol):
     def lock_state(self, name: str) -> m.LockState | None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class FinishAndRelease(Protocol):
+    """A store that records a run's result and releases its lock in one round trip."""
+
+    def finish_and_release(self, run_id: int, job: str, holder: str, token: int, result: str,
+                           exit_code: int | None, output: str | None,
+                           lock_at_least: float = 0.0) -> tuple[bool, bool]: ...

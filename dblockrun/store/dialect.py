@@ -8,6 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import ColumnElement
 
+from dblockrun.store.hot import MYSQL_CLIENT_FLAG
 from dblockrun.store.sql import NOW as _NOW
 
 
@@ -44,6 +45,7 @@ class Dialect:
                     "write_timeout": 15,
                     "init_command": "SET time_zone = '+00:00'",
                     "charset": "utf8mb4",
+                    "client_flag": MYSQL_CLIENT_FLAG,
                 },
                 "pool_recycle": 3600,
             }

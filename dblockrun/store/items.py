@@ -52,6 +52,9 @@ class ItemStore:
         """One short transaction on a connection of the autocommit engine."""
         begin = "BEGIN IMMEDIATE" if self.s.dialect.name == "sqlite" else "BEGIN"
         with self.s._conn() as conn:
+            if self.s.dialect.name == "mysql":
+                # Rows read but not taken are not left locked against other hosts.
+                conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             conn.exec_driver_sql(begin)
             try:
                 yield conn
@@ -111,9 +114,11 @@ class ItemStore:
             sa.select(t.c.item_key)
             .where(*conds)
             .order_by(t.c.last_start.is_not(None), t.c.last_start, t.c.item_key)
-            .limit(limit)
+            # MySQL: candidates enough for the other hosts' picks too.
+            .limit(limit * 4 + 16 if self.s.dialect.name == "mysql" else limit)
         )
-        if self.s.dialect.name != "sqlite":
+        mysql = self.s.dialect.name == "mysql"
+        if self.s.dialect.name == "postgresql":
             pick = pick.with_for_update(skip_locked=True)
         values: dict[str, Any] = {
             "holder": holder,
@@ -127,6 +132,16 @@ class ItemStore:
             values["last_slot"] = slot
         with self._tx() as conn:
             keys = [r[0] for r in conn.execute(pick)]
+            if mysql and keys:
+                # InnoDB locks every row a sorted locking read looks at, so
+                # one host's pick would hide all items from the others: read
+                # the candidates unlocked, then lock only those by key.
+                locked = {r[0] for r in conn.execute(
+                    sa.select(t.c.item_key)
+                    .where(*conds, t.c.item_key.in_(keys))
+                    .limit(limit)
+                    .with_for_update(skip_locked=True))}
+                keys = [k for k in keys if k in locked]
             if not keys:
                 return []
             conn.execute(t.update().where(t.c.job == job, t.c.item_key.in_(keys))

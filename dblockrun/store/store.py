@@ -20,6 +20,7 @@ from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
 from dblockrun.errors import DatabaseError, DatabaseRefused, SchemaTooNew
 from dblockrun.store import models as m
 from dblockrun.store.dialect import Dialect
+from dblockrun.store.hot import Claimed, ClaimShape, HotPath, is_deadlock
 from dblockrun.store.items import ItemStore
 from dblockrun.store.schema import SCHEMA_VERSION, Tables, build_tables
 
@@ -72,6 +73,7 @@ class Store:
         self.statements = 0
         self._count_lock = threading.Lock()
         sa.event.listen(self.engine, "before_cursor_execute", self._count)
+        self.hot = HotPath(self.engine, self.dialect.name, prefix, self._count, _db_error)
         self._schema_checked = False
         self._schema_lock = threading.Lock()
         self._create = create
@@ -97,13 +99,17 @@ class Store:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _conn(self) -> Iterator[Connection]:
+    def _check_schema(self) -> None:
+        """Once per store: create the schema, or check its version."""
         if not self._schema_checked:
             with self._schema_lock:
                 if not self._schema_checked:
                     self.ensure_schema(create=self._create)
                     self._schema_checked = True
+
+    @contextmanager
+    def _conn(self) -> Iterator[Connection]:
+        self._check_schema()
         try:
             with self.engine.connect() as conn:
                 yield conn
@@ -113,15 +119,20 @@ class Store:
     def _run(self, fn: Callable[[Connection], T]) -> T:
         # No ping before each statement (it would double the round trips): a
         # pooled connection that turns out dead is dropped and retried once.
-        try:
-            with self._conn() as conn:
-                return fn(conn)
-        except DatabaseError as exc:
-            cause = exc.__cause__
-            if not (isinstance(cause, sa.exc.DBAPIError) and cause.connection_invalidated):
-                raise
-        with self._conn() as conn:
-            return fn(conn)
+        # Statements here are single autocommit statements: one that InnoDB
+        # rolled back to break a deadlock is sent again (up to 3 times).
+        for attempt in (1, 2, 3):
+            try:
+                with self._conn() as conn:
+                    return fn(conn)
+            except DatabaseError as exc:
+                cause = exc.__cause__
+                if not isinstance(cause, sa.exc.DBAPIError) or attempt == 3:
+                    raise
+                if not (cause.connection_invalidated and attempt == 1
+                        or is_deadlock(cause.orig)):
+                    raise
+        raise AssertionError("unreachable")
 
     @property
     def now(self) -> sa.ColumnElement[float]:
@@ -255,47 +266,54 @@ class Store:
         and the last start is at least ``rate`` old. Returns the new fencing
         token, or None when another host has it (or the slot is taken).
         """
-        # Prebuilt per shape, values bound: no statement is built per call.
-        shape = (slot is not None, rate is not None, next_due is not None)
-        stmt = self._prebuilt(("claim", *shape), lambda: self._claim_stmt(*shape))
-        params: dict[str, Any] = {"b_name": name, "b_holder": holder, "b_lease": lease}
-        if slot is not None:
-            params["b_slot"] = slot
-            params["b_tol"] = slot_tolerance
-        if rate is not None:
-            params["b_rate"] = rate
-        if next_due is not None:
-            params["b_next"] = next_due
-        return self._take_prebuilt(stmt, params)
+        won = self._claim(name, holder, lease, slot, rate, next_due, slot_tolerance, False)
+        return None if won is None else won.token
 
-    def _claim_stmt(self, has_slot: bool, has_rate: bool, has_next_due: bool) -> Any:
-        locks = self.t.locks
-        now = self.now
-        conds: list[sa.ColumnElement[bool]] = [
-            locks.c.name == sa.bindparam("b_name"),
-            sa.or_(locks.c.lock_until.is_(None), locks.c.lock_until <= now),
-            sa.or_(locks.c.disabled_until.is_(None), locks.c.disabled_until <= now),
-        ]
-        values: dict[str, Any] = {
-            "holder": sa.bindparam("b_holder"),
-            "lock_until": now + sa.bindparam("b_lease", type_=sa.Double()),
-            "locked_at": now,
-            "last_start": now,
-            "run_requested": None,
-        }
-        if has_slot:
-            slot: sa.BindParameter[float] = sa.bindparam("b_slot", type_=sa.Double())
-            conds.append(sa.or_(locks.c.last_slot.is_(None), locks.c.last_slot < slot))
-            conds.append(slot <= now + sa.bindparam("b_tol", type_=sa.Double()))
-            values["last_slot"] = slot
-        rate: sa.BindParameter[float] = sa.bindparam("b_rate", type_=sa.Double())
-        if has_rate:
-            conds.append(sa.or_(locks.c.last_start.is_(None), locks.c.last_start <= now - rate))
-        if has_next_due:
-            values["next_due"] = sa.bindparam("b_next", type_=sa.Double())
-        elif has_rate:
-            values["next_due"] = now + rate
-        return self._take_stmt(conds, values)
+    def claim_and_record(
+        self,
+        name: str,
+        holder: str,
+        lease: float,
+        *,
+        slot: float | None = None,
+        rate: float | None = None,
+        next_due: float | None = None,
+        slot_tolerance: float = 0.1,
+    ) -> Claimed | None:
+        """:meth:`claim`, and when won the run record of its first attempt
+        (``running``), in the same round trip."""
+        return self._claim(name, holder, lease, slot, rate, next_due, slot_tolerance, True)
+
+    def _claim(self, name: str, holder: str, lease: float, slot: float | None,
+               rate: float | None, next_due: float | None, tol: float,
+               record: bool) -> Claimed | None:
+        shape = ClaimShape(slot=slot is not None, rate=rate is not None,
+                           next_due=next_due is not None, record=record)
+        params: dict[str, Any] = {"name": name, "holder": holder, "lease": lease}
+        if slot is not None:
+            params.update(slot=slot, tol=tol)
+        if rate is not None:
+            params["rate"] = rate
+        if next_due is not None:
+            params["next"] = next_due
+        if record:
+            params["run_slot"] = slot
+        return self._hot().claim(shape, params)
+
+    def claim_batch(self, names: Sequence[str], holder: str, lease: float, *, slot: float,
+                    next_due: float, limit: int, slot_tolerance: float = 0.1) -> list[Claimed]:
+        """Claim up to ``limit`` of ``names`` (all due at ``slot``, next due at
+        ``next_due``) and record their runs, in one statement where the database
+        allows; rows another host is claiming at the same moment are skipped."""
+        won: list[Claimed] = []
+        for chunk in _chunks(names, 500):  # SQLite's bound-parameter limit
+            won += self._hot().claim_batch(chunk, holder, lease, slot, next_due,
+                                           slot_tolerance, limit - len(won))
+        return won
+
+    def _hot(self) -> HotPath:
+        self._check_schema()
+        return self.hot
 
     def _prebuilt(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
         stmt = self._stmts.get(key)
@@ -351,27 +369,11 @@ class Store:
 
     def renew(self, name: str, holder: str, token: int, lease: float) -> bool:
         """Extend the lease; False when the token no longer matches (we lost it)."""
-        stmt = self._prebuilt(("renew",), lambda: self._mine(self.t.locks.update()).values(
-            lock_until=self.now + sa.bindparam("b_lease", type_=sa.Double())))
-        params = {"b_name": name, "b_holder": holder, "b_token": token, "b_lease": lease}
-        return self._run(lambda c: c.execute(stmt, params).rowcount == 1)
-
-    def _mine(self, stmt: Any) -> Any:
-        """WHERE the lock is still ours: name, holder and token."""
-        locks = self.t.locks
-        return stmt.where(locks.c.name == sa.bindparam("b_name"),
-                          locks.c.holder == sa.bindparam("b_holder"),
-                          locks.c.token == sa.bindparam("b_token"))
+        return self._hot().renew(name, holder, token, lease)
 
     def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool:
         """Free the lock, but not before ``locked_at + lock_at_least``."""
-        locks = self.t.locks
-        stmt = self._prebuilt(("release",), lambda: self._mine(locks.update()).values(
-            lock_until=self.dialect.greatest(
-                self.now, locks.c.locked_at + sa.bindparam("b_least", type_=sa.Double()))))
-        params = {"b_name": name, "b_holder": holder, "b_token": token,
-                  "b_least": lock_at_least}
-        return self._run(lambda c: c.execute(stmt, params).rowcount == 1)
+        return self._hot().release(name, holder, token, lock_at_least)
 
     def force_unlock(self, name: str) -> int | None:
         """Free the lock whoever holds it and bump the token (fencing the holder);
@@ -479,29 +481,15 @@ class Store:
         output: str | None,
     ) -> bool:
         """Record a run's end, only while the job's token is still ours."""
-        checked = token is not None
+        return self._hot().finish_run(run_id, job, token, result, exit_code, output)
 
-        def build() -> Any:
-            runs, locks = self.t.runs, self.t.locks
-            conds: list[sa.ColumnElement[bool]] = [runs.c.id == sa.bindparam("b_id")]
-            if checked:
-                still_ours = (
-                    sa.select(locks.c.name)
-                    .where(locks.c.name == sa.bindparam("b_job"),
-                           locks.c.token == sa.bindparam("b_token"))
-                    .exists()
-                )
-                conds.append(still_ours)
-            return runs.update().where(*conds).values(
-                finished=self.now, result=sa.bindparam("b_result"),
-                exit_code=sa.bindparam("b_code"), output=sa.bindparam("b_output"))
-
-        stmt = self._prebuilt(("finish_run", checked), build)
-        params: dict[str, Any] = {"b_id": run_id, "b_result": result, "b_code": exit_code,
-                                  "b_output": output}
-        if checked:
-            params.update(b_job=job, b_token=token)
-        return self._run(lambda c: c.execute(stmt, params).rowcount == 1)
+    def finish_and_release(self, run_id: int, job: str, holder: str, token: int, result: str,
+                           exit_code: int | None, output: str | None,
+                           lock_at_least: float = 0.0) -> tuple[bool, bool]:
+        """:meth:`finish_run` and :meth:`release` in one round trip:
+        (result written, released)."""
+        return self._hot().finish_and_release(run_id, job, holder, token, result, exit_code,
+                                              output, lock_at_least)
 
     def sweep_lost(self) -> int:
         """Mark as lost the runs whose lease ran out or was taken over."""

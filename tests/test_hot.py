@@ -1,0 +1,192 @@
+"""The hot path's combined statements on every backend: a claim with its run
+record, a result with the release, and many jobs of one slot in one batch."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from helpers import TestDb
+from proxy import Proxy
+
+from dblockrun.errors import DatabaseError
+from dblockrun.store import Store
+from dblockrun.store import models as m
+
+
+@pytest.fixture
+def store(store: Store) -> Store:
+    store.ensure_schema()
+    return store
+
+
+def test_claim_and_record_wins_once_with_its_run(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    slot = store.db_now() - 1
+    won = store.claim_and_record("job", "h1", 30, slot=slot, next_due=slot + 60)
+    assert won is not None
+    assert won.token == 1
+    assert won.run_id is not None
+    run = store.run(won.run_id)
+    assert run is not None
+    assert (run.job, run.host, run.token, run.slot, run.result) == ("job", "h1", 1, slot,
+                                                                    m.RUNNING)
+    # The slot is taken and the lock held: a loser records nothing.
+    assert store.claim_and_record("job", "h2", 30, slot=slot) is None
+    assert [r.id for r in store.history("job")] == [won.run_id]
+    lock = store.lock_state("job")
+    assert lock is not None and lock.holder == "h1" and lock.next_due == slot + 60
+
+
+def test_claim_and_record_of_a_rate_job(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    won = store.claim_and_record("job", "h1", 30, rate=60)
+    assert won is not None and won.run_id is not None
+    run = store.run(won.run_id)
+    assert run is not None and run.slot is None
+    assert store.release("job", "h1", won.token)
+    # Released, but started less than a rate ago.
+    assert store.claim_and_record("job", "h2", 30, rate=60) is None
+
+
+def test_one_round_trip_each_way_on_servers(store: Store, backend: str) -> None:
+    store.ensure_jobs(["job"])
+    warm = store.claim("job", "warm", 30)  # schema check and connection out of the way
+    assert warm is not None and store.release("job", "warm", warm)
+    slot = store.db_now()
+    before = store.statements
+    won = store.claim_and_record("job", "h1", 30, slot=slot)
+    assert won is not None and won.run_id is not None
+    store.finish_and_release(won.run_id, "job", "h1", won.token, m.OK, 0, "out")
+    trips = store.statements - before
+    assert trips == (4 if backend == "sqlite" else 2)
+    slot = store.db_now() - 5
+    before = store.statements
+    assert store.claim_and_record("job", "h2", 30, slot=slot) is None
+    assert store.statements - before == 1
+
+
+def test_finish_and_release_records_and_frees(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    won = store.claim_and_record("job", "h1", 30, slot=store.db_now())
+    assert won is not None and won.run_id is not None
+    assert store.finish_and_release(won.run_id, "job", "h1", won.token, m.FAILED, 3,
+                                    "it's \u00e9\n") == (True, True)
+    run = store.run(won.run_id)
+    assert run is not None
+    assert (run.result, run.exit_code, run.output) == (m.FAILED, 3, "it's \u00e9\n")
+    assert run.finished is not None
+    lock = store.lock_state("job")
+    assert lock is not None and lock.lock_until is not None
+    assert lock.lock_until <= store.db_now()
+    assert store.claim("job", "h2", 30) is not None
+
+
+def test_finish_and_release_keeps_lock_at_least(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    won = store.claim_and_record("job", "h1", 30)
+    assert won is not None and won.run_id is not None
+    store.finish_and_release(won.run_id, "job", "h1", won.token, m.OK, 0, "", 60)
+    assert store.claim("job", "h2", 30) is None
+
+
+def test_finish_and_release_by_a_fenced_holder_changes_nothing(store: Store) -> None:
+    store.ensure_jobs(["job"])
+    won = store.claim_and_record("job", "h1", 30)
+    assert won is not None and won.run_id is not None
+    new_token = store.force_unlock("job")
+    taken = store.claim("job", "h2", 30)
+    assert taken is not None and new_token is not None
+    assert store.finish_and_release(won.run_id, "job", "h1", won.token, m.OK, 0,
+                                    "late") == (False, False)
+    run = store.run(won.run_id)
+    assert run is not None and run.result == m.RUNNING
+    lock = store.lock_state("job")
+    assert lock is not None and lock.holder == "h2" and lock.token == taken
+    assert lock.lock_until is not None and lock.lock_until > store.db_now() + 20
+
+
+def test_batch_claims_each_job_once_with_runs(store: Store) -> None:
+    names = [f"job-{i:03d}" for i in range(120)]
+    store.ensure_jobs(names)
+    slot = store.db_now() - 2
+    first = store.claim_batch(names, "h1", 30, slot=slot, next_due=slot + 60, limit=50)
+    assert len(first) == 50
+    rest = store.claim_batch(names, "h2", 30, slot=slot, next_due=slot + 60, limit=1000)
+    assert len(rest) == 70
+    assert sorted(c.name for c in first + rest) == names
+    for c in first[:3] + rest[:3]:
+        assert c.run_id is not None
+        run = store.run(c.run_id)
+        assert run is not None
+        assert (run.job, run.token, run.slot, run.result) == (c.name, c.token, slot, m.RUNNING)
+    assert store.claim_batch(names, "h3", 30, slot=slot, next_due=slot + 60, limit=1000) == []
+    # Released, the same slot is still not run again; the next one is.
+    for c in first:
+        store.release(c.name, "h1", c.token)
+    assert store.claim_batch(names, "h3", 30, slot=slot, next_due=slot + 60, limit=1000) == []
+    again = store.claim_batch(names, "h3", 30, slot=slot + 1, next_due=slot + 60, limit=1000)
+    assert sorted(c.name for c in again) == names[:50]
+
+
+def test_batch_skips_disabled_and_future_slots(store: Store) -> None:
+    store.ensure_jobs(["a", "b"])
+    store.disable("b", for_seconds=60)
+    now = store.db_now()
+    assert store.claim_batch(["a", "b"], "h1", 30, slot=now + 5, next_due=now + 60,
+                             limit=10) == []
+    won = store.claim_batch(["a", "b"], "h1", 30, slot=now - 1, next_due=now + 60, limit=10)
+    assert [c.name for c in won] == ["a"]
+
+
+def test_concurrent_batches_split_without_duplicates(store: Store) -> None:
+    names = [f"j{i}" for i in range(200)]
+    store.ensure_jobs(names)
+    slot = store.db_now() - 0.2
+    results: dict[str, list[str]] = {}
+    errors: list[BaseException] = []
+    go = threading.Barrier(4)
+
+    def host(h: str) -> None:
+        try:
+            go.wait()
+            won = store.claim_batch(names, h, 30, slot=slot, next_due=slot + 60, limit=60)
+            won += store.claim_batch(names, h, 30, slot=slot, next_due=slot + 60, limit=200)
+            results[h] = [c.name for c in won]
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=host, args=(f"h{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    claimed = [n for got in results.values() for n in got]
+    assert sorted(claimed) == sorted(names)
+    runs = store.history(limit=1000)
+    assert len(runs) == 200
+
+
+def test_lost_connection_is_a_database_error_then_recovers(db: TestDb) -> None:
+    """Through a proxy that drops every connection: the hot statements raise
+    the project's DatabaseError (never the driver's), and work again after."""
+    if db.backend == "sqlite":
+        pytest.skip("SQLite has no connection to lose (it is a local file)")
+    proxy = Proxy(5432 if db.backend == "postgresql" else 3306)
+    store = Store(proxy.url_for(db.url), db.prefix)
+    try:
+        store.ensure_jobs(["job"])
+        won = store.claim_and_record("job", "h1", 30)
+        assert won is not None
+        proxy.cut()
+        with pytest.raises(DatabaseError):
+            store.renew("job", "h1", won.token, 30)
+        with pytest.raises(DatabaseError):
+            store.renew("job", "h1", won.token, 30)  # no connection can be made
+        proxy.restore()
+        assert store.renew("job", "h1", won.token, 30)
+    finally:
+        proxy.restore()
+        store.close()
+        proxy.close()
