@@ -7,40 +7,23 @@ enough that it might expire, when its lease was taken over, or on shutdown.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import pwd
+import select
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dblockrun.guard import GuardPipe, guard_argv
+from dblockrun.guard import GuardPipe, spawn
 from dblockrun.jobs import Command
 
 log = logging.getLogger("dblockrun")
 
 OUTPUT_TAIL = 64 * 1024
 _MAX_LINE = 64 * 1024
-
-# Resolved before any fork: the child calls only this C function.
-_prctl: Callable[..., int] | None
-try:
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _prctl = None
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # The command gets SIGKILL if the thread that started it dies (daemon
-    # killed with -9), so a dead host's command does not keep running.
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
 
 @dataclass
 class LeaseWatch:
@@ -103,9 +86,8 @@ class RunAs:
         """Like cron: in the user's home unless the job has a workdir."""
         return cwd if cwd is not None or not os.path.isdir(self.home) else self.home
 
-    def spec(self) -> str:
-        """For the guard: ``uid:gid:g1,g2``."""
-        return f"{self.uid}:{self.gid}:{','.join(map(str, self.groups))}"
+    def ids(self) -> tuple[int, int, tuple[int, ...]]:
+        return self.uid, self.gid, self.groups
 
 
 def argv_for(command: Command, shell: str) -> list[str]:
@@ -151,6 +133,34 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
+class _Child:
+    """A started child process whose end is seen at once, through a pidfd."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pidfd = os.pidfd_open(pid)
+        self._poll = select.poll()  # not select(): a busy daemon has fds above 1024
+        self._poll.register(self._pidfd, select.POLLIN)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: for ever); whether it has ended."""
+        if self.returncode is None:
+            if timeout is not None and not self._poll.poll(max(0.0, timeout) * 1000):
+                return False
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+            os.close(self._pidfd)
+        return True
+
+    def stop(self, pgid: int, grace: float) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace`` or once this child ended."""
+        _signal_group(pgid, signal.SIGTERM)
+        self.wait(grace)
+        _signal_group(pgid, signal.SIGKILL)
+        self.wait()
+
+
 def run_process(
     argv: Sequence[str],
     *,
@@ -171,7 +181,9 @@ def run_process(
     the command then gets until ``stop_grace()`` (monotonic) before it is
     stopped. ``user``: run the command as that user (its groups, HOME, USER,
     LOGNAME); the guard stays with the daemon's user, so the command cannot
-    kill its own watchdog.
+    kill its own watchdog. With a ``watch`` the command runs under a guard
+    (:mod:`dblockrun.guard`) that leads its group; without, it leads the group
+    itself and gets SIGKILL if this thread dies.
     """
     run_as: RunAs | None = None
     if user is not None:
@@ -183,42 +195,39 @@ def run_process(
     fence_margin = min(kill_grace, (watch.lease / 6) if watch else kill_grace) + 1.0
     term_grace = fence_margin - 1.0
     pipe: GuardPipe | None = None
-    full_argv = list(argv)
     if watch is not None:
         # The guard stops the group a little after we would, from its own
         # clock: the backstop for a frozen or dead daemon.
         pipe = GuardPipe()
-        full_argv = guard_argv(pipe.read_fd, watch.lease - fence_margin + 0.5, term_grace,
-                               full_argv, run_as.spec() if run_as else None)
         watch.pipe = pipe
-    direct = run_as if pipe is None else None  # with the guard, the guard switches
+    out_r, out_w = os.pipe()
     try:
-        proc = subprocess.Popen(
-            full_argv,
-            env=dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=None if pipe else _die_with_parent,
-            pass_fds=(pipe.read_fd,) if pipe else (),
-            user=direct.uid if direct else None,
-            group=direct.gid if direct else None,
-            extra_groups=list(direct.groups) if direct else None,
-        )
+        pgid = spawn(argv, env=env, cwd=cwd, out_fd=out_w,
+                     beat_fd=pipe.read_fd if pipe else None,
+                     fence=watch.lease - fence_margin + 0.5 if watch else 0.0, grace=term_grace,
+                     ids=run_as.ids() if run_as else None)
     except OSError as exc:
+        os.close(out_r)
         if pipe is not None:
             pipe.close()
         return Outcome(None, "error", b"", f"cannot start command: {exc}")
+    finally:
+        os.close(out_w)
     if pipe is not None:
         pipe.child_started()
-    pgid = proc.pid
+    try:
+        proc = _Child(pgid)
+    except OSError as exc:  # out of descriptors: no way to watch it
+        _signal_group(pgid, signal.SIGKILL)
+        os.waitpid(pgid, 0)
+        os.close(out_r)
+        if pipe is not None:
+            pipe.close()
+        return Outcome(None, "error", b"", f"cannot start command: {exc}")
     if on_start is not None:
         on_start(pgid)
     tail = Tail()
-    assert proc.stdout is not None
-    stdout = proc.stdout
+    stdout = open(out_r, "rb")  # closed below, after the reader
 
     def pump() -> None:
         try:
@@ -236,12 +245,7 @@ def run_process(
     reason = "exit"
     detail = ""
     try:
-        while True:
-            try:
-                proc.wait(timeout=0.1)
-                break
-            except subprocess.TimeoutExpired:
-                pass
+        while not proc.wait(0.1):
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 reason, detail = "timeout", "reached lock-at-most"
@@ -257,12 +261,10 @@ def run_process(
                 reason, detail = "stopped", "shutdown grace ran out"
             else:
                 continue
-            stop_group(pgid, term_grace if reason == "fenced" else kill_grace,
-                       lambda: proc.poll() is not None)
-            proc.wait()
+            proc.stop(pgid, term_grace if reason == "fenced" else kill_grace)
             break
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             _signal_group(pgid, signal.SIGKILL)
             proc.wait()
         # Background children left in the group go with the run.
@@ -272,5 +274,4 @@ def run_process(
         stdout.close()
         if pipe is not None:
             pipe.close()
-    code = proc.returncode
-    return Outcome(code, reason, tail.value(), detail)
+    return Outcome(proc.returncode, reason, tail.value(), detail)

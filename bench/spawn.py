@@ -1,0 +1,128 @@
+"""CPU and wall time per 100 command starts: dblockrun's runner against the floor.
+
+    python bench/spawn.py [--runs 100] [--rounds 5] [--threads 0,200] [--parallel 1,4]
+
+Each row starts ``true`` ``--runs`` times per round and reports, per 100
+starts, the CPU-seconds of this process and all its (waited-for)
+descendants, and the wall time. Rows:
+
+* ``subprocess.run(["true"])``: the floor (one fork+exec, one wait);
+* ``run_process, guard``: what the daemon does for a job (a guard forked from
+  this process watches a lease; output pumped by a thread);
+* ``run_process, no guard``: what it does for an on-failure command.
+
+The rows run round-robin, one round of each then again, so a busy machine
+slows them alike; the figure is the median round. ``--threads`` repeats the
+table with that many extra idle threads in this process (a busy daemon has
+two per running command: the run and its output pump), since a fork's cost
+grows with the threads' stacks; ``--parallel`` starts from that many threads
+at once, as a daemon does when many jobs share a slot. Target: the guard
+within about 2x of the floor's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from common import Table
+
+import dblockrun.daemon  # noqa: F401  (the daemon's modules: a daemon-sized image to fork)
+from dblockrun.runner import LeaseWatch, run_process
+
+Starter = Callable[[], None]
+
+
+def floor() -> None:
+    subprocess.run(["true"], check=True)
+
+
+def _run(watch: LeaseWatch | None) -> None:
+    outcome = run_process(["true"], env=dict(os.environ), cwd=None, on_line=lambda _l: None,
+                          deadline=None, watch=watch, stop=threading.Event())
+    assert outcome.exit_code == 0, outcome
+
+
+def guarded() -> None:
+    _run(LeaseWatch("bench", "bench", 1, 30.0))
+
+
+def unguarded() -> None:
+    _run(None)
+
+
+ROWS: dict[str, Starter] = {
+    'subprocess.run(["true"])': floor,
+    "run_process, guard": guarded,
+    "run_process, no guard": unguarded,
+}
+
+
+def cpu() -> float:
+    """CPU-seconds of this process and its waited-for descendants (guards' commands too)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def one_round(start: Starter, runs: int, parallel: int) -> tuple[float, float]:
+    """CPU-seconds and wall seconds for ``runs`` starts."""
+    c0, w0 = cpu(), time.perf_counter()
+    if parallel == 1:
+        for _ in range(runs):
+            start()
+    else:
+        with ThreadPoolExecutor(parallel) as pool:
+            for f in [pool.submit(start) for _ in range(runs)]:
+                f.result()
+    return cpu() - c0, time.perf_counter() - w0
+
+
+def table(runs: int, rounds: int, parallel: int, threads: int) -> None:
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in ROWS}
+    for start in ROWS.values():  # warm up
+        one_round(start, 5, 1)
+    for _ in range(rounds):
+        for name, start in ROWS.items():
+            results[name].append(one_round(start, runs, parallel))
+    per = 100 / runs
+    floor_cpu = statistics.median(c for c, _ in results[next(iter(ROWS))]) * per
+    print(f"{runs} starts x {rounds} rounds, {parallel} at once, {threads} extra idle threads "
+          f"(threads now: {threading.active_count()}), per 100 starts, median round:")
+    t = Table(["starter", "CPU s", "wall s", "CPU / floor"])
+    for name, rs in results.items():
+        c = statistics.median(c for c, _ in rs) * per
+        w = statistics.median(w for _, w in rs) * per
+        t.add([name, f"{c:.3f}", f"{w:.3f}", f"{c / floor_cpu:.2f}x"])
+    t.print()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=100, help="starts per row per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", default="0,200", help="extra idle threads, comma-separated")
+    ap.add_argument("--parallel", default="1,4", help="starting threads, comma-separated")
+    args = ap.parse_args()
+    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs\n")
+    idle = threading.Event()
+    started = 0
+    for threads in (int(x) for x in args.threads.split(",")):
+        for _ in range(threads - started):
+            threading.Thread(target=idle.wait, daemon=True).start()
+        started = max(started, threads)
+        for parallel in (int(x) for x in args.parallel.split(",")):
+            table(args.runs, args.rounds, parallel, threads)
+    idle.set()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The guard forked from the daemon, and the runner's pidfd wait, with real processes.
+
+The guard must hold no descriptor but its own: one that kept another run's
+beat pipe open would keep that run's daemon looking alive. A command's end is
+seen through a pidfd, so a wait returns when the command ends, not at a tick.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from helpers import wait_for
+
+from dblockrun.runner import LeaseWatch, Outcome, _Child, run_process
+
+
+class Run:
+    """``run_process`` in a thread, as a daemon's job thread calls it."""
+
+    def __init__(self, argv: Sequence[str], *, guarded: bool = True, cwd: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.watch = LeaseWatch("job", "host", 1, 30.0) if guarded else None
+        self.stop = threading.Event()
+        self.lines: list[bytes] = []
+        self.pgids: list[int] = []
+        self.outcome: Outcome | None = None
+        self._thread = threading.Thread(target=self._run, args=(list(argv), cwd, env),
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, argv: list[str], cwd: str | None, env: dict[str, str] | None) -> None:
+        self.outcome = run_process(argv, env=env if env is not None else dict(os.environ),
+                                   cwd=cwd, on_line=self.lines.append, deadline=None,
+                                   watch=self.watch, stop=self.stop, kill_grace=2.0,
+                                   stop_grace=lambda: 0.0, on_start=self.pgids.append)
+
+    @property
+    def pgid(self) -> int:
+        return wait_for(lambda: self.pgids[0] if self.pgids else None, 10,
+                        what="the command to start")
+
+    def wait_started(self, marker: Path) -> None:
+        wait_for(marker.exists, 10, what=f"{marker.name} from the command")
+
+    def finished(self, timeout: float = 10) -> Outcome:
+        return wait_for(lambda: self.outcome, timeout, what="run_process to return")
+
+    def stop_now(self) -> Outcome:
+        self.stop.set()
+        return self.finished()
+
+    @property
+    def output(self) -> str:
+        return b"".join(self.lines).decode()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def fd_targets(pid: int) -> dict[int, str]:
+    base = f"/proc/{pid}/fd"
+    out = {}
+    for name in os.listdir(base):
+        try:
+            out[int(name)] = os.readlink(f"{base}/{name}")
+        except FileNotFoundError:
+            pass
+    return out
+
+
+@pytest.fixture
+def runs() -> Iterator[list[Run]]:
+    started: list[Run] = []
+    yield started
+    for run in started:
+        if run.outcome is None:
+            run.stop_now()
+
+
+@pytest.fixture
+def busy_fds() -> Iterator[None]:
+    """Low descriptor numbers taken, as in a daemon: the runs' pipes get numbers
+    above those a guard sets up for itself (0-4)."""
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(10)]
+    yield
+    for fd in fds:
+        os.close(fd)
+
+
+@pytest.mark.usefixtures("busy_fds")
+def test_a_guard_forked_later_does_not_keep_an_earlier_runs_daemon_alive(
+        tmp_path: Path, runs: list[Run]) -> None:
+    first = Run(["sh", "-c", f"touch {tmp_path}/a; exec sleep 60"])
+    runs.append(first)
+    first.wait_started(tmp_path / "a")
+    # The second guard is forked while the first run's beat pipe is open here.
+    second = Run(["sh", "-c", f"touch {tmp_path}/b; exec sleep 60"])
+    runs.append(second)
+    second.wait_started(tmp_path / "b")
+    # The first run's daemon side goes (as if its daemon died); the second's stays.
+    assert first.pgid and second.pgid  # both started: their beat pipes are set up
+    assert first.watch is not None and first.watch.pipe is not None
+    first.watch.pipe.close()
+
+    outcome = first.finished(timeout=10)
+    assert "dblockrun guard: daemon gone; stopping the command" in first.output
+    assert outcome.reason == "exit" and outcome.exit_code == -signal.SIGKILL
+    wait_for(lambda: not group_alive(first.pgid), 10, what="the first run's group to go")
+    assert group_alive(second.pgid) and second.outcome is None
+    assert second.stop_now().reason == "stopped"
+
+
+def test_the_guard_and_the_command_hold_only_their_own_descriptors(
+        tmp_path: Path, runs: list[Run]) -> None:
+    with tempfile.TemporaryFile(dir=tmp_path) as daemons_file:
+        secret = os.readlink(f"/proc/self/fd/{daemons_file.fileno()}")
+        run = Run(["sleep", "60"])
+        runs.append(run)
+        guard_pid = run.pgid
+        children = f"/proc/{guard_pid}/task/{guard_pid}/children"
+        command_pid = int(wait_for(lambda: Path(children).read_text().strip() or None, 10,
+                                   what="the guard's command"))
+        guard, command = fd_targets(guard_pid), fd_targets(command_pid)
+    assert command.keys() == {0, 1, 2}
+    # stdin, the output pipe twice, the beat pipe, the pidfd of the command.
+    assert guard[0] == command[0] == "/dev/null"
+    assert guard[1] == guard[2] == command[1] == command[2]
+    assert guard[1].startswith("pipe:")
+    assert len(guard) == 5, guard
+    assert secret not in guard.values()
+    assert run.stop_now().reason == "stopped"
+
+
+def test_the_guard_leads_the_commands_session_and_group(runs: list[Run]) -> None:
+    run = Run(["sh", "-c", "echo $$ $PPID $(ps -o pgid= -p $$) $(ps -o sid= -p $$)"])
+    runs.append(run)
+    assert run.finished().exit_code == 0
+    pid, ppid, pgid, sid = (int(x) for x in run.output.split())
+    assert ppid == pgid == sid == run.pgid != pid
+
+
+def test_signals_sent_to_the_group_reach_the_command_not_the_guard(
+        tmp_path: Path, runs: list[Run]) -> None:
+    # As `dblockrun exec` forwards them: the guard ignores them and stays.
+    script = (f"trap 'echo usr1' USR1; trap 'echo usr2; exit 7' USR2; touch {tmp_path}/go; "
+              "while :; do sleep 0.05; done")
+    run = Run(["sh", "-c", script])
+    runs.append(run)
+    run.wait_started(tmp_path / "go")
+    os.killpg(run.pgid, signal.SIGUSR1)
+    wait_for(lambda: "usr1" in run.output, 10, what="the command to see SIGUSR1")
+    os.killpg(run.pgid, signal.SIGUSR2)
+    outcome = run.finished()
+    assert (outcome.reason, outcome.exit_code) == ("exit", 7)
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guard", "no-guard"])
+def test_exit_status_and_signal_pass_through(guarded: bool, runs: list[Run]) -> None:
+    exited = Run(["sh", "-c", "echo out; echo err >&2; exit 3"], guarded=guarded)
+    killed = Run(["sh", "-c", "kill -SEGV $$"], guarded=guarded)
+    runs += [exited, killed]
+    assert exited.finished().exit_code == 3
+    assert exited.output == "out\nerr\n"
+    assert killed.finished().exit_code == -signal.SIGSEGV
+
+
+def test_cannot_start(tmp_path: Path, runs: list[Run]) -> None:
+    missing = str(tmp_path / "missing")
+    # Under a guard a command that cannot be executed exits 127, as a shell's does.
+    guarded = Run([missing])
+    direct = Run([missing], guarded=False)
+    bad_cwd = Run(["true"], cwd=missing)
+    runs += [guarded, direct, bad_cwd]
+    assert guarded.finished().exit_code == 127
+    assert guarded.output == f"dblockrun: cannot run {missing}: No such file or directory\n"
+    assert direct.finished() == Outcome(
+        None, "error", b"",
+        f"cannot start command: [Errno 2] No such file or directory: '{missing}'")
+    assert bad_cwd.finished() == Outcome(
+        None, "error", b"",
+        f"cannot start command: [Errno 2] No such file or directory: '{missing}'")
+
+
+def test_the_command_is_found_on_the_jobs_path(tmp_path: Path, runs: list[Run]) -> None:
+    tool = tmp_path / "bin" / "mytool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho found\n")
+    tool.chmod(0o755)
+    env = {"PATH": f"{tmp_path}/nothing:{tool.parent}:/usr/bin:/bin"}
+    for guarded in (True, False):
+        run = Run(["mytool"], guarded=guarded, env=env)
+        runs.append(run)
+        assert (run.finished().exit_code, run.output) == (0, "found\n")
+
+
+def test_a_wait_returns_when_the_child_ends_not_at_its_timeout() -> None:
+    pid = os.posix_spawn("/bin/sleep", ["sleep", "0.2"], {})
+    child = _Child(pid)
+    assert child.wait(0) is False
+    returned: list[bool] = []
+    waiter = threading.Thread(target=lambda: returned.append(child.wait(600)), daemon=True)
+    waiter.start()
+    # Far below the 600 s timeout: the pidfd wakes the wait.
+    wait_for(lambda: returned or None, 30, what="the wait to return once sleep 0.2 ended")
+    assert returned == [True] and child.returncode == 0
+
