@@ -4,16 +4,28 @@
 
 The commands run round-robin (one of each, then again) so that a busy
 machine slows them alike. Rows: ``python -c pass`` (the interpreter alone),
-``flock -n FILE true`` (cron's usual lock), importing each driver (the floor
-of a Python exec on that database), then dblockrun exec on each backend: the
-lean path (the driver alone) and, for comparison, the SQLAlchemy path
+``flock -n FILE true`` (cron's usual lock), loading each driver (the floor
+of a Python exec on that database; on PostgreSQL exec loads libpq with
+ctypes, psycopg's import is shown for comparison), then dblockrun exec on
+each backend: the ``dblockrun`` console script, ``python -m dblockrun``
+(whose main() parses a plain exec without click; the console script does
+the same once its entry point is ``dblockrun.__main__:main``, the table's
+title says which it is) and, for comparison, the SQLAlchemy path
 (``DBLOCKRUN_EXEC_LEAN=0``). The lock is free each time (exec releases it).
+
+As on a real install, the dblockrun package is byte-compiled first
+(compileall, into its usual ``__pycache__``) and the timed commands run
+without ``PYTHONDONTWRITEBYTECODE``: with it set (as in some shells and CI)
+and no ``.pyc`` files, every start would recompile dblockrun's modules
+(about 40 ms).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -24,15 +36,36 @@ from pathlib import Path
 
 from common import URLS, Table, bench_prefix, make_schema
 
+import dblockrun
+
 TARGET_MS = {"sqlite": 120.0, "postgresql": 200.0, "mariadb": 200.0}
-DRIVER = {"sqlite": "sqlite3", "postgresql": "psycopg", "mariadb": "pymysql"}
+#: What exec loads to reach each database (label, Python source).
+DRIVER = {
+    "sqlite": [("import sqlite3", "import sqlite3")],
+    "postgresql": [
+        ("load libpq", "from dblockrun.store import libpq; assert libpq.load()"),
+        ("import psycopg", "import psycopg"),
+    ],
+    "mariadb": [("import pymysql", "import pymysql")],
+}
+
+
+MODULE = [sys.executable, "-m", "dblockrun"]
 
 
 def dblockrun_argv() -> list[str]:
     script = Path(sys.executable).with_name("dblockrun")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-m", "dblockrun"]
+    return MODULE
+
+
+def entry_point(argv: list[str]) -> str:
+    """The function the console script calls (``module:main``)."""
+    if argv == MODULE:
+        return "dblockrun.__main__:main"
+    found = re.search(r"^from (\S+) import (\w+)", Path(argv[0]).read_text(), re.M)
+    return f"{found.group(1)}:{found.group(2)}" if found else "?"
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
@@ -55,7 +88,9 @@ def main() -> None:
     prefix = bench_prefix()
     tmp = tempfile.mkdtemp(prefix="dblockrun-bench-")
     lockfile = os.path.join(tmp, "flock")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DBLOCKRUN_")}
+    compileall.compile_dir(Path(dblockrun.__file__).parent, quiet=1)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("DBLOCKRUN_") and k != "PYTHONDONTWRITEBYTECODE"}
     env["DBLOCKRUN_TABLE_PREFIX"] = prefix
     cases: list[tuple[str, list[str], dict[str, str], str | None]] = [
         ("python -c pass", [sys.executable, "-c", "pass"], env, None),
@@ -67,10 +102,14 @@ def main() -> None:
     for backend in backends:
         url = URLS[backend](tmp)
         stores.append(make_schema(url, prefix))
-        cases.append((f"python -c 'import {DRIVER[backend]}'",
-                      [sys.executable, "-c", f"import {DRIVER[backend]}"], env, None))
-        exec_argv = [*dblockrun_argv(), "--db", url, "exec", "--name", "x", "--", "true"]
+        for label, source in DRIVER[backend]:
+            cases.append((f"python -c '{label}'", [sys.executable, "-c", source], env, None))
+        exec_args = ["--db", url, "exec", "--name", "x", "--", "true"]
+        exec_argv = [*dblockrun_argv(), *exec_args]
         cases.append((f"dblockrun exec, {backend}", exec_argv, env, backend))
+        if dblockrun_argv() != MODULE:
+            cases.append((f"python -m dblockrun exec, {backend}", [*MODULE, *exec_args], env,
+                          backend))
         cases.append((f"dblockrun exec, {backend}, SQLAlchemy path", exec_argv,
                       {**env, "DBLOCKRUN_EXEC_LEAN": "0"}, None))
     times: dict[str, list[float]] = {name: [] for name, *_ in cases}
@@ -97,7 +136,8 @@ def main() -> None:
                    f"{target:.0f}" if target else "",
                    ("yes" if med * 1000 < target else "NO") if target else ""])
     print(f"exec overhead: medians of {args.runs} runs each, round-robin"
-          + (f"; flock {flock_ms * 1000:.1f} ms" if flock_ms else ""))
+          + (f"; flock {flock_ms * 1000:.1f} ms" if flock_ms else "")
+          + f"; dblockrun = {entry_point(dblockrun_argv())}")
     table.print()
 
 

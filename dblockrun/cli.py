@@ -1,14 +1,15 @@
 """The command line: parse, call one core function, map errors to exit codes.
 
 Heavy modules (SQLAlchemy, drivers, rich, croniter) are imported inside the
-commands so that ``exec`` and ``--help`` start fast.
+commands so that ``exec`` and ``--help`` start fast. A plain ``exec``
+command line started through :func:`dblockrun.__main__.main` does not come
+here at all: it is parsed there without click and runs the same code.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,6 @@ from dblockrun.errors import ConfigError, DblockrunError, UsageError
 if TYPE_CHECKING:
     from dblockrun.jobs import JobsFile
     from dblockrun.store import Store
-    from dblockrun.store.base import RunStore
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -311,7 +311,9 @@ def unlock(job: str, file: str | None) -> None:
 def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exit_code: int,
           verbose: bool, file: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND under the lock NAME; its exit status passes through."""
-    from dblockrun.execlock import ExecOptions, exec_locked
+    # dblockrun.__main__ takes a plain exec command line without click, checks
+    # it as below and calls exec_command too (tests/test_main.py).
+    from dblockrun.execlock import ExecOptions, exec_command
 
     g = _globals()
     _setup_logging(logging.DEBUG if g.debug else logging.INFO if verbose else logging.ERROR)
@@ -324,19 +326,8 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
     opts = ExecOptions(name=name, argv=command, lock_at_most=most, lock_at_least=least,
                        lease=lease_s, heartbeat=lease_s / 3, busy_exit_code=busy_exit_code,
                        verbose=verbose)
-    # The lean store (the driver alone, no SQLAlchemy) when the schema is there.
-    from dblockrun.store.lean import open_lean
-
     jobs = _load(file) if file else None
-    lean = None
-    if os.environ.get("DBLOCKRUN_EXEC_LEAN", "1") != "0":  # 0: always through SQLAlchemy
-        lean = open_lean(_db_url(jobs), g.prefix)
-    store: RunStore = lean or _open_store(jobs)
-    try:
-        code = exec_locked(store, opts)
-    finally:
-        store.close()
-    sys.exit(code)
+    sys.exit(exec_command(opts, _db_url(jobs), g.prefix))
 
 
 @cli.command()

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dblockrun.errors import UsageError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 #: URL scheme -> SQLAlchemy driver (the part before ``+`` is the dialect).
 DRIVERS = {
@@ -33,9 +36,16 @@ _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$", re.S)
 _PASSWORD = re.compile(r"^(?P<user>[^:/@]*):(?P<password>[^@]*)@")
 
 
-def default_sqlite_path() -> Path:
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "dblockrun" / "dblockrun.db"
+def default_sqlite_path() -> str:
+    # os.path, not pathlib: exec resolves this on every start (pathlib and
+    # what it imports cost a few ms). Path.home() raises when there is no home.
+    state = os.environ.get("XDG_STATE_HOME")
+    if not state:
+        home = os.path.expanduser("~")
+        if home == "~":
+            raise RuntimeError("Could not determine home directory.")
+        state = os.path.join(home, ".local", "state")
+    return os.path.join(state, "dblockrun", "dblockrun.db")
 
 
 def resolve_url(
@@ -115,6 +125,8 @@ def dialect_of(url: str) -> str:
 
 def sqlite_path(url: str) -> Path | None:
     """The file of a sqlite URL, or None for memory or other databases."""
+    from pathlib import Path
+
     if dialect_of(url) != "sqlite":
         return None
     path = driver_url(url)[len("sqlite:///") :].split("?")[0]

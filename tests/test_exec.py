@@ -75,6 +75,16 @@ def test_exit_status_and_stdout_pass_through(db: TestDb) -> None:
     assert proc.stdout == "hello\nworld\n"
 
 
+def test_output_with_nul_bytes_is_recorded(db: TestDb, store: Store) -> None:
+    # PostgreSQL text cannot hold NUL: the stored tail shows U+FFFD instead,
+    # and the result is recorded at once (no retrying as if the database were down).
+    proc = run_exec(db, "--name", "x", "--", "printf", "a\\000b\\n", timeout=30)
+    assert proc.returncode == 0
+    assert proc.stdout == "a\x00b\n"
+    (run,) = store.history("x")
+    assert (run.result, run.output) == ("ok", "a\ufffdb\n")
+
+
 def test_success_is_quiet(db: TestDb) -> None:
     proc = run_exec(db, "--name", "x", "--", "true")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")

@@ -4,10 +4,12 @@ same rows, tokens and results as Store, on every backend."""
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pymysql
@@ -15,7 +17,7 @@ import pytest
 from helpers import TestDb, dblockrun_cmd
 
 from dblockrun.errors import DatabaseError
-from dblockrun.store import Store
+from dblockrun.store import Store, libpq
 from dblockrun.store import models as m
 from dblockrun.store.lean import LeanStore, open_lean
 
@@ -124,10 +126,11 @@ def test_runs_are_recorded_like_stores(store: Store, lean: LeanStore) -> None:
     assert run is not None
     assert (run.job, run.host, run.token, run.result, run.finished, run.attempt) == (
         "j", "lean", token, m.RUNNING, None, 1)
-    assert lean.finish_run(run_id, "j", token, m.FAILED, 3, "out\n")
+    output = "out: it's \"quoted\" \\ ✓ 日本\n"
+    assert lean.finish_run(run_id, "j", token, m.FAILED, 3, output)
     run = store.run(run_id)
     assert run is not None
-    assert (run.result, run.exit_code, run.output) == (m.FAILED, 3, "out\n")
+    assert (run.result, run.exit_code, run.output) == (m.FAILED, 3, output)
     assert run.finished is not None and run.finished >= run.started
     skipped = lean.start_run("j", "lean", token=None, result=m.SKIPPED)
     record = store.run(skipped)
@@ -155,9 +158,20 @@ def test_rare_calls_go_through_store(store: Store, lean: LeanStore) -> None:
     lean.disable("j", for_seconds=60, reason="why")
     state = store.lock_state("j")
     assert state is not None and state.disabled_reason == "why"
-    for _ in range(5):
-        lean.start_run("j", "lean", token=None, result=m.OK)
+
+
+def test_prune_runs_is_stores(store: Store, lean: LeanStore) -> None:
+    for job in ("j", "k"):
+        for _ in range(5):
+            lean.start_run(job, "lean", token=None, result=m.OK)
+    newest = [r.id for r in store.history("j")][:2]
     assert lean.prune_runs("j", 2) == 3
+    assert [r.id for r in store.history("j")] == newest
+    assert len(store.history("k")) == 5  # another job's runs stay
+    assert lean.prune_runs("j", 2) == 0
+    assert lean.prune_runs("none", 2) == 0
+    assert store.prune_runs("k", 4) == 1
+    assert lean._full is None  # without SQLAlchemy
 
 
 def test_a_dropped_connection_is_replaced(db: TestDb, store: Store, lean: LeanStore) -> None:
@@ -168,7 +182,7 @@ def test_a_dropped_connection_is_replaced(db: TestDb, store: Store, lean: LeanSt
     assert token is not None
     conn = lean._conn
     if db.backend == "postgresql":
-        pid = conn.info.backend_pid
+        pid = conn.backend_pid if lean.driver.name == "libpq" else conn.info.backend_pid
         with psycopg.connect(_pg_dsn(db.url), autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
     else:
@@ -201,10 +215,74 @@ def test_exec_does_not_import_sqlalchemy(db: TestDb, store: Store) -> None:
     assert proc.stdout == "1\n"
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:")}
-    heavy = {"sqlalchemy", "croniter", "yaml", "rich", "prometheus_client"}
+    # psycopg too: on PostgreSQL exec goes through libpq (store/libpq.py).
+    heavy = {"sqlalchemy", "croniter", "yaml", "rich", "prometheus_client", "psycopg"}
     assert not heavy & imported
     runs = store.history("x")
     assert [(r.result, r.exit_code, r.token) for r in runs] == [(m.FAILED, 4, 1)]
     state = store.lock_state("x")
     assert state is not None and state.holder is not None and state.token == 1
     assert store.claim("x", "other", 30) == 2  # released
+
+
+def test_mysql_tls_is_pymysqls_preferred_mode_without_the_ca_load(db: TestDb, store: Store,
+                                                                  lean: LeanStore) -> None:
+    if db.backend != "mariadb":
+        pytest.skip("PyMySQL only")
+    lean.ensure_jobs(["j"])
+    assert isinstance(lean._conn, pymysql.connections.Connection)
+    conn: Any = lean._conn
+    stock: Any = pymysql.connections.Connection(host="127.0.0.1", user="root",
+                                                defer_connect=True)
+    if not getattr(stock, "ssl", False):  # a PyMySQL without the "preferred" mode
+        assert not conn.ssl
+        return
+    ours, theirs = conn.ctx, stock.ctx
+    assert (conn.ssl, conn._ssl_required) == (stock.ssl, stock._ssl_required) == (True, False)
+    assert (ours.verify_mode, ours.check_hostname, ours.protocol, ours.minimum_version) == (
+        theirs.verify_mode, theirs.check_hostname, theirs.protocol, theirs.minimum_version)
+    assert ours.verify_mode == ssl.CERT_NONE  # so CA certificates would go unread
+    assert ours.cert_store_stats()["x509_ca"] == 0
+
+
+def test_postgresql_goes_through_libpq_else_psycopg(db: TestDb, store: Store,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    if db.backend != "postgresql":
+        pytest.skip("PostgreSQL only")
+    found = open_lean(db.url, db.prefix)
+    assert found is not None and found.driver.name == "libpq"
+    found.close()
+    monkeypatch.setattr(libpq, "load", lambda: None)  # no libpq to load: psycopg
+    fallback = open_lean(db.url, db.prefix)
+    assert fallback is not None and fallback.driver.name == "psycopg"
+    with fallback:
+        fallback.ensure_jobs(["j"])
+        token = fallback.claim("j", "lean", 30)
+        assert token == 1
+        run_id = fallback.start_run("j", "lean", token=token)
+        assert fallback.finish_run(run_id, "j", token, m.OK, 0, "it's \"quoted\" ✓\n")
+        assert fallback.release("j", "lean", token)
+    run = store.run(run_id)
+    assert run is not None and run.output == "it's \"quoted\" ✓\n"
+    assert store.claim("j", "other", 30) == 2
+
+
+def test_default_sqlite_file_without_pathlib(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    from dblockrun.dburl import default_sqlite_path
+
+    def with_pathlib() -> str:  # what it was, with pathlib
+        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        return str(Path(state) / "dblockrun" / "dblockrun.db")
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for xdg in (None, "", str(tmp_path / "state"), str(tmp_path / "state") + "/"):
+        if xdg is None:
+            monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+        else:
+            monkeypatch.setenv("XDG_STATE_HOME", xdg)
+        assert default_sqlite_path() == with_pathlib()
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # no home at all
+    with pytest.raises(RuntimeError, match="home directory"):
+        default_sqlite_path()

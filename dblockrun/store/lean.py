@@ -1,17 +1,21 @@
 """The lean store of ``dblockrun exec``: Store's statements, sent with the
-driver alone (sqlite3, psycopg or PyMySQL), so that exec does not import
-SQLAlchemy (about 150-300 ms of a 1-core start).
+driver alone (sqlite3, libpq through ctypes, or PyMySQL), so that exec does
+not import SQLAlchemy (about 150-300 ms of a 1-core start).
 
 The statements are the ones :class:`~dblockrun.store.Store` sends for an
-exec (its claim without slot or rate, renew, release, start_run, finish_run),
-written out per dialect: the claim is the same single conditional UPDATE on
-the database clock, renewals, release and the result are conditioned on the
-fencing token. tests/test_exec_fast.py holds them to that on all three
-databases. :func:`open_lean` returns None, and the caller uses Store, for
-anything out of the ordinary: a schema that is missing or of another
-version (Store creates or refuses it), a URL with options, a table prefix
-that would need quoting, a SQLite file that does not exist yet. The rare
-calls (prune_runs, disable, lock_state) go to a Store made on first use.
+exec (its claim without slot or rate, renew, release, start_run, finish_run,
+prune_runs), written out per dialect: the claim is the same single
+conditional UPDATE on the database clock, renewals, release and the result
+are conditioned on the fencing token. tests/test_exec_fast.py holds them to
+that on all three databases. :func:`open_lean` returns None, and the caller
+uses Store, for anything out of the ordinary: a schema that is missing or of
+another version (Store creates or refuses it), a URL with options, a table
+prefix that would need quoting, a SQLite file that does not exist yet. The
+rare calls (disable, lock_state) go to a Store made on first use.
+
+PostgreSQL goes through :mod:`dblockrun.store.libpq` (a ctypes binding,
+loaded in about 4 ms) rather than psycopg, whose import alone takes 250-300
+ms; psycopg only when no libpq can be loaded.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import unquote
 
 from dblockrun.dburl import DRIVERS
 from dblockrun.errors import DatabaseError
@@ -29,6 +32,8 @@ from dblockrun.store import models as m
 from dblockrun.store.sql import NOW, SCHEMA_VERSION
 
 if TYPE_CHECKING:
+    import ssl
+
     from dblockrun.store.store import Store
 
 T = TypeVar("T")
@@ -56,7 +61,7 @@ _URL = re.compile(
 )
 
 #: Prefixes SQLAlchemy leaves unquoted (lower case, no specials).
-_PREFIX = re.compile(r"^[a-z_][a-z0-9_]*$")
+_PREFIX = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def _error(exc: Exception) -> DatabaseError:
@@ -67,8 +72,59 @@ def _error(exc: Exception) -> DatabaseError:
     return _db_error(exc)
 
 
-def _connector(url: str) -> tuple[str, Callable[[], Any]] | None:
-    """(dialect, connect function) for a plain URL, else None."""
+def _unquote(text: str) -> str:
+    if "%" not in text:
+        return text  # the usual case, without importing urllib.parse
+    from urllib.parse import unquote
+
+    return unquote(text)
+
+
+class Driver:
+    """How the lean store reaches one database: its dialect (``sqlite``,
+    ``postgresql``, ``mysql``), the driver (``sqlite3``, ``libpq``,
+    ``psycopg``, ``pymysql``) and a function that opens a connection."""
+
+    def __init__(self, dialect: str, name: str, connect: Callable[[], Any]) -> None:
+        self.dialect = dialect
+        self.name = name
+        self.connect = connect
+
+    def is_error(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the driver's (a database error, not a bug of ours)."""
+        if self.name == "sqlite3":
+            import sqlite3
+
+            return isinstance(exc, sqlite3.Error)
+        if self.name == "libpq":
+            from dblockrun.store import libpq
+
+            return isinstance(exc, libpq.Error)
+        if self.name == "psycopg":
+            import psycopg
+
+            return isinstance(exc, psycopg.Error)
+        import pymysql
+
+        return isinstance(exc, pymysql.err.Error)
+
+    def broken(self, conn: Any, exc: BaseException) -> bool:
+        """Whether the connection died (then one retry on a new one, as Store)."""
+        if self.dialect == "postgresql":  # libpq and psycopg connections alike
+            return bool(getattr(conn, "broken", False) or getattr(conn, "closed", False))
+        if self.dialect == "mysql":
+            import pymysql
+
+            if isinstance(exc, pymysql.err.InterfaceError):
+                return True
+            code = exc.args[0] if exc.args else None
+            return isinstance(exc, pymysql.err.OperationalError) and code in (
+                2006, 2013, 2014, 2045, 2055)
+        return False
+
+
+def _driver(url: str) -> Driver | None:
+    """The driver for a plain URL, else None."""
     match = _URL.match(url)
     if match is None:
         return None
@@ -84,10 +140,10 @@ def _connector(url: str) -> tuple[str, Callable[[], Any]] | None:
     if dialect == "sqlite":
         if user is not None or host or port_text or not database or database == ":memory:":
             return None
-        path = os.path.abspath(unquote(database))
+        path = os.path.abspath(_unquote(database))
         if not os.path.isfile(path):
             return None  # Store creates it, 0600 in a 0700 folder
-        return dialect, lambda: _connect_sqlite(path)
+        return Driver(dialect, "sqlite3", lambda: _connect_sqlite(path))
     kw: dict[str, Any] = {}
     if host:
         kw["host"] = host
@@ -96,23 +152,29 @@ def _connector(url: str) -> tuple[str, Callable[[], Any]] | None:
             return None
         kw["port"] = int(port_text)
     if user:
-        kw["user"] = unquote(user)
+        kw["user"] = _unquote(user)
     if password:
-        kw["password"] = unquote(password)
+        kw["password"] = _unquote(password)
     if dialect == "postgresql":
         if database:
-            kw["dbname"] = unquote(database)
+            kw["dbname"] = _unquote(database)
         # As Dialect.engine_options.
         kw.update(connect_timeout=5, application_name="dblockrun",
                   options="-c statement_timeout=15000")
-        return dialect, lambda: _connect_pg(kw)
+        from dblockrun.store import libpq
+
+        if libpq.load() is not None:
+            params = {k: str(v) for k, v in kw.items()}
+            params["client_encoding"] = "UTF8"  # results are decoded as UTF-8
+            return Driver(dialect, "libpq", lambda: libpq.connect(params))
+        return Driver(dialect, "psycopg", lambda: _connect_psycopg(kw))
     if database:
-        kw["database"] = unquote(database)
+        kw["database"] = _unquote(database)
     kw.update(connect_timeout=5, read_timeout=15, write_timeout=15,
               init_command="SET time_zone = '+00:00'", charset="utf8mb4",
               # SQLAlchemy sets FOUND_ROWS: rowcount counts matched rows.
               client_flag=2, autocommit=True)
-    return dialect, lambda: _connect_mysql(kw)
+    return Driver(dialect, "pymysql", lambda: _connect_mysql(kw))
 
 
 def _connect_sqlite(path: str) -> Any:
@@ -125,49 +187,64 @@ def _connect_sqlite(path: str) -> Any:
     return conn
 
 
-def _connect_pg(kw: dict[str, Any]) -> Any:
+def _connect_psycopg(kw: dict[str, Any]) -> Any:
     import psycopg
 
     return psycopg.connect(autocommit=True, **kw)
 
 
+def _unverified_tls() -> ssl.SSLContext:
+    """The TLS context of PyMySQL's "preferred" mode, without loading CA certificates.
+
+    With no TLS options PyMySQL (1.2+) uses TLS when the server offers it,
+    without verifying the certificate; but it first loads the system's CA
+    certificates into the context (25-50 ms of exec's start), which a context
+    that verifies nothing never reads. tests/test_exec_fast.py holds this one
+    to PyMySQL's own.
+    """
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 def _connect_mysql(kw: dict[str, Any]) -> Any:
     import pymysql
 
-    return pymysql.connect(**kw)
+    class Connection(pymysql.connections.Connection):
+        def _create_ssl_ctx(self, sslp: object) -> ssl.SSLContext:
+            if sslp == {}:  # the "preferred" mode: no CA, no verification
+                return _unverified_tls()
+            return super()._create_ssl_ctx(sslp)  # type: ignore[misc, no-any-return]
+
+    return Connection(**kw)
 
 
-def _broken(dialect: str, conn: Any, exc: BaseException) -> bool:
-    """Whether the connection died (then one retry on a new one, as Store)."""
-    if dialect == "postgresql":
-        return bool(getattr(conn, "broken", False) or getattr(conn, "closed", False))
-    if dialect == "mysql":
-        import pymysql
-
-        if isinstance(exc, pymysql.err.InterfaceError):
-            return True
-        code = exc.args[0] if exc.args else None
-        return isinstance(exc, pymysql.err.OperationalError) and code in (
-            2006, 2013, 2014, 2045, 2055)
-    return False
+def _numbered(sql: str) -> str:
+    """``%s`` placeholders as libpq's ``$1``, ``$2``... (our SQL has no other ``%``)."""
+    first, *rest = sql.split("%s")
+    return first + "".join(f"${i}{part}" for i, part in enumerate(rest, 1))
 
 
 class _Sql:
     """The statements of one dialect and table prefix."""
 
-    def __init__(self, dialect: str, prefix: str) -> None:
+    def __init__(self, dialect: str, prefix: str, *, numbered: bool = False) -> None:
         now = NOW[dialect]
         p = "?" if dialect == "sqlite" else "%s"
+        q: Callable[[str], str] = _numbered if numbered else str
         locks, runs, meta = f"{prefix}locks", f"{prefix}runs", f"{prefix}meta"
         key = "`key`" if dialect == "mysql" else '"key"'
-        self.version = f"SELECT {meta}.value FROM {meta} WHERE {meta}.{key} = {p}"
+        self.version = q(f"SELECT {meta}.value FROM {meta} WHERE {meta}.{key} = {p}")
         ignore = {"sqlite": "INSERT OR IGNORE INTO", "mysql": "INSERT IGNORE INTO",
                   "postgresql": "INSERT INTO"}[dialect]
-        self.ensure = f"{ignore} {locks} (name, token) VALUES ({p}, {p})" + (
-            " ON CONFLICT DO NOTHING" if dialect == "postgresql" else "")
+        self.ensure = q(f"{ignore} {locks} (name, token) VALUES ({p}, {p})" + (
+            " ON CONFLICT DO NOTHING" if dialect == "postgresql" else ""))
         token = (f"last_insert_id({locks}.token + {p})" if dialect == "mysql"
                  else f"({locks}.token + {p})")
-        self.claim = (
+        self.claim = q(
             f"UPDATE {locks} SET holder={p}, lock_until=({now} + {p}), locked_at={now}, "
             f"token={token}, last_start={now}, run_requested={p} "
             f"WHERE {locks}.name = {p} AND ({locks}.lock_until IS NULL OR "
@@ -176,22 +253,27 @@ class _Sql:
             + ("" if dialect == "mysql" else f" RETURNING {locks}.token")
         )
         mine = f"WHERE {locks}.name = {p} AND {locks}.holder = {p} AND {locks}.token = {p}"
-        self.renew = f"UPDATE {locks} SET lock_until=({now} + {p}) {mine}"
+        self.renew = q(f"UPDATE {locks} SET lock_until=({now} + {p}) {mine}")
         greatest = "max" if dialect == "sqlite" else "greatest"
-        self.release = (f"UPDATE {locks} SET lock_until={greatest}({now}, "
-                        f"{locks}.locked_at + {p}) {mine}")
-        self.start_run = (
+        self.release = q(f"UPDATE {locks} SET lock_until={greatest}({now}, "
+                         f"{locks}.locked_at + {p}) {mine}")
+        self.start_run = q(
             f"INSERT INTO {runs} (job, item, host, slot, token, attempt, started, finished, "
             f"result) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, {now}, "
             + "{finished}" + f", {p})"
             + (f" RETURNING {runs}.id" if dialect == "postgresql" else "")
         )
-        self.finish_run = (
-            f"UPDATE {runs} SET finished={now}, exit_code={p}, result={p}, output={p} "
-            f"WHERE {runs}.id = {p}"
-        )
-        self.still_ours = (f" AND (EXISTS (SELECT {locks}.name FROM {locks} "
-                           f"WHERE {locks}.name = {p} AND {locks}.token = {p}))")
+        finish_run = (f"UPDATE {runs} SET finished={now}, exit_code={p}, result={p}, "
+                      f"output={p} WHERE {runs}.id = {p}")
+        self.finish_run = q(finish_run)
+        #: finish_run, only while the token is still the lock's.
+        self.finish_run_fenced = q(
+            finish_run + f" AND (EXISTS (SELECT {locks}.name FROM {locks} "
+            f"WHERE {locks}.name = {p} AND {locks}.token = {p}))")
+        # prune_runs: the id below which a job's runs go, then the DELETE.
+        self.prune_cutoff = q(f"SELECT {runs}.id FROM {runs} WHERE {runs}.job = {p} "
+                              f"ORDER BY {runs}.id DESC LIMIT {p} OFFSET {p}")
+        self.prune = q(f"DELETE FROM {runs} WHERE {runs}.job = {p} AND {runs}.id <= {p}")
         self.now = now
 
 
@@ -199,15 +281,15 @@ class LeanStore:
     """One connection, serialised by a lock (exec has two threads: the run
     and its lease renewals). Raises DatabaseError like Store."""
 
-    def __init__(self, url: str, prefix: str, dialect: str, connect: Callable[[], Any]) -> None:
+    def __init__(self, url: str, prefix: str, driver: Driver) -> None:
         self.url = url
         self.prefix = prefix
-        self.dialect = dialect
+        self.dialect = driver.dialect
+        self.driver = driver
         self.statements = 0
-        self._connect = connect
         self._conn: Any = None
         self._lock = threading.Lock()
-        self._sql = _Sql(dialect, prefix)
+        self._sql = _Sql(driver.dialect, prefix, numbered=driver.name == "libpq")
         self._full: Store | None = None
 
     def __repr__(self) -> str:
@@ -247,15 +329,15 @@ class LeanStore:
             fresh = self._conn is None
             try:
                 if self._conn is None:
-                    self._conn = self._connect()
+                    self._conn = self.driver.connect()
                 return self._call(fn)
             except DatabaseError:
                 raise
             except Exception as exc:
-                if not self._is_db_error(exc):
+                if not self.driver.is_error(exc):
                     raise
-                conn, broken = self._conn, self._conn is None or _broken(
-                    self.dialect, self._conn, exc)
+                conn = self._conn
+                broken = conn is None or self.driver.broken(conn, exc)
                 if not broken:
                     raise _error(exc) from exc
                 self._drop(conn)
@@ -263,10 +345,10 @@ class LeanStore:
                     raise _error(exc) from exc
             # A pooled connection found dead: one retry on a new one, as Store.
             try:
-                self._conn = self._connect()
+                self._conn = self.driver.connect()
                 return self._call(fn)
             except Exception as exc:
-                if not self._is_db_error(exc):
+                if not self.driver.is_error(exc):
                     raise
                 self._drop(self._conn)
                 raise _error(exc) from exc
@@ -285,19 +367,6 @@ class LeanStore:
                 conn.close()
             except Exception:  # closing a dead connection
                 pass
-
-    def _is_db_error(self, exc: BaseException) -> bool:
-        if self.dialect == "sqlite":
-            import sqlite3
-
-            return isinstance(exc, sqlite3.Error)
-        if self.dialect == "postgresql":
-            import psycopg
-
-            return isinstance(exc, psycopg.Error)
-        import pymysql
-
-        return isinstance(exc, pymysql.err.Error)
 
     def _exec(self, cur: Any, sql: str, params: tuple[Any, ...]) -> Any:
         self.statements += 1
@@ -364,14 +433,22 @@ class LeanStore:
         sql = self._sql.finish_run
         params: tuple[Any, ...] = (exit_code, result, output, run_id)
         if token is not None:
-            sql += self._sql.still_ours
+            sql = self._sql.finish_run_fenced
             params += (job, token)
         return self._execute(lambda cur: bool(self._exec(cur, sql, params).rowcount == 1))
 
-    # -- rare: through Store --------------------------------------------------
-
     def prune_runs(self, job: str, keep: int) -> int:
-        return self.full().prune_runs(job, keep)
+        """Store.prune_runs (every 50th run: not worth SQLAlchemy's import)."""
+
+        def go(cur: Any) -> int:
+            row = self._exec(cur, self._sql.prune_cutoff, (job, 1, keep)).fetchone()
+            if row is None:
+                return 0
+            return int(self._exec(cur, self._sql.prune, (job, int(row[0]))).rowcount)
+
+        return self._execute(go)
+
+    # -- rare: through Store --------------------------------------------------
 
     def disable(self, name: str, *, for_seconds: float | None = None, until: float | None = None,
                 reason: str | None = None) -> float:
@@ -386,13 +463,12 @@ def open_lean(url: str, prefix: str) -> LeanStore | None:
 
     Raises DatabaseError when the database cannot be reached (as Store would).
     """
-    if not _PREFIX.match(prefix):
+    if not _PREFIX.fullmatch(prefix):
         return None
-    found = _connector(url)
-    if found is None:
+    driver = _driver(url)
+    if driver is None:
         return None
-    dialect, connect = found
-    store = LeanStore(url, prefix, dialect, connect)
+    store = LeanStore(url, prefix, driver)
     try:
         version = store.schema_version()
     except DatabaseError:
