@@ -6,8 +6,10 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import math
 import os
 import random
+import resource
 import socket
 import threading
 import time
@@ -25,7 +27,7 @@ from dblockrun.jobs import Job, JobsFile
 from dblockrun.metrics import Metrics, serve
 from dblockrun.outage import Outage
 from dblockrun.runjob import JobRun, RunContext
-from dblockrun.schedule import next_slot
+from dblockrun.schedule import next_slot_at
 from dblockrun.store import Store
 from dblockrun.store import models as m
 
@@ -33,6 +35,9 @@ log = logging.getLogger("dblockrun")
 
 #: At most this many slots passed over by one late wake-up are recorded missed.
 _MAX_MISSED = 100
+#: A batch claim takes this host's share first; the rest of the batch is tried
+#: this long after, once the other hosts have had their turn.
+_SHARE_WAIT = 0.25
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,17 @@ class _Due:
     name: str = field(compare=False)
     slot: float | None = field(compare=False)
     generation: int = field(compare=False)
+
+
+def _raise_open_files_limit() -> None:
+    """Each running command holds a few descriptors (output pipe, pidfd,
+    guard pipe): lift the soft limit (often 1,024) to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _utc(ts: float) -> datetime:
@@ -92,6 +108,8 @@ class Daemon:
         self._next_request_poll = 0.0
         self._finished: set[str] = set()
         self._unslotted: dict[str, int] = {}
+        self._hosts = 1
+        self._hosts_checked = -math.inf
         self._defs_for: JobsFile | None = None
         self._defs: tuple[dict[str, str], str] = ({}, "{}")
         self.ctx = RunContext(
@@ -125,6 +143,7 @@ class Daemon:
             "daemon %s starting: %d jobs from %s, database %r",
             self.holder, len(self.jobs.jobs), self.jobs.path, self.store,
         )
+        _raise_open_files_limit()
         server = None
         if self.options.metrics_addr:
             server = serve(self.metrics, self.options.metrics_addr, self.healthy)
@@ -277,7 +296,7 @@ class Daemon:
         margin = self.clock.uncertainty + 0.001
         jitter = random.uniform(0, job.jitter) if job.jitter else 0.0
         if job.cron is not None:
-            slot = next_slot(job.cron, job.timezone, _utc(after)).timestamp()
+            slot = next_slot_at(job.cron, job.timezone, after)
             self._push(slot + margin + jitter, job.name, slot)
         else:
             self._push(after + margin + jitter, job.name, None)
@@ -287,17 +306,18 @@ class Daemon:
         due: dict[str, float | None] = {}
         for job in self.jobs.jobs:
             if job.cron is not None and job.enabled:
-                due[job.name] = next_slot(job.cron, job.timezone, _utc(now)).timestamp()
+                due[job.name] = next_slot_at(job.cron, job.timezone, now)
         self.store.set_next_due(due)
 
     # -- firing ---------------------------------------------------------------
 
     def _fire_due(self) -> None:
+        batch: list[tuple[Job, float, float]] = []
         while self._heap and not self.stop.is_set():
             head = self._heap[0]
             now = self.clock.now()
             if head.fire_at > now:
-                return
+                break
             heapq.heappop(self._heap)
             if head.generation != self._generation:
                 continue
@@ -306,7 +326,84 @@ class Daemon:
             job = self.jobs.job(head.name)
             if job is None or not job.enabled:
                 continue
-            self._fire(job, head.slot, now)
+            next_due = self._batchable(job, head.slot, now)
+            if next_due is not None and head.slot is not None:
+                batch.append((job, head.slot, next_due))
+            else:
+                self._fire(job, head.slot, now)
+        if len(batch) == 1:
+            self._fire(batch[0][0], batch[0][1], self.clock.now())
+        elif batch:
+            self._fire_batch(batch)
+
+    def _batchable(self, job: Job, slot: float | None, now: float) -> float | None:
+        """The next slot after ``slot`` when this attempt is a plain claim of
+        the newest slot (what a batch claim does), else None."""
+        if slot is None or job.cron is None or job.fan_out:
+            return None
+        if job.starting_deadline is not None and now - slot > job.starting_deadline:
+            return None
+        later = next_slot_at(job.cron, job.timezone, slot)
+        if later <= now:
+            return None  # slots were passed: _fire drops or records them
+        with self._running_lock:
+            if job.name in self._running:
+                return None  # _fire skips the slot
+        return later
+
+    def _fire_batch(self, batch: list[tuple[Job, float, float]]) -> None:
+        """Many jobs due at once: claim them in few statements, this host's
+        share first so the work spreads over the fleet, then (a moment later)
+        whatever no other host took."""
+        groups: dict[tuple[float, float], list[Job]] = {}
+        for job, slot, next_due in batch:
+            groups.setdefault((slot, next_due), []).append(job)
+        for (slot, next_due), jobs in groups.items():
+            by_name = {job.name: job for job in jobs}
+            pending = list(by_name)
+            random.shuffle(pending)
+            hosts = self._live_hosts()
+            share = len(pending) if len(pending) < 4 * hosts else -(-len(pending) // hosts)
+            first = time.monotonic()
+            for limit in (share, len(pending)):
+                if not pending or self.stop.is_set():
+                    break
+                if limit != share:
+                    self.stop.wait(max(0.0, first + _SHARE_WAIT - time.monotonic()))
+                sent = time.monotonic()
+                try:
+                    won = self.store.claim_batch(pending, self.holder, self.options.lease,
+                                                 slot=slot, next_due=next_due, limit=limit)
+                    self.outage.ok()
+                except DatabaseError as exc:
+                    delay = self.outage.failed(f"claim {len(pending)} jobs", exc)
+                    for name in pending:
+                        self.metrics.claims.labels(name, "error").inc()
+                        self._push(self.clock.now() + delay, name, slot)
+                    pending = []
+                    break
+                for claimed in won:
+                    self.metrics.claims.labels(claimed.name, "won").inc()
+                    self._start(by_name[claimed.name], claimed.token, slot, sent,
+                                claimed.run_id)
+                taken = {c.name for c in won}
+                pending = [name for name in pending if name not in taken]
+            for name in pending:
+                self.metrics.claims.labels(name, "lost").inc()
+            for job in jobs:
+                self._plan(job, slot)
+
+    def _live_hosts(self) -> int:
+        """Daemons seen lately, at least 1; read again after a heartbeat, so a
+        host that just joined gets its share (one read per batch at most)."""
+        now = time.monotonic()
+        if now >= self._hosts_checked + min(self.options.heartbeat, 5.0):
+            try:
+                self._hosts = max(1, len(self.store.hosts(seen_within=3 * self.options.heartbeat)))
+                self._hosts_checked = now
+            except DatabaseError:
+                pass
+        return self._hosts
 
     def _fire(self, job: Job, slot: float | None, now: float) -> None:
         passed: deque[float] = deque(maxlen=_MAX_MISSED)
@@ -315,12 +412,12 @@ class Daemon:
             # past slot; older ones are dropped, or recorded missed when the
             # job has a starting-deadline (the newest _MAX_MISSED of them).
             while True:
-                later = next_slot(job.cron or "", job.timezone, _utc(slot)).timestamp()
+                later = next_slot_at(job.cron or "", job.timezone, slot)
                 if later > now:
                     break
                 passed.append(slot)
                 slot = later
-            next_due = next_slot(job.cron or "", job.timezone, _utc(slot)).timestamp()
+            next_due = next_slot_at(job.cron or "", job.timezone, slot)
         with self._running_lock:
             busy_here = job.name in self._running
         if job.fan_out:
@@ -349,7 +446,7 @@ class Daemon:
                 self._plan(job, slot)
                 return
             sent = time.monotonic()
-            token = self.store.claim(
+            won = self.store.claim_and_record(
                 job.name, self.holder, self.options.lease, slot=slot, rate=job.rate,
                 next_due=next_due if slot is not None else None,
             )
@@ -359,9 +456,9 @@ class Daemon:
             delay = self.outage.failed(f"claim {job.name}", exc)
             self._push(self.clock.now() + delay, job.name, slot)
             return
-        self.metrics.claims.labels(job.name, "won" if token is not None else "lost").inc()
-        if token is not None:
-            self._start(job, token, slot, sent)
+        self.metrics.claims.labels(job.name, "won" if won is not None else "lost").inc()
+        if won is not None:
+            self._start(job, won.token, slot, sent, won.run_id)
         if slot is not None:
             self._plan(job, slot)
         else:
@@ -392,8 +489,9 @@ class Daemon:
                 due = lock.lock_until
         self._push(max(due, now + 0.05) + self.clock.uncertainty, job.name, None)
 
-    def _start(self, job: Job, token: int, slot: float | None, claimed_mono: float) -> None:
-        run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self._done)
+    def _start(self, job: Job, token: int, slot: float | None, claimed_mono: float,
+               run_id: int | None = None) -> None:
+        run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self._done, run_id=run_id)
         with self._running_lock:
             self._running[job.name] = run
         run.start()

@@ -25,6 +25,7 @@ from dblockrun.runjob import (
     line_logger,
     result_of,
     retry_db,
+    stored_text,
 )
 from dblockrun.runner import LeaseWatch, RunAs, argv_for, run_process
 from dblockrun.store import Store
@@ -62,10 +63,10 @@ def list_items(job: Job, timeout: float) -> list[str]:
                               extra_groups=list(run_as.groups) if run_as else None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ItemsFailed(None, str(exc)) from exc
-    output = proc.stdout.decode("utf-8", "replace")
+    output = stored_text(proc.stdout)
     if proc.returncode != 0:
         raise ItemsFailed(exit_status(proc.returncode),
-                          (output + proc.stderr.decode("utf-8", "replace"))[-65536:])
+                          (output + stored_text(proc.stderr))[-65536:])
     seen: dict[str, None] = {}
     for line in output.splitlines():
         item = line.strip()
@@ -194,7 +195,7 @@ class FanOut(threading.Thread):
                     "job %s: item %s %s, exit %s, %.2fs", job.name, label, result, code, took,
                     extra={"job": job.name, "run_id": run_ids[0], "item": batch[0].item,
                            "event": result})
-            output = outcome.tail.decode("utf-8", "replace")
+            output = stored_text(outcome.tail)
             retry_db(ctx, f"record result of {job.name}",
                      lambda: items.finish_runs(job.name, ctx.holder, run_ids, batch, result,
                                                code, output),

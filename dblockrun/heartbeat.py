@@ -74,6 +74,8 @@ class Renewer:
         self.extra = extra
         self._leases: dict[int, LeaseWatch] = {}
         self._lock = threading.Lock()
+        #: Held while one lease is being renewed (see remove).
+        self._renewing = threading.Lock()
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
@@ -91,8 +93,12 @@ class Renewer:
             self._leases[id(watch)] = watch
 
     def remove(self, watch: LeaseWatch) -> None:
+        """Stop renewing ``watch``; returns once no renewal of it is on its
+        way, so that a release that follows cannot be overtaken by one."""
         with self._lock:
             self._leases.pop(id(watch), None)
+        with self._renewing:
+            pass
 
     @property
     def count(self) -> int:
@@ -119,13 +125,15 @@ class Renewer:
         with self._lock:
             leases = list(self._leases.values())
         for watch in leases:
-            if watch.lost:
-                continue
-            sent = time.monotonic()
-            if watch.renew is not None:
-                ok = watch.renew()
-            else:
-                ok = self.store.renew(watch.name, watch.holder, watch.token, watch.lease)
+            with self._renewing:
+                with self._lock:
+                    if watch.lost or self._leases.get(id(watch)) is not watch:
+                        continue
+                sent = time.monotonic()
+                if watch.renew is not None:
+                    ok = watch.renew()
+                else:
+                    ok = self.store.renew(watch.name, watch.holder, watch.token, watch.lease)
             if ok:
                 watch.renewed(sent)
             else:

@@ -17,6 +17,11 @@ class OnFailure:
     disable_for: float | None = None  # seconds
     command: Command | None = None
 
+    @property
+    def wanted(self) -> bool:
+        """Whether a failure has anything to do."""
+        return bool(self.disable_for) or self.command is not None
+
 
 @dataclass(frozen=True)
 class Job:

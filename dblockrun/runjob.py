@@ -18,7 +18,7 @@ from dblockrun.jobs import Job
 from dblockrun.outage import Outage
 from dblockrun.runner import LeaseWatch, Outcome, argv_for, run_process
 from dblockrun.store import models as m
-from dblockrun.store.base import RunStore
+from dblockrun.store.base import FinishAndRelease, RunStore
 
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
@@ -53,6 +53,12 @@ def exit_status(code: int | None) -> int | None:
     if code is None:
         return None
     return 128 - code if code < 0 else code
+
+
+def stored_text(data: bytes) -> str:
+    """Command output as the runs table keeps it: UTF-8 with bad bytes
+    replaced, and NUL (which PostgreSQL text cannot hold) as U+FFFD."""
+    return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
 def base_env(job: Job) -> dict[str, str]:
@@ -118,7 +124,9 @@ class JobRun(threading.Thread):
         on_done: Callable[[JobRun], None] | None = None,
         line_sink: Callable[[bytes], None] | None = None,
         on_start: Callable[[int], None] | None = None,
+        run_id: int | None = None,
     ) -> None:
+        """``run_id``: the first attempt's run record, when the claim made it."""
         super().__init__(name=f"job-{job.name}", daemon=True)
         self.ctx = ctx
         self.job = job
@@ -131,6 +139,8 @@ class JobRun(threading.Thread):
         self.on_start = on_start
         self.last_outcome: Outcome | None = None
         self.last_run_id: int | None = None
+        self._recorded = run_id
+        self._released = False
 
     def run(self) -> None:
         self.ctx.renewer.add(self.watch)
@@ -138,44 +148,54 @@ class JobRun(threading.Thread):
             self._attempts()
         finally:
             self.ctx.renewer.remove(self.watch)
-            self._release()
+            if not self._released:
+                self._release()
             if self.on_done is not None:
                 self.on_done(self)
 
     def _attempts(self) -> None:
         job, ctx = self.job, self.ctx
         for attempt in range(1, job.retries + 2):
-            outcome = self._attempt(attempt)
-            if outcome is None:
+            ran = self._attempt(attempt)
+            if ran is None:
                 return
+            outcome, run_id = ran
             self.last_outcome = outcome
-            if result_of(outcome) != m.FAILED or attempt > job.retries:
+            result = result_of(outcome)
+            retry = (result == m.FAILED and attempt <= job.retries and not self.watch.lost
+                     and not ctx.stop.is_set() and time.monotonic() + 0.1 < self.deadline)
+            # A command that failed or ran into lock-at-most triggers on-failure;
+            # one stopped by a shutdown or fencing does not.
+            on_failure = (not retry and result in (m.FAILED, m.TIMEOUT)
+                          and not ctx.stop.is_set())
+            last = not retry and not (on_failure and job.on_failure.wanted)
+            self._record_result(run_id, outcome, release=last)
+            if not retry:
                 break
-            if self.watch.lost or ctx.stop.wait(job.retry_delay):
-                break
-            if time.monotonic() + 0.1 >= self.deadline:
+            if (self.watch.lost or ctx.stop.wait(job.retry_delay)
+                    or time.monotonic() + 0.1 >= self.deadline):
+                on_failure = not ctx.stop.is_set()
                 break
             log.info("job %s: retrying (attempt %d of %d)", job.name, attempt + 1,
                      job.retries + 1)
-        # A command that failed or ran into lock-at-most triggers on-failure;
-        # one stopped by a shutdown or fencing does not.
-        if (self.last_outcome is not None
-                and result_of(self.last_outcome) in (m.FAILED, m.TIMEOUT)
-                and not ctx.stop.is_set()):
-            self._on_failure(self.last_outcome)
+        if on_failure:
+            self._on_failure(outcome)
 
-    def _attempt(self, attempt: int) -> Outcome | None:
+    def _attempt(self, attempt: int) -> tuple[Outcome, int] | None:
+        """Record the attempt (unless the claim did) and run the command."""
         job, ctx = self.job, self.ctx
         ids: list[int] = []
+        if attempt == 1 and self._recorded is not None:
+            ids.append(self._recorded)
+        else:
+            def record() -> None:
+                ids.append(ctx.store.start_run(job.name, ctx.holder, token=self.token,
+                                               slot=self.slot, attempt=attempt))
 
-        def record() -> None:
-            ids.append(ctx.store.start_run(job.name, ctx.holder, token=self.token,
-                                           slot=self.slot, attempt=attempt))
-
-        if not retry_db(ctx, f"record run of {job.name}", record,
-                        self.watch.fence_at(ctx.kill_grace + 1)):
-            log.error("job %s: could not record the run; not starting it", job.name)
-            return None
+            if not retry_db(ctx, f"record run of {job.name}", record,
+                            self.watch.fence_at(ctx.kill_grace + 1)):
+                log.error("job %s: could not record the run; not starting it", job.name)
+                return None
         run_id = ids[0]
         self.last_run_id = run_id
         env = command_env(job, holder=ctx.holder, run_id=run_id, token=self.token, slot=self.slot)
@@ -208,24 +228,50 @@ class JobRun(threading.Thread):
             "job %s: run %d %s, exit %s, %.2fs%s", job.name, run_id, result, code, took, extra,
             extra={**fields, "event": result},
         )
-        output = outcome.tail.decode("utf-8", "replace")
+        return outcome, run_id
+
+    def _record_result(self, run_id: int, outcome: Outcome, *, release: bool) -> None:
+        """The run's result; with ``release`` the lock's release in the same
+        round trip (where the store can), the lease's renewals stopped first."""
+        job, ctx = self.job, self.ctx
+        result = result_of(outcome)
+        code = exit_status(outcome.exit_code)
+        output = stored_text(outcome.tail)
         if outcome.reason == "error":
             output = (output + outcome.detail + "\n")[-65536:]
         written: list[bool] = []
-        retry_db(ctx, f"record result of {job.name}",
-                 lambda: written.append(ctx.store.finish_run(run_id, job.name, self.token,
-                                                              result, code, output)),
-                 time.monotonic() + 60)
+        store = ctx.store
+        if release and isinstance(store, FinishAndRelease):
+            ctx.renewer.remove(self.watch)
+
+            def both() -> None:
+                ok, _released = store.finish_and_release(
+                    run_id, job.name, ctx.holder, self.token, result, code, output,
+                    job.lock_at_least)
+                written.append(ok)
+
+            self._released = retry_db(ctx, f"record result of {job.name}", both,
+                                      time.monotonic() + 60)
+            if self._released:
+                self._prune()
+        else:
+            retry_db(ctx, f"record result of {job.name}",
+                     lambda: written.append(store.finish_run(run_id, job.name, self.token,
+                                                             result, code, output)),
+                     time.monotonic() + 60)
         if written and not written[0]:
             log.warning("job %s: run %d result not recorded: token %d is no longer current",
                         job.name, run_id, self.token)
-        return outcome
 
     def _release(self) -> None:
         job, ctx = self.job, self.ctx
         retry_db(ctx, f"release {job.name}",
                  lambda: ctx.store.release(job.name, ctx.holder, self.token, job.lock_at_least),
                  time.monotonic() + 30)
+        self._prune()
+
+    def _prune(self) -> None:
+        job, ctx = self.job, self.ctx
         if job.history_limit and self.last_run_id and self.last_run_id % 50 == 0:
             try:
                 ctx.store.prune_runs(job.name, job.history_limit)

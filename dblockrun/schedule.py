@@ -110,6 +110,13 @@ def next_slot(cron: str, timezone: str, after: datetime) -> datetime:
     raise ValueError(f"no slot found for {cron!r} after {after.isoformat()}")
 
 
+@functools.lru_cache(maxsize=8192)
+def next_slot_at(cron: str, timezone: str, after: float) -> float:
+    """:func:`next_slot` on epoch seconds, remembered: a fleet's jobs often
+    share a schedule, and thousands due at once then cost one computation."""
+    return next_slot(cron, timezone, datetime.fromtimestamp(after, UTC)).timestamp()
+
+
 def describe_next(cron: str, timezone: str, after: datetime, count: int) -> list[datetime]:
     """The next ``count`` slots after ``after`` (aware UTC datetimes)."""
     slots: list[datetime] = []

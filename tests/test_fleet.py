@@ -87,3 +87,55 @@ def test_three_daemons_run_each_slot_exactly_once(db: TestDb, tmp_path: Path) ->
     assert {r.result for r in runs} == {"ok"}
     assert len({r.slot for r in runs}) == len(runs)
     store.close()
+
+
+MANY = 48
+
+
+@pytest.mark.slow
+def test_many_jobs_due_at_once_run_once_each_spread_over_daemons(db: TestDb,
+                                                                 tmp_path: Path) -> None:
+    """Jobs due on the same instant are claimed in batches, each host its
+    share first: every job has exactly one record per slot (run, or skipped
+    while its run of the previous slot was still going on a busy machine),
+    no job starts twice in a slot, and every daemon gets work."""
+    out = tmp_path / "runs.log"
+    jobs = tmp_path / "jobs.yaml"
+    lines = ["jobs:"]
+    for i in range(MANY):
+        lines += [f"  job{i:02d}:", '    cron: "*/3 * * * * *"', "    env:", f"      LOG: {out}",
+                  "    command: echo \"$DBLOCKRUN_JOB $DBLOCKRUN_SLOT $DBLOCKRUN_HOST_ID\""
+                  " >> \"$LOG\""]
+    jobs.write_text("\n".join(lines) + "\n")
+    procs = [start_daemon(db, jobs, tmp_path / f"daemon{i}.log") for i in range(3)]
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 3, 30, what="3 daemons registered")
+        first = store.db_now() + 1  # slots after all three daemons are up
+
+        def two_slots_accounted() -> list[float] | None:
+            per_slot: dict[float, set[str]] = {}
+            for run in store.history(limit=10_000):
+                if run.slot is not None and run.slot >= first and run.result in ("ok", "skipped"):
+                    per_slot.setdefault(run.slot, set()).add(run.job)
+            done = sorted(s for s, names in per_slot.items() if len(names) == MANY)
+            return done[:2] if len(done) >= 2 else None
+
+        slots = wait_for(two_slots_accounted, 60, interval=0.5, what="two slots of every job")
+    finally:
+        codes = stop_all(procs)
+    assert codes == [0, 0, 0]
+    records: dict[tuple[str, float], int] = {}
+    for run in store.history(limit=10_000):
+        if run.slot in slots:
+            records[run.job, run.slot] = records.get((run.job, run.slot), 0) + 1
+    assert len(records) == 2 * MANY and set(records.values()) == {1}
+    starts: dict[tuple[str, str], int] = {}
+    hosts: set[str] = set()
+    for line in out.read_text().splitlines():
+        job, slot, host = line.split()
+        starts[job, slot] = starts.get((job, slot), 0) + 1
+        hosts.add(host)
+    assert max(starts.values()) == 1, "a job started twice in one slot"
+    assert len(hosts) == 3, f"not every daemon got work: {hosts}"
+    store.close()
