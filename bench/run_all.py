@@ -2,15 +2,18 @@
 
     python bench/run_all.py [--quick]
 
-Full: about 8 minutes on a 2-core machine; --quick: about 2 minutes, with
-fewer runs and shorter windows (noisier). Needs PostgreSQL on 127.0.0.1:5432
-(user postgres, database test) and MariaDB on 127.0.0.1:3306 (root, database
-test), as the test suite does.
+Full: about 15 minutes on a 2-core machine (latency, many_jobs and peer
+7 of them today, about 6 once 2,000 starts fit in 2 s); --quick: about 6
+minutes, with fewer runs and shorter windows (noisier). Needs PostgreSQL on
+127.0.0.1:5432 (user postgres, database test) and MariaDB on 127.0.0.1:3306
+(root, database test), as the test suite does. peer.py needs procrastinate:
+the `bench` extra is installed first when it is missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import subprocess
@@ -18,18 +21,27 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 
 FULL = [
     ["exec_overhead.py", "--runs", "20"],
     ["claims.py", "--seconds", "3", "--repeats", "3", "--procs", "1,4"],
     ["idle.py", "--seconds", "60", "--jobs", "10,1000"],
     ["fanout.py", "--items", "120"],
+    ["spawn.py", "--rounds", "5", "--threads", "0,200", "--parallel", "1,4"],
+    ["latency.py", "--seconds", "45", "--sqlite-seconds", "20"],
+    ["many_jobs.py", "--slots", "2", "--backends", "postgresql,mariadb"],
+    ["peer.py", "--seconds", "20"],
 ]
 QUICK = [
     ["exec_overhead.py", "--runs", "7"],
     ["claims.py", "--seconds", "1", "--repeats", "2", "--procs", "1,4"],
     ["idle.py", "--seconds", "20", "--settle", "5", "--jobs", "10,1000"],
     ["fanout.py", "--items", "40"],
+    ["spawn.py", "--rounds", "3", "--threads", "0,200", "--parallel", "4"],
+    ["latency.py", "--seconds", "15", "--sqlite-seconds", "8"],
+    ["many_jobs.py", "--slots", "1", "--backends", "postgresql", "--deadline", "15"],
+    ["peer.py", "--seconds", "10", "--tasks", "500", "--deadline", "30"],
 ]
 
 
@@ -48,12 +60,25 @@ def machine() -> str:
             f"Python {platform.python_version()}, load {load:.2f} at start")
 
 
+def ensure_bench_extra() -> None:
+    """peer.py compares with procrastinate: install the `bench` extra if missing."""
+    if importlib.util.find_spec("procrastinate") is not None:
+        return
+    print("installing the bench extra (procrastinate): pip install -e '.[bench]'", flush=True)
+    code = subprocess.call([sys.executable, "-m", "pip", "install", "-q", "-e",
+                            f"{ROOT}[bench]"])
+    if code != 0:
+        print("could not install it: peer.py will say skipped", flush=True)
+    importlib.invalidate_caches()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer runs, shorter windows")
     args = ap.parse_args()
     print(machine(), flush=True)
     print(flush=True)
+    ensure_bench_extra()
     failed = []
     for argv in QUICK if args.quick else FULL:
         start = time.monotonic()

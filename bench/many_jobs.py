@@ -1,0 +1,160 @@
+"""Many jobs due on the same instant: 2,000 jobs, 4 daemons.
+
+    python bench/many_jobs.py [--jobs 2000] [--daemons 4] [--period 30] [--slots 2]
+                              [--deadline 28] [--backends postgresql,mariadb]
+
+Per backend, a fresh database (dropped at the end) and ``--daemons`` real
+`dblockrun daemon` processes on this machine sharing ``--jobs`` jobs that
+are all due on the same instants, every PERIOD seconds (with 30, twice a
+minute: ``cron: "7,37 * * * * *"``, the seconds chosen so that the first
+slot comes about 16 s after the bench starts). Each command is bash's
+printf builtin appending ``$EPOCHREALTIME``, the job, ``$DBLOCKRUN_SLOT``
+and ``$DBLOCKRUN_HOST_ID`` to one file (a single small O_APPEND write). After
+every daemon is up, ``--slots`` consecutive slots are observed; for each,
+the bench waits until every job started or ``--deadline`` seconds after the
+slot, whichever comes first, so it ends in bounded time however late the
+starts are; a job that has not started by then is reported missing.
+
+Per slot: jobs started / expected, duplicates (a job started twice for the
+slot: must be 0), time from the slot to the last start (target: 2 s),
+p50/p99 of (first instruction - slot), starts per daemon and busiest/mean
+(target 1.5). Then the daemons' CPU seconds from just before the first slot
+to the end: utime + stime of each daemon and of the children it has reaped
+(guards, commands), from /proc/PID/stat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from pathlib import Path
+
+from common import Table
+from fleet import (
+    BASH,
+    CLOCK_NOTE,
+    RECORD,
+    Fleet,
+    code_version,
+    fresh_database,
+    load,
+    read_starts,
+    sleep_until,
+    slot_stats,
+)
+
+TARGET_LAST_S = 2.0
+TARGET_BALANCE = 1.5
+LEAD = 16.0  # init-db and start-up of 4 daemons with 2,000 jobs: 7-12 s
+
+
+def seconds_field(period: int, phase: int) -> str:
+    """The cron seconds at which ``t % period == phase``: with 30 and 7, ``7,37``."""
+    return ",".join(str(s) for s in range(60) if s % period == phase)
+
+
+def jobs_yaml(n: int, period: int, phase: int, record: Path) -> str:
+    out = ["jobs:"]
+    cron = f"{seconds_field(period, phase)} * * * * *"
+    for i in range(n):
+        out += [f"  many-{i}:", f'    cron: "{cron}"', f"    shell: {BASH}",
+                f"    command: '{RECORD.format(path=record)}'"]
+    return "\n".join(out) + "\n"
+
+
+def started_for(record: Path, slot: float) -> int:
+    return len({s.job for s in read_starts(record) if s.slot == slot})
+
+
+def run_backend(backend: str, args: argparse.Namespace, folder: Path, table: Table,
+                cpu_table: Table) -> None:
+    with fresh_database(backend, str(folder)) as db:
+        work = folder / backend
+        work.mkdir()
+        record = work / "starts.log"
+        jobs_file = work / "jobs.yaml"
+        # The first slot about LEAD seconds from now (start-up takes 7-12 s), not
+        # at :00 or :30: less waiting, the same schedule shifted.
+        phase = int(time.time() + LEAD) % args.period
+        jobs_file.write_text(jobs_yaml(args.jobs, args.period, phase, record))
+        fleet = Fleet(db, jobs_file, args.daemons)
+        t_ready = time.monotonic()
+        try:
+            fleet.start(ready_timeout=300)
+            t_ready = time.monotonic() - t_ready
+            first = math.ceil((time.time() + 2.0 - phase) / args.period) * args.period + phase
+            slots = [float(first + k * args.period) for k in range(args.slots)]
+            sleep_until(first - 1.0)
+            cpu0, w0 = fleet.cpu(), time.monotonic()
+            for slot in slots:
+                sleep_until(slot + 0.5)
+                while (time.time() < slot + args.deadline
+                       and started_for(record, slot) < args.jobs):
+                    fleet.check_alive()
+                    time.sleep(0.25)
+            time.sleep(1.0)  # the last commands end and are reaped
+            cpu1, w1 = fleet.cpu(), time.monotonic()
+        finally:
+            fleet.stop()
+        # A start after its slot's deadline counts as missing: the bench stopped
+        # waiting for it (the daemons may go on starting until they are stopped).
+        starts = [s for s in read_starts(record) if s.t <= s.slot + args.deadline]
+        for slot in slots:
+            expected = {(f"many-{i}", slot) for i in range(args.jobs)}
+            st = slot_stats(starts, expected)
+            last = max(st.latencies) if st.latencies else float("inf")
+            mean = st.started / args.daemons
+            counts = sorted(st.per_host.values(), reverse=True)
+            balance = counts[0] / mean if counts and mean else float("inf")
+            ok = (st.missing == 0 and st.duplicates == 0 and last <= TARGET_LAST_S
+                  and balance <= TARGET_BALANCE)
+            table.add([backend, time.strftime("%H:%M:%S", time.gmtime(slot)), st.expected,
+                       st.started, st.missing, st.duplicates, f"{last:.2f}",
+                       st.ms(0.5), st.ms(0.99), "/".join(map(str, counts)) or "-",
+                       f"{balance:.2f}", "yes" if ok else "NO"])
+        used = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
+        n_starts = sum(1 for s in starts if s.slot in slots)
+        cpu_table.add([backend, f"{t_ready:.1f}", f"{w1 - w0:.1f}", f"{sum(used):.1f}",
+                       " / ".join(f"{u:.1f}" for u in used),
+                       f"{sum(used) / n_starts * 1000:.1f}" if n_starts else "-"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=2000)
+    ap.add_argument("--daemons", type=int, default=4)
+    ap.add_argument("--period", type=int, default=30,
+                    help="seconds between slots (divides 60)")
+    ap.add_argument("--slots", type=int, default=2, help="consecutive slots observed")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds after a slot to wait for its starts (default: period - 2)")
+    ap.add_argument("--backends", default="postgresql,mariadb")
+    args = ap.parse_args()
+    if 60 % args.period:
+        ap.error("--period must divide 60")
+    if args.deadline is None:
+        args.deadline = max(1.0, args.period - 2.0)
+    table = Table(["backend", "slot (UTC)", "expected", "started", "missing", "duplicates",
+                   "last start s", "p50 ms", "p99 ms", "starts per daemon", "busiest/mean",
+                   "met"])
+    cpu_table = Table(["backend", "start-up s", "window s", "CPU s (all daemons)",
+                       "per daemon", "CPU ms per start"])
+    with tempfile.TemporaryDirectory(prefix="dblockrun-bench-") as tmp:
+        for backend in args.backends.split(","):
+            run_backend(backend, args, Path(tmp), table, cpu_table)
+    print(f"many jobs: {args.jobs} jobs due on the same instant every {args.period} s, "
+          f"{args.daemons} daemons, {args.slots} slot(s), waiting at most {args.deadline:g} s "
+          f"after each; targets: every job once, last start within {TARGET_LAST_S:g} s, "
+          f"busiest/mean <= {TARGET_BALANCE:g}; {load()}; {code_version()}")
+    print(CLOCK_NOTE)
+    table.print()
+    print("daemons' CPU from 1 s before the first slot to 1 s after the last wait (utime + "
+          "stime of each daemon and its reaped children: guards and commands); start-up: "
+          "until every daemon registered")
+    cpu_table.print()
+
+
+if __name__ == "__main__":
+    main()
