@@ -30,6 +30,7 @@ from dblockrun.runjob import JobRun, RunContext
 from dblockrun.schedule import next_slot_at
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.wakeup import Wakeup
 
 log = logging.getLogger("dblockrun")
 
@@ -96,8 +97,10 @@ class Daemon:
         self.renewer = Renewer(store, options.heartbeat, self.outage, extra=self._heartbeat_extra)
         self.metrics = Metrics()
         self.metrics.watch(self._live_metrics)
-        self._wake = threading.Event()
-        self._reload = threading.Event()
+        self._wake = Wakeup()
+        # Set from signal handlers, so plain flags: acted on by the main loop.
+        self._stop_requested = False
+        self._reload_requested = False
         self._heap: list[_Due] = []
         self._seq = 0
         self._generation = 0
@@ -125,16 +128,30 @@ class Daemon:
         )
 
     # -- control from signal handlers ---------------------------------------
+    # A handler runs on the main thread, between any two of its bytecodes: it
+    # must take no lock the main thread might hold (so no Event.set()).
 
     def request_stop(self) -> None:
         if self._shutdown_deadline is None:
             self._shutdown_deadline = time.monotonic() + self.options.grace
-        self.stop.set()
+        self._stop_requested = True
         self._wake.set()
 
     def request_reload(self) -> None:
-        self._reload.set()
+        self._reload_requested = True
         self._wake.set()
+
+    def _stopping(self) -> bool:
+        """Whether to stop; passes a requested stop on to the run threads."""
+        if self._stop_requested and not self.stop.is_set():
+            self.stop.set()
+        return self.stop.is_set()
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep on the main thread; a stop request cuts it short."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping() and (left := deadline - time.monotonic()) > 0:
+            self._wake.wait(left)
 
     # -- main loop ------------------------------------------------------------
 
@@ -153,6 +170,7 @@ class Daemon:
         finally:
             if server is not None:
                 server.shutdown()
+            self._wake.close()
 
     def healthy(self) -> bool:
         """The database answered within the last three heartbeats."""
@@ -173,20 +191,19 @@ class Daemon:
         self.renewer.start()
         self._plan_all()
         try:
-            while not self.stop.is_set():
-                if self._reload.is_set():
-                    self._reload.clear()
+            while not self._stopping():
+                if self._reload_requested:
+                    self._reload_requested = False
                     self._do_reload()
                 self._fire_due()
                 self._poll_requests()
                 self._replan_finished()
                 self._wake.wait(self._sleep_time())
-                self._wake.clear()
         finally:
             self._shutdown()
 
     def _startup(self) -> bool:
-        while not self.stop.is_set():
+        while not self._stopping():
             try:
                 self.store.ensure_schema()
                 self.store.ensure_jobs(j.name for j in self.jobs.jobs)
@@ -197,7 +214,7 @@ class Daemon:
             except (DatabaseRefused, SchemaTooNew):
                 raise  # retrying cannot fix these: exit status 1 with the reason
             except DatabaseError as exc:
-                self.stop.wait(self.outage.failed("startup", exc))
+                self._pause(self.outage.failed("startup", exc))
         return False
 
     def _heartbeat_extra(self) -> None:
@@ -313,7 +330,7 @@ class Daemon:
 
     def _fire_due(self) -> None:
         batch: list[tuple[Job, float, float]] = []
-        while self._heap and not self.stop.is_set():
+        while self._heap and not self._stopping():
             head = self._heap[0]
             now = self.clock.now()
             if head.fire_at > now:
@@ -366,10 +383,10 @@ class Daemon:
             share = len(pending) if len(pending) < 4 * hosts else -(-len(pending) // hosts)
             first = time.monotonic()
             for limit in (share, len(pending)):
-                if not pending or self.stop.is_set():
+                if not pending or self._stopping():
                     break
                 if limit != share:
-                    self.stop.wait(max(0.0, first + _SHARE_WAIT - time.monotonic()))
+                    self._pause(first + _SHARE_WAIT - time.monotonic())
                 sent = time.monotonic()
                 try:
                     won = self.store.claim_batch(pending, self.holder, self.options.lease,

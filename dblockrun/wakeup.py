@@ -1,0 +1,45 @@
+"""A wake-up call for the daemon's main loop that a signal handler may ring.
+
+`threading.Event` is not safe there: its ``set()`` takes a lock that the main
+thread may hold at the instant the signal arrives (inside its own ``wait()`` or
+``clear()``), and the handler, which runs on the main thread, then waits for
+itself forever. A byte written to a non-blocking pipe takes no lock.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+
+
+class Wakeup:
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def set(self) -> None:
+        """Wake the waiter (now, or at its next wait). Safe in a signal handler."""
+        if self._write < 0:
+            return  # closed
+        try:
+            os.write(self._write, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full: a wake-up is already pending
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until `set()` or ``timeout`` seconds; True if woken. Consumes the wake-ups."""
+        ready, _, _ = select.select([self._read], [], [], max(0.0, timeout))
+        if not ready:
+            return False
+        try:
+            while os.read(self._read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        return True
+
+    def close(self) -> None:
+        """Close the pipe; later `set()` calls do nothing."""
+        write, self._write = self._write, -1
+        if write >= 0:
+            os.close(write)
+            os.close(self._read)
