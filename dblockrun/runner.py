@@ -155,10 +155,27 @@ class _Child:
 
     def stop(self, pgid: int, grace: float) -> None:
         """SIGTERM the group, SIGKILL it after ``grace`` or once this child ended."""
-        _signal_group(pgid, signal.SIGTERM)
+        self.signal(pgid, signal.SIGTERM)
         self.wait(grace)
-        _signal_group(pgid, signal.SIGKILL)
+        self.kill(pgid)
+
+    def kill(self, pgid: int) -> None:
+        """SIGKILL the group and wait for this child."""
+        self.signal(pgid, signal.SIGKILL)
         self.wait()
+
+    def signal(self, pgid: int, sig: int) -> None:
+        """Signal the group; if there is none yet, this child alone.
+
+        The child leads its own group only once it has called setsid(); one
+        killed (or stuck) before that must still be reachable, or waiting for
+        it never ends.
+        """
+        if not _signal_group(pgid, sig) and self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def run_process(
@@ -265,8 +282,7 @@ def run_process(
             break
     finally:
         if proc.returncode is None:
-            _signal_group(pgid, signal.SIGKILL)
-            proc.wait()
+            proc.kill(pgid)
         # Background children left in the group go with the run.
         if _signal_group(pgid, 0):
             stop_group(pgid, 1.0, lambda: not _signal_group(pgid, 0))

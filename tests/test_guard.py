@@ -215,3 +215,19 @@ def test_a_wait_returns_when_the_child_ends_not_at_its_timeout() -> None:
     wait_for(lambda: returned or None, 30, what="the wait to return once sleep 0.2 ended")
     assert returned == [True] and child.returncode == 0
 
+
+
+def test_a_child_that_does_not_lead_its_group_yet_is_still_stopped() -> None:
+    # A forked guard leads its group only once it has called setsid(); stuck
+    # before that (a lock held at fork time), stopping it by group alone would
+    # find no group and then wait for it for ever.
+    pid = os.posix_spawn("/bin/sleep", ["sleep", "600"], {})
+    child = _Child(pid)
+    assert os.getpgid(pid) != pid
+    stopper = threading.Thread(target=child.stop, args=(pid, 0.1), daemon=True)
+    stopper.start()
+    stopper.join(timeout=30)
+    if stopper.is_alive():
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("stopping a child with no group of its own hung")
+    assert child.returncode == -signal.SIGTERM
