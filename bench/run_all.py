@@ -2,9 +2,9 @@
 
     python bench/run_all.py [--quick]
 
-Full: about 15 minutes on a 2-core machine (latency, many_jobs and peer
-7 of them today, about 6 once 2,000 starts fit in 2 s); --quick: about 6
-minutes, with fewer runs and shorter windows (noisier). Needs PostgreSQL on
+Full: about 11 minutes on a 2-core machine (latency, many_jobs and peer 6
+of them); --quick: about 6 minutes, with fewer runs and shorter windows
+(noisier). Needs PostgreSQL on
 127.0.0.1:5432 (user postgres, database test) and MariaDB on 127.0.0.1:3306
 (root, database test), as the test suite does. peer.py needs procrastinate:
 the `bench` extra is installed first when it is missing.
