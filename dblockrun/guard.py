@@ -44,6 +44,7 @@ import ctypes
 import errno
 import fcntl
 import gc
+import logging
 import os
 import resource
 import select
@@ -77,6 +78,14 @@ _PR_SET_PDEATHSIG = 1
 _gc_lock = threading.Lock()
 _gc_paused = 0
 _gc_resume = False
+
+#: A forked child writes this at once; one that has not within the timeout is
+#: stuck in the fork and is killed and forked again, at most _FORK_TRIES times.
+_ALIVE = b"+"
+_FORK_ALIVE_TIMEOUT = 2.0
+_FORK_TRIES = 3
+
+log = logging.getLogger("dblockrun")
 
 #: The user to switch the command to: uid, gid, supplementary groups.
 Ids = tuple[int, int, Sequence[int]]
@@ -123,10 +132,54 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, out_f
     raised here. ``ids``: switch the command (only) to that uid, gid and
     groups. Raises OSError if the command cannot be started (a bad ``cwd``).
     """
-    global _gc_paused, _gc_resume
     argv = list(argv)
     paths = _exec_paths(argv[0], env)
     env = dict(env)
+    for attempt in range(1, _FORK_TRIES + 1):
+        pid, err_r = _fork(argv, paths, env, cwd, out_fd, beat_fd, fence, grace, ids)
+        try:
+            # The child's first act: one byte. Until then it is in the fork's
+            # own bookkeeping, which does no I/O and takes microseconds...
+            alive = select.poll()
+            alive.register(err_r, select.POLLIN)
+            if not alive.poll(_FORK_ALIVE_TIMEOUT * 1000):
+                # ...unless it inherited a lock that another thread of ours
+                # held at the fork (an LD_PRELOADed library's, say): then it
+                # waits for ever. It has not started the command: kill it and
+                # fork again.
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                log.warning("a forked guard for %s was stuck after the fork for %gs "
+                            "(attempt %d of %d); killed it", argv[0], _FORK_ALIVE_TIMEOUT,
+                            attempt, _FORK_TRIES)
+                continue
+            # Then EOF once the command is exec'd (close-on-exec) or the guard
+            # is set up; a slow workdir (NFS) may take its time.
+            report = b""
+            while chunk := os.read(err_r, 128):
+                report += chunk
+        finally:
+            os.close(err_r)
+        report = report.removeprefix(_ALIVE)
+        if report:
+            os.waitpid(pid, 0)
+            code, _, what = report.partition(b":")
+            num = int(code) if code.isdigit() else errno.EIO
+            if what == b"cwd":
+                raise OSError(num, os.strerror(num), cwd)
+            if what == b"exec":
+                raise OSError(num, os.strerror(num), argv[0])
+            raise OSError(num, f"{os.strerror(num)} ({what.decode(errors='replace')})")
+        return pid
+    raise OSError(errno.EAGAIN, f"the forked guard was stuck after the fork {_FORK_TRIES} times")
+
+
+def _fork(argv: list[str], paths: list[bytes], env: dict[str, str], cwd: str | None,
+          out_fd: int, beat_fd: int | None, fence: float, grace: float,
+          ids: Ids | None) -> tuple[int, int]:
+    """Fork the child that becomes the guard (or the command); its pid and
+    the read end of its report pipe."""
+    global _gc_paused, _gc_resume
     max_fd = os.sysconf("SC_OPEN_MAX")
     parent = os.getpid()
     err_r, err_w = os.pipe()
@@ -153,23 +206,7 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, out_f
             _gc_paused -= 1
             if _gc_paused == 0 and _gc_resume:
                 gc.enable()
-    # EOF once the command is exec'd (close-on-exec) or the guard is set up.
-    report = b""
-    try:
-        while chunk := os.read(err_r, 128):
-            report += chunk
-    finally:
-        os.close(err_r)
-    if report:
-        os.waitpid(pid, 0)
-        code, _, what = report.partition(b":")
-        num = int(code) if code.isdigit() else errno.EIO
-        if what == b"cwd":
-            raise OSError(num, os.strerror(num), cwd)
-        if what == b"exec":
-            raise OSError(num, os.strerror(num), argv[0])
-        raise OSError(num, f"{os.strerror(num)} ({what.decode(errors='replace')})")
-    return pid
+    return pid, err_r
 
 
 def _exec_paths(file: str, env: Mapping[str, str]) -> list[bytes]:
@@ -189,6 +226,7 @@ def _child(argv: list[str], paths: list[bytes], env: dict[str, str], cwd: str | 
     code = 127
     step = b"setup"
     try:
+        os.write(err_fd, _ALIVE)  # past the fork's own bookkeeping
         for s in _CATCHABLE:  # the daemon's Python handlers must not run here
             if callable(signal.getsignal(s)):
                 signal.signal(s, signal.SIG_DFL)

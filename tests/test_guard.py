@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
@@ -231,3 +233,43 @@ def test_a_child_that_does_not_lead_its_group_yet_is_still_stopped() -> None:
         os.kill(pid, signal.SIGKILL)
         pytest.fail("stopping a child with no group of its own hung")
     assert child.returncode == -signal.SIGTERM
+
+
+STUCK_FORK = """\
+import logging, os, sys, threading
+from dblockrun.runner import LeaseWatch, run_process
+
+logging.basicConfig(level=logging.INFO)
+held = threading.Lock()  # held by this process at the fork
+forks = []
+
+def after_in_child():
+    if len(forks) == 1:  # the first fork: its child waits for the lock for ever
+        held.acquire()
+
+os.register_at_fork(before=lambda: forks.append(1), after_in_child=after_in_child)
+held.acquire()
+lines = []
+for watch in (LeaseWatch("job", "host", 1, 30.0), None):
+    forks.clear()
+    out = run_process(["echo", "ran"], env=dict(os.environ), cwd=None, on_line=lines.append,
+                      deadline=None, watch=watch, stop=threading.Event())
+    print(out.exit_code, out.reason, len(forks), flush=True)
+sys.stdout.write(b"".join(lines).decode())
+"""
+
+
+def test_a_forked_child_stuck_in_the_fork_is_killed_and_forked_again() -> None:
+    # A child can inherit a lock that another thread held at the fork (the
+    # SIGTERM-hang CI failure: libfaketime's lock, taken in CPython's
+    # after-fork code) and wait for ever, and the run with it, holding its
+    # lease. Here an after-fork hook waits for a lock held at the fork.
+    try:
+        res = subprocess.run([sys.executable, "-c", STUCK_FORK], capture_output=True,
+                             text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("run_process waited for ever for a child stuck in the fork")
+    assert res.returncode == 0, res.stderr
+    # Guarded and unguarded: the command ran once, on the second fork.
+    assert res.stdout.splitlines() == ["0 exit 2", "0 exit 2", "ran", "ran"], res.stdout
+    assert res.stderr.count("stuck after the fork") == 2, res.stderr
