@@ -79,11 +79,12 @@ _gc_lock = threading.Lock()
 _gc_paused = 0
 _gc_resume = False
 
-#: A forked child writes this at once; one that has not within the timeout is
-#: stuck in the fork and is killed and forked again, at most _FORK_TRIES times.
+#: A forked child writes this at once (in well under a millisecond); one that
+#: has not within the timeout is stuck in the fork, and is killed and forked
+#: again with the next, longer timeout (a machine so loaded that a new process
+#: waits half a second for its first slice gets more time).
 _ALIVE = b"+"
-_FORK_ALIVE_TIMEOUT = 2.0
-_FORK_TRIES = 3
+_FORK_ALIVE_TIMEOUTS = (0.5, 2.0, 8.0)
 
 log = logging.getLogger("dblockrun")
 
@@ -135,14 +136,14 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, out_f
     argv = list(argv)
     paths = _exec_paths(argv[0], env)
     env = dict(env)
-    for attempt in range(1, _FORK_TRIES + 1):
+    for attempt, timeout in enumerate(_FORK_ALIVE_TIMEOUTS, 1):
         pid, err_r = _fork(argv, paths, env, cwd, out_fd, beat_fd, fence, grace, ids)
         try:
             # The child's first act: one byte. Until then it is in the fork's
             # own bookkeeping, which does no I/O and takes microseconds...
             alive = select.poll()
             alive.register(err_r, select.POLLIN)
-            if not alive.poll(_FORK_ALIVE_TIMEOUT * 1000):
+            if not alive.poll(timeout * 1000):
                 # ...unless it inherited a lock that another thread of ours
                 # held at the fork (an LD_PRELOADed library's, say): then it
                 # waits for ever. It has not started the command: kill it and
@@ -150,8 +151,8 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, out_f
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 log.warning("a forked guard for %s was stuck after the fork for %gs "
-                            "(attempt %d of %d); killed it", argv[0], _FORK_ALIVE_TIMEOUT,
-                            attempt, _FORK_TRIES)
+                            "(attempt %d of %d); killed it", argv[0], timeout, attempt,
+                            len(_FORK_ALIVE_TIMEOUTS))
                 continue
             # Then EOF once the command is exec'd (close-on-exec) or the guard
             # is set up; a slow workdir (NFS) may take its time.
@@ -171,7 +172,8 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, out_f
                 raise OSError(num, os.strerror(num), argv[0])
             raise OSError(num, f"{os.strerror(num)} ({what.decode(errors='replace')})")
         return pid
-    raise OSError(errno.EAGAIN, f"the forked guard was stuck after the fork {_FORK_TRIES} times")
+    raise OSError(errno.EAGAIN,
+                  f"the forked guard was stuck after the fork {len(_FORK_ALIVE_TIMEOUTS)} times")
 
 
 def _fork(argv: list[str], paths: list[bytes], env: dict[str, str], cwd: str | None,
