@@ -1,5 +1,13 @@
 """The tables, built for a table prefix. Times are epoch seconds (DOUBLE) on the
-database clock, so the three dialects compare them the same way."""
+database clock, so the three dialects compare them the same way.
+
+Names and keys (job names, items, host and holder ids, meta keys) are
+compared byte for byte everywhere, as the jobs file compares job names:
+``Backup`` and ``backup``, ``report`` and ``report `` are different jobs
+with different locks. SQLite and PostgreSQL compare text so already;
+MySQL/MariaDB get a binary collation without padding on these columns
+(:func:`binary_collation`), set on existing tables by
+:mod:`~dblockrun.store.migrate`."""
 
 from __future__ import annotations
 
@@ -8,6 +16,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
 
 from dblockrun.store.sql import SCHEMA_VERSION as SCHEMA_VERSION
 
@@ -15,6 +25,52 @@ from dblockrun.store.sql import SCHEMA_VERSION as SCHEMA_VERSION
 OUTPUT_TAIL = 64 * 1024
 
 _Text = sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql")
+
+
+class Name(sa.String):
+    """A name or key column: VARCHAR, compared byte for byte."""
+
+    cache_ok = True
+
+
+class NameText(sa.Text):
+    """A name of any length (a fan-out item): TEXT, compared byte for byte."""
+
+    cache_ok = True
+
+
+def binary_collation(dialect: Dialect) -> str:
+    """The collation that makes MySQL/MariaDB compare like ``memcmp``: case
+    and trailing spaces count. ``utf8mb4_bin`` is not enough: it pads, so
+    ``'report' = 'report '`` is true under it (MySQL before 8.0.17 has
+    nothing better)."""
+    version = dialect.server_version_info or ()
+    if getattr(dialect, "is_mariadb", False):
+        return "utf8mb4_nopad_bin" if version >= (10, 2, 2) else "utf8mb4_bin"
+    return "utf8mb4_0900_bin" if version >= (8, 0, 17) else "utf8mb4_bin"
+
+
+@compiles(Name, "mysql")
+def _name_mysql(type_: Name, compiler: Any, **_kw: Any) -> str:
+    return (f"VARCHAR({type_.length}) CHARACTER SET utf8mb4 "
+            f"COLLATE {binary_collation(compiler.dialect)}")
+
+
+@compiles(NameText, "mysql")
+def _name_text_mysql(_type: NameText, compiler: Any, **_kw: Any) -> str:
+    return f"TEXT CHARACTER SET utf8mb4 COLLATE {binary_collation(compiler.dialect)}"
+
+
+def name_columns(tables: Tables) -> list[sa.Column[Any]]:
+    """Every column compared byte for byte, table by table."""
+    return [c for t in tables.metadata.sorted_tables for c in t.columns
+            if isinstance(c.type, Name | NameText)]
+
+
+def job_name_columns(tables: Tables) -> list[sa.Column[Any]]:
+    """The columns holding job names: a name in one is the same job (the
+    same lock) as that name in another."""
+    return [tables.locks.c.name, tables.runs.c.job, tables.items.c.job]
 
 
 @dataclass(frozen=True)
@@ -31,7 +87,7 @@ def _lease_columns() -> list[sa.Column[Any]]:
     """What makes a row lockable (a job's lock, a fan-out item): holder,
     lease, fencing token and the last slot and start claimed."""
     return [
-        sa.Column("holder", sa.String(255)),
+        sa.Column("holder", Name(255)),
         sa.Column("lock_until", sa.Double()),
         sa.Column("locked_at", sa.Double()),
         sa.Column("token", sa.BigInteger(), nullable=False, default=0),
@@ -45,13 +101,13 @@ def build_tables(prefix: str) -> Tables:
     meta = sa.Table(
         f"{prefix}meta",
         md,
-        sa.Column("key", sa.String(64), primary_key=True),
+        sa.Column("key", Name(64), primary_key=True),
         sa.Column("value", sa.String(255), nullable=False),
     )
     locks = sa.Table(
         f"{prefix}locks",
         md,
-        sa.Column("name", sa.String(255), primary_key=True),
+        sa.Column("name", Name(255), primary_key=True),
         *_lease_columns(),
         sa.Column("next_due", sa.Double()),
         sa.Column("disabled_until", sa.Double()),
@@ -63,9 +119,9 @@ def build_tables(prefix: str) -> Tables:
         md,
         sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
                   autoincrement=True),
-        sa.Column("job", sa.String(255), nullable=False),
-        sa.Column("item", sa.String(1000)),
-        sa.Column("host", sa.String(255), nullable=False),
+        sa.Column("job", Name(255), nullable=False),
+        sa.Column("item", Name(1000)),
+        sa.Column("host", Name(255), nullable=False),
         sa.Column("slot", sa.Double()),
         sa.Column("token", sa.BigInteger()),
         sa.Column("attempt", sa.Integer(), nullable=False, default=1),
@@ -80,7 +136,7 @@ def build_tables(prefix: str) -> Tables:
     hosts = sa.Table(
         f"{prefix}hosts",
         md,
-        sa.Column("id", sa.String(255), primary_key=True),
+        sa.Column("id", Name(255), primary_key=True),
         sa.Column("hostname", sa.String(255), nullable=False),
         sa.Column("pid", sa.Integer(), nullable=False),
         sa.Column("version", sa.String(32), nullable=False),
@@ -93,10 +149,10 @@ def build_tables(prefix: str) -> Tables:
     items = sa.Table(
         f"{prefix}items",
         md,
-        sa.Column("job", sa.String(255), primary_key=True),
+        sa.Column("job", Name(255), primary_key=True),
         # sha256 of the item, so items of any length have a short key.
-        sa.Column("item_key", sa.String(64), primary_key=True),
-        sa.Column("item", sa.Text(), nullable=False),
+        sa.Column("item_key", Name(64), primary_key=True),
+        sa.Column("item", NameText(), nullable=False),
         sa.Column("retired", sa.Boolean(), nullable=False, default=False),
         *_lease_columns(),
         sa.Column("last_result", sa.String(16)),

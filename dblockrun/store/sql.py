@@ -1,6 +1,6 @@
 """SQL text shared by the SQLAlchemy store and the lean ``exec`` path (no imports)."""
 
-SCHEMA_VERSION = 2  # 2: items (fan-out jobs)
+SCHEMA_VERSION = 3  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL)
 
 #: The database clock in epoch seconds, read per statement.
 NOW = {

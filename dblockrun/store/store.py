@@ -22,6 +22,7 @@ from dblockrun.store import models as m
 from dblockrun.store.dialect import Dialect
 from dblockrun.store.hot import Claimed, ClaimShape, HotPath, is_deadlock
 from dblockrun.store.items import ItemStore
+from dblockrun.store.migrate import migrate
 from dblockrun.store.schema import SCHEMA_VERSION, Tables, build_tables
 
 T = TypeVar("T")
@@ -189,11 +190,12 @@ class Store:
         return SCHEMA_VERSION
 
     def _create_schema(self) -> None:
-        # Every migration so far only adds tables: create what is missing,
+        # Create what is missing, change what is older (store/migrate.py),
         # then record the version.
         meta = self.t.meta
         with self.engine.connect() as conn:
             self.t.metadata.create_all(conn, checkfirst=True)
+            migrate(conn, self.t)
             stmt = self.dialect.insert_ignore(meta).values(
                 key="schema_version", value=str(SCHEMA_VERSION)
             )

@@ -1,0 +1,132 @@
+"""Schema changes beyond creating missing tables, run by
+:meth:`Store.ensure_schema <dblockrun.store.store.Store.ensure_schema>` before
+it records the new version. Each step is idempotent: it looks at what the
+database has, so a migration cut short is simply run again.
+
+Version 3: names compared byte for byte. MySQL/MariaDB compared names
+with the database's default collation (``utf8mb4_general_ci``): ``Backup``
+and ``backup``, ``report`` and ``report ``, were one lock row, so one job
+blocked or fenced the other. The name columns get a binary collation
+(:func:`~dblockrun.store.schema.binary_collation`). Jobs whose names the old
+collation already merged have history under both names and one token
+sequence; splitting them would restart one job's fencing tokens, so the
+migration refuses, naming them, until an operator keeps one name.
+SQLite and PostgreSQL always compared text byte for byte: nothing to do.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from dblockrun.errors import DatabaseRefused
+from dblockrun.store.schema import Tables, binary_collation, job_name_columns, name_columns
+from dblockrun.store.sql import SCHEMA_VERSION
+
+#: Colliding names shown in the refusal, at most.
+SHOWN = 10
+
+
+class NamesCollide(DatabaseRefused):
+    """Job names in the database differ only in case or trailing spaces."""
+
+    kind = "schema"
+
+    def __init__(self, message: str, groups: list[list[str]]) -> None:
+        super().__init__(message)
+        #: The colliding names, each group sorted.
+        self.groups = groups
+
+
+def migrate(conn: Connection, tables: Tables) -> None:
+    """Bring existing tables to the current schema (all exist by now)."""
+    if conn.dialect.name == "mysql":
+        _binary_names(conn, tables)
+
+
+def _binary_names(conn: Connection, tables: Tables) -> None:
+    target = binary_collation(conn.dialect)
+    current = _collations(conn, [t.name for t in tables.metadata.sorted_tables])
+
+    def collation(column: sa.Column[Any]) -> str | None:
+        return current.get((column.table.name, column.name))
+
+    stale = [c for c in name_columns(tables) if collation(c) != f"utf8mb4/{target}"]
+    if not stale:
+        return
+    # A job name column still compared the old way may hold names that
+    # column merged (in the lock row, or in its own rows).
+    old = {collation(c) for c in job_name_columns(tables)}
+    groups = _collisions(conn, tables, target, {o for o in old if o and o != f"utf8mb4/{target}"})
+    if groups:
+        raise NamesCollide(_refusal(tables, groups), groups)
+    by_table: dict[str, list[sa.Column[Any]]] = defaultdict(list)
+    for column in stale:
+        by_table[column.table.name].append(column)
+    prep = conn.dialect.identifier_preparer
+    for table, columns in by_table.items():
+        changes = ", ".join(
+            f"MODIFY {prep.quote(c.name)} {c.type.compile(dialect=conn.dialect)} "
+            f"{'NULL' if c.nullable else 'NOT NULL'}" for c in columns)
+        conn.exec_driver_sql(f"ALTER TABLE {prep.quote(table)} {changes}")
+
+
+def _collations(conn: Connection, table_names: list[str]) -> dict[tuple[str, str], str | None]:
+    """(table, column) -> ``charset/collation`` of each column (None: not text)."""
+    rows = conn.execute(
+        sa.text("SELECT TABLE_NAME, COLUMN_NAME, CHARACTER_SET_NAME, COLLATION_NAME "
+                "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+                "AND TABLE_NAME IN :tables").bindparams(sa.bindparam("tables", expanding=True)),
+        {"tables": table_names},
+    )
+    return {(str(r[0]), str(r[1])): None if r[3] is None else f"{r[2]}/{r[3]}" for r in rows}
+
+
+def _collisions(conn: Connection, tables: Tables, target: str,
+                old: set[str]) -> list[list[str]]:
+    """Groups of job names, distinct byte for byte, that one of the old
+    collations (``charset/collation``) of the job name columns compares equal."""
+    prep = conn.dialect.identifier_preparer
+    names = " UNION ".join(
+        f"SELECT CONVERT({prep.quote(c.name)} USING utf8mb4) COLLATE {target} AS n "
+        f"FROM {prep.quote(c.table.name)}" for c in job_name_columns(tables))
+    pairs: set[tuple[str, str]] = set()
+    for spec in sorted(old):
+        charset, collation = spec.split("/")
+        loose = f"USING {charset}) COLLATE {collation}"
+        rows = conn.exec_driver_sql(
+            f"SELECT a.n, b.n FROM ({names}) a JOIN ({names}) b "
+            f"ON CONVERT(a.n {loose} = CONVERT(b.n {loose} AND a.n < b.n")
+        pairs.update((str(a), str(b)) for a, b in rows)
+    return _groups(pairs)
+
+
+def _groups(pairs: set[tuple[str, str]]) -> list[list[str]]:
+    """The names of ``pairs`` joined into groups that collide (a, A, a ...)."""
+    group: dict[str, set[str]] = {}
+    for a, b in pairs:
+        merged = group.get(a, {a}) | group.get(b, {b})
+        for name in merged:
+            group[name] = merged
+    unique = {id(g): g for g in group.values()}.values()
+    return sorted(sorted(g) for g in unique)
+
+
+def _refusal(tables: Tables, groups: list[list[str]]) -> str:
+    def names(group: list[str]) -> str:
+        quoted = [repr(n) for n in group]
+        return ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+    shown = "; ".join(f"jobs {names(g)}" for g in groups[:SHOWN])
+    more = f" (and {len(groups) - SHOWN} more)" if len(groups) > SHOWN else ""
+    return (
+        f"cannot migrate the dblockrun schema (tables {tables.locks.name} ...) to version "
+        f"{SCHEMA_VERSION}: {shown}{more} differ only in case or trailing spaces and have "
+        "shared one lock and one fencing-token sequence, because the database compared names "
+        "without case and trailing spaces; now they would be two locks. Keep one name of each: "
+        "rename or remove the others in every jobs file, delete their rows (README, "
+        "\"Schema versions\"), then run `dblockrun init-db`"
+    )
