@@ -15,8 +15,8 @@ How it runs: :func:`spawn` forks the calling daemon, no new interpreter
 a 2-core VM, where a guard started as ``python -I -S`` cost 28-32 ms; a
 fork's cost grows with the daemon's memory and threads). The forked child is
 the guard. It starts a new session, so it leads the command's process
-group; keeps only stdin (``/dev/null``), stdout and stderr (the output pipe)
-and its beat pipe, closing every other inherited file descriptor (a guard
+group; keeps only stdin (``/dev/null``), stdout and stderr (the output
+pipe, or one pipe each) and its beat pipe, closing every other inherited file descriptor (a guard
 holding another run's beat pipe would keep that run's daemon looking alive);
 then starts the command in its group with ``posix_spawn`` and watches it
 through a pidfd. It ignores the signals a stop or ``exec`` sends the group,
@@ -120,11 +120,12 @@ class GuardPipe:
 
 
 def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, out_fd: int,
-          beat_fd: int | None = None, fence: float = 0.0, grace: float = 0.0,
-          ids: Ids | None = None) -> int:
+          err_fd: int | None = None, beat_fd: int | None = None, fence: float = 0.0,
+          grace: float = 0.0, ids: Ids | None = None) -> int:
     """Start ``argv`` in a new session; return its process group id (a child's pid).
 
-    stdin is ``/dev/null``, stdout and stderr go to ``out_fd``. With
+    stdin is ``/dev/null``, stdout goes to ``out_fd``, stderr to ``err_fd``
+    (None: to ``out_fd`` too, in the order written). With
     ``beat_fd`` (the read end of a :class:`GuardPipe`) a guard leads the
     group and stops it as the module docstring says, after ``fence`` seconds
     without a beat and ``grace`` seconds between SIGTERM and SIGKILL; a
@@ -137,7 +138,8 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, out_f
     paths = _exec_paths(argv[0], env)
     env = dict(env)
     for attempt, timeout in enumerate(_FORK_ALIVE_TIMEOUTS, 1):
-        pid, err_r = _fork(argv, paths, env, cwd, out_fd, beat_fd, fence, grace, ids)
+        pid, err_r = _fork(argv, paths, env, cwd, (out_fd, out_fd if err_fd is None else err_fd),
+                           beat_fd, fence, grace, ids)
         try:
             # The child's first act: one byte. Until then it is in the fork's
             # own bookkeeping, which does no I/O and takes microseconds...
@@ -177,10 +179,11 @@ def spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, out_f
 
 
 def _fork(argv: list[str], paths: list[bytes], env: dict[str, str], cwd: str | None,
-          out_fd: int, beat_fd: int | None, fence: float, grace: float,
+          out: tuple[int, int], beat_fd: int | None, fence: float, grace: float,
           ids: Ids | None) -> tuple[int, int]:
-    """Fork the child that becomes the guard (or the command); its pid and
-    the read end of its report pipe."""
+    """Fork the child that becomes the guard (or the command), its stdout
+    and stderr the descriptors ``out``; its pid and the read end of its
+    report pipe."""
     global _gc_paused, _gc_resume
     max_fd = os.sysconf("SC_OPEN_MAX")
     parent = os.getpid()
@@ -195,7 +198,7 @@ def _fork(argv: list[str], paths: list[bytes], env: dict[str, str], cwd: str | N
         try:
             pid = os.fork()
             if pid == 0:
-                _child(argv, paths, env, cwd, out_fd, beat_fd, fence, grace, ids, err_w,
+                _child(argv, paths, env, cwd, out, beat_fd, fence, grace, ids, err_w,
                        max_fd, parent)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -223,7 +226,7 @@ def _exec_paths(file: str, env: Mapping[str, str]) -> list[bytes]:
 
 
 def _child(argv: list[str], paths: list[bytes], env: dict[str, str], cwd: str | None,
-           out_fd: int, beat_fd: int | None, fence: float, grace: float, ids: Ids | None,
+           out: tuple[int, int], beat_fd: int | None, fence: float, grace: float, ids: Ids | None,
            err_fd: int, max_fd: int, parent: int) -> NoReturn:
     code = 127
     step = b"setup"
@@ -248,13 +251,13 @@ def _child(argv: list[str], paths: list[bytes], env: dict[str, str], cwd: str | 
         # pipe. Copies above those numbers first, so that none is overwritten
         # before it is moved; then every other descriptor is closed.
         null = os.open(b"/dev/null", os.O_RDWR | os.O_CLOEXEC)
-        keep = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 5) for fd in (null, out_fd, err_fd)]
+        keep = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 5) for fd in (null, *out, err_fd)]
         if beat_fd is not None:
             beat_fd = fcntl.fcntl(beat_fd, fcntl.F_DUPFD_CLOEXEC, 5)
         os.dup2(keep[0], 0)
         os.dup2(keep[1], 1)
-        os.dup2(keep[1], 2)
-        err_fd = os.dup2(keep[2], 3, inheritable=False)
+        os.dup2(keep[2], 2)
+        err_fd = os.dup2(keep[3], 3, inheritable=False)
         if beat_fd is not None:
             beat_fd = os.dup2(beat_fd, 4, inheritable=False)
         os.closerange(5, max_fd)

@@ -24,6 +24,11 @@ log = logging.getLogger("dblockrun")
 
 OUTPUT_TAIL = 64 * 1024
 _MAX_LINE = 64 * 1024
+#: The longest the run's wait sleeps between looks at its lease and a stop
+#: request; lock-at-most and the fence are waited for to the instant.
+_LOOK_EVERY = 0.1
+
+LineSink = Callable[[bytes], None]
 
 @dataclass
 class LeaseWatch:
@@ -114,6 +119,37 @@ class Tail:
         return bytes(self._buf[-self.limit :])
 
 
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running.
+
+    A zombie (ended, not yet reaped) does not count: the orphans of a stopped
+    command (the ``sleep`` of ``sh -c 'sleep 30; true'``) are reaped by
+    init, or by whatever subreaper they are handed to, in its own time; a
+    container's init may take a second, and a ``dblockrun daemon`` running
+    as PID 1 never does. Waiting for them kept every such run a second
+    past its end (and past lock-at-most).
+    """
+    if not _signal_group(pgid, 0):
+        return False
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # no /proc: the signal's answer, zombies and all
+        return True
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may hold anything, ")" too.
+        state, _ppid, pgrp = stat[stat.rfind(b")") + 2 :].split(b" ", 3)[:3]
+        if int(pgrp) == pgid and state not in (b"Z", b"X"):
+            return True
+    return False
+
+
 def stop_group(pgid: int, grace: float, exited: Callable[[], bool]) -> None:
     """SIGTERM the process group, SIGKILL it after ``grace`` unless ``exited()``."""
     _signal_group(pgid, signal.SIGTERM)
@@ -131,6 +167,77 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+class _Pump(threading.Thread):
+    """Reads a command's output pipes (one, or stdout and stderr) until each
+    ends or :meth:`finish` gives up on them: each line to its stream's sink
+    and, in the order read, to the tail. A line longer than 64 KiB comes in
+    64 KiB pieces. A sink that fails (a closed stdout) is dropped; the pipe
+    is still read, so the command is never blocked on a full one."""
+
+    def __init__(self, streams: Sequence[tuple[int, LineSink]], tail: Tail, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._sinks: dict[int, LineSink | None] = dict(streams)
+        self._tail = tail
+        self._quit_r, self._quit_w = os.pipe2(os.O_CLOEXEC)
+
+    def run(self) -> None:
+        poll = select.poll()
+        for fd in (*self._sinks, self._quit_r):
+            poll.register(fd, select.POLLIN)
+        pending = {fd: bytearray() for fd in self._sinks}
+        reading = len(pending)
+        try:
+            while reading:
+                for fd, _event in poll.poll():
+                    if fd == self._quit_r:
+                        return
+                    data = os.read(fd, _MAX_LINE)
+                    if not data:
+                        poll.unregister(fd)
+                        reading -= 1
+                    else:
+                        self._lines(fd, pending[fd], data)
+        except OSError:
+            pass
+        finally:
+            for fd, rest in pending.items():
+                if rest:
+                    self._emit(fd, bytes(rest))
+
+    def _lines(self, fd: int, buf: bytearray, data: bytes) -> None:
+        buf += data
+        start = 0
+        while (end := buf.find(b"\n", start) + 1) > 0:
+            while end - start > _MAX_LINE:
+                self._emit(fd, bytes(buf[start : start + _MAX_LINE]))
+                start += _MAX_LINE
+            self._emit(fd, bytes(buf[start:end]))
+            start = end
+        while len(buf) - start >= _MAX_LINE:
+            self._emit(fd, bytes(buf[start : start + _MAX_LINE]))
+            start += _MAX_LINE
+        del buf[:start]
+
+    def _emit(self, fd: int, line: bytes) -> None:
+        self._tail.add(line)
+        sink = self._sinks[fd]
+        if sink is not None:
+            try:
+                sink(line)
+            except (OSError, ValueError):
+                self._sinks[fd] = None
+
+    def finish(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the pipes to end (a background child
+        that got away may hold one open), then stop reading; close them."""
+        self.join(timeout)
+        if self.is_alive():
+            os.write(self._quit_w, b"\0")
+            self.join()
+        for fd in (*self._sinks, self._quit_r, self._quit_w):
+            os.close(fd)
 
 
 class _Child:
@@ -183,7 +290,7 @@ def run_process(
     *,
     env: Mapping[str, str],
     cwd: str | None,
-    on_line: Callable[[bytes], None],
+    on_line: LineSink,
     deadline: float | None,
     watch: LeaseWatch | None,
     stop: threading.Event,
@@ -191,12 +298,16 @@ def run_process(
     stop_grace: Callable[[], float | None] = lambda: None,
     on_start: Callable[[int], None] | None = None,
     user: str | None = None,
+    on_err_line: LineSink | None = None,
 ) -> Outcome:
     """Run ``argv`` in a new process group until it ends or must be stopped.
 
-    ``deadline`` is monotonic (lock-at-most). ``stop`` asks for a shutdown:
-    the command then gets until ``stop_grace()`` (monotonic) before it is
-    stopped. ``user``: run the command as that user (its groups, HOME, USER,
+    ``on_line`` gets each line the command writes, stdout and stderr in the
+    order written; with ``on_err_line`` stderr has its own pipe and its lines
+    go there (the tail holds both, as read). ``deadline`` is monotonic
+    (lock-at-most): the command is stopped at that instant. ``stop`` asks
+    for a shutdown: the command then gets until ``stop_grace()`` (monotonic)
+    before it is stopped. ``user``: run the command as that user (its groups, HOME, USER,
     LOGNAME); the guard stays with the daemon's user, so the command cannot
     kill its own watchdog. With a ``watch`` the command runs under a guard
     (:mod:`dblockrun.guard`) that leads its group; without, it leads the group
@@ -217,19 +328,26 @@ def run_process(
         # clock: the backstop for a frozen or dead daemon.
         pipe = GuardPipe()
         watch.pipe = pipe
-    out_r, out_w = os.pipe()
+    streams: list[tuple[int, LineSink]] = []
+    writers: list[int] = []
+    for sink in (on_line, on_err_line) if on_err_line is not None else (on_line,):
+        r, w = os.pipe()
+        streams.append((r, sink))
+        writers.append(w)
     try:
-        pgid = spawn(argv, env=env, cwd=cwd, out_fd=out_w,
+        pgid = spawn(argv, env=env, cwd=cwd, out_fd=writers[0], err_fd=writers[-1],
                      beat_fd=pipe.read_fd if pipe else None,
                      fence=watch.lease - fence_margin + 0.5 if watch else 0.0, grace=term_grace,
                      ids=run_as.ids() if run_as else None)
     except OSError as exc:
-        os.close(out_r)
+        for r, _sink in streams:
+            os.close(r)
         if pipe is not None:
             pipe.close()
         return Outcome(None, "error", b"", f"cannot start command: {exc}")
     finally:
-        os.close(out_w)
+        for w in writers:
+            os.close(w)
     if pipe is not None:
         pipe.child_started()
     try:
@@ -237,32 +355,20 @@ def run_process(
     except OSError as exc:  # out of descriptors: no way to watch it
         _signal_group(pgid, signal.SIGKILL)
         os.waitpid(pgid, 0)
-        os.close(out_r)
+        for r, _sink in streams:
+            os.close(r)
         if pipe is not None:
             pipe.close()
         return Outcome(None, "error", b"", f"cannot start command: {exc}")
     if on_start is not None:
         on_start(pgid)
     tail = Tail()
-    stdout = open(out_r, "rb")  # closed below, after the reader
-
-    def pump() -> None:
-        try:
-            while True:
-                line = stdout.readline(_MAX_LINE)
-                if not line:
-                    break
-                tail.add(line)
-                on_line(line)
-        except (OSError, ValueError):
-            pass
-
-    reader = threading.Thread(target=pump, name=f"output-{pgid}", daemon=True)
+    reader = _Pump(streams, tail, name=f"output-{pgid}")
     reader.start()
     reason = "exit"
     detail = ""
     try:
-        while not proc.wait(0.1):
+        while not proc.wait(_wait_time(deadline, watch, fence_margin)):
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 reason, detail = "timeout", "reached lock-at-most"
@@ -283,11 +389,23 @@ def run_process(
     finally:
         if proc.returncode is None:
             proc.kill(pgid)
-        # Background children left in the group go with the run.
+        # Background children left in the group go with the run (SIGTERM,
+        # SIGKILL once none runs or after 1 s; zombies are not waited for).
         if _signal_group(pgid, 0):
-            stop_group(pgid, 1.0, lambda: not _signal_group(pgid, 0))
-        reader.join(timeout=2.0)
-        stdout.close()
+            stop_group(pgid, 1.0, lambda: not group_running(pgid))
+        reader.finish(timeout=2.0)
         if pipe is not None:
             pipe.close()
     return Outcome(proc.returncode, reason, tail.value(), detail)
+
+
+def _wait_time(deadline: float | None, watch: LeaseWatch | None, fence_margin: float) -> float:
+    """How long the run's wait may sleep: until lock-at-most or the fence if
+    one comes first, else a look at the lease and a stop request."""
+    now = time.monotonic()
+    wait = _LOOK_EVERY
+    if deadline is not None:
+        wait = min(wait, deadline - now)
+    if watch is not None:
+        wait = min(wait, watch.fence_at(fence_margin) - now)
+    return max(0.0, wait)

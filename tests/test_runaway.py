@@ -210,3 +210,19 @@ def test_long_lines_of_letters_do_not_stall_the_daemon(
     assert run.result == m.OK, run.result
     assert run.duration is not None and run.duration < 10, run.duration
     assert run.output == "x" * TAIL
+
+
+def test_daemon_logs_and_stores_stdout_and_stderr_in_order(
+        sqlite_db: TestDb, tmp_path: Path, daemon_proc: list[subprocess.Popen[bytes]]) -> None:
+    # The daemon reads both streams through one pipe: the order written is
+    # the order logged and stored (exec alone keeps them apart).
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  both: {rate: 1h, "
+                    "command: 'echo one; echo two >&2; echo three; echo four >&2'}\n")
+    log = tmp_path / "d.log"
+    daemon_proc.append(start_daemon(sqlite_db, jobs, log))
+    run = wait_for(lambda: finished(sqlite_db, "both"), 30, what="both finished")
+    assert (run.result, run.output) == (m.OK, "one\ntwo\nthree\nfour\n"), run
+    logged = [line.split("] ", 1)[1] for line in log.read_text().splitlines()
+              if "[both] " in line]
+    assert logged == ["one", "two", "three", "four"]
