@@ -239,3 +239,44 @@ def test_command_dies_with_a_killed_exec(db: TestDb, store: Store) -> None:
         wait_for(lambda: process_gone(child), 10, what=f"command {child} to die with exec")
     finally:
         bg.kill()
+
+
+def test_stderr_stays_apart_from_stdout(db: TestDb, store: Store) -> None:
+    script = "echo out; echo err >&2; echo out2; echo err2 >&2; exit 3"
+    proc = run_exec(db, "--name", "x", "--", "sh", "-c", script)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "out\nout2\n", "err\nerr2\n")
+    # `2>/dev/null` leaves exactly the command's stdout.
+    quiet = subprocess.run(exec_args(db, "--name", "x", "--", "sh", "-c", script),
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           env=clean_env(), cwd=REPO, timeout=60)
+    assert (quiet.returncode, quiet.stdout) == (3, "out\nout2\n")
+    # The stored tail holds both streams, each in its order (interleaved as read).
+    run = store.history("x")[0]
+    assert run.output is not None
+    lines = run.output.splitlines()
+    assert sorted(lines) == ["err", "err2", "out", "out2"]
+    assert lines.index("out") < lines.index("out2") and lines.index("err") < lines.index("err2")
+
+
+def test_an_unknown_command_is_reported_on_stderr(db: TestDb) -> None:
+    proc = run_exec(db, "--name", "x", "--", "/nonexistent/command")
+    assert (proc.returncode, proc.stdout) == (127, "")
+    assert "/nonexistent/command" in proc.stderr
+
+
+def test_exec_says_when_it_stopped_the_command(db: TestDb, store: Store) -> None:
+    proc = run_exec(db, "--lock-at-most", "1s", "--name", "slow", "--",
+                    "sh", "-c", "echo working; exec sleep 30")
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert proc.stdout == "working\n"
+    assert proc.stderr == "dblockrun: stopped the command: it reached --lock-at-most 1s\n"
+    assert [r.result for r in store.history("slow")] == [m.TIMEOUT]
+
+
+def test_exec_is_silent_when_the_command_fails_by_itself(db: TestDb) -> None:
+    # The same status as a stopped command, but its own doing: no word from exec.
+    proc = run_exec(db, "--lock-at-most", "1m", "--name", "x", "--",
+                    "sh", "-c", "kill -TERM $$")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (128 + signal.SIGTERM, "", "")
+    proc = run_exec(db, "--name", "x", "--", "sh", "-c", "exit 1")
+    assert (proc.returncode, proc.stderr) == (1, "")

@@ -1,4 +1,6 @@
-"""A stop request may arrive at any instant of the daemon's main loop.
+"""Stopping the daemon by signal: a second SIGINT ends the grace; and a stop
+request may arrive at any instant of the daemon's main loop.
+
 
 CPython runs a signal handler on the main thread at the next function entry
 (or backward jump) after the signal arrives, whatever that thread holds. If the
@@ -15,12 +17,17 @@ loop has gone round once: every instant a real handler could run at.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from helpers import TestDb
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+
+from dblockrun.store import Store
+from dblockrun.store import models as m
 
 #: Stopping with nothing running takes well under a second; past this, it hung.
 STOP_DEADLINE = 30
@@ -80,3 +87,49 @@ def test_stop_request_at_any_instant_of_the_main_loop_stops_the_daemon(
     assert res.returncode == 0, res.stderr
     assert "stopped after" in res.stdout, res.stdout + res.stderr
     assert "stopped" in res.stderr, res.stderr
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def test_second_sigint_stops_the_running_commands_now(
+    db: TestDb, store: Store, tmp_path: Path
+) -> None:
+    # Ctrl-C twice, as at a foreground program: the first lets the run
+    # finish within --grace (a minute), the second stops it at once.
+    pidfile = tmp_path / "pid"
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  long:\n    rate: 1h\n"
+                    f"    command: 'echo $$ > {pidfile}; exec sleep 300'\n")
+    log = tmp_path / "daemon.log"
+    with log.open("wb") as err:
+        daemon = subprocess.Popen(
+            [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
+             "--heartbeat", "1s", "--lease", "3s", "--grace", "60s"],
+            stdout=subprocess.DEVNULL, stderr=err, env=clean_env(), cwd=REPO)
+    try:
+        pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30,
+                           what="the command started"))
+        daemon.send_signal(signal.SIGINT)
+        wait_for(lambda: "stopping: waiting up to 60s for 1 running job" in log.read_text(),
+                 30, what="the daemon stopping")
+        assert alive(pid), "the first SIGINT must leave the run its grace"
+        sent = time.monotonic()
+        daemon.send_signal(signal.SIGINT)
+        assert daemon.wait(timeout=20) == 0, log.read_text()
+        took = time.monotonic() - sent
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    assert took < 5, f"{took:.1f}s to stop after the second SIGINT"
+    assert not alive(pid)
+    (run,) = store.history("long")
+    assert (run.result, run.exit_code) == (m.KILLED, 128 + signal.SIGTERM), run
+    assert "interrupted again: stopping 1 running job(s) now" in log.read_text()
