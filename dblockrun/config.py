@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import pwd
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -135,7 +136,8 @@ def load_jobs_text(text: str, path: str) -> JobsFile:
         raise
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        why = ", ".join(part for part in (exc.context, exc.problem) if part) or "cannot parse"
+        why = _yaml_hint(exc, text) or ", ".join(
+            part for part in (exc.context, exc.problem) if part) or "cannot parse"
         line = mark.line + 1 if mark is not None else None
         raise ConfigError(f"invalid YAML: {why}", file=path, line=line) from exc
     except yaml.reader.ReaderError as exc:
@@ -149,6 +151,40 @@ def load_jobs_text(text: str, path: str) -> JobsFile:
         # The contract: any text gives a JobsFile or a ConfigError (e.g. `2026-02-30`
         # makes PyYAML raise a bare ValueError).
         raise ConfigError(f"invalid YAML: {exc}", file=path) from exc
+
+
+#: A plain (unquoted) ``key: value`` line, to show the value quoted.
+_PLAIN_VALUE = re.compile(r"^\s*(?:-\s+)?([\w.-]+):\s+(.*?)\s*$")
+
+
+def _yaml_hint(exc: yaml.MarkedYAMLError, text: str) -> str | None:
+    """What to do about the YAML mistakes users make most, in their words
+    rather than the scanner's; None for the others."""
+    mark = exc.problem_mark
+    problem = exc.problem or ""
+    lines = text.splitlines()
+    line = lines[mark.line] if mark is not None and mark.line < len(lines) else ""
+    if "found character '\\t'" in problem:
+        where = f"column {mark.column + 1}" if mark is not None else "this line"
+        if mark is not None and not line[: mark.column].strip(" -"):
+            return f"a tab in the indentation ({where}): indent with spaces, not tabs"
+        return f"a tab ({where}): YAML wants spaces there, not tabs"
+    start = ""
+    if exc.context == "while scanning an alias" or problem.startswith("found undefined alias"):
+        start = "*"  # *x is a YAML alias
+    elif "found character '@'" in problem or "found character '`'" in problem:
+        start = problem.split("'")[1]  # reserved indicators
+    if not start:
+        return None
+    if start == "*":
+        why = "a value starting with * must be quoted (* starts a YAML alias)"
+    else:
+        why = f"a value starting with {start} must be quoted"
+    plain = _PLAIN_VALUE.match(line)
+    if plain is not None and plain.group(2).startswith(start):
+        key, value = plain.groups()
+        return f'{why}: write {key}: "{value.replace(chr(34), chr(92) + chr(34))}"'
+    return f'{why}; quote cron expressions: cron: "*/5 * * * *"'
 
 
 def _load_yaml(text: str) -> Any:
@@ -218,7 +254,7 @@ def _duration(value: Any, *, positive: bool = False) -> float:
     except ValueError as exc:
         raise _Invalid(str(exc)) from None
     if positive and seconds <= 0:
-        raise _Invalid(f"must be more than 0, got {_kind(value)}")
+        raise _Invalid(f"must be more than zero, got {str(value).strip()}")
     return seconds
 
 
@@ -379,6 +415,10 @@ _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 # --- the file ------------------------------------------------------------------------
 
 
+_NEEDS_JOBS = ("a jobs file needs a jobs: mapping of job names to jobs "
+               "(see dblockrun-jobs(5))")
+
+
 class _Parser:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -390,7 +430,7 @@ class _Parser:
 
     def parse(self, data: Any) -> JobsFile:
         if data is None:
-            raise self.error("no jobs: mapping", None)
+            raise self.error(f"the file is empty: {_NEEDS_JOBS}", None)
         if not isinstance(data, _Mapping):
             raise self.error(f"the file must be a mapping with a jobs: key, got {_kind(data)}", 1)
         self.check_duplicates(data)
@@ -398,7 +438,7 @@ class _Parser:
             if key not in TOP_LEVEL_KEYS:
                 raise self.error(_suggest(key, TOP_LEVEL_KEYS), data.lines[key], key=str(key))
         if "jobs" not in data:
-            raise self.error("no jobs: mapping", data.line)
+            raise self.error(f"no jobs: key: {_NEEDS_JOBS}", data.line)
         database = data.get("database")
         if database is not None:
             try:

@@ -221,12 +221,15 @@ def test_not_utf8(tmp_path: Path) -> None:
     assert info.value.render() == f"{path}: cannot read: not UTF-8 text (invalid start byte)"
 
 
+NEEDS_JOBS = "a jobs file needs a jobs: mapping of job names to jobs (see dblockrun-jobs(5))"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("", "jobs.yaml: no jobs: mapping"),
-        ("# nothing\n", "jobs.yaml: no jobs: mapping"),
-        ("database: x\n", "jobs.yaml:1: no jobs: mapping"),
+        ("", f"jobs.yaml: the file is empty: {NEEDS_JOBS}"),
+        ("# nothing\n", f"jobs.yaml: the file is empty: {NEEDS_JOBS}"),
+        ("database: x\n", f"jobs.yaml:1: no jobs: key: {NEEDS_JOBS}"),
         ("- a\n", "jobs.yaml:1: the file must be a mapping with a jobs: key, got a list"),
         ("jobs: [a]\n", "jobs.yaml:1: jobs: must be a mapping of job names to jobs, got a list"),
         (
@@ -416,8 +419,8 @@ def test_job_errors(text: str, message: str) -> None:
             "@reboot is not supported: a fleet has no single boot (use a cron expression or rate)",
         ),
         ("cron", "5", "must be a string, got a number (5)"),
-        ("rate", "0s", "must be more than 0, got a string ('0s')"),
-        ("rate", "0", "must be more than 0, got a number (0)"),
+        ("rate", "0s", "must be more than zero, got 0s"),
+        ("rate", "0", "must be more than zero, got 0"),
         ("rate", "5x", f"'5x' is not a duration {DURATION}"),
         ("rate", "-5m", f"'-5m' is negative {DURATION}"),
         ("rate", "[1]", "must be a duration like 90s, 5m or 1h30m, got a list"),
@@ -432,7 +435,7 @@ def test_job_errors(text: str, message: str) -> None:
         ),
         ("command", "[a, [b]]", "each argument must be a string or number, got a list (quote it)"),
         ("command", "~", "needs a value"),
-        ("lock-at-most", "0s", "must be more than 0, got a string ('0s')"),
+        ("lock-at-most", "0s", "must be more than zero, got 0s"),
         ("lock-at-most", "soon", f"'soon' is not a duration {DURATION}"),
         ("lock-at-least", "2h", "2h is longer than lock-at-most 1h"),
         ("lock-at-least", "-1", f"-1 is negative {DURATION}"),
@@ -450,7 +453,7 @@ def test_job_errors(text: str, message: str) -> None:
         ),
         ("workdir", "''", "must not be empty"),
         ("shell", "[sh]", "must be a string, got a list"),
-        ("starting-deadline", "0", "must be more than 0, got a number (0)"),
+        ("starting-deadline", "0", "must be more than zero, got 0"),
         ("retries", "x", "must be a whole number, got a string ('x')"),
         ("retries", "-1", "must be at least 0, got -1"),
         ("retries", "1.5", "must be a whole number, got a number (1.5)"),
@@ -503,7 +506,7 @@ def test_bad_nested_value_names_the_nested_line() -> None:
               disable-for: 0s
         """
     assert error(text) == (
-        "jobs.yaml:7: job 'j': on-failure.disable-for: must be more than 0, got a string ('0s')"
+        "jobs.yaml:7: job 'j': on-failure.disable-for: must be more than zero, got 0s"
     )
 
 
