@@ -11,7 +11,7 @@ each backend: the ``dblockrun`` console script, ``python -m dblockrun``
 (whose main() parses a plain exec without click; the console script does
 the same once its entry point is ``dblockrun.__main__:main``, the table's
 title says which it is) and, for comparison, the SQLAlchemy path
-(``DBLOCKRUN_EXEC_LEAN=0``). The lock is free each time (exec releases it).
+(``DBLOCKRUN_EXEC_DIRECT=0``). The lock is free each time (exec releases it).
 
 As on a real install, the dblockrun package is byte-compiled first
 (compileall, into its usual ``__pycache__``) and the timed commands run
@@ -111,7 +111,7 @@ def main() -> None:
             cases.append((f"python -m dblockrun exec, {backend}", [*MODULE, *exec_args], env,
                           backend))
         cases.append((f"dblockrun exec, {backend}, SQLAlchemy path", exec_argv,
-                      {**env, "DBLOCKRUN_EXEC_LEAN": "0"}, None))
+                      {**env, "DBLOCKRUN_EXEC_DIRECT": "0"}, None))
     times: dict[str, list[float]] = {name: [] for name, *_ in cases}
     try:
         for _name, argv, e, _ in cases:  # warm the page cache and .pyc files

@@ -45,6 +45,7 @@ from dblockrun.outage import Outage
 from dblockrun.runner import LeaseWatch
 from dblockrun.store import DEFAULT_PREFIX, Store
 from dblockrun.store import models as m
+from dblockrun.store.engine import Claim
 
 __all__ = ["Lease", "LockBusy", "LockContext", "LockLost", "close_stores", "lock", "locked"]
 
@@ -275,13 +276,15 @@ class LockContext:
         if self._lease is not None:
             raise RuntimeError(f"lock {self.name!r}: this context is already entered")
         store = self._store = _store(self.db, self.table_prefix)
-        store.ensure_jobs([self.name])
         holder = new_holder_id()
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        # The claim with its run record: one round trip (a lost claim too).
+        claim = Claim(record=self.record)
         while True:
             sent = time.monotonic()
-            token = store.claim(self.name, holder, min(self.lease_seconds, self.lock_at_most))
-            if token is not None:
+            first_lease = min(self.lease_seconds, self.lock_at_most)
+            won = store.lock_engine().claim(self.name, holder, first_lease, claim, ensure=True)
+            if won is not None:
                 break
             if not self.wait or (deadline is not None and time.monotonic() >= deadline):
                 self._busy(store)
@@ -290,11 +293,13 @@ class LockContext:
             if deadline is not None:
                 pause = max(0.0, min(pause, deadline - time.monotonic()))
             time.sleep(pause)
-        try:
-            run_id = store.start_run(self.name, holder, token=token) if self.record else None
-        except BaseException:
-            self._release_quietly(store, holder, token)
-            raise
+        token, run_id = won.token, won.run_id
+        if self.record and run_id is None:  # the claim's record failed: on its own
+            try:
+                run_id = store.start_run(self.name, holder, token=token)
+            except BaseException:
+                self._release_quietly(store, holder, token)
+                raise
         watch = _Watch(self.name, holder, token, self.lease_seconds, sent,
                        sent + self.lock_at_most)
         margin = min(5.0, (self.lease_seconds - self.heartbeat) / 2)
@@ -337,30 +342,30 @@ class LockContext:
         self._lease = self._renewer = None
         if lease is None or store is None or renewer is None:
             return  # busy: nothing was taken
-        try:
-            if lease.run_id is not None:
-                self._record(store, lease, exc)
-        finally:
-            # Stop renewing before releasing: a late renewal would re-extend the lease.
-            renewer.stop()
+        # Stop renewing before releasing: a late renewal would re-extend the lease.
+        renewer.stop()
+        if lease.run_id is None:
             self._release_quietly(store, lease.holder, lease.token)
-            log.debug("lock %s released (token %d)", self.name, lease.token)
+        else:
+            self._finish(store, lease, lease.run_id, exc)
+        log.debug("lock %s released (token %d)", self.name, lease.token)
 
-    def _record(self, store: Store, lease: Lease, exc: BaseException | None) -> None:
-        run_id = lease.run_id
-        assert run_id is not None
+    def _finish(self, store: Store, lease: Lease, run_id: int,
+                exc: BaseException | None) -> None:
+        """The run's result and the release, in one round trip."""
         if exc is None:
             result, output = m.OK, None
         else:
             result = m.FAILED
             output = "".join(traceback.format_exception(exc))[-_OUTPUT_LIMIT:]
-        written = _retry(
+        done = _retry(
             f"record result of {self.name}",
-            lambda: store.finish_run(run_id, self.name, lease.token, result, None, output),
+            lambda: store.finish_and_release(run_id, self.name, lease.holder, lease.token,
+                                             result, None, output, self.lock_at_least),
             self._outage,
             time.monotonic() + _RELEASE_RETRY,
         )
-        if written is False:
+        if done is not None and not done[0]:
             log.warning("lock %s: run %d result not recorded: token %d is no longer current",
                         self.name, run_id, lease.token)
 

@@ -61,14 +61,28 @@ class ConfigError(DblockrunError):
 class DatabaseError(DblockrunError):
     """The database could not be reached or refused a statement."""
 
+    #: What went wrong: ``unreachable``, ``refused``, ``read-only``,
+    #: ``deadlock``, ``schema``, ``bad-row`` (a row edited into a value the
+    #: statement cannot take: not an outage) or ``error`` (anything else).
+    kind = "error"
+
+    def __init__(self, message: str | None = None, *, kind: str | None = None) -> None:
+        super().__init__(message)
+        if kind is not None:
+            self.kind = kind
+
 
 class DatabaseRefused(DatabaseError):
     """The database refused us: wrong password, unknown user or database, or
     missing privileges. Retrying will not help; a daemon stops at startup."""
 
+    kind = "refused"
+
 
 class SchemaTooNew(DatabaseError):
     """The database schema is newer than this dblockrun knows; upgrade dblockrun."""
+
+    kind = "schema"
 
 
 class UnknownJob(UsageError):

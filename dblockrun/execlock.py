@@ -1,8 +1,10 @@
 """``dblockrun exec``: one command under a job's lock, in the foreground.
 
 exec runs from crontabs, so its start is paid on every run: this module and
-what it imports stay light (no click, no SQLAlchemy unless the lean store
-cannot serve).
+what it imports stay light. The lock engine's statements go over a direct
+driver connection (sqlite3, psycopg or PyMySQL, no SQLAlchemy) for a plain
+URL; a URL with options, a missing schema or SQLite file, and the rare calls
+(``-v`` on a busy lock) go through :class:`~dblockrun.store.Store`.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
+from dblockrun.errors import DatabaseError
 from dblockrun.heartbeat import Renewer
 from dblockrun.holder import new_holder_id
 from dblockrun.jobs import Job
@@ -24,7 +28,8 @@ from dblockrun.runjob import JobRun, RunContext, exit_status
 from dblockrun.signals import handling
 
 if TYPE_CHECKING:
-    from dblockrun.store.base import RunStore
+    from dblockrun.store.engine import Claimed, LockEngine
+    from dblockrun.store.store import Store
 
 log = logging.getLogger("dblockrun")
 
@@ -47,21 +52,12 @@ class ExecOptions(NamedTuple):
 
 
 def exec_command(opts: ExecOptions, url: str, prefix: str) -> int:
-    """All of ``dblockrun exec`` past its options: the lean store when it can
-    serve (the driver alone), else Store; returns the exit status to use.
+    """All of ``dblockrun exec`` past its options; returns the exit status.
 
     The command line's: the process ends after it (it freezes the garbage
     collector's view of everything allocated so far).
     """
-    store: RunStore | None = None
-    if os.environ.get("DBLOCKRUN_EXEC_LEAN", "1") != "0":  # 0: always through SQLAlchemy
-        from dblockrun.store.lean import open_lean
-
-        store = open_lean(url, prefix)
-    if store is None:
-        from dblockrun.store import Store
-
-        store = Store(url, prefix)
+    target = ExecTarget(url, prefix)
     # Modules, classes and the connection live until the process ends: out of
     # the collector's way, the full collection at exit skips them (a tenth of
     # exec's CPU on SQLite). What the run allocates is collected as usual
@@ -69,26 +65,82 @@ def exec_command(opts: ExecOptions, url: str, prefix: str) -> int:
     gc.freeze()
     gc.enable()
     try:
-        return exec_locked(store, opts)
+        return exec_locked(target, opts)
     finally:
-        store.close()
+        target.close()
 
 
-def exec_locked(store: RunStore, opts: ExecOptions) -> int:
+class ExecTarget:
+    """The database of an exec: the lock engine over a direct connection
+    where the URL allows (``DBLOCKRUN_EXEC_DIRECT=0``: always the pool), and
+    the full :class:`~dblockrun.store.Store` made on first need."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.url = url
+        self.prefix = prefix
+        self._store: Store | None = None
+        self.engine: LockEngine = self._direct() or self.store().lock_engine()
+
+    def _direct(self) -> LockEngine | None:
+        if os.environ.get("DBLOCKRUN_EXEC_DIRECT", "1") == "0" or not plain_prefix(self.prefix):
+            return None
+        from dblockrun.store.drivers import direct_driver
+
+        driver = direct_driver(self.url)
+        if driver is None:
+            return None
+        from dblockrun.store.engine import LockEngine
+        from dblockrun.store.executor import DirectExecutor
+
+        return LockEngine(DirectExecutor(driver), self.prefix)
+
+    def store(self) -> Store:
+        if self._store is None:
+            from dblockrun.store import Store
+
+            self._store = Store(self.url, self.prefix)
+        return self._store
+
+    def claim(self, name: str, holder: str, lease: float) -> Claimed | None:
+        """The claim with its run record; a missing or older schema is made
+        current through Store (which refuses a newer one), then claimed again."""
+        from dblockrun.store.engine import Claim
+
+        try:
+            return self.engine.claim(name, holder, lease, Claim(record=True), ensure=True)
+        except DatabaseError as exc:
+            if exc.kind != "schema":
+                raise
+        self.store().ensure_schema()
+        return self.engine.claim(name, holder, lease, Claim(record=True), ensure=True)
+
+    def close(self) -> None:
+        self.engine.close()
+        if self._store is not None:
+            self._store.close()
+
+
+def plain_prefix(prefix: str) -> bool:
+    """A table prefix the statements use unquoted (lower case, ``_``, digits)."""
+    return re.fullmatch(r"[a-z_][a-z0-9_]*", prefix) is not None
+
+
+def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
     """Run the command if the lock is free; returns the exit status to use."""
     holder = new_holder_id()
-    store.ensure_jobs([opts.name])
     sent = time.monotonic()
-    token = store.claim(opts.name, holder, opts.lease)
-    if token is None:
+    won = target.claim(opts.name, holder, opts.lease)
+    if won is None:
         if opts.verbose:
-            lock = store.lock_state(opts.name)
+            lock = target.store().lock_state(opts.name)
             why = "busy"
             if lock is not None and lock.disabled_until is not None:
                 why = "busy or disabled"
             log.warning("lock %s is %s (holder %s); not running", opts.name, why,
                         lock.holder if lock else "?")
         return opts.busy_exit_code
+    store = target.engine
+    token = won.token
     outage = Outage()
     renewer = Renewer(store, opts.heartbeat, outage)
     ctx = RunContext(store=store, holder=holder, lease=opts.lease, kill_grace=5.0,
@@ -109,7 +161,12 @@ def exec_locked(store: RunStore, opts: ExecOptions) -> int:
         sys.stdout.buffer.write(line)
         sys.stdout.buffer.flush()
 
-    run = JobRun(ctx, job, token, None, sent, line_sink=passthrough, on_start=pgid.append)
+    def passthrough_err(line: bytes) -> None:  # the command's stderr stays stderr
+        sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
+
+    run = JobRun(ctx, job, token, None, sent, line_sink=passthrough, on_start=pgid.append,
+                 run_id=won.run_id, err_sink=passthrough_err)
     renewer.start()
     try:
         with handling({sig: forward for sig in FORWARDED}):
@@ -123,4 +180,12 @@ def exec_locked(store: RunStore, opts: ExecOptions) -> int:
     if outcome.reason == "error":
         log.error("%s", outcome.detail)
         return 127
+    if outcome.reason != "exit":
+        # Stopped by dblockrun, not ended by itself: its 143 (or 137) needs a word.
+        from dblockrun.durations import format_duration
+
+        why = (f"it reached --lock-at-most {format_duration(opts.lock_at_most)}"
+               if outcome.reason == "timeout" else outcome.detail)
+        sys.stderr.write(f"dblockrun: stopped the command: {why}\n")
+        sys.stderr.flush()
     return 1 if status is None else status

@@ -160,26 +160,22 @@ class FanOut(threading.Thread):
             t.join()
 
     def _run_batch(self, batch: Sequence[ClaimedItem], finished: threading.Event) -> None:
+        """One invocation for a batch of claimed items (their runs recorded by
+        the claim); its result and the release go back in one round trip."""
         job, ctx = self.job, self.ctx
         items = self.store.items
         sent = time.monotonic()
         watch = LeaseWatch(job.name, ctx.holder, batch[0].token, ctx.lease, last_ok=sent,
                            renew=lambda: items.renew(job.name, ctx.holder, batch, ctx.lease))
         ctx.renewer.add(watch)
-        result = m.FAILED
+        result, code, output = m.FAILED, None, ""
         try:
-            ids: list[list[int]] = []
-            if not retry_db(ctx, f"record runs of {job.name}",
-                            lambda: ids.append(items.start_runs(job.name, ctx.holder, batch,
-                                                                self.slot, 1)),
-                            watch.fence_at(ctx.kill_grace + 1)):
-                return
-            run_ids = ids[0]
-            env = command_env(job, holder=ctx.holder, run_id=run_ids[0], token=batch[0].token,
+            run_id = batch[0].run_id
+            env = command_env(job, holder=ctx.holder, run_id=run_id, token=batch[0].token,
                               slot=self.slot, item=batch[0].item if len(batch) == 1 else None)
             env["DBLOCKRUN_ITEMS"] = "\n".join(c.item for c in batch)
             label = batch[0].item if len(batch) == 1 else f"{batch[0].item} +{len(batch) - 1}"
-            on_line = line_logger(f"[{job.name}:{label}] ", job=job.name, run_id=run_ids[0],
+            on_line = line_logger(f"[{job.name}:{label}] ", job=job.name, run_id=run_id,
                                   item=batch[0].item)
             started = time.monotonic()
             outcome = run_process(argv_for(job.command, job.shell), env=env, cwd=job.workdir,
@@ -193,17 +189,13 @@ class FanOut(threading.Thread):
                 ctx.metrics.run_finished(job.name, result, took)
             log.log(logging.INFO if result == m.OK else logging.WARNING,
                     "job %s: item %s %s, exit %s, %.2fs", job.name, label, result, code, took,
-                    extra={"job": job.name, "run_id": run_ids[0], "item": batch[0].item,
+                    extra={"job": job.name, "run_id": run_id, "item": batch[0].item,
                            "event": result})
             output = stored_text(outcome.tail)
-            retry_db(ctx, f"record result of {job.name}",
-                     lambda: items.finish_runs(job.name, ctx.holder, run_ids, batch, result,
-                                               code, output),
-                     time.monotonic() + 60)
         finally:
             ctx.renewer.remove(watch)
-            retry_db(ctx, f"release items of {job.name}",
-                     lambda: items.release(job.name, ctx.holder, batch, job.lock_at_least,
-                                           result),
-                     time.monotonic() + 30)
+            retry_db(ctx, f"record result of {job.name}",
+                     lambda: items.finish_and_release(job.name, ctx.holder, batch, result, code,
+                                                      output, job.lock_at_least),
+                     time.monotonic() + 60)
             finished.set()

@@ -122,24 +122,45 @@ class Renewer:
                 delay = min(self.heartbeat, self.outage.failed("heartbeat", exc))
 
     def renew_all(self) -> None:
+        """Renew every held lease: a holder's job locks in one statement per
+        500 (whatever their number), other leases (fan-out items) one by one."""
         with self._lock:
             leases = list(self._leases.values())
+        groups: dict[tuple[str, float], list[LeaseWatch]] = {}
         for watch in leases:
-            with self._renewing:
-                with self._lock:
-                    if watch.lost or self._leases.get(id(watch)) is not watch:
+            if watch.renew is None:
+                groups.setdefault((watch.holder, watch.lease), []).append(watch)
+        for (holder, lease), watches in groups.items():
+            for i in range(0, len(watches), 500):
+                with self._renewing:
+                    live = self._live(watches[i:i + 500])
+                    if not live:
                         continue
+                    sent = time.monotonic()
+                    renewed = self.store.renew_many(holder, [(w.name, w.token) for w in live],
+                                                    lease)
+                for watch in live:
+                    self._settle(watch, watch.name in renewed, sent)
+        for watch in leases:
+            if watch.renew is None:
+                continue
+            with self._renewing:
+                if not self._live([watch]):
+                    continue
                 sent = time.monotonic()
-                if watch.renew is not None:
-                    ok = watch.renew()
-                else:
-                    ok = self.store.renew(watch.name, watch.holder, watch.token, watch.lease)
-            if ok:
-                watch.renewed(sent)
-            else:
-                watch.lost = True
-                log.error(
-                    "job %s: lock lost (token %d no longer current); stopping its command",
-                    watch.name,
-                    watch.token,
-                )
+                ok = watch.renew()
+            self._settle(watch, ok, sent)
+
+    def _live(self, watches: list[LeaseWatch]) -> list[LeaseWatch]:
+        """Those still held and not removed meanwhile."""
+        with self._lock:
+            return [w for w in watches if not w.lost and self._leases.get(id(w)) is w]
+
+    @staticmethod
+    def _settle(watch: LeaseWatch, ok: bool, sent: float) -> None:
+        if ok:
+            watch.renewed(sent)
+        else:
+            watch.lost = True
+            log.error("job %s: lock lost (token %d no longer current); stopping its command",
+                      watch.name, watch.token)

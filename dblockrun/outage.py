@@ -9,6 +9,21 @@ import time
 log = logging.getLogger("dblockrun")
 
 
+#: How the one line of an outage names its kind (DatabaseError.kind).
+_KINDS = {
+    "unreachable": "database unreachable",
+    "refused": "database refused us",
+    "read-only": "database is read-only (a standby, or read_only set)",
+    "deadlock": "database deadlock",
+    "schema": "database schema missing or different",
+}
+
+
+def describe(exc: BaseException) -> str:
+    """What an outage is, in a few words, from the error's kind."""
+    return _KINDS.get(getattr(exc, "kind", ""), "database error")
+
+
 class Outage:
     """Tracks whether the database is answering, for logs, health and backoff."""
 
@@ -32,7 +47,7 @@ class Outage:
             self._failures += 1
             if self._since is None:
                 self._since = time.monotonic()
-                log.error("database unreachable (%s): %s; retrying with backoff", what, exc)
+                log.error("%s (%s): %s; retrying with backoff", describe(exc), what, exc)
             delay: float = self.min_delay * 2.0 ** min(self._failures - 1, 10)
             return min(self.max_delay, delay)
 

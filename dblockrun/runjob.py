@@ -18,7 +18,7 @@ from dblockrun.jobs import Job
 from dblockrun.outage import Outage
 from dblockrun.runner import LeaseWatch, Outcome, argv_for, run_process
 from dblockrun.store import models as m
-from dblockrun.store.base import FinishAndRelease, RunStore
+from dblockrun.store.base import Disables, RunStore
 
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
@@ -125,17 +125,25 @@ class JobRun(threading.Thread):
         line_sink: Callable[[bytes], None] | None = None,
         on_start: Callable[[int], None] | None = None,
         run_id: int | None = None,
+        err_sink: Callable[[bytes], None] | None = None,
     ) -> None:
-        """``run_id``: the first attempt's run record, when the claim made it."""
+        """``run_id``: the first attempt's run record, when the claim made it.
+        ``line_sink``: the command's output lines (default: logged);
+        ``err_sink``: its stderr lines apart (default: with the output)."""
         super().__init__(name=f"job-{job.name}", daemon=True)
         self.ctx = ctx
         self.job = job
         self.token = token
         self.slot = slot
         self.watch = LeaseWatch(job.name, ctx.holder, token, ctx.lease, last_ok=claimed_mono)
-        self.deadline = claimed_mono + job.lock_at_most
+        # The lease counts from the claim's request (it may have expired by
+        # then); lock-at-most from its answer, a few ms before the command
+        # starts: a slow claim (exec's first, making the schema: 0.3 s) must
+        # not shorten the run.
+        self.deadline = time.monotonic() + job.lock_at_most
         self.on_done = on_done
         self.line_sink = line_sink
+        self.err_sink = err_sink
         self.on_start = on_start
         self.last_outcome: Outcome | None = None
         self.last_run_id: int | None = None
@@ -216,6 +224,7 @@ class JobRun(threading.Thread):
             stop_grace=ctx.stop_grace,
             on_start=self.on_start,
             user=job.user,
+            on_err_line=self.err_sink,
         )
         result = result_of(outcome)
         code = exit_status(outcome.exit_code)
@@ -241,7 +250,7 @@ class JobRun(threading.Thread):
             output = (output + outcome.detail + "\n")[-65536:]
         written: list[bool] = []
         store = ctx.store
-        if release and isinstance(store, FinishAndRelease):
+        if release:
             ctx.renewer.remove(self.watch)
 
             def both() -> None:
@@ -281,12 +290,13 @@ class JobRun(threading.Thread):
     def _on_failure(self, outcome: Outcome) -> None:
         job, ctx = self.job, self.ctx
         disable_for = job.on_failure.disable_for
-        if disable_for:
+        store = ctx.store
+        if disable_for and isinstance(store, Disables):
             reason = (f"on-failure: run {self.last_run_id} exited "
                       f"{exit_status(outcome.exit_code)} on {ctx.holder}")
             if retry_db(ctx, f"disable {job.name}",
-                        lambda: ctx.store.disable(job.name, for_seconds=disable_for,
-                                                  reason=reason),
+                        lambda: store.disable(job.name, for_seconds=disable_for,
+                                              reason=reason),
                         time.monotonic() + 30):
                 log.warning("job %s: disabled for %gs after failure", job.name, disable_for)
         if job.on_failure.command is not None:

@@ -8,7 +8,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from dblockrun.store import Store
 
 T = TypeVar("T")
 
@@ -70,3 +73,18 @@ def clean_env(**extra: str) -> dict[str, str]:
            if k not in ("DBLOCKRUN_DB", "DBLOCKRUN_DB_FILE", "DBLOCKRUN_TABLE_PREFIX")}
     env.update(extra)
     return env
+
+
+def fail_next_run_inserts(store: Store, times: int) -> None:
+    """MariaDB: the next ``times`` run INSERTs fail as deadlock victims (a
+    MEMORY table counts them down: it is not rolled back with the INSERT)."""
+    runs = store.t.runs.name
+    with store.engine.connect() as conn:
+        conn.exec_driver_sql(f"CREATE TABLE `{runs}_fail` (n INT) ENGINE=MEMORY")
+        conn.exec_driver_sql(f"INSERT INTO `{runs}_fail` VALUES ({int(times)})")
+        conn.exec_driver_sql(
+            f"CREATE TRIGGER `{runs}_fail_t` BEFORE INSERT ON `{runs}` FOR EACH ROW BEGIN "
+            f"IF (SELECT n FROM `{runs}_fail`) > 0 THEN "
+            f"UPDATE `{runs}_fail` SET n = n - 1; "
+            f"SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, "
+            f"MESSAGE_TEXT = 'Deadlock found (forced by the test)'; END IF; END")

@@ -47,7 +47,8 @@ def test_each_item_once_per_slot_under_concurrent_claims(store: Store) -> None:
                 return
             with lock:
                 got.extend((me, c.item) for c in claimed)
-            store.items.release("job", me, claimed, 0, "ok")
+            assert store.items.finish_and_release("job", me, claimed, "ok", 0, "", 0) == (
+                True, True)
 
     threads = [threading.Thread(target=worker, args=(f"h{i}",)) for i in range(4)]
     for t in threads:
@@ -65,12 +66,17 @@ def test_item_lease_token_and_rate(store: Store) -> None:
     (first,) = store.items.claim("job", "h1", 30, slot=None, rate=3600, limit=1)
     assert first.token == 1
     assert store.items.renew("job", "h1", [first], 30)
-    stale = ClaimedItem(first.item, first.key, first.token + 1)
+    stale = ClaimedItem(first.item, first.key, first.token + 1, first.run_id)
     assert not store.items.renew("job", "h1", [first, stale], 30)
-    assert store.items.release("job", "h1", [first], 0, "ok") == 1
+    # A result only while every token is ours: the stale one spoils the batch.
+    assert store.items.finish_and_release("job", "h1", [first, stale], "ok", 0, "", 0) == (
+        False, False)
+    assert store.items.finish_and_release("job", "h1", [first], "ok", 0, "", 0) == (True, True)
+    run = store.run(first.run_id)
+    assert run is not None and (run.item, run.token, run.result) == ("x", 1, "ok")
     (second,) = store.items.claim("job", "h2", 30, slot=None, rate=3600, limit=5)
     assert second.item != first.item  # x ran within the rate window
-    store.items.release("job", "h2", [second], 0, "failed")
+    store.items.finish_and_release("job", "h2", [second], "failed", 1, "", 0)
     assert store.items.claim("job", "h2", 30, slot=None, rate=3600, limit=5) == []
     progress = store.items.progress("job", None)
     assert progress == {"total": 2, "done": 1, "running": 0, "waiting": 0, "failed": 1}

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import sqlalchemy as sa
-from helpers import TestDb
+from helpers import TestDb, wait_for
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store import Store
@@ -72,7 +72,8 @@ def test_expired_lease_is_taken_over_and_old_holder_is_fenced(store: Store) -> N
     assert not store.release("job", "h1", old)
     run = store.start_run("job", "h1", token=old)
     assert not store.finish_run(run, "job", old, m.OK, 0, "late")
-    assert store.history("job")[0].result == m.RUNNING
+    # Not overwritten with the late result, and shown lost: its token is not the lock's.
+    assert store.history("job")[0].result == m.LOST
 
 
 def test_lock_at_least_keeps_the_lock_after_release(store: Store) -> None:
@@ -156,18 +157,21 @@ def test_runs_and_history(store: Store) -> None:
     assert len(store.history("job", 100)) == 2
 
 
-def test_sweep_marks_runs_of_dead_holders_lost(store: Store) -> None:
+def test_sweep_marks_runs_of_dead_holders_lost_at_their_last_renewal(store: Store) -> None:
     store.ensure_jobs(["job"])
-    token = store.claim("job", "h1", 0.05)
+    token = store.claim("job", "h1", 0.5)
     assert token is not None
     run = store.start_run("job", "h1", token=token)
-    import time
-
-    deadline = time.monotonic() + 5
-    while store.sweep_lost() == 0:
-        assert time.monotonic() < deadline
+    assert store.renew("job", "h1", token, 0.5)  # the holder's last sign of life
+    renewed = store.lock_state("job")
+    assert renewed is not None and renewed.lock_until is not None
+    lost = wait_for(lambda: store.sweep_lost() or None, 10, what="the lease to run out")
+    assert [(r.id, r.job, r.host, r.token) for r in lost] == [(run, "job", "h1", token)]
     rec = store.run(run)
-    assert rec is not None and rec.result == m.LOST
+    assert rec is not None and rec.result == m.LOST and rec.finished is not None
+    # It ended at the last renewal (lease end - lease), not when it was swept.
+    assert rec.finished == pytest.approx(renewed.lock_until - 0.5, abs=0.01)
+    assert store.sweep_lost() == []  # recorded once
 
 
 def test_hosts_register_with_offset(store: Store) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import ColumnElement
 
-from dblockrun.store.hot import MYSQL_CLIENT_FLAG
+from dblockrun.store.drivers import CONNECT_OPTIONS
 from dblockrun.store.sql import NOW as _NOW
 
 
@@ -29,27 +29,11 @@ class Dialect:
         return self.name != "mysql"
 
     def engine_options(self) -> dict[str, Any]:
-        if self.name == "postgresql":
-            return {
-                "connect_args": {
-                    "connect_timeout": 5,
-                    "application_name": "dblockrun",
-                    "options": "-c statement_timeout=15000",
-                },
-            }
+        """The pool's connections get the options a direct one gets."""
+        options: dict[str, Any] = {"connect_args": dict(CONNECT_OPTIONS[self.name])}
         if self.name == "mysql":
-            return {
-                "connect_args": {
-                    "connect_timeout": 5,
-                    "read_timeout": 15,
-                    "write_timeout": 15,
-                    "init_command": "SET time_zone = '+00:00'",
-                    "charset": "utf8mb4",
-                    "client_flag": MYSQL_CLIENT_FLAG,
-                },
-                "pool_recycle": 3600,
-            }
-        return {"connect_args": {"timeout": 15, "check_same_thread": False}}
+            options["pool_recycle"] = 3600
+        return options
 
     def insert_ignore(self, table: sa.Table) -> Any:
         if self.name == "postgresql":

@@ -9,12 +9,14 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dblockrun.store import models as m
+from dblockrun.store.engine import Claim
+from dblockrun.store.engine import ClaimedItem as ClaimedItem
 
 if TYPE_CHECKING:
     from dblockrun.store.store import Store
@@ -22,13 +24,6 @@ if TYPE_CHECKING:
 
 def item_key(item: str) -> str:
     return hashlib.sha256(item.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-@dataclass(frozen=True)
-class ClaimedItem:
-    item: str
-    key: str
-    token: int
 
 
 @dataclass(frozen=True)
@@ -97,107 +92,25 @@ class ItemStore:
         slot: float | None,
         rate: float | None,
         limit: int,
+        slot_tolerance: float = 0.1,
     ) -> list[ClaimedItem]:
         """Claim up to ``limit`` due items, oldest start first, skipping the
-        rows other hosts are claiming right now."""
-        t, now = self.t, self.s.now
-        conds: list[sa.ColumnElement[bool]] = [
-            t.c.job == job,
-            t.c.retired == sa.false(),
-            sa.or_(t.c.lock_until.is_(None), t.c.lock_until <= now),
-        ]
-        if slot is not None:
-            conds.append(sa.or_(t.c.last_slot.is_(None), t.c.last_slot < slot))
-        if rate is not None:
-            conds.append(sa.or_(t.c.last_start.is_(None), t.c.last_start <= now - rate))
-        pick = (
-            sa.select(t.c.item_key)
-            .where(*conds)
-            .order_by(t.c.last_start.is_not(None), t.c.last_start, t.c.item_key)
-            # MySQL: candidates enough for the other hosts' picks too.
-            .limit(limit * 4 + 16 if self.s.dialect.name == "mysql" else limit)
-        )
-        mysql = self.s.dialect.name == "mysql"
-        if self.s.dialect.name == "postgresql":
-            pick = pick.with_for_update(skip_locked=True)
-        values: dict[str, Any] = {
-            "holder": holder,
-            "lock_until": now + lease,
-            "locked_at": now,
-            "token": t.c.token + 1,
-            "last_start": now,
-            "last_result": m.RUNNING,
-        }
-        if slot is not None:
-            values["last_slot"] = slot
-        with self._tx() as conn:
-            keys = [r[0] for r in conn.execute(pick)]
-            if mysql and keys:
-                # InnoDB locks every row a sorted locking read looks at, so
-                # one host's pick would hide all items from the others: read
-                # the candidates unlocked, then lock only those by key.
-                locked = {r[0] for r in conn.execute(
-                    sa.select(t.c.item_key)
-                    .where(*conds, t.c.item_key.in_(keys))
-                    .limit(limit)
-                    .with_for_update(skip_locked=True))}
-                keys = [k for k in keys if k in locked]
-            if not keys:
-                return []
-            conn.execute(t.update().where(t.c.job == job, t.c.item_key.in_(keys))
-                         .values(**values))
-            rows = conn.execute(
-                sa.select(t.c.item, t.c.item_key, t.c.token)
-                .where(t.c.job == job, t.c.item_key.in_(keys))
-            ).all()
-        order = {k: i for i, k in enumerate(keys)}
-        claimed = [ClaimedItem(r[0], r[1], int(r[2])) for r in rows]
-        return sorted(claimed, key=lambda c: order[c.key])
-
-    def _mine(self, job: str, holder: str,
-              items: Sequence[ClaimedItem]) -> sa.ColumnElement[bool]:
-        t = self.t
-        return sa.and_(
-            t.c.job == job,
-            t.c.holder == holder,
-            sa.or_(*[sa.and_(t.c.item_key == c.key, t.c.token == c.token) for c in items]),
-        )
+        rows other hosts are claiming right now: the lock engine's item claim,
+        under the same conditions as every claim (store/queries.py)."""
+        claim = Claim(slot=slot, rate=rate, tolerance=slot_tolerance)
+        return self.s.lock_engine().claim_items(job, holder, lease, claim, limit)
 
     def renew(self, job: str, holder: str, items: Sequence[ClaimedItem], lease: float) -> bool:
         """Extend the leases of a batch; False if any token is no longer current."""
-        stmt = self.t.update().where(self._mine(job, holder, items)).values(
-            lock_until=self.s.now + lease)
-        return self.s._run(lambda c: c.execute(stmt).rowcount == len(items))
+        return self.s.lock_engine().renew_items(job, holder, items, lease)
 
-    def release(self, job: str, holder: str, items: Sequence[ClaimedItem],
-                lock_at_least: float, result: str) -> int:
-        t = self.t
-        until = self.s.dialect.greatest(self.s.now, t.c.locked_at + lock_at_least)
-        stmt = t.update().where(self._mine(job, holder, items)).values(
-            lock_until=until, last_result=result)
-        return self.s._run(lambda c: int(c.execute(stmt).rowcount))
-
-    def still_mine(self, job: str, holder: str, items: Sequence[ClaimedItem]) -> bool:
-        stmt = sa.select(sa.func.count()).select_from(self.t).where(
-            self._mine(job, holder, items))
-        return self.s._run(lambda c: int(c.execute(stmt).scalar_one()) == len(items))
-
-    def start_runs(self, job: str, host: str, items: Sequence[ClaimedItem],
-                   slot: float | None, attempt: int) -> list[int]:
-        return [self.s.start_run(job, host, token=c.token, slot=slot, attempt=attempt,
-                                 item=c.item) for c in items]
-
-    def finish_runs(self, job: str, holder: str, run_ids: Sequence[int],
-                    items: Sequence[ClaimedItem], result: str, exit_code: int | None,
-                    output: str | None) -> bool:
-        """Record the batch's result, only while every token is still ours."""
-        runs = self.s.t.runs
-        if not self.still_mine(job, holder, items):
-            return False
-        stmt = runs.update().where(runs.c.id.in_(list(run_ids))).values(
-            finished=self.s.now, result=result, exit_code=exit_code, output=output)
-        self.s._run(lambda c: c.execute(stmt))
-        return True
+    def finish_and_release(self, job: str, holder: str, items: Sequence[ClaimedItem],
+                           result: str, exit_code: int | None, output: str | None,
+                           lock_at_least: float) -> tuple[bool, bool]:
+        """The batch's result, while every token is ours, and the release of
+        its items: one round trip."""
+        return self.s.lock_engine().finish_and_release_items(
+            job, holder, items, result, exit_code, output, lock_at_least)
 
     def states(self, job: str) -> list[ItemState]:
         t = self.t

@@ -17,10 +17,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
-from dblockrun.errors import DatabaseError, DatabaseRefused, SchemaTooNew
+from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store import models as m
 from dblockrun.store.dialect import Dialect
-from dblockrun.store.hot import Claimed, ClaimShape, HotPath, is_deadlock
+from dblockrun.store.drivers import Driver, db_error, sqlite_setup
+from dblockrun.store.engine import Claim, Claimed, LockEngine, LostRun
+from dblockrun.store.executor import PooledExecutor
 from dblockrun.store.items import ItemStore
 from dblockrun.store.migrate import migrate
 from dblockrun.store.schema import SCHEMA_VERSION, Tables, build_tables
@@ -33,23 +35,8 @@ FOREVER = 253402300799.0
 DEFAULT_PREFIX = "dblockrun_"
 
 
-#: MySQL/MariaDB errors that retrying cannot fix: access denied (to the server, a
-#: database, a table), unknown database.
-_MYSQL_REFUSED = {1044, 1045, 1049, 1142, 1698}
-#: The same from PostgreSQL, as its connection errors carry no SQLSTATE.
-_PG_REFUSED = ("password authentication failed", "no pg_hba.conf entry",
-               "permission denied", "does not exist", "no password supplied")
-
-
-def _db_error(exc: Exception) -> DatabaseError:
-    orig = getattr(exc, "orig", None) or exc
-    text = " ".join(str(orig).split())
-    code = orig.args[0] if getattr(orig, "args", None) else None
-    refused = (code in _MYSQL_REFUSED if isinstance(code, int)
-               else any(p in text for p in _PG_REFUSED) and "FATAL" in text)
-    if refused or getattr(orig, "sqlstate", None) == "42501":  # insufficient_privilege
-        return DatabaseRefused(f"database refused: {text[:500]}")
-    return DatabaseError(f"database error: {text[:500]}")
+#: The one error mapping (kept under its old name for the modules using it).
+_db_error = db_error
 
 
 class Store:
@@ -71,22 +58,25 @@ class Store:
         if self.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_on_connect)
         self.t: Tables = build_tables(prefix)
-        self.statements = 0
-        self._count_lock = threading.Lock()
+        #: Raw driver connections from the pool, under the one retry policy.
+        self.x = PooledExecutor(Driver(self.dialect.name), self.engine)
         sa.event.listen(self.engine, "before_cursor_execute", self._count)
-        self.hot = HotPath(self.engine, self.dialect.name, prefix, self._count, _db_error)
+        #: The hot statements (claims, leases, runs): store/engine.py.
+        self.lock = LockEngine(self.x, prefix)
         self._schema_checked = False
         self._schema_lock = threading.Lock()
         self._create = create
         self._items: ItemStore | None = None
-        #: Statements built once per shape (claim, renew, release, runs).
-        self._stmts: dict[tuple[Any, ...], Any] = {}
 
     # -- plumbing ---------------------------------------------------------
 
     def _count(self, *_args: Any) -> None:
-        with self._count_lock:
-            self.statements += 1
+        self.x.count()
+
+    @property
+    def statements(self) -> int:
+        """Statements sent so far (round trips)."""
+        return self.x.statements
 
     def __repr__(self) -> str:
         return f"Store({redact(self.url)!r}, prefix={self.prefix!r})"
@@ -118,22 +108,10 @@ class Store:
             raise _db_error(exc) from exc
 
     def _run(self, fn: Callable[[Connection], T]) -> T:
-        # No ping before each statement (it would double the round trips): a
-        # pooled connection that turns out dead is dropped and retried once.
-        # Statements here are single autocommit statements: one that InnoDB
-        # rolled back to break a deadlock is sent again (up to 3 times).
-        for attempt in (1, 2, 3):
-            try:
-                with self._conn() as conn:
-                    return fn(conn)
-            except DatabaseError as exc:
-                cause = exc.__cause__
-                if not isinstance(cause, sa.exc.DBAPIError) or attempt == 3:
-                    raise
-                if not (cause.connection_invalidated and attempt == 1
-                        or is_deadlock(cause.orig)):
-                    raise
-        raise AssertionError("unreachable")
+        """A cold statement (SQLAlchemy Core) under the executor's retry policy:
+        no ping before each statement (it would double the round trips)."""
+        self._check_schema()
+        return self.x.run_core(fn)
 
     @property
     def now(self) -> sa.ColumnElement[float]:
@@ -214,7 +192,7 @@ class Store:
     # -- clock --------------------------------------------------------------
 
     def db_now(self) -> float:
-        return self._run(lambda c: float(c.execute(sa.select(self.now)).scalar_one()))
+        return self.lock_engine().db_now()
 
     def clock_sample(self) -> m.ClockSample:
         """Read the database clock once, timed from both local clocks."""
@@ -268,7 +246,8 @@ class Store:
         and the last start is at least ``rate`` old. Returns the new fencing
         token, or None when another host has it (or the slot is taken).
         """
-        won = self._claim(name, holder, lease, slot, rate, next_due, slot_tolerance, False)
+        won = self.lock_engine().claim(name, holder, lease, Claim(
+            slot=slot, rate=rate, next_due=next_due, tolerance=slot_tolerance))
         return None if won is None else won.token
 
     def claim_and_record(
@@ -284,98 +263,56 @@ class Store:
     ) -> Claimed | None:
         """:meth:`claim`, and when won the run record of its first attempt
         (``running``), in the same round trip."""
-        return self._claim(name, holder, lease, slot, rate, next_due, slot_tolerance, True)
-
-    def _claim(self, name: str, holder: str, lease: float, slot: float | None,
-               rate: float | None, next_due: float | None, tol: float,
-               record: bool) -> Claimed | None:
-        shape = ClaimShape(slot=slot is not None, rate=rate is not None,
-                           next_due=next_due is not None, record=record)
-        params: dict[str, Any] = {"name": name, "holder": holder, "lease": lease}
-        if slot is not None:
-            params.update(slot=slot, tol=tol)
-        if rate is not None:
-            params["rate"] = rate
-        if next_due is not None:
-            params["next"] = next_due
-        if record:
-            params["run_slot"] = slot
-        return self._hot().claim(shape, params)
+        return self.lock_engine().claim(name, holder, lease, Claim(
+            slot=slot, rate=rate, next_due=next_due, tolerance=slot_tolerance, record=True))
 
     def claim_batch(self, names: Sequence[str], holder: str, lease: float, *, slot: float,
-                    next_due: float, limit: int, slot_tolerance: float = 0.1) -> list[Claimed]:
+                    next_due: float, limit: int, rate: float | None = None,
+                    slot_tolerance: float = 0.1) -> list[Claimed]:
         """Claim up to ``limit`` of ``names`` (all due at ``slot``, next due at
-        ``next_due``) and record their runs, in one statement where the database
-        allows; rows another host is claiming at the same moment are skipped."""
-        won: list[Claimed] = []
-        for chunk in _chunks(names, 500):  # SQLite's bound-parameter limit
-            won += self._hot().claim_batch(chunk, holder, lease, slot, next_due,
-                                           slot_tolerance, limit - len(won))
-        return won
-
-    def _hot(self) -> HotPath:
-        self._check_schema()
-        return self.hot
-
-    def _prebuilt(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
-        stmt = self._stmts.get(key)
-        if stmt is None:
-            stmt = self._stmts[key] = build()
-        return stmt
+        ``next_due``, each at least ``rate`` after its last start) and record
+        their runs, in one statement where the database allows; rows another
+        host is claiming at the same moment are skipped."""
+        claim = Claim(slot=slot, rate=rate, next_due=next_due, tolerance=slot_tolerance,
+                      record=True)
+        return self.lock_engine().claim_batch(names, holder, lease, claim, limit)
 
     def claim_requested(self, name: str, holder: str, lease: float) -> int | None:
         """Claim a job that an operator asked to run now (``dblockrun run``)."""
-        locks = self.t.locks
-        now = self.now
-        conds = [
-            locks.c.name == name,
-            locks.c.run_requested.is_not(None),
-            sa.or_(locks.c.lock_until.is_(None), locks.c.lock_until <= now),
-        ]
-        values = {
-            "holder": holder,
-            "lock_until": now + lease,
-            "locked_at": now,
-            "last_start": now,
-            "run_requested": None,
-        }
-        return self._take(conds, values)
+        won = self.lock_engine().claim(name, holder, lease, Claim(requested=True))
+        return None if won is None else won.token
 
-    def _take(self, conds: Sequence[sa.ColumnElement[bool]], values: dict[str, Any]) -> int | None:
-        return self._take_prebuilt(self._take_stmt(conds, values), None)
-
-    def _take_stmt(self, conds: Sequence[sa.ColumnElement[bool]], values: dict[str, Any]) -> Any:
-        locks = self.t.locks
-        if self.dialect.update_returning:
-            values["token"] = locks.c.token + 1
-            return locks.update().where(*conds).values(**values).returning(locks.c.token)
-        # MySQL/MariaDB: LAST_INSERT_ID(expr) hands the new token back in the
-        # OK packet of the same statement, so a win is still one round trip.
-        values["token"] = sa.func.last_insert_id(locks.c.token + 1)
-        return locks.update().where(*conds).values(**values)
-
-    def _take_prebuilt(self, stmt: Any, params: dict[str, Any] | None) -> int | None:
-        if self.dialect.update_returning:
-
-            def go(conn: Connection) -> int | None:
-                token = conn.execute(stmt, params).scalar()
-                return None if token is None else int(token)
-
-            return self._run(go)
-
-        def go_mysql(conn: Connection) -> int | None:
-            result = conn.execute(stmt, params)
-            return int(result.lastrowid) if result.rowcount == 1 else None
-
-        return self._run(go_mysql)
+    def lock_engine(self) -> LockEngine:
+        """The hot statements, once the schema is checked."""
+        self._check_schema()
+        return self.lock
 
     def renew(self, name: str, holder: str, token: int, lease: float) -> bool:
         """Extend the lease; False when the token no longer matches (we lost it)."""
-        return self._hot().renew(name, holder, token, lease)
+        return self.lock_engine().renew(name, holder, token, lease)
+
+    def renew_many(self, holder: str, held: Sequence[tuple[str, int]],
+                   lease: float) -> set[str]:
+        """Extend many leases of one holder in one statement: the names renewed."""
+        return self.lock_engine().renew_many(holder, held, lease)
 
     def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool:
         """Free the lock, but not before ``locked_at + lock_at_least``."""
-        return self._hot().release(name, holder, token, lock_at_least)
+        return self.lock_engine().release(name, holder, token, lock_at_least)
+
+    def negative_tokens(self, names: Iterable[str]) -> list[str]:
+        """Which of ``names`` have a token edited below zero (never claimed)."""
+        locks = self.t.locks
+        wanted = list(dict.fromkeys(names))
+
+        def go(conn: Connection) -> list[str]:
+            found: list[str] = []
+            for chunk in _chunks(wanted, 500):
+                found += [str(r[0]) for r in conn.execute(sa.select(locks.c.name).where(
+                    locks.c.name.in_(chunk), locks.c.token < 0))]
+            return found
+
+        return self._run(go)
 
     def force_unlock(self, name: str) -> int | None:
         """Free the lock whoever holds it and bump the token (fencing the holder);
@@ -413,16 +350,7 @@ class Store:
 
         True for the one host that advanced it, which then records the run.
         """
-        locks = self.t.locks
-        stmt = (
-            locks.update()
-            .where(
-                locks.c.name == name,
-                sa.or_(locks.c.last_slot.is_(None), locks.c.last_slot < slot),
-            )
-            .values(last_slot=slot)
-        )
-        return self._run(lambda c: c.execute(stmt).rowcount == 1)
+        return self.lock_engine().skip_slot(name, slot)
 
     def set_next_due(self, names_due: dict[str, float | None]) -> None:
         locks = self.t.locks
@@ -447,31 +375,10 @@ class Store:
         attempt: int = 1,
         item: str | None = None,
         result: str = m.RUNNING,
+        output: str | None = None,
     ) -> int:
-        running = result == m.RUNNING
-
-        def build() -> Any:
-            return self.t.runs.insert().values(
-                job=sa.bindparam("b_job"),
-                item=sa.bindparam("b_item"),
-                host=sa.bindparam("b_host"),
-                slot=sa.bindparam("b_slot", type_=sa.Double()),
-                token=sa.bindparam("b_token", type_=sa.BigInteger()),
-                attempt=sa.bindparam("b_attempt"),
-                started=self.now,
-                finished=None if running else self.now,
-                result=sa.bindparam("b_result"),
-            )
-
-        stmt = self._prebuilt(("start_run", running), build)
-        params = {"b_job": job, "b_item": item, "b_host": host, "b_slot": slot,
-                  "b_token": token, "b_attempt": attempt, "b_result": result}
-
-        def go(conn: Connection) -> int:
-            res = conn.execute(stmt, params)
-            return int(res.inserted_primary_key[0])  # type: ignore[index]
-
-        return self._run(go)
+        return self.lock_engine().start_run(job, host, token=token, slot=slot, attempt=attempt,
+                                            item=item, result=result, output=output)
 
     def finish_run(
         self,
@@ -483,59 +390,46 @@ class Store:
         output: str | None,
     ) -> bool:
         """Record a run's end, only while the job's token is still ours."""
-        return self._hot().finish_run(run_id, job, token, result, exit_code, output)
+        return self.lock_engine().finish_run(run_id, job, token, result, exit_code, output)
 
     def finish_and_release(self, run_id: int, job: str, holder: str, token: int, result: str,
                            exit_code: int | None, output: str | None,
                            lock_at_least: float = 0.0) -> tuple[bool, bool]:
         """:meth:`finish_run` and :meth:`release` in one round trip:
         (result written, released)."""
-        return self._hot().finish_and_release(run_id, job, holder, token, result, exit_code,
-                                              output, lock_at_least)
+        return self.lock_engine().finish_and_release(run_id, job, holder, token, result, exit_code,
+                                                 output, lock_at_least)
 
-    def sweep_lost(self) -> int:
+    def sweep_lost(self) -> list[LostRun]:
         """Mark as lost the runs whose lease ran out or was taken over."""
-        runs, locks = self.t.runs, self.t.locks
-        now = self.now
-        alive = (
-            sa.select(locks.c.name)
-            .where(
-                locks.c.name == runs.c.job,
-                locks.c.token == runs.c.token,
-                locks.c.lock_until > now,
-            )
-            .exists()
-        )
-        stmt = (
-            runs.update()
-            .where(runs.c.result == m.RUNNING, runs.c.token.is_not(None), ~alive)
-            .values(result=m.LOST, finished=now)
-        )
-        return self._run(lambda c: int(c.execute(stmt).rowcount))
+        return self.lock_engine().sweep_lost()
 
     def prune_runs(self, job: str, keep: int) -> int:
         """Delete all but the newest ``keep`` runs of ``job``."""
-        runs = self.t.runs
+        return self.lock_engine().prune_runs(job, keep)
 
-        def go(conn: Connection) -> int:
-            cutoff = conn.execute(
-                sa.select(runs.c.id)
-                .where(runs.c.job == job)
-                .order_by(runs.c.id.desc())
-                .offset(keep)
-                .limit(1)
-            ).scalar()
-            if cutoff is None:
-                return 0
-            res = conn.execute(runs.delete().where(runs.c.job == job, runs.c.id <= cutoff))
-            return int(res.rowcount)
-
-        return self._run(go)
+    def shown_runs(self) -> sa.Select[Any]:
+        """The runs as operators are shown them: a run still ``running`` whose
+        lease ran out or was taken over reads ``lost``, before any daemon (or
+        the next claim) has written it so."""
+        runs, locks, items = self.t.runs, self.t.locks, self.t.items
+        now = self.now
+        held = sa.or_(
+            sa.and_(runs.c.item.is_(None), sa.select(locks.c.name).where(
+                locks.c.name == runs.c.job, locks.c.token == runs.c.token,
+                locks.c.lock_until > now).exists()),
+            sa.and_(runs.c.item.is_not(None), sa.select(items.c.job).where(
+                items.c.job == runs.c.job, items.c.item == runs.c.item,
+                items.c.token == runs.c.token, items.c.lock_until > now).exists()),
+        )
+        result = sa.case((sa.and_(runs.c.result == m.RUNNING, runs.c.token.is_not(None),
+                                  ~held), m.LOST), else_=runs.c.result).label("result")
+        return sa.select(*[c for c in runs.c if c.name != "result"], result)
 
     def history(self, job: str | None = None, limit: int = 20,
                 item: str | None = None) -> list[m.RunRecord]:
         runs = self.t.runs
-        stmt = sa.select(runs).order_by(runs.c.id.desc()).limit(limit)
+        stmt = self.shown_runs().order_by(runs.c.id.desc()).limit(limit)
         if job is not None:
             stmt = stmt.where(runs.c.job == job)
         if item is not None:
@@ -543,8 +437,7 @@ class Store:
         return self._run(lambda c: [_run_record(r._mapping) for r in c.execute(stmt)])
 
     def run(self, run_id: int) -> m.RunRecord | None:
-        runs = self.t.runs
-        stmt = sa.select(runs).where(runs.c.id == run_id)
+        stmt = self.shown_runs().where(self.t.runs.c.id == run_id)
         row = self._run(lambda c: c.execute(stmt).first())
         return None if row is None else _run_record(row._mapping)
 
@@ -650,49 +543,11 @@ class Store:
     # -- status -------------------------------------------------------------
 
     def status(self, names: Sequence[str] | None = None) -> list[m.JobStatus]:
-        locks, runs = self.t.locks, self.t.runs
+        """The jobs (all, or ``names``): two statements whatever their number
+        (store/status.py)."""
+        from dblockrun.store.status import job_status
 
-        def go(conn: Connection) -> list[m.JobStatus]:
-            db_now = float(conn.execute(sa.select(self.now)).scalar_one())
-            stmt = sa.select(locks).order_by(locks.c.name)
-            if names:
-                stmt = stmt.where(locks.c.name.in_(list(names)))
-            lock_rows = [_lock(r._mapping) for r in conn.execute(stmt)]
-            items = self.t.items
-            fan_out = {str(r[0]) for r in conn.execute(
-                sa.select(items.c.job).where(items.c.retired == sa.false()).distinct())}
-            out: list[m.JobStatus] = []
-            for lock in lock_rows:
-                last_ids = (
-                    sa.select(runs)
-                    .where(runs.c.job == lock.name, runs.c.result != m.RUNNING)
-                    .order_by(runs.c.id.desc())
-                    .limit(1)
-                )
-                last = conn.execute(last_ids).first()
-                running = conn.execute(
-                    sa.select(runs)
-                    .where(
-                        runs.c.job == lock.name,
-                        runs.c.result == m.RUNNING,
-                        runs.c.token == lock.token,
-                    )
-                    .order_by(runs.c.id.desc())
-                    .limit(1)
-                ).first()
-                out.append(
-                    m.JobStatus(
-                        lock=lock,
-                        last_run=None if last is None else _run_record(last._mapping, False),
-                        running=None if running is None else _run_record(running._mapping, False),
-                        db_now=db_now,
-                        items=self.items.progress(lock.name, lock.last_slot)
-                        if lock.name in fan_out else None,
-                    )
-                )
-            return out
-
-        return self._run(go)
+        return job_status(self, names)
 
     def lock_state(self, name: str) -> m.LockState | None:
         locks = self.t.locks
@@ -756,8 +611,4 @@ def _host(r: Any) -> m.HostStatus:
 
 
 def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=15000")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.close()
+    sqlite_setup(dbapi_conn)

@@ -1,0 +1,257 @@
+"""What dblockrun knows of its three drivers (sqlite3, psycopg, PyMySQL), in
+one place: the options every connection gets, how to open one from a plain
+URL without SQLAlchemy, which errors mean a dead connection or a deadlock,
+and how a driver's error reads as a :class:`~dblockrun.errors.DatabaseError`.
+
+A driver is imported only when a connection of its kind is opened or one of
+its errors is looked at, so that ``exec`` on SQLite never loads psycopg.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from dblockrun.errors import DatabaseError, DatabaseRefused
+
+#: PyMySQL client flags: FOUND_ROWS (rowcount counts matched rows) and
+#: MULTI_STATEMENTS (a claim and its run record in one round trip).
+MYSQL_CLIENT_FLAG = 2 | (1 << 16)
+
+#: Options of every connection, pooled or direct, by dialect.
+CONNECT_OPTIONS: dict[str, dict[str, Any]] = {
+    "postgresql": {
+        "connect_timeout": 5,
+        "application_name": "dblockrun",
+        "options": "-c statement_timeout=15000",
+    },
+    "mysql": {
+        "connect_timeout": 5,
+        "read_timeout": 15,
+        "write_timeout": 15,
+        "init_command": "SET time_zone = '+00:00'",
+        "charset": "utf8mb4",
+        "client_flag": MYSQL_CLIENT_FLAG,
+    },
+    "sqlite": {"timeout": 15, "check_same_thread": False},
+}
+
+#: Run on every new SQLite connection.
+SQLITE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA busy_timeout=15000",
+                  "PRAGMA synchronous=NORMAL")
+
+#: URL scheme -> dialect, for the schemes a direct connection serves.
+_SCHEMES = {"postgresql": "postgresql", "postgres": "postgresql",
+            "postgresql+psycopg": "postgresql", "mysql": "mysql", "mariadb": "mysql",
+            "mysql+pymysql": "mysql", "mariadb+pymysql": "mysql", "sqlite": "sqlite"}
+
+# SQLAlchemy's own URL pattern (sqlalchemy.engine.url._parse_url), so that a
+# direct connection reads a URL exactly as the pooled engine does.
+_URL = re.compile(
+    r"""
+        (?P<name>[\w\+]+)://
+        (?:
+            (?P<username>[^:/]*)
+            (?::(?P<password>[^@]*))?
+        @)?
+        (?:
+            (?:
+                \[(?P<ipv6host>[^/\?]+)\] |
+                (?P<ipv4host>[^/:\?]+)
+            )?
+            (?::(?P<port>[^/\?]*))?
+        )?
+        (?:/(?P<database>[^\?]*))?
+        (?:\?(?P<query>.*))?
+        """,
+    re.X,
+)
+
+
+def _unquote(text: str) -> str:
+    if "%" not in text:
+        return text  # the usual case, without importing urllib.parse
+    from urllib.parse import unquote
+
+    return unquote(text)
+
+
+class Driver:
+    """One database kind's driver: opens connections, reads its errors."""
+
+    def __init__(self, dialect: str, connect: Callable[[], Any] | None = None) -> None:
+        self.dialect = dialect
+        self.connect = connect or _no_connect
+
+    def error_types(self) -> tuple[type[BaseException], ...]:
+        if self.dialect == "sqlite":
+            import sqlite3
+
+            return (sqlite3.Error,)
+        if self.dialect == "postgresql":
+            import psycopg
+
+            return (psycopg.Error,)
+        import pymysql
+
+        return (pymysql.err.Error,)
+
+    def is_disconnect(self, conn: Any, exc: BaseException) -> bool:
+        """The connection died (then one retry on a new one)."""
+        if self.dialect == "postgresql":
+            return bool(getattr(conn, "broken", False) or getattr(conn, "closed", False))
+        if self.dialect == "mysql":
+            import pymysql
+
+            if isinstance(exc, pymysql.err.InterfaceError):
+                return True
+            code = exc.args[0] if exc.args else None
+            return isinstance(exc, pymysql.err.OperationalError) and code in (
+                2006, 2013, 2014, 2045, 2055)
+        return False
+
+
+def _no_connect() -> Any:
+    raise RuntimeError("this driver opens no connections itself (pooled)")
+
+
+def direct_driver(url: str) -> Driver | None:
+    """A driver that connects without SQLAlchemy for a plain URL (no query
+    options, an existing SQLite file), else None: the pooled engine serves it."""
+    match = _URL.match(url)
+    if match is None or match.group("query") is not None:
+        return None
+    dialect = _SCHEMES.get(match.group("name").lower())
+    if dialect is None:
+        return None
+    user, password = match.group("username"), match.group("password")
+    host = match.group("ipv4host") or match.group("ipv6host")
+    port, database = match.group("port"), match.group("database")
+    if dialect == "sqlite":
+        if user is not None or host or port or not database or database == ":memory:":
+            return None
+        path = os.path.abspath(_unquote(database))
+        if not os.path.isfile(path):
+            return None  # the pooled store creates it, 0600 in a 0700 folder
+        return Driver(dialect, lambda: connect_sqlite(path))
+    kw: dict[str, Any] = dict(CONNECT_OPTIONS[dialect])
+    if host:
+        kw["host"] = host
+    if port:
+        if not port.isdigit():
+            return None
+        kw["port"] = int(port)
+    if user:
+        kw["user"] = _unquote(user)
+    if password:
+        kw["password"] = _unquote(password)
+    if dialect == "postgresql":
+        if database:
+            kw["dbname"] = _unquote(database)
+        return Driver(dialect, lambda: _connect_psycopg(kw))
+    if database:
+        kw["database"] = _unquote(database)
+    return Driver(dialect, lambda: _connect_pymysql(kw))
+
+
+def connect_sqlite(path: str) -> Any:
+    import sqlite3
+
+    conn = sqlite3.connect(path, isolation_level=None, **CONNECT_OPTIONS["sqlite"])
+    sqlite_setup(conn)
+    return conn
+
+
+def sqlite_setup(conn: Any) -> None:
+    cur = conn.cursor()
+    for pragma in SQLITE_PRAGMAS:
+        cur.execute(pragma)
+    cur.close()
+
+
+def _connect_psycopg(kw: dict[str, Any]) -> Any:
+    import psycopg
+
+    return psycopg.connect(autocommit=True, **kw)
+
+
+def _connect_pymysql(kw: dict[str, Any]) -> Any:
+    import pymysql
+
+    return pymysql.connect(autocommit=True, **kw)
+
+
+# -- errors ----------------------------------------------------------------------
+
+#: ER_LOCK_DEADLOCK; PostgreSQL's deadlock_detected and serialization_failure.
+_MYSQL_DEADLOCK = 1213
+_PG_RETRY = ("40P01", "40001")
+#: MySQL/MariaDB errors retrying cannot fix: access denied (server, database,
+#: table), unknown database.
+_MYSQL_REFUSED = {1044, 1045, 1049, 1142, 1698}
+#: MySQL/MariaDB: --read-only, a read-only transaction, a Galera node not ready.
+_MYSQL_READ_ONLY = {1290, 1792, 1836}
+_MYSQL_SCHEMA = {1146, 1054}  # no such table, no such column
+#: A value out of range: a row edited by hand (a negative token, which
+#: LAST_INSERT_ID(expr) cannot take), not an outage.
+_MYSQL_BAD_ROW = {1264}
+#: Client-side errors of PyMySQL that mean the server is not there.
+_MYSQL_UNREACHABLE = {2003, 2005, 2006, 2013}
+#: PostgreSQL's connection errors carry no SQLSTATE: these texts say refused.
+_PG_REFUSED = ("password authentication failed", "no pg_hba.conf entry",
+               "permission denied", "does not exist", "no password supplied")
+
+
+def is_deadlock(exc: BaseException | None) -> bool:
+    """The database rolled the statement back to break a deadlock (or a
+    serialization conflict): sending it again is the remedy."""
+    if exc is None:
+        return False
+    if getattr(exc, "sqlstate", None) in _PG_RETRY:
+        return True
+    args = getattr(exc, "args", None)
+    return bool(args) and args[0] == _MYSQL_DEADLOCK  # type: ignore[index]
+
+
+def _kind(orig: BaseException, text: str) -> str:
+    """What went wrong, as the one-line outage message says it."""
+    code = orig.args[0] if getattr(orig, "args", None) else None
+    sqlstate = getattr(orig, "sqlstate", None)
+    if is_deadlock(orig):
+        return "deadlock"
+    if isinstance(code, int) and code in _MYSQL_BAD_ROW:
+        return "bad-row"
+    if (isinstance(code, int) and code in _MYSQL_REFUSED or sqlstate == "42501"
+            or sqlstate is None and "FATAL" in text and any(p in text for p in _PG_REFUSED)):
+        return "refused"
+    if (isinstance(code, int) and code in _MYSQL_READ_ONLY or sqlstate == "25006"
+            or "read-only" in text or "readonly database" in text):
+        return "read-only"
+    if (isinstance(code, int) and code in _MYSQL_SCHEMA or sqlstate in ("42P01", "42703")
+            or "no such table" in text or "no such column" in text):
+        return "schema"
+    if (isinstance(code, int) and code in _MYSQL_UNREACHABLE
+            or "connection" in text.lower() or "timeout" in text.lower()
+            or "timed out" in text.lower() or "server closed" in text.lower()):
+        return "unreachable"
+    return "error"
+
+
+def _message(orig: BaseException) -> str:
+    """The driver's message on one line: PyMySQL's (code, text) as ``text (code)``."""
+    args = getattr(orig, "args", None)
+    if args and len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
+        return f"{args[1]} (error {args[0]})"
+    return str(orig)
+
+
+def db_error(exc: BaseException) -> DatabaseError:
+    """A driver's (or SQLAlchemy's) error as dblockrun's, with its kind."""
+    orig = getattr(exc, "orig", None) or exc
+    text = " ".join(_message(orig).split())[:500]
+    kind = _kind(orig, text)
+    if kind == "refused":
+        return DatabaseRefused(f"database refused: {text}", kind=kind)
+    return DatabaseError(f"database error: {text}", kind=kind)

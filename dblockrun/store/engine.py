@@ -1,0 +1,511 @@
+"""The lock engine: the hot statements of :mod:`~dblockrun.store.queries`
+sent through an :mod:`~dblockrun.store.executor`, and their results read the
+way each database hands them back.
+
+Every claim, renewal, release and run record of every path (daemon jobs,
+batches, run-now, fan-out, ``exec``, :func:`dblockrun.lock`) goes through
+here. Round trips: a won run costs two (the claim with its run record, the
+result with the release), a lost claim one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from dblockrun.errors import DatabaseError, SchemaTooNew
+from dblockrun.store.executor import Executor
+from dblockrun.store.queries import RUNNING, ClaimShape, Queries, queries_for
+from dblockrun.store.sql import SCHEMA_VERSION
+
+log = logging.getLogger("dblockrun")
+T = TypeVar("T")
+
+#: Names per batch statement (SQLite's bound-parameter limit is far above).
+BATCH_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A won claim: the new fencing token, and the run record of its first
+    attempt when the claim made it (None: the caller records it, or releases)."""
+
+    name: str
+    token: int
+    run_id: int | None
+
+
+@dataclass(frozen=True)
+class ClaimedItem:
+    """A won fan-out item: its text, key, the item's own fencing token and
+    the run record the claim made for it."""
+
+    item: str
+    key: str
+    token: int
+    run_id: int
+
+
+@dataclass(frozen=True)
+class LostRun:
+    """A run recorded lost: its holder stopped renewing (or was fenced)."""
+
+    id: int
+    job: str
+    item: str | None
+    host: str
+    token: int
+    lock_until: float | None  # when its lease ran out (None: taken over since)
+    ended: float  # its lease's last renewal
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a claim asks for, beyond the lock being free and the job enabled."""
+
+    slot: float | None = None
+    rate: float | None = None
+    next_due: float | None = None
+    tolerance: float = 0.1  # a slot may be claimed this early (clock estimates)
+    record: bool = False
+    requested: bool = False
+
+    @property
+    def shape(self) -> ClaimShape:
+        return ClaimShape(slot=self.slot is not None, rate=self.rate is not None,
+                          next_due=self.next_due is not None, record=self.record,
+                          requested=self.requested)
+
+    def params(self, name: str, holder: str, lease: float) -> dict[str, Any]:
+        params: dict[str, Any] = {"name": name, "holder": holder, "lease": lease}
+        if self.slot is not None:
+            params.update(slot=self.slot, tol=self.tolerance)
+        if self.rate is not None:
+            params.update(rate=self.rate,
+                          rate_tol=self.tolerance if self.slot is not None else 0.0)
+        if self.next_due is not None:
+            params["next"] = self.next_due
+        if self.record:
+            params["run_slot"] = self.slot
+        return params
+
+
+class LockEngine:
+    """The hot statements of one database and table prefix."""
+
+    def __init__(self, executor: Executor, prefix: str) -> None:
+        self.x = executor
+        self.dialect = executor.dialect
+        self.q: Queries = queries_for(self.dialect, prefix)
+        self._texts: dict[Any, str] = {}
+        self._negative_logged: set[str] = set()
+
+    @property
+    def statements(self) -> int:
+        return self.x.statements
+
+    def close(self) -> None:
+        self.x.close()
+
+    def _text(self, key: Any, build: Any) -> str:
+        text = self._texts.get(key)
+        if text is None:
+            text = self._texts[key] = build()
+        return text
+
+    def _one_row(self, sql: str, params: dict[str, Any]) -> bool:
+        """Send a write of one row: True when it matched."""
+        return self.x.run(lambda cur: bool(self.x.send(cur, sql, params).rowcount == 1))
+
+    # -- claims ------------------------------------------------------------------
+
+    def claim(self, name: str, holder: str, lease: float, claim: Claim = Claim(), *,
+              ensure: bool = False) -> Claimed | None:
+        """One conditional UPDATE (with the run record when ``claim.record``).
+        ``ensure``: create the job's lock row if it has none, then claim."""
+        won, known = self._claim(name, holder, lease, claim, ensure)
+        if won is None and not known and ensure:
+            self.ensure_jobs([name])
+            won, known = self._claim(name, holder, lease, claim, ensure)
+        return won
+
+    def _claim(self, name: str, holder: str, lease: float, claim: Claim,
+               ensure: bool) -> tuple[Claimed | None, bool]:
+        shape = claim.shape
+        sql = self._text(("claim", shape), lambda: self.q.claim(shape))
+        params = claim.params(name, holder, lease)
+        read = {"postgresql": self._read_pg, "mysql": self._read_mysql,
+                "sqlite": self._read_sqlite}[self.dialect]
+        won, found, version = self.x.run(lambda cur: read(cur, sql, params, shape, ensure))
+        known = found is not None
+        if won is None and known and int(found) < 0:
+            self.negative_token(name)
+        if version is not None and int(version) != SCHEMA_VERSION:
+            if won is not None:
+                self.release(name, holder, won.token, 0.0)
+            if int(version) > SCHEMA_VERSION:
+                raise SchemaTooNew(f"the database schema is version {version}, this dblockrun "
+                                   f"knows up to {SCHEMA_VERSION}: upgrade dblockrun")
+            raise DatabaseError(f"the database schema is version {version}, older than "
+                                f"{SCHEMA_VERSION}: it needs `dblockrun init-db`", kind="schema")
+        return won, known
+
+    # Each reader returns (won, the row's token as found or None, schema version).
+
+    def _read_pg(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
+                 _ensure: bool) -> tuple[Claimed | None, Any, Any]:
+        token, run_id, found, version = self.x.send(cur, sql, params).fetchone()
+        if token is None:
+            return None, found, version
+        return (Claimed(params["name"], int(token), None if run_id is None else int(run_id)),
+                token, version)
+
+    def _read_mysql(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
+                    _ensure: bool) -> tuple[Claimed | None, Any, Any]:
+        self.x.send(cur, sql, params)
+        cur.nextset()  # past the dead run's loss, to the claim
+        won = cur.rowcount == 1
+        token = int(cur.lastrowid) if won else 0
+        run_id: int | None = None
+        if shape.record:
+            try:
+                cur.nextset()
+                run_id = int(cur.lastrowid) if won else None
+            except Exception as exc:
+                if not won:
+                    raise
+                # The UPDATE is committed: the claim is ours without its
+                # record. The caller records it (or releases the lock).
+                log.warning("job %s: claimed (token %d) but its run record failed: %s",
+                            params["name"], token, exc)
+                return Claimed(params["name"], token, None), token, None
+        cur.nextset()
+        found, version = cur.fetchone()
+        if not won:
+            return None, found, version
+        return Claimed(params["name"], token, run_id), token, version
+
+    def _read_sqlite(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
+                     ensure: bool) -> tuple[Claimed | None, Any, Any]:
+        # The run before, if it died, is recorded lost first (as the servers'
+        # claims do in the same round trip).
+        self.x.send(cur, self._text("supersede", lambda: self.q.supersede(
+            f"{self.q.runs}.job = {self.q.p('name')}")), params)
+        row = self.x.send(cur, sql, params).fetchone()
+        if row is None:
+            if not ensure:  # embedded, but each statement is counted
+                return None, 0, None
+            found, version = self.x.send(cur, self.q.known_row, params).fetchone()
+            return None, found, version
+        token, started, version = int(row[0]), float(row[1]), row[2]
+        won = Claimed(params["name"], token, None)
+        if not shape.record or (version is not None and int(version) > SCHEMA_VERSION):
+            return won, token, version
+        try:
+            self.x.send(cur, self.q.claim_record, {**params, "token": token, "started": started})
+            return Claimed(won.name, token, int(cur.fetchone()[0])), token, version
+        except Exception as exc:
+            log.warning("job %s: claimed (token %d) but its run record failed: %s",
+                        params["name"], token, exc)
+            return won, token, version
+
+    def negative_token(self, name: str) -> None:
+        """A token edited below zero is never claimed: say once per job how
+        to repair it, instead of failing every claim in silence."""
+        if name not in self._negative_logged:
+            self._negative_logged.add(name)
+            log.error("job %s: its fencing token is negative (edited by hand?), so it is "
+                      "never claimed; repair it with `dblockrun unlock %s`", name, name)
+
+    def claim_batch(self, names: Sequence[str], holder: str, lease: float, claim: Claim,
+                    limit: int) -> list[Claimed]:
+        """Claim up to ``limit`` of ``names`` (all of one slot) with their run
+        records, skipping rows another host is claiming at this moment: one
+        statement on PostgreSQL, one short transaction elsewhere."""
+        assert claim.slot is not None and claim.record
+        won: list[Claimed] = []
+        for i in range(0, len(names), BATCH_CHUNK):
+            if len(won) >= limit:
+                break
+            won += self._claim_chunk(names[i:i + BATCH_CHUNK], holder, lease, claim,
+                                     limit - len(won))
+        return won
+
+    def _claim_chunk(self, names: Sequence[str], holder: str, lease: float, claim: Claim,
+                     limit: int) -> list[Claimed]:
+        shape = claim.shape
+        params = {**claim.params("", holder, lease), "limit": limit}
+        del params["name"]
+        if self.dialect == "postgresql":
+            sql = self._text(("batch", shape), lambda: self.q.batch_claim(shape, 0))
+            params["names"] = list(names)
+
+            def go(cur: Any) -> list[Claimed]:
+                self.x.send(cur, sql, params)
+                return [Claimed(str(n), int(t), int(i)) for n, t, i in cur.fetchall()]
+
+            return self.x.run(go)
+        return self.x.run(lambda cur: self._batch_in_transaction(cur, shape, names, params))
+
+    def _batch_in_transaction(self, cur: Any, shape: ClaimShape, names: Sequence[str],
+                              params: dict[str, Any]) -> list[Claimed]:
+        q, send = self.q, self.x.send
+
+        def steps() -> list[Claimed]:
+            named = {f"n{i}": n for i, n in enumerate(names)}
+            pick = q.batch_pick(shape, len(names))
+            picked = [str(r[0]) for r in send(cur, pick, {**params, **named}).fetchall()]
+            if not picked:
+                return []
+            chosen = {**params, **{f"c{i}": n for i, n in enumerate(picked)}}
+            # The pick only shares the work out: the UPDATE is the same
+            # conditional write as a single claim, and decides.
+            send(cur, q.supersede(f"{q.runs}.job {q.names_in(len(picked))}"),
+                 {f"n{i}": n for i, n in enumerate(picked)})
+            send(cur, q.batch_update(shape, len(picked)), chosen)
+            send(cur, q.batch_record(len(picked)), chosen)
+            rows = send(cur, q.batch_read(len(picked)), chosen).fetchall()
+            return [Claimed(str(n), int(t), int(i)) for n, t, i in rows]
+
+        return self._transaction(cur, steps)
+
+    def _transaction(self, cur: Any, steps: Callable[[], T]) -> T:
+        """``steps`` in one short transaction (``BEGIN IMMEDIATE`` on SQLite:
+        its one writer at a time stands in for row locks)."""
+        send = self.x.send
+        if self.dialect == "mysql":
+            # Read committed: rows a pick reads but does not take are not
+            # left locked (they may be another host's, renewed right now).
+            send(cur, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        send(cur, "BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN")
+        try:
+            result = steps()
+            send(cur, "COMMIT")
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except Exception:  # the connection is gone; the executor drops it
+                pass
+            raise
+        return result
+
+    # -- fan-out items ----------------------------------------------------------------
+
+    def claim_items(self, job: str, holder: str, lease: float, claim: Claim,
+                    limit: int) -> list[ClaimedItem]:
+        """Claim up to ``limit`` of a job's due items, oldest start first,
+        skipping the rows other hosts are claiming right now."""
+        shape = claim.shape
+        params = {**claim.params("", holder, lease), "job": job}
+        del params["name"]
+        q, send = self.q, self.x.send
+        mysql = self.dialect == "mysql"
+
+        def steps(cur: Any) -> list[ClaimedItem]:
+            if mysql:
+                # InnoDB locks every row a sorted locking read looks at, so
+                # one host's pick would hide all items from the others: read
+                # the candidates unlocked, then lock only those by key.
+                wide = {**params, "limit": limit * 4 + 16}
+                keys = [str(r[0]) for r in send(cur, q.items_pick(shape, lock=False),
+                                                 wide).fetchall()]
+                if keys:
+                    by_key = {**params, "limit": limit,
+                              **{f"k{i}": k for i, k in enumerate(keys)}}
+                    locked = {str(r[0]) for r in send(
+                        cur, q.items_lock(shape, len(keys)), by_key).fetchall()}
+                    keys = [k for k in keys if k in locked]
+            else:
+                keys = [str(r[0]) for r in send(cur, q.items_pick(shape),
+                                                 {**params, "limit": limit}).fetchall()]
+            if not keys:
+                return []
+            named = {**params, "run_slot": claim.slot,
+                     **{f"k{i}": k for i, k in enumerate(keys)}}
+            send(cur, q.items_claim(shape, len(keys)), named)
+            send(cur, q.items_record(len(keys)), named)
+            rows = send(cur, q.items_claimed(len(keys)), named).fetchall()
+            order = {k: i for i, k in enumerate(keys)}
+            claimed = [ClaimedItem(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
+            return sorted(claimed, key=lambda c: order[c.key])
+
+        return self.x.run(lambda cur: self._transaction(cur, lambda: steps(cur)))
+
+    def _items_params(self, job: str, holder: str,
+                      items: Sequence[ClaimedItem]) -> dict[str, Any]:
+        params: dict[str, Any] = {"job": job, "holder": holder}
+        for i, c in enumerate(items):
+            params[f"k{i}"], params[f"t{i}"] = c.key, c.token
+        return params
+
+    def renew_items(self, job: str, holder: str, items: Sequence[ClaimedItem],
+                    lease: float) -> bool:
+        """Extend a batch's leases; False if any token is no longer current."""
+        sql = self._text(("items_renew", len(items)), lambda: self.q.items_renew(len(items)))
+        params = {**self._items_params(job, holder, items), "lease": lease}
+        return self.x.run(
+            lambda cur: bool(self.x.send(cur, sql, params).rowcount == len(items)))
+
+    def finish_and_release_items(self, job: str, holder: str, items: Sequence[ClaimedItem],
+                                 result: str, exit_code: int | None, output: str | None,
+                                 lock_at_least: float) -> tuple[bool, bool]:
+        """The batch's result (only while every token is ours) and the release
+        of its items, in one round trip: (result written, released)."""
+        n = len(items)
+        params = {**self._items_params(job, holder, items), "result": result,
+                  "code": exit_code, "output": output, "least": float(lock_at_least),
+                  **{f"r{i}": c.run_id for i, c in enumerate(items)}}
+        q = self.q
+
+        def go(cur: Any) -> tuple[bool, bool]:
+            if self.dialect == "sqlite":  # embedded: two statements
+                written = self.x.send(cur, q.items_finish(n, n), params).rowcount
+                released = self.x.send(cur, q.items_release(n), params).rowcount
+            elif self.dialect == "mysql":
+                self.x.send(cur, q.items_finish_and_release(n, n), params)
+                written = cur.rowcount
+                cur.nextset()
+                released = cur.rowcount
+            else:
+                written, released = self.x.send(cur, q.items_finish_and_release(n, n),
+                                                params).fetchone()
+            return int(written) == n, int(released) == n
+
+        return self.x.run(go)
+
+    # -- while it runs, and its end ------------------------------------------------
+
+    def renew(self, name: str, holder: str, token: int, lease: float) -> bool:
+        """Extend the lease; False when the token is no longer ours."""
+        params = {"name": name, "holder": holder, "token": token, "lease": lease}
+        return self._one_row(self.q.renew, params)
+
+    def renew_many(self, holder: str, held: Sequence[tuple[str, int]],
+                   lease: float) -> set[str]:
+        """Extend all of ``holder``'s leases ``held`` ((name, token) pairs) in
+        one statement; returns the names renewed (the others are lost)."""
+        if not held:
+            return set()
+        sql = self._text(("renew_many", len(held)), lambda: self.q.renew_many(len(held)))
+        params: dict[str, Any] = {"holder": holder, "lease": lease}
+        for i, (name, token) in enumerate(held):
+            params[f"n{i}"], params[f"t{i}"] = name, token
+
+        def go(cur: Any) -> set[str]:
+            self.x.send(cur, sql, params)
+            if self.dialect == "mysql":
+                cur.nextset()
+            return {str(r[0]) for r in cur.fetchall()}
+
+        return self.x.run(go)
+
+    def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool:
+        """Free the lock, not before ``locked_at + lock_at_least``."""
+        params = {"name": name, "holder": holder, "token": token, "least": float(lock_at_least)}
+        return self._one_row(self.q.release, params)
+
+    def start_run(self, job: str, host: str, *, token: int | None, slot: float | None = None,
+                  attempt: int = 1, item: str | None = None, result: str = RUNNING,
+                  output: str | None = None) -> int:
+        sql = self._text(("start_run", result == RUNNING),
+                         lambda: self.q.start_run(result == RUNNING))
+        params = {"job": job, "item": item, "host": host, "slot": slot, "token": token,
+                  "attempt": attempt, "result": result, "output": output}
+
+        def go(cur: Any) -> int:
+            self.x.send(cur, sql, params)
+            if self.dialect == "mysql":
+                return int(cur.lastrowid)
+            return int(cur.fetchone()[0])
+
+        return self.x.run(go)
+
+    def finish_run(self, run_id: int, job: str, token: int | None, result: str,
+                   exit_code: int | None, output: str | None) -> bool:
+        """Record a run's end, only while the job's token is still ``token``."""
+        fenced = token is not None
+        sql = self._text(("finish_run", fenced), lambda: self.q.finish_run(fenced))
+        params = {"run_id": run_id, "name": job, "token": token, "result": result,
+                  "code": exit_code, "output": output}
+        return self._one_row(sql, params)
+
+    def finish_and_release(self, run_id: int, job: str, holder: str, token: int, result: str,
+                           exit_code: int | None, output: str | None,
+                           lock_at_least: float = 0.0) -> tuple[bool, bool]:
+        """:meth:`finish_run` and :meth:`release` in one round trip:
+        (result written, released)."""
+        if self.dialect == "sqlite":  # embedded: two statements, no round trip
+            return (self.finish_run(run_id, job, token, result, exit_code, output),
+                    self.release(job, holder, token, lock_at_least))
+        params = {"run_id": run_id, "name": job, "holder": holder, "token": token,
+                  "result": result, "code": exit_code, "output": output,
+                  "least": float(lock_at_least)}
+
+        def go(cur: Any) -> tuple[bool, bool]:
+            self.x.send(cur, self.q.finish_and_release, params)
+            if self.dialect == "postgresql":
+                written, released = cur.fetchone()
+                return int(written) == 1, int(released) == 1
+            both = cur.rowcount == 2
+            return both, both
+
+        written, released = self.x.run(go)
+        if not released and self.dialect == "mysql":
+            # No run row to join (pruned by hand?): the release alone decides.
+            released = self.release(job, holder, token, lock_at_least)
+        return written, released
+
+    # -- bookkeeping ---------------------------------------------------------------
+
+    def ensure_jobs(self, names: Iterable[str]) -> None:
+        """Give each name its lock row (free, token 0) if it has none."""
+        rows = [{"name": n} for n in dict.fromkeys(names)]
+        if not rows:
+            return
+
+        def go(cur: Any) -> None:
+            for row in rows:
+                self.x.send(cur, self.q.ensure_job, row)
+
+        self.x.run(go)
+
+    def skip_slot(self, name: str, slot: float) -> bool:
+        """Advance the job's last slot without running it; True for the one
+        host that advanced it (which then records why)."""
+        params = {"name": name, "slot": slot}
+        return self._one_row(self.q.skip_slot, params)
+
+    def sweep_lost(self) -> list[LostRun]:
+        """Record as ``lost`` the runs whose lease ran out or was taken over,
+        each ending at its lease's last renewal; returns them. One statement
+        when there are none (every heartbeat of every daemon)."""
+
+        def go(cur: Any) -> list[LostRun]:
+            found = self.x.send(cur, self.q.lost_runs).fetchall()
+            lost: list[LostRun] = []
+            for run_id, job, item, host, token, lock_until, ended in found:
+                params = {"id": int(run_id), "ended": float(ended)}
+                if self.x.send(cur, self.q.mark_lost, params).rowcount == 1:
+                    lost.append(LostRun(int(run_id), str(job), item, str(host), int(token),
+                                        None if lock_until is None else float(lock_until),
+                                        float(ended)))
+            return lost
+
+        return self.x.run(go)
+
+    def prune_runs(self, job: str, keep: int) -> int:
+        """Delete all but the newest ``keep`` runs of ``job``."""
+
+        def go(cur: Any) -> int:
+            row = self.x.send(cur, self.q.prune_cutoff, {"job": job, "keep": keep}).fetchone()
+            if row is None:
+                return 0
+            params = {"job": job, "cutoff": int(row[0])}
+            return int(self.x.send(cur, self.q.prune, params).rowcount)
+
+        return self.x.run(go)
+
+    def db_now(self) -> float:
+        return self.x.run(lambda cur: float(self.x.send(cur, self.q.clock).fetchone()[0]))

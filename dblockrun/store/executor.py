@@ -1,0 +1,193 @@
+"""Where statements are sent: one retry policy, one error mapping.
+
+An executor hands ``fn`` a driver cursor and runs it under the policy:
+
+* a connection found dead is dropped and ``fn`` tried once more on a new one
+  (not when the connection was new: the database is down, say so);
+* a statement the database rolled back to break a deadlock is sent again, up
+  to three times, where ``fn`` says sending it twice is harmless;
+* every other driver error becomes a :class:`~dblockrun.errors.DatabaseError`
+  (:func:`~dblockrun.store.drivers.db_error`).
+
+:class:`PooledExecutor` takes connections from a SQLAlchemy engine's pool
+(the daemon, the API, the operator commands); :class:`DirectExecutor` keeps
+one driver connection of its own (``exec``, which never imports SQLAlchemy).
+Every call of :meth:`Executor.send` is one round trip, and counted.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from dblockrun.errors import DatabaseError
+from dblockrun.store.drivers import Driver, db_error, is_deadlock
+
+T = TypeVar("T")
+
+#: How many times a deadlocked (idempotent) statement is sent at most.
+DEADLOCK_TRIES = 3
+
+
+def try_again(*, dead: bool, new: bool, deadlock: bool, attempt: int,
+              idempotent: bool) -> bool:
+    """The retry policy: after a failed attempt, whether to send it again."""
+    if dead:
+        return not new and attempt == 1
+    return idempotent and deadlock and attempt < DEADLOCK_TRIES
+
+
+class Executor:
+    """Runs ``fn(cursor)`` with the retry policy; counts round trips."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.dialect = driver.dialect
+        self.statements = 0
+        self._count_lock = threading.Lock()
+        self._errors: tuple[type[BaseException], ...] | None = None
+
+    # -- what a kind of connection supplies --------------------------------------
+
+    def _acquire(self) -> tuple[Any, bool]:
+        """A connection and whether it is new."""
+        raise NotImplementedError
+
+    def _give_back(self, conn: Any, dead: bool) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    # -- the policy ----------------------------------------------------------------
+
+    def count(self, n: int = 1) -> None:
+        with self._count_lock:
+            self.statements += n
+
+    def send(self, cur: Any, sql: str, params: dict[str, Any] | None = None) -> Any:
+        """One round trip."""
+        self.count()
+        cur.execute(sql, params or {})
+        return cur
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        if self._errors is None:
+            self._errors = self.driver.error_types()
+        return self._errors
+
+    def run(self, fn: Callable[[Any], T], *, idempotent: bool = True) -> T:
+        attempt = 0
+        while True:
+            attempt += 1
+            conn, new = self._acquire()
+            dead = False
+            try:
+                cur = conn.cursor()
+                try:
+                    return fn(cur)
+                finally:
+                    cur.close()
+            except DatabaseError:
+                raise
+            except Exception as exc:
+                if not isinstance(exc, self._driver_errors()):
+                    raise
+                dead = self.driver.is_disconnect(conn, exc)
+                if not try_again(dead=dead, new=new, deadlock=is_deadlock(exc),
+                                 attempt=attempt, idempotent=idempotent):
+                    raise db_error(exc) from exc
+            finally:
+                self._give_back(conn, dead)
+
+
+class DirectExecutor(Executor):
+    """One connection of the driver's own, shared by a process's threads
+    (``exec``: the run and its renewals) under a lock."""
+
+    def __init__(self, driver: Driver) -> None:
+        super().__init__(driver)
+        self._conn: Any = None
+        self._lock = threading.RLock()
+
+    def _acquire(self) -> tuple[Any, bool]:
+        self._lock.acquire()
+        if self._conn is not None:
+            return self._conn, False
+        try:
+            self._conn = self.driver.connect()
+        except Exception as exc:
+            self._lock.release()
+            if isinstance(exc, self._driver_errors()):
+                raise db_error(exc) from exc
+            raise
+        return self._conn, True
+
+    def _give_back(self, conn: Any, dead: bool) -> None:
+        try:
+            if dead:
+                self._conn = None
+                _close_quietly(conn)
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            _close_quietly(conn)
+
+
+class PooledExecutor(Executor):
+    """Raw driver connections from a SQLAlchemy engine's pool."""
+
+    def __init__(self, driver: Driver, engine: Any) -> None:
+        super().__init__(driver)
+        self.engine = engine
+
+    def _acquire(self) -> tuple[Any, bool]:
+        import sqlalchemy as sa
+
+        try:
+            return self.engine.raw_connection(), False
+        except sa.exc.SQLAlchemyError as exc:
+            raise db_error(exc) from exc
+        except Exception as exc:  # the pool's connect raises the driver's own error
+            if isinstance(exc, self._driver_errors()):
+                raise db_error(exc) from exc
+            raise
+
+    def _give_back(self, conn: Any, dead: bool) -> None:
+        if dead:
+            conn.invalidate()
+        conn.close()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def run_core(self, fn: Callable[[Any], T], *, idempotent: bool = True) -> T:
+        """``fn(connection)`` on a SQLAlchemy connection (the cold statements
+        written with SQLAlchemy Core), under the same policy."""
+        import sqlalchemy as sa
+
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self.engine.connect() as conn:
+                    return fn(conn)
+            except sa.exc.DBAPIError as exc:
+                if not try_again(dead=exc.connection_invalidated, new=False,
+                                 deadlock=is_deadlock(exc.orig), attempt=attempt,
+                                 idempotent=idempotent):
+                    raise db_error(exc) from exc
+            except sa.exc.SQLAlchemyError as exc:
+                raise db_error(exc) from exc
+
+
+def _close_quietly(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:  # closing a dead connection
+        pass

@@ -1,0 +1,542 @@
+"""Every lock and run statement, written once.
+
+:class:`Queries` holds the SQL text every database shares (PostgreSQL's and
+SQLite's spelling); :class:`MysqlQueries` and :class:`SqliteQueries`
+override only what really differs: the clock, how a claim hands back its
+token and run record, the result with the release, and the batch claim.
+
+The text is bound with named parameters in the drivers' own style
+(``%(name)s`` for psycopg and PyMySQL, ``:name`` for sqlite3) and runs on
+whichever connection an :mod:`~dblockrun.store.executor` hands out: a pooled
+SQLAlchemy raw connection (daemon, API) or a direct driver connection
+(``exec``). This module imports neither SQLAlchemy nor a driver.
+
+The conditions of a claim live in one place, :meth:`Queries.claimable`:
+every claim (single, batch, run-now, ``exec``, the API, fan-out items) is
+built from it, so no path can forget one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from dblockrun.store.sql import NOW
+
+#: The columns of a run record, in the order the INSERTs below give them.
+RUN_COLUMNS = "job, item, host, slot, token, attempt, started, finished, result"
+#: The result of a run still going.
+RUNNING = "running"
+
+
+@dataclass(frozen=True)
+class ClaimShape:
+    """Which conditions a claim carries; each shape is one statement text."""
+
+    slot: bool = False  # a cron slot: newer than the last one, not in the future
+    rate: bool = False  # the last start is at least ``rate`` old
+    next_due: bool = False  # publish the next slot
+    record: bool = False  # also insert the run record of attempt 1
+    requested: bool = False  # an operator's run-now request (``dblockrun run``)
+
+
+class Queries:
+    """The statements of one database kind and table prefix."""
+
+    dialect = "postgresql"
+    double = "DOUBLE PRECISION"
+    greatest = "GREATEST"
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.locks = self.quote(f"{prefix}locks")
+        self.runs = self.quote(f"{prefix}runs")
+        self.items = self.quote(f"{prefix}items")
+        self.meta = self.quote(f"{prefix}meta")
+        self.now = NOW[self.dialect]
+
+    # -- spelling -------------------------------------------------------------
+
+    @staticmethod
+    def quote(name: str) -> str:
+        """A table name (prefixes are validated: letters, digits, ``_``)."""
+        return name
+
+    @staticmethod
+    def p(name: str) -> str:
+        """A bound parameter."""
+        return f"%({name})s"
+
+    def returning(self, columns: str) -> str:
+        return f" RETURNING {columns}"
+
+    # -- the one claim predicate ------------------------------------------------
+
+    def claimable(self, table: str, shape: ClaimShape) -> str:
+        """The conditions under which a claim of a row of ``table`` (the locks,
+        or a job's items) wins: free, not disabled, and as the shape asks, a
+        newer slot not in the future, a last start at least a rate old, an
+        operator's request."""
+        p, now, locks = self.p, self.now, self.locks
+        # A negative token is a row edited by hand: never claimed (MySQL's
+        # LAST_INSERT_ID(expr) could not even hand it back); `unlock` repairs it.
+        conds = [f"{table}.token >= 0",
+                 f"({table}.lock_until IS NULL OR {table}.lock_until <= {now})"]
+        if table == locks:
+            conds.append(f"({locks}.disabled_until IS NULL OR {locks}.disabled_until <= {now})")
+        else:  # an item: its job must not be disabled
+            conds.append(f"NOT EXISTS (SELECT 1 FROM {locks} WHERE {locks}.name = {table}.job "
+                         f"AND {locks}.disabled_until > {now})")
+        if shape.slot:
+            conds.append(f"({table}.last_slot IS NULL OR {table}.last_slot < {p('slot')})")
+            conds.append(f"{p('slot')} <= {now} + {p('tol')}")
+        if shape.rate:
+            # ``rate_tol``: a cron + rate job started one period later is a few
+            # milliseconds short of the rate; the claim's tolerance absorbs it.
+            conds.append(f"({table}.last_start IS NULL OR "
+                         f"{table}.last_start <= {now} - {p('rate')} + {p('rate_tol')})")
+        if shape.requested:
+            conds.append(f"{table}.run_requested IS NOT NULL")
+        return " AND ".join(conds)
+
+    def claim_sets(self, table: str, shape: ClaimShape, token: str) -> str:
+        p, now = self.p, self.now
+        sets = [f"holder = {p('holder')}", f"lock_until = ({now} + {p('lease')})",
+                f"locked_at = {now}", f"token = {token}", f"last_start = {now}",
+                f"renewed_at = {now}"]
+        if table == self.locks:
+            sets.append("run_requested = NULL")
+            if shape.next_due:
+                sets.append(f"next_due = {p('next')}")
+            elif shape.rate:
+                sets.append(f"next_due = {now} + {p('rate')}")
+        if shape.slot:
+            sets.append(f"last_slot = {p('slot')}")
+        return ", ".join(sets)
+
+    def token_expr(self) -> str:
+        return f"{self.locks}.token + 1"
+
+    def claim_update(self, shape: ClaimShape) -> str:
+        locks = self.locks
+        return (f"UPDATE {locks} SET {self.claim_sets(locks, shape, self.token_expr())} "
+                f"WHERE {locks}.name = {self.p('name')} AND {self.claimable(locks, shape)}")
+
+    def known(self) -> str:
+        """The job's token as the claim found it (NULL: no lock row yet, so
+        ``exec`` and the API create it; negative: edited by hand), and the
+        schema's version: read with every claim, in the same round trip."""
+        locks = self.locks
+        return (f"(SELECT {locks}.token FROM {locks} WHERE {locks}.name = {self.p('name')}), "
+                f"({self.version})")
+
+    @cached_property
+    def version(self) -> str:
+        meta = self.meta
+        return (f"SELECT {meta}.value FROM {meta} WHERE {meta}.{self.quote('key')} "
+                "= 'schema_version'")
+
+    def lost_where(self, jobs: str) -> str:
+        """Runs of ``jobs`` (a condition on the runs table) still ``running``
+        though no live lease holds them: their holder died or was fenced."""
+        runs, locks, items = self.runs, self.locks, self.items
+        return (f"{jobs} AND {runs}.result = '{RUNNING}' AND {runs}.token IS NOT NULL "
+                f"AND NOT EXISTS (SELECT 1 FROM {locks} WHERE {self.holding(locks, True)}) "
+                f"AND NOT EXISTS (SELECT 1 FROM {items} WHERE {self.holding(items, True)})")
+
+    def lost_end(self) -> str:
+        """When a lost run ended: its lease's last renewal (now, if its lock
+        has moved on to another token since)."""
+        locks, items = self.locks, self.items
+        return (f"COALESCE((SELECT {locks}.renewed_at FROM {locks} "
+                f"WHERE {self.holding(locks, False)}), (SELECT {items}.renewed_at FROM {items} "
+                f"WHERE {self.holding(items, False)}), {self.now})")
+
+    def supersede(self, jobs: str) -> str:
+        """Record lost the dead runs of ``jobs``: each claim does it for its
+        job, before it claims (whoever next touches a job cleans up after the
+        run before), and each daemon's heartbeat for all jobs."""
+        return (f"UPDATE {self.runs} SET result = 'lost', finished = {self.lost_end()} "
+                f"WHERE {self.lost_where(jobs)}")
+
+    def claim(self, shape: ClaimShape) -> str:
+        """The claim; one row: (token, run id, known, version), token and run
+        id NULL when lost (known: the row's token). One round trip, the run record included, and the
+        run before it recorded lost if it was left running."""
+        locks, runs, p = self.locks, self.runs, self.p
+        update = self.claim_update(shape)
+        lost = "s AS (" + self.supersede(f"{runs}.job = {p('name')}") + ")"
+        if not shape.record:
+            return (f"WITH {lost}, c AS ({update} RETURNING {locks}.name, {locks}.token) "
+                    f"SELECT (SELECT token FROM c), NULL, {self.known()}")
+        return (f"WITH {lost}, "
+                f"c AS ({update} RETURNING {locks}.name, {locks}.token, {locks}.locked_at), "
+                f"r AS (INSERT INTO {runs} ({RUN_COLUMNS}) SELECT c.name, NULL, {p('holder')}, "
+                f"CAST({p('run_slot')} AS {self.double}), c.token, 1, c.locked_at, NULL, "
+                f"'{RUNNING}' FROM c RETURNING {runs}.token, {runs}.id) "
+                f"SELECT (SELECT token FROM r), (SELECT id FROM r), {self.known()}")
+
+    @cached_property
+    def claim_record(self) -> str:
+        """A claim's run record as a statement of its own (SQLite, where
+        that costs no round trip)."""
+        p = self.p
+        return (f"INSERT INTO {self.runs} ({RUN_COLUMNS}) VALUES ({p('name')}, NULL, "
+                f"{p('holder')}, {p('run_slot')}, {p('token')}, 1, {p('started')}, NULL, "
+                f"'{RUNNING}') RETURNING id")
+
+    @cached_property
+    def known_row(self) -> str:
+        return f"SELECT {self.known()}"
+
+    # -- a batch of jobs of one slot ---------------------------------------------
+
+    def names_in(self, count: int) -> str:
+        """``IN`` the batch's names: one array parameter ``names``."""
+        return f"= ANY({self.p('names')})"
+
+    def batch_pick(self, shape: ClaimShape, count: int) -> str:
+        """The rows of a batch this host takes (``count`` names)."""
+        locks = self.locks
+        return (f"SELECT {locks}.name FROM {locks} WHERE {locks}.name {self.names_in(count)} "
+                f"AND {self.claimable(locks, shape)} LIMIT {self.p('limit')}"
+                f"{self.skip_locked}")
+
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+
+    def batch_claim(self, shape: ClaimShape, count: int) -> str:
+        """PostgreSQL: pick, claim and record ``count`` candidates in one statement."""
+        locks, runs, p = self.locks, self.runs, self.p
+        sets = self.claim_sets(locks, shape, self.token_expr())
+        lost = self.supersede(f"{runs}.job {self.names_in(count)}")
+        return (f"WITH s AS ({lost}), pick AS ({self.batch_pick(shape, count)}), "
+                f"c AS (UPDATE {locks} SET {sets} FROM pick WHERE {locks}.name = pick.name "
+                f"AND {self.claimable(locks, shape)} "
+                f"RETURNING {locks}.name, {locks}.token, {locks}.locked_at) "
+                f"INSERT INTO {runs} ({RUN_COLUMNS}) SELECT c.name, NULL, {p('holder')}, "
+                f"CAST({p('slot')} AS {self.double}), c.token, 1, c.locked_at, NULL, "
+                f"'{RUNNING}' FROM c RETURNING {runs}.job, {runs}.token, {runs}.id")
+
+    def batch_update(self, shape: ClaimShape, count: int) -> str:
+        """MySQL and SQLite: claim the picked names ``c0``... (in a transaction)."""
+        locks = self.locks
+        names = ", ".join(self.p(f"c{i}") for i in range(count))
+        sets = self.claim_sets(locks, shape, f"{locks}.token + 1")
+        return (f"UPDATE {locks} SET {sets} WHERE {locks}.name IN ({names}) "
+                f"AND {self.claimable(locks, shape)}")
+
+    def batch_record(self, count: int) -> str:
+        """The run records of the names ``c0``... this holder claimed for the slot."""
+        locks, runs, p = self.locks, self.runs, self.p
+        names = ", ".join(p(f"c{i}") for i in range(count))
+        return (f"INSERT INTO {runs} ({RUN_COLUMNS}) SELECT {locks}.name, NULL, {p('holder')}, "
+                f"{p('slot')}, {locks}.token, 1, {locks}.locked_at, NULL, '{RUNNING}' "
+                f"FROM {locks} WHERE {locks}.name IN ({names}) "
+                f"AND {locks}.holder = {p('holder')} AND {locks}.last_slot = {p('slot')}")
+
+    def batch_read(self, count: int) -> str:
+        locks, runs, p = self.locks, self.runs, self.p
+        names = ", ".join(p(f"c{i}") for i in range(count))
+        return (f"SELECT {runs}.job, {runs}.token, {runs}.id FROM {runs} "
+                f"JOIN {locks} ON {locks}.name = {runs}.job AND {locks}.token = {runs}.token "
+                f"WHERE {locks}.name IN ({names}) AND {locks}.holder = {p('holder')} "
+                f"AND {runs}.attempt = 1 AND {runs}.finished IS NULL")
+
+    # -- fan-out items ---------------------------------------------------------------
+
+    def items_pick(self, shape: ClaimShape, *, lock: bool = True) -> str:
+        """A job's due items, oldest start first, ``limit`` of them; ``lock``:
+        skipping and locking rows other hosts are claiming right now."""
+        items = self.items
+        return (f"SELECT {items}.item_key FROM {items} WHERE {items}.job = {self.p('job')} "
+                f"AND {items}.retired = FALSE AND {self.claimable(items, shape)} "
+                f"ORDER BY {items}.last_start IS NOT NULL, {items}.last_start, "
+                f"{items}.item_key LIMIT {self.p('limit')}" + (self.skip_locked if lock else ""))
+
+    def items_keys(self, count: int) -> str:
+        return "IN (" + ", ".join(self.p(f"k{i}") for i in range(count)) + ")"
+
+    def items_lock(self, shape: ClaimShape, count: int) -> str:
+        """MySQL: lock the candidates ``k0``... by key, skipping taken ones."""
+        items = self.items
+        return (f"SELECT {items}.item_key FROM {items} WHERE {items}.job = {self.p('job')} "
+                f"AND {items}.item_key {self.items_keys(count)} "
+                f"AND {self.claimable(items, shape)} LIMIT {self.p('limit')}{self.skip_locked}")
+
+    def items_claim(self, shape: ClaimShape, count: int) -> str:
+        """Claim the picked items ``k0``...: the same conditional write as a job's."""
+        items = self.items
+        sets = self.claim_sets(items, shape, f"{items}.token + 1")
+        return (f"UPDATE {items} SET {sets}, last_result = '{RUNNING}' "
+                f"WHERE {items}.job = {self.p('job')} AND {items}.item_key "
+                f"{self.items_keys(count)} AND {self.claimable(items, shape)}")
+
+    def items_record(self, count: int) -> str:
+        """The run records of the claimed items ``k0``... (in the claim's
+        transaction)."""
+        items, runs, p = self.items, self.runs, self.p
+        return (f"INSERT INTO {runs} ({RUN_COLUMNS}) SELECT {items}.job, {items}.item, "
+                f"{p('holder')}, CAST({p('run_slot')} AS {self.double}), {items}.token, 1, "
+                f"{items}.locked_at, NULL, '{RUNNING}' FROM {items} "
+                f"WHERE {items}.job = {p('job')} AND {items}.item_key {self.items_keys(count)}")
+
+    def items_claimed(self, count: int) -> str:
+        """The claimed items ``k0``... with their run records."""
+        items, runs = self.items, self.runs
+        return (f"SELECT {items}.item, {items}.item_key, {items}.token, {runs}.id "
+                f"FROM {items} JOIN {runs} ON {runs}.job = {items}.job "
+                f"AND {runs}.item = {items}.item AND {runs}.token = {items}.token "
+                f"WHERE {items}.job = {self.p('job')} AND {items}.holder = {self.p('holder')} "
+                f"AND {items}.item_key {self.items_keys(count)}")
+
+    def items_mine(self, count: int) -> str:
+        """A holder's batch of items (``k0``/``t0``...) whose tokens are current."""
+        items, p = self.items, self.p
+        pairs = ", ".join(f"({p(f'k{i}')}, {p(f't{i}')})" for i in range(count))
+        return (f"{items}.job = {p('job')} AND {items}.holder = {p('holder')} "
+                f"AND ({items}.item_key, {items}.token) IN ({pairs})")
+
+    def items_renew(self, count: int) -> str:
+        return (f"UPDATE {self.items} SET lock_until = ({self.now} + {self.p('lease')}), "
+                f"renewed_at = {self.now} WHERE {self.items_mine(count)}")
+
+    def items_release(self, count: int) -> str:
+        items = self.items
+        return (f"UPDATE {items} SET lock_until = {self.greatest}({self.now}, "
+                f"{items}.locked_at + {self.p('least')}), last_result = {self.p('result')} "
+                f"WHERE {self.items_mine(count)}")
+
+    def items_finish(self, count: int, runs_count: int) -> str:
+        """The batch's runs ``r0``... get its result while all its items are ours."""
+        items, runs, p = self.items, self.runs, self.p
+        ids = ", ".join(p(f"r{i}") for i in range(runs_count))
+        return (f"UPDATE {runs} SET {self.run_result()} WHERE {runs}.id IN ({ids}) "
+                f"AND (SELECT count(*) FROM {items} WHERE {self.items_mine(count)}) = {count}")
+
+    def items_finish_and_release(self, count: int, runs_count: int) -> str:
+        """Row: (runs written, items released), in one statement."""
+        items = self.items
+        return (f"WITH r AS ({self.items_finish(count, runs_count)} RETURNING {self.runs}.id), "
+                f"l AS ({self.items_release(count)} RETURNING {items}.item_key) "
+                f"SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM l)")
+
+    # -- while it runs, and its end ---------------------------------------------
+
+    def mine(self) -> str:
+        locks, p = self.locks, self.p
+        return (f"{locks}.name = {p('name')} AND {locks}.holder = {p('holder')} "
+                f"AND {locks}.token = {p('token')}")
+
+    @cached_property
+    def renew(self) -> str:
+        return (f"UPDATE {self.locks} SET lock_until = ({self.now} + {self.p('lease')}), "
+                f"renewed_at = {self.now} WHERE {self.mine()}")
+
+    def renew_many(self, count: int) -> str:
+        """Renew ``count`` leases of one holder (``n0``/``t0``...); rows: the
+        names renewed (a lease whose token moved on is not among them)."""
+        locks = self.locks
+        return (f"UPDATE {locks} SET lock_until = ({self.now} + {self.p('lease')}), "
+                f"renewed_at = {self.now} WHERE {locks}.holder = {self.p('holder')} "
+                f"AND ({locks}.name, {locks}.token) IN ({self.pairs(count)}) "
+                f"RETURNING {locks}.name")
+
+    def pairs(self, count: int) -> str:
+        return ", ".join(f"({self.p(f'n{i}')}, {self.p(f't{i}')})" for i in range(count))
+
+    @cached_property
+    def release(self) -> str:
+        locks = self.locks
+        return (f"UPDATE {locks} SET lock_until = {self.greatest}({self.now}, "
+                f"{locks}.locked_at + {self.p('least')}) WHERE {self.mine()}")
+
+    def run_result(self, table: str = "") -> str:
+        """The SET list of a run's end."""
+        t = f"{table}." if table else ""
+        p = self.p
+        return (f"{t}finished = {self.now}, {t}exit_code = {p('code')}, "
+                f"{t}result = {p('result')}, {t}output = {p('output')}")
+
+    def fenced(self) -> str:
+        """The job's lock still has the run's token."""
+        locks, p = self.locks, self.p
+        return (f"EXISTS (SELECT 1 FROM {locks} WHERE {locks}.name = {p('name')} "
+                f"AND {locks}.token = {p('token')})")
+
+    def finish_run(self, fenced: bool) -> str:
+        text = (f"UPDATE {self.runs} SET {self.run_result()} "
+                f"WHERE {self.runs}.id = {self.p('run_id')}")
+        return text + f" AND {self.fenced()}" if fenced else text
+
+    @cached_property
+    def finish_and_release(self) -> str:
+        """The result and the release in one statement; row: (written, released)."""
+        locks, runs, p = self.locks, self.runs, self.p
+        return (f"WITH r AS (UPDATE {runs} SET {self.run_result()} WHERE {runs}.id = "
+                f"{p('run_id')} AND {self.fenced()} RETURNING {runs}.id), "
+                f"l AS ({self.release} RETURNING {locks}.name) "
+                f"SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM l)")
+
+    def start_run(self, running: bool) -> str:
+        p = self.p
+        finished = "NULL" if running else self.now
+        return (f"INSERT INTO {self.runs} ({RUN_COLUMNS}, output) VALUES ({p('job')}, "
+                f"{p('item')}, {p('host')}, {p('slot')}, {p('token')}, {p('attempt')}, "
+                f"{self.now}, {finished}, {p('result')}, {p('output')})"
+                + self.returning(f"{self.runs}.id"))
+
+    # -- bookkeeping ---------------------------------------------------------------
+
+    @cached_property
+    def ensure_job(self) -> str:
+        return (f"INSERT INTO {self.locks} (name, token) VALUES ({self.p('name')}, 0) "
+                "ON CONFLICT DO NOTHING")
+
+    @cached_property
+    def skip_slot(self) -> str:
+        locks, p = self.locks, self.p
+        return (f"UPDATE {locks} SET last_slot = {p('slot')} WHERE {locks}.name = {p('name')} "
+                f"AND ({locks}.last_slot IS NULL OR {locks}.last_slot < {p('slot')})")
+
+    def holding(self, table: str, alive: bool) -> str:
+        """The lock row (a job's, or a fan-out item's) that holds a run with
+        its token; ``alive``: and its lease has not run out."""
+        runs, now = self.runs, self.now
+        if table == self.locks:
+            match = f"{table}.name = {runs}.job AND {runs}.item IS NULL"
+        else:
+            match = f"{table}.job = {runs}.job AND {table}.item = {runs}.item"
+        lease = f" AND {table}.lock_until > {now}" if alive else ""
+        return f"{match} AND {table}.token = {runs}.token{lease}"
+
+    @cached_property
+    def lost_runs(self) -> str:
+        """The dead runs of all jobs: (id, job, item, host, token, the lease's
+        end, when the run ended)."""
+        runs, locks = self.runs, self.locks
+        return (f"SELECT {runs}.id, {runs}.job, {runs}.item, {runs}.host, {runs}.token, "
+                f"(SELECT {locks}.lock_until FROM {locks} WHERE {self.holding(locks, False)}), "
+                f"{self.lost_end()} FROM {runs} WHERE {self.lost_where('1 = 1')}")
+
+    @cached_property
+    def mark_lost(self) -> str:
+        """One run lost: it ended at its lease's last renewal (``ended``)."""
+        runs, p = self.runs, self.p
+        return (f"UPDATE {runs} SET result = 'lost', finished = {p('ended')} "
+                f"WHERE {runs}.id = {p('id')} AND {runs}.result = '{RUNNING}'")
+
+    @cached_property
+    def prune_cutoff(self) -> str:
+        runs, p = self.runs, self.p
+        return (f"SELECT {runs}.id FROM {runs} WHERE {runs}.job = {p('job')} "
+                f"ORDER BY {runs}.id DESC LIMIT 1 OFFSET {p('keep')}")
+
+    @cached_property
+    def prune(self) -> str:
+        runs, p = self.runs, self.p
+        return f"DELETE FROM {runs} WHERE {runs}.job = {p('job')} AND {runs}.id <= {p('cutoff')}"
+
+    @cached_property
+    def clock(self) -> str:
+        return f"SELECT {self.now}"
+
+
+class MysqlQueries(Queries):
+    """MySQL/MariaDB: no UPDATE ... RETURNING. The new token comes back through
+    ``LAST_INSERT_ID(expr)`` in the OK packet; the claim and its run record go
+    as statements of one round trip (CLIENT.MULTI_STATEMENTS), the INSERT only
+    where the UPDATE matched (``ROW_COUNT() = 1``)."""
+
+    dialect = "mysql"
+    double = "DOUBLE"
+
+    @staticmethod
+    def quote(name: str) -> str:
+        return f"`{name}`"
+
+    def names_in(self, count: int) -> str:
+        return "IN (" + ", ".join(self.p(f"n{i}") for i in range(count)) + ")"
+
+    def returning(self, columns: str) -> str:
+        return ""
+
+    def token_expr(self) -> str:
+        return f"LAST_INSERT_ID({self.locks}.token + 1)"
+
+    def claim(self, shape: ClaimShape) -> str:
+        """Results: the dead run's loss, the UPDATE (rowcount, lastrowid =
+        token), the INSERT (lastrowid = run id) with ``record``, then one
+        row: (known, version)."""
+        locks, runs, p = self.locks, self.runs, self.p
+        parts = [self.supersede(f"{runs}.job = {p('name')}"), self.claim_update(shape)]
+        if shape.record:
+            parts.append(
+                f"INSERT INTO {runs} ({RUN_COLUMNS}) SELECT {locks}.name, NULL, {p('holder')}, "
+                f"CAST({p('run_slot')} AS DOUBLE), {locks}.token, 1, {locks}.locked_at, NULL, "
+                f"'{RUNNING}' FROM {locks} WHERE {locks}.name = {p('name')} "
+                f"AND {locks}.token = LAST_INSERT_ID() AND ROW_COUNT() = 1")
+        parts.append(f"SELECT {self.known()}")
+        return "; ".join(parts)
+
+    def renew_many(self, count: int) -> str:
+        """The UPDATE, then the names it renewed, in one round trip."""
+        locks = self.locks
+        mine = (f"{locks}.holder = {self.p('holder')} "
+                f"AND ({locks}.name, {locks}.token) IN ({self.pairs(count)})")
+        return (f"UPDATE {locks} SET lock_until = ({self.now} + {self.p('lease')}), "
+                f"renewed_at = {self.now} WHERE {mine}; "
+                f"SELECT {locks}.name FROM {locks} WHERE {mine}")
+
+    @cached_property
+    def finish_and_release(self) -> str:
+        """One multi-table UPDATE: 2 matched rows when both were written."""
+        locks, runs, p = self.locks, self.runs, self.p
+        return (f"UPDATE {runs} r JOIN {locks} l ON l.name = {p('name')} "
+                f"AND l.holder = {p('holder')} AND l.token = {p('token')} "
+                f"SET {self.run_result('r')}, "
+                f"l.lock_until = GREATEST({self.now}, l.locked_at + {p('least')}) "
+                f"WHERE r.id = {p('run_id')}")
+
+    @cached_property
+    def ensure_job(self) -> str:
+        return f"INSERT IGNORE INTO {self.locks} (name, token) VALUES ({self.p('name')}, 0)"
+
+    def items_finish_and_release(self, count: int, runs_count: int) -> str:
+        """The result, then the release: two results of one round trip."""
+        return f"{self.items_finish(count, runs_count)}; {self.items_release(count)}"
+
+
+class SqliteQueries(Queries):
+    """SQLite: embedded, so no round trips to save; a claim's run record is a
+    second statement, and the batch runs in one ``BEGIN IMMEDIATE``."""
+
+    dialect = "sqlite"
+    greatest = "max"
+    skip_locked = ""
+
+    @staticmethod
+    def quote(name: str) -> str:
+        return f'"{name}"'
+
+    @staticmethod
+    def p(name: str) -> str:
+        return f":{name}"
+
+    def names_in(self, count: int) -> str:
+        return "IN (" + ", ".join(self.p(f"n{i}") for i in range(count)) + ")"
+
+    def claim(self, shape: ClaimShape) -> str:
+        """Row: (token, locked_at, version) when won (the record follows with
+        :meth:`claim_record`), none when lost."""
+        locks = self.locks
+        return (self.claim_update(shape) + f" RETURNING {locks}.token, {locks}.locked_at, "
+                f"({self.version})")
+
+    @cached_property
+    def ensure_job(self) -> str:
+        return f"INSERT OR IGNORE INTO {self.locks} (name, token) VALUES ({self.p('name')}, 0)"
+
+
+def queries_for(dialect: str, prefix: str) -> Queries:
+    kind = {"postgresql": Queries, "mysql": MysqlQueries, "sqlite": SqliteQueries}[dialect]
+    return kind(prefix)
