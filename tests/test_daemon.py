@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import TestDb, clean_env, dblockrun_cmd, fail_next_run_inserts, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -460,3 +460,70 @@ def test_output_is_logged_with_the_job_prefix_and_kept(
     hist = store.history("chatty.job-1")
     assert [r.id for r in hist] == [run.id]
     assert hist[0].output == "line one\nline two\nno newline"
+
+
+def test_a_cron_and_rate_job_keeps_its_rate_among_jobs_due_at_once(
+    store: Store, start_daemon: StartDaemon
+) -> None:
+    # Four jobs share every instant, so the daemon claims them in a batch;
+    # the batch claim must hold `limited` to its rate like a single claim.
+    others = "".join(f"  other{i}: {{cron: '*/2 * * * * *', command: 'true'}}\n"
+                     for i in range(3))
+    d = start_daemon("jobs:\n"
+                     "  limited: {cron: '*/2 * * * * *', rate: 30s, command: 'true'}\n"
+                     + others)
+    d.wait(lambda: all(len(with_result(store, f"other{i}", m.OK)) >= 4 for i in range(3)),
+           30, "four slots of the other jobs")
+    assert [r.result for r in runs_of(store, "limited")] == [m.OK], d.text()
+
+
+def test_a_cron_and_rate_job_runs_every_period_without_drift(
+    store: Store, start_daemon: StartDaemon
+) -> None:
+    # A start one rate later is a few milliseconds short of the rate by the
+    # database clock: it must still count, so the job runs every 4 s, not 6.
+    d = start_daemon("jobs:\n  paced: {cron: '*/2 * * * * *', rate: 4s, command: 'true'}\n")
+    d.wait(lambda: len(with_result(store, "paced", m.OK)) >= 4, 40, "four runs")
+    slots = [r.slot or 0.0 for r in with_result(store, "paced", m.OK)[:4]]
+    gaps = [b - a for a, b in zip(slots, slots[1:], strict=False)]
+    assert gaps == [4.0, 4.0, 4.0], (gaps, d.text())
+
+
+def test_a_slot_whose_run_record_deadlocks_still_runs(
+    db: TestDb, store: Store, start_daemon: StartDaemon
+) -> None:
+    if db.backend != "mariadb":
+        pytest.skip("the claim and its record are two statements of one round trip on MariaDB")
+    store.ensure_schema()
+    fail_next_run_inserts(store, 1)
+    d = start_daemon(f"jobs:\n  tick: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
+    d.wait(lambda: len(with_result(store, "tick", m.OK)) >= 3, 30, "three runs")
+    with store.engine.connect() as conn:
+        left = conn.exec_driver_sql(f"SELECT n FROM `{store.t.runs.name}_fail`").scalar()
+    assert left == 0  # the forced deadlock happened
+    runs = runs_of(store, "tick")
+    slots = [r.slot or 0.0 for r in runs[:3]]
+    # The deadlocked record was written on its own: no slot was lost to it.
+    assert [b - a for a, b in zip(slots, slots[1:], strict=False)] == [1.0, 1.0], d.text()
+    assert [r.result for r in runs[:3]] == [m.OK] * 3
+
+
+def test_a_negative_token_is_logged_once_and_blocks_only_its_job(
+    db: TestDb, store: Store, start_daemon: StartDaemon
+) -> None:
+    if db.backend != "mariadb":
+        pytest.skip("LAST_INSERT_ID(expr) takes no negative token on MySQL/MariaDB only")
+    store.ensure_jobs(["edited", "fine"])
+    locks = store.t.locks
+    with store.engine.connect() as conn:
+        conn.execute(locks.update().where(locks.c.name == "edited").values(token=-5))
+    d = start_daemon(f"jobs:\n  edited: {{cron: {EVERY_SECOND}, command: 'true'}}\n"
+                     f"  fine: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
+    # Both are due on every instant (a batch claim): the edited row must not
+    # take the other job down with it, nor flap the outage log every second.
+    d.wait(lambda: len(with_result(store, "fine", m.OK)) >= 4, 30, "four runs of `fine`")
+    log = d.text()
+    assert log.count("its fencing token is negative") == 1, log
+    assert "dblockrun unlock edited" in log
+    assert "database error" not in log and "database back" not in log, log
+    assert runs_of(store, "edited") == []

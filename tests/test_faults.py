@@ -275,3 +275,36 @@ def test_short_blip_changes_nothing(db: TestDb, tmp_path: Path) -> None:
         proxy.restore()
         fleet.stop()
         proxy.close()
+
+
+@pytest.mark.slow
+def test_a_dead_holders_run_ends_at_its_last_renewal_and_its_slots_are_skipped(
+    fleet: Fleet,
+) -> None:
+    fleet.start(2)
+    holder, token = wait_for(fleet.running, 30, what="a running job")
+    wait_for(lambda: any(s.token == token for s in fleet.starts()), 10,
+             what="the command to start")
+    victim = fleet.proc_of(holder)
+    killed_at = time.time()
+    victim.kill()
+    victim.wait()
+    nxt = wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 15,
+                   what="another host to run the job")
+    store = fleet.store
+    dead = next(r for r in store.history("long", 100) if r.token == token)
+    lost = wait_for(lambda: (r := store.run(dead.id)) is not None and r.result == "lost" and r,
+                    10, what="the dead run recorded lost")
+    assert lost.finished is not None
+    # It ended at its last renewal (heartbeat 1 s), not when someone noticed.
+    assert killed_at - 1.5 <= lost.finished <= killed_at + 0.1
+    # The slots its lease still blocked are on record, with the reason.
+    later = next(r for r in store.history("long", 100) if r.token == nxt.token)
+    assert dead.slot is not None and later.slot is not None
+    skipped = [r for r in store.history("long", 100) if r.result == "skipped"]
+    assert skipped, "no slot recorded skipped"
+    for r in skipped:
+        assert r.slot is not None and dead.slot < r.slot < later.slot
+        assert r.output is not None and holder in r.output and "stopped renewing" in r.output
+    every = sorted(r.slot for r in store.history("long", 100) if r.slot is not None)
+    assert len(every) == len(set(every))  # no slot both skipped and run

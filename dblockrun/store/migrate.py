@@ -3,7 +3,8 @@
 it records the new version. Each step is idempotent: it looks at what the
 database has, so a migration cut short is simply run again.
 
-Version 3: names compared byte for byte. MySQL/MariaDB compared names
+Version 3: a lease's last renewal (``renewed_at``), where a lost run ends;
+and names compared byte for byte. MySQL/MariaDB compared names
 with the database's default collation (``utf8mb4_general_ci``): ``Backup``
 and ``backup``, ``report`` and ``report ``, were one lock row, so one job
 blocked or fenced the other. The name columns get a binary collation
@@ -44,7 +45,23 @@ class NamesCollide(DatabaseRefused):
 def migrate(conn: Connection, tables: Tables) -> None:
     """Bring existing tables to the current schema (all exist by now)."""
     if conn.dialect.name == "mysql":
-        _binary_names(conn, tables)
+        _binary_names(conn, tables)  # first: it may refuse, and then changes nothing
+    _new_columns(conn, tables)
+
+
+def _new_columns(conn: Connection, tables: Tables) -> None:
+    """Add the (nullable) columns a table lacks: version 3 adds ``renewed_at``
+    to the locks and the items."""
+    inspector = sa.inspect(conn)
+    prep = conn.dialect.identifier_preparer
+    for table in tables.metadata.sorted_tables:
+        have = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in have:
+                assert column.nullable, f"{table.name}.{column.name}: a new column is nullable"
+                kind = column.type.compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f"ALTER TABLE {prep.quote(table.name)} "
+                                     f"ADD COLUMN {prep.quote(column.name)} {kind}")
 
 
 def _binary_names(conn: Connection, tables: Tables) -> None:

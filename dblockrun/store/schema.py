@@ -85,7 +85,8 @@ class Tables:
 
 def _lease_columns() -> list[sa.Column[Any]]:
     """What makes a row lockable (a job's lock, a fan-out item): holder,
-    lease, fencing token and the last slot and start claimed."""
+    lease, fencing token, the last slot and start claimed, and when the
+    holder last renewed the lease (a lost run ends there: schema 3)."""
     return [
         sa.Column("holder", Name(255)),
         sa.Column("lock_until", sa.Double()),
@@ -93,6 +94,7 @@ def _lease_columns() -> list[sa.Column[Any]]:
         sa.Column("token", sa.BigInteger(), nullable=False, default=0),
         sa.Column("last_slot", sa.Double()),
         sa.Column("last_start", sa.Double()),
+        sa.Column("renewed_at", sa.Double()),
     ]
 
 
