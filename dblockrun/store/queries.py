@@ -46,6 +46,7 @@ class Queries:
     dialect = "postgresql"
     double = "DOUBLE PRECISION"
     greatest = "GREATEST"
+    arrays = True  # psycopg binds a list as an array
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -69,6 +70,22 @@ class Queries:
 
     def returning(self, columns: str) -> str:
         return f" RETURNING {columns}"
+
+    def listed(self, stem: str, count: int) -> str:
+        """``count`` parameters ``stem0``, ``stem1``..., comma-separated."""
+        return ", ".join(self.p(f"{stem}{i}") for i in range(count))
+
+    def pairs(self, first: str, second: str, count: int) -> str:
+        """``(first0, second0), ...``: a row-value list for ``(a, b) IN (...)``."""
+        return ", ".join(f"({self.p(f'{first}{i}')}, {self.p(f'{second}{i}')})"
+                         for i in range(count))
+
+    def records(self, source: str, job: str, item: str, slot: str) -> str:
+        """The first attempt's run records of rows just claimed in ``source``
+        (the claimed locks or items, or a CTE of them): ``INSERT ... SELECT``."""
+        return (f"INSERT INTO {self.runs} ({RUN_COLUMNS}) SELECT {job}, {item}, "
+                f"{self.p('holder')}, CAST({slot} AS {self.double}), {source}.token, 1, "
+                f"{source}.locked_at, NULL, '{RUNNING}' FROM {source}")
 
     # -- the one claim predicate ------------------------------------------------
 
@@ -160,9 +177,10 @@ class Queries:
                 f"WHERE {self.lost_where(jobs)}")
 
     def claim(self, shape: ClaimShape) -> str:
-        """The claim; one row: (token, run id, known, version), token and run
-        id NULL when lost (known: the row's token). One round trip, the run record included, and the
-        run before it recorded lost if it was left running."""
+        """The claim; one row: (token, run id, found, version): token and run
+        id NULL when lost, found the row's token before (NULL: no row). One
+        round trip, the run record included, and the run before it recorded
+        lost if its holder died."""
         locks, runs, p = self.locks, self.runs, self.p
         update = self.claim_update(shape)
         lost = "s AS (" + self.supersede(f"{runs}.job = {p('name')}") + ")"
@@ -171,9 +189,8 @@ class Queries:
                     f"SELECT (SELECT token FROM c), NULL, {self.known()}")
         return (f"WITH {lost}, "
                 f"c AS ({update} RETURNING {locks}.name, {locks}.token, {locks}.locked_at), "
-                f"r AS (INSERT INTO {runs} ({RUN_COLUMNS}) SELECT c.name, NULL, {p('holder')}, "
-                f"CAST({p('run_slot')} AS {self.double}), c.token, 1, c.locked_at, NULL, "
-                f"'{RUNNING}' FROM c RETURNING {runs}.token, {runs}.id) "
+                f"r AS ({self.records('c', 'c.name', 'NULL', p('run_slot'))} "
+                f"RETURNING {runs}.token, {runs}.id) "
                 f"SELECT (SELECT token FROM r), (SELECT id FROM r), {self.known()}")
 
     @cached_property
@@ -192,8 +209,11 @@ class Queries:
     # -- a batch of jobs of one slot ---------------------------------------------
 
     def names_in(self, count: int) -> str:
-        """``IN`` the batch's names: one array parameter ``names``."""
-        return f"= ANY({self.p('names')})"
+        """``IN`` the batch's names: one array parameter ``names`` where the
+        driver binds arrays, else ``count`` parameters ``n0``..."""
+        if self.arrays:
+            return f"= ANY({self.p('names')})"
+        return f"IN ({self.listed('n', count)})"
 
     def batch_pick(self, shape: ClaimShape, count: int) -> str:
         """The rows of a batch this host takes (``count`` names)."""
@@ -213,33 +233,29 @@ class Queries:
                 f"c AS (UPDATE {locks} SET {sets} FROM pick WHERE {locks}.name = pick.name "
                 f"AND {self.claimable(locks, shape)} "
                 f"RETURNING {locks}.name, {locks}.token, {locks}.locked_at) "
-                f"INSERT INTO {runs} ({RUN_COLUMNS}) SELECT c.name, NULL, {p('holder')}, "
-                f"CAST({p('slot')} AS {self.double}), c.token, 1, c.locked_at, NULL, "
-                f"'{RUNNING}' FROM c RETURNING {runs}.job, {runs}.token, {runs}.id")
+                f"{self.records('c', 'c.name', 'NULL', p('slot'))} "
+                f"RETURNING {runs}.job, {runs}.token, {runs}.id")
 
     def batch_update(self, shape: ClaimShape, count: int) -> str:
         """MySQL and SQLite: claim the picked names ``c0``... (in a transaction)."""
         locks = self.locks
-        names = ", ".join(self.p(f"c{i}") for i in range(count))
         sets = self.claim_sets(locks, shape, f"{locks}.token + 1")
-        return (f"UPDATE {locks} SET {sets} WHERE {locks}.name IN ({names}) "
+        return (f"UPDATE {locks} SET {sets} WHERE {locks}.name IN ({self.listed('c', count)}) "
                 f"AND {self.claimable(locks, shape)}")
 
     def batch_record(self, count: int) -> str:
         """The run records of the names ``c0``... this holder claimed for the slot."""
-        locks, runs, p = self.locks, self.runs, self.p
-        names = ", ".join(p(f"c{i}") for i in range(count))
-        return (f"INSERT INTO {runs} ({RUN_COLUMNS}) SELECT {locks}.name, NULL, {p('holder')}, "
-                f"{p('slot')}, {locks}.token, 1, {locks}.locked_at, NULL, '{RUNNING}' "
-                f"FROM {locks} WHERE {locks}.name IN ({names}) "
+        locks, p = self.locks, self.p
+        return (f"{self.records(locks, f'{locks}.name', 'NULL', p('slot'))} "
+                f"WHERE {locks}.name IN ({self.listed('c', count)}) "
                 f"AND {locks}.holder = {p('holder')} AND {locks}.last_slot = {p('slot')}")
 
     def batch_read(self, count: int) -> str:
         locks, runs, p = self.locks, self.runs, self.p
-        names = ", ".join(p(f"c{i}") for i in range(count))
         return (f"SELECT {runs}.job, {runs}.token, {runs}.id FROM {runs} "
                 f"JOIN {locks} ON {locks}.name = {runs}.job AND {locks}.token = {runs}.token "
-                f"WHERE {locks}.name IN ({names}) AND {locks}.holder = {p('holder')} "
+                f"WHERE {locks}.name IN ({self.listed('c', count)}) "
+                f"AND {locks}.holder = {p('holder')} "
                 f"AND {runs}.attempt = 1 AND {runs}.finished IS NULL")
 
     # -- fan-out items ---------------------------------------------------------------
@@ -254,7 +270,7 @@ class Queries:
                 f"{items}.item_key LIMIT {self.p('limit')}" + (self.skip_locked if lock else ""))
 
     def items_keys(self, count: int) -> str:
-        return "IN (" + ", ".join(self.p(f"k{i}") for i in range(count)) + ")"
+        return f"IN ({self.listed('k', count)})"
 
     def items_lock(self, shape: ClaimShape, count: int) -> str:
         """MySQL: lock the candidates ``k0``... by key, skipping taken ones."""
@@ -274,10 +290,8 @@ class Queries:
     def items_record(self, count: int) -> str:
         """The run records of the claimed items ``k0``... (in the claim's
         transaction)."""
-        items, runs, p = self.items, self.runs, self.p
-        return (f"INSERT INTO {runs} ({RUN_COLUMNS}) SELECT {items}.job, {items}.item, "
-                f"{p('holder')}, CAST({p('run_slot')} AS {self.double}), {items}.token, 1, "
-                f"{items}.locked_at, NULL, '{RUNNING}' FROM {items} "
+        items, p = self.items, self.p
+        return (f"{self.records(items, f'{items}.job', f'{items}.item', p('run_slot'))} "
                 f"WHERE {items}.job = {p('job')} AND {items}.item_key {self.items_keys(count)}")
 
     def items_claimed(self, count: int) -> str:
@@ -292,9 +306,8 @@ class Queries:
     def items_mine(self, count: int) -> str:
         """A holder's batch of items (``k0``/``t0``...) whose tokens are current."""
         items, p = self.items, self.p
-        pairs = ", ".join(f"({p(f'k{i}')}, {p(f't{i}')})" for i in range(count))
         return (f"{items}.job = {p('job')} AND {items}.holder = {p('holder')} "
-                f"AND ({items}.item_key, {items}.token) IN ({pairs})")
+                f"AND ({items}.item_key, {items}.token) IN ({self.pairs('k', 't', count)})")
 
     def items_renew(self, count: int) -> str:
         return (f"UPDATE {self.items} SET lock_until = ({self.now} + {self.p('lease')}), "
@@ -308,8 +321,8 @@ class Queries:
 
     def items_finish(self, count: int, runs_count: int) -> str:
         """The batch's runs ``r0``... get its result while all its items are ours."""
-        items, runs, p = self.items, self.runs, self.p
-        ids = ", ".join(p(f"r{i}") for i in range(runs_count))
+        items, runs = self.items, self.runs
+        ids = self.listed("r", runs_count)
         return (f"UPDATE {runs} SET {self.run_result()} WHERE {runs}.id IN ({ids}) "
                 f"AND (SELECT count(*) FROM {items} WHERE {self.items_mine(count)}) = {count}")
 
@@ -338,11 +351,8 @@ class Queries:
         locks = self.locks
         return (f"UPDATE {locks} SET lock_until = ({self.now} + {self.p('lease')}), "
                 f"renewed_at = {self.now} WHERE {locks}.holder = {self.p('holder')} "
-                f"AND ({locks}.name, {locks}.token) IN ({self.pairs(count)}) "
+                f"AND ({locks}.name, {locks}.token) IN ({self.pairs('n', 't', count)}) "
                 f"RETURNING {locks}.name")
-
-    def pairs(self, count: int) -> str:
-        return ", ".join(f"({self.p(f'n{i}')}, {self.p(f't{i}')})" for i in range(count))
 
     @cached_property
     def release(self) -> str:
@@ -449,13 +459,11 @@ class MysqlQueries(Queries):
 
     dialect = "mysql"
     double = "DOUBLE"
+    arrays = False
 
     @staticmethod
     def quote(name: str) -> str:
         return f"`{name}`"
-
-    def names_in(self, count: int) -> str:
-        return "IN (" + ", ".join(self.p(f"n{i}") for i in range(count)) + ")"
 
     def returning(self, columns: str) -> str:
         return ""
@@ -471,9 +479,8 @@ class MysqlQueries(Queries):
         parts = [self.supersede(f"{runs}.job = {p('name')}"), self.claim_update(shape)]
         if shape.record:
             parts.append(
-                f"INSERT INTO {runs} ({RUN_COLUMNS}) SELECT {locks}.name, NULL, {p('holder')}, "
-                f"CAST({p('run_slot')} AS DOUBLE), {locks}.token, 1, {locks}.locked_at, NULL, "
-                f"'{RUNNING}' FROM {locks} WHERE {locks}.name = {p('name')} "
+                f"{self.records(locks, f'{locks}.name', 'NULL', p('run_slot'))} "
+                f"WHERE {locks}.name = {p('name')} "
                 f"AND {locks}.token = LAST_INSERT_ID() AND ROW_COUNT() = 1")
         parts.append(f"SELECT {self.known()}")
         return "; ".join(parts)
@@ -482,7 +489,7 @@ class MysqlQueries(Queries):
         """The UPDATE, then the names it renewed, in one round trip."""
         locks = self.locks
         mine = (f"{locks}.holder = {self.p('holder')} "
-                f"AND ({locks}.name, {locks}.token) IN ({self.pairs(count)})")
+                f"AND ({locks}.name, {locks}.token) IN ({self.pairs('n', 't', count)})")
         return (f"UPDATE {locks} SET lock_until = ({self.now} + {self.p('lease')}), "
                 f"renewed_at = {self.now} WHERE {mine}; "
                 f"SELECT {locks}.name FROM {locks} WHERE {mine}")
@@ -512,6 +519,7 @@ class SqliteQueries(Queries):
 
     dialect = "sqlite"
     greatest = "max"
+    arrays = False
     skip_locked = ""
 
     @staticmethod
@@ -521,9 +529,6 @@ class SqliteQueries(Queries):
     @staticmethod
     def p(name: str) -> str:
         return f":{name}"
-
-    def names_in(self, count: int) -> str:
-        return "IN (" + ", ".join(self.p(f"n{i}") for i in range(count)) + ")"
 
     def claim(self, shape: ClaimShape) -> str:
         """Row: (token, locked_at, version) when won (the record follows with
