@@ -1,10 +1,23 @@
-"""Rendering for people (rich tables) and programs (JSON). The only module
-that imports rich."""
+"""Rendering for people (plain text tables) and programs (JSON).
+
+The tables are laid out here rather than by rich: rich takes seconds to
+measure a table of 10,000 jobs, and folds words to fit. These tables never
+break a word (a job name or host id stays whole; a cell wraps at its spaces),
+fit the terminal's width (``COLUMNS`` included) when they can, and are never
+wrapped when piped without ``COLUMNS``, so each row stays one line for grep.
+The table and ``--json`` show the same facts: :func:`job_view` decides them
+once for both.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import shutil
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,27 +28,145 @@ from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions
 #: Bumped only on incompatible changes to the ``--json`` shapes.
 JSON_VERSION = 1
 
+#: Why a job has no next run time (the table's "next run" cell, JSON ``next_run_note``).
+DISABLED = "disabled"
+NO_LIVE_DAEMON = "no live daemon"
+NOT_ON_LIVE_DAEMON = "no live daemon has this job"
+
+_GAP = "  "
+
+
+# -- times ------------------------------------------------------------------------
+
+
+def _datetime(ts: float) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(ts, UTC)
+    except (OverflowError, OSError, ValueError):  # a timestamp edited into nonsense
+        return None
+
 
 def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     if ts >= FOREVER:
         return "forever"
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
-    )
+    when = _datetime(ts)
+    if when is None:
+        return repr(ts)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 60 else _whole(round(seconds))
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole(seconds: int) -> str:
+    """format_duration of whole seconds: 10,000 jobs share a few hundred."""
+    return format_duration(seconds)
 
 
 def _short(ts: float | None, now: float) -> str:
+    """``21:53:17Z (in 5.0s)``, ``2026-11-23 06:00Z (in 8h6m)``."""
     if ts is None:
         return "-"
     if ts >= FOREVER:
         return "until enabled"
+    when = _datetime(ts)
+    if when is None:
+        return repr(ts)
     delta = ts - now
     fmt = "%H:%M:%SZ" if abs(delta) < 86400 else "%Y-%m-%d %H:%MZ"
-    when = datetime.fromtimestamp(ts, UTC).strftime(fmt)
-    rel = f"{abs(delta):.1f}s" if abs(delta) < 60 else format_duration(round(abs(delta)))
-    return f"{when} ({'in ' + rel if delta >= 0 else rel + ' ago'})"
+    rel = _ago(abs(delta))
+    return f"{when.strftime(fmt)} ({'in ' + rel if delta >= 0 else rel + ' ago'})"
+
+
+def _stamp(ts: float | None) -> str:
+    """``2026-11-22 21:53:17Z``: history's absolute times."""
+    if ts is None:
+        return "-"
+    when = _datetime(ts) if ts < FOREVER else None
+    return repr(ts) if when is None else when.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _took(run: RunRecord) -> str:
+    d = run.duration
+    if d is None:
+        return "-"
+    return f"{d:.2f}s" if abs(d) < 60 else format_duration(round(d))
+
+
+def clock_offset(seconds: float | None) -> str:
+    """``+2.1 ms``, ``-0.4 ms``; ``0.0 ms`` without a sign (never ``-0.0``)."""
+    if seconds is None:
+        return "-"
+    millis = round(seconds * 1000, 1)
+    return "0.0 ms" if millis == 0 else f"{millis:+.1f} ms"
+
+
+# -- what a job shows, for the table and the JSON alike ----------------------------
+
+
+@dataclass(frozen=True)
+class JobView:
+    status: JobStatus
+    #: The lock's lease has not run out: holder and lock until are shown.
+    held: bool
+    #: The run holding the lock (None when the lock is free).
+    running: RunRecord | None
+    #: None when there is a next run time to show; else why there is none.
+    next_note: str | None
+
+
+class Fleet:
+    """The live hosts as the job views need them, worked out once."""
+
+    def __init__(self, hosts: Sequence[HostStatus]) -> None:
+        self.hosts = list(hosts)
+        self.defs = definitions(self.hosts)
+        #: Job names some live daemon has; None if a host did not say.
+        self.known: set[str] | None = (
+            set(self.defs) if all(_jobs_known(h) for h in self.hosts) else None)
+
+
+def job_view(s: JobStatus, fleet: Fleet) -> JobView:
+    held = s.lock.lock_until is not None and s.lock.lock_until > s.db_now
+    note: str | None = None
+    if s.state == "disabled":
+        note = DISABLED
+    elif s.lock.next_due is not None:
+        if not fleet.hosts:
+            note = NO_LIVE_DAEMON
+        elif fleet.known is not None and s.lock.name not in fleet.known:
+            note = NOT_ON_LIVE_DAEMON
+    return JobView(status=s, held=held, running=s.running if held else None, next_note=note)
+
+
+def _jobs_known(host: HostStatus) -> bool:
+    """The host reported which jobs its file has."""
+    try:
+        return isinstance(json.loads(host.jobs or ""), dict)
+    except ValueError:
+        return False
+
+
+def warnings(jobs: Sequence[JobStatus], fleet: Fleet, live_within: float) -> list[str]:
+    """What the operator should know first: no live daemon; jobs that live
+    hosts define differently."""
+    out: list[str] = []
+    if not fleet.hosts:
+        out.append(f"no live daemons: no daemon has sent a heartbeat in the last "
+                   f"{format_duration(live_within)}, so no job starts on schedule")
+    names = {s.lock.name for s in jobs}
+    for name, defs in sorted(fleet.defs.items()):
+        if len(defs) > 1 and name in names:
+            where = "; ".join(f"{d} on {', '.join(h)}" for d, h in sorted(defs.items()))
+            out.append(f"job {name} is defined differently: {where}")
+    return out
+
+
+# -- JSON --------------------------------------------------------------------------
 
 
 def run_json(run: RunRecord | None) -> dict[str, Any] | None:
@@ -70,111 +201,209 @@ def host_json(h: HostStatus) -> dict[str, Any]:
     }
 
 
-def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float) -> str:
-    defs = definitions(list(hosts))
-    doc = {
+def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
+                live_within: float = 15.0) -> str:
+    fleet = Fleet(hosts)
+    defs = fleet.defs
+    out = []
+    for s in jobs:
+        v = job_view(s, fleet)
+        out.append({
+            "name": s.lock.name,
+            "state": s.state,
+            "holder": s.lock.holder if v.held else None,
+            "lock_until": iso(s.lock.lock_until) if v.held else None,
+            "token": s.lock.token,
+            "last_slot": iso(s.lock.last_slot),
+            "next_run": None if v.next_note else iso(s.lock.next_due),
+            "next_run_note": v.next_note,
+            "disabled_until": iso(s.lock.disabled_until) if s.state == "disabled" else None,
+            "disabled_reason": s.lock.disabled_reason if s.state == "disabled" else None,
+            "last_run": run_json(s.last_run),
+            "running": run_json(v.running),
+            "items": s.items,
+            "definitions": defs.get(s.lock.name, {}),
+            "drift": len(defs.get(s.lock.name, {})) > 1,
+        })
+    return dumps({
         "version": JSON_VERSION,
         "db_time": iso(db_now),
-        "jobs": [
-            {
-                "name": s.lock.name,
-                "state": s.state,
-                "holder": s.lock.holder,
-                "lock_until": iso(s.lock.lock_until),
-                "token": s.lock.token,
-                "last_slot": iso(s.lock.last_slot),
-                "next_run": iso(s.lock.next_due),
-                "disabled_until": iso(s.lock.disabled_until)
-                if s.state == "disabled" else None,
-                "disabled_reason": s.lock.disabled_reason if s.state == "disabled" else None,
-                "last_run": run_json(s.last_run),
-                "running": run_json(s.running),
-                "items": s.items,
-                "definitions": defs.get(s.lock.name, {}),
-                "drift": len(defs.get(s.lock.name, {})) > 1,
-            }
-            for s in jobs
-        ],
+        "live_within": live_within,
+        "jobs": out,
         "hosts": [host_json(h) for h in hosts],
-    }
-    return json.dumps(doc, indent=2)
+        "warnings": warnings(jobs, fleet, live_within),
+    })
 
 
 def history_json(runs: Sequence[RunRecord]) -> str:
-    return json.dumps({"version": JSON_VERSION, "runs": [run_json(r) for r in runs]}, indent=2)
+    return dumps({"version": JSON_VERSION, "runs": [run_json(r) for r in runs]})
 
 
-def _console() -> Any:
-    from rich.console import Console
+def dumps(doc: dict[str, Any]) -> str:
+    """``doc`` with one key a line, and one element a line in its lists of
+    objects (a job, a host, a run): easy to read and to grep, and written
+    by json's C encoder (``indent`` takes the pure Python one, 1 s for
+    10,000 jobs)."""
+    parts = []
+    for key, value in doc.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            inner = ",\n".join("    " + json.dumps(v) for v in value)
+            parts.append(f"  {json.dumps(key)}: [\n{inner}\n  ]")
+        else:
+            parts.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}"
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)  # piped or captured: don't squeeze to 80 columns
-    return console
+
+# -- plain text tables --------------------------------------------------------------
 
 
-def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float) -> None:
-    from rich.table import Table
+def _clean(text: str) -> str:
+    """Control characters (newlines too) from the database shown escaped: never
+    sent to the terminal, and a row stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
-    console = _console()
-    table = Table(title="jobs", title_justify="left")
-    for col in ("job", "state", "holder", "lock until", "token", "last run", "next run",
-                "disabled"):
-        table.add_column(col, overflow="fold")
+
+def terminal_width() -> int | None:
+    """The width to fit: the terminal's (``COLUMNS`` first); piped output
+    only when ``COLUMNS`` is set, else None (never wrapped)."""
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else None
+
+
+def _longest_word(text: str) -> int:
+    return max((len(w) for w in text.split()), default=0)
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
+                 width: int | None) -> str:
+    """Columns two spaces apart, headers underlined with dashes. When wider
+    than ``width``, the widest columns wrap at spaces; a word is never broken,
+    so a table whose longest words do not fit is wider than ``width``."""
+    table = [list(headers), *([_clean(c) for c in row] for row in rows)]
+    n = len(headers)
+    widths = [max(len(r[i]) for r in table) for i in range(n)]
+    if width is not None and sum(widths) + len(_GAP) * (n - 1) > width:
+        least = [max(_longest_word(r[i]) for r in table) for i in range(n)]
+        excess = sum(widths) + len(_GAP) * (n - 1) - width
+        while excess > 0:
+            i = max(range(n), key=lambda k: (widths[k] > least[k], widths[k]))
+            if widths[i] <= least[i]:
+                break
+            widths[i] -= 1
+            excess -= 1
+    lines: list[str] = []
+    for index, row in enumerate(table):
+        if all(len(c) <= w for c, w in zip(row, widths, strict=True)):
+            lines.append(_GAP.join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        else:
+            wrapped = [_wrap(c, w) for c, w in zip(row, widths, strict=True)]
+            for k in range(max(len(c) for c in wrapped)):
+                parts = [(c[k] if k < len(c) else "").ljust(w)
+                         for c, w in zip(wrapped, widths, strict=True)]
+                lines.append(_GAP.join(parts).rstrip())
+        if index == 0:
+            lines.append(_GAP.join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(cell: str, width: int) -> list[str]:
+    """``cell`` in lines of at most ``width``, broken at spaces only."""
+    if len(cell) <= width:
+        return [cell]
+    lines: list[str] = []
+    line = ""
+    for word in cell.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*lines, line]
+
+
+def _state_cell(v: JobView, now: float) -> str:
+    s = v.status
+    text = s.state
+    if s.state == "disabled":
+        until = _short(s.lock.disabled_until, now)
+        text += " " + until if until == "until enabled" else f" until {until}"
+        if s.lock.disabled_reason:
+            text += f": {s.lock.disabled_reason}"
+    if s.items is not None:
+        c = s.items
+        text += (f"; items {c['done']}/{c['total']} done, {c['running']} running, "
+                 f"{c['waiting']} waiting, {c['failed']} failed")
+    return text
+
+
+def _last_run_cell(run: RunRecord | None, now: float) -> str:
+    if run is None:
+        return "-"
+    code = "" if run.exit_code is None else f" exit {run.exit_code}"
+    took = "" if run.duration is None else f" in {_took(run)}"
+    return f"{run.result}{code}{took}, {_short(run.started, now)} on {run.host}"
+
+
+def _next_run_cell(v: JobView, now: float) -> str:
+    if v.next_note is not None:
+        return v.next_note
+    due = v.status.lock.next_due
+    if due is not None and due <= now:
+        return f"due since {_short(due, now)}"
+    return _short(due, now)
+
+
+def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
+                live_within: float = 15.0, width: int | None = None) -> str:
+    fleet = Fleet(hosts)
+    rows = []
     for s in jobs:
-        last = s.last_run
-        last_txt = "-"
-        if last is not None:
-            took = "" if last.duration is None else f" {last.duration:.1f}s"
-            code = "" if last.exit_code is None else f" exit {last.exit_code}"
-            last_txt = f"{last.result}{code}{took} {_short(last.started, db_now)}"
-        disabled = "-"
-        if s.state == "disabled":
-            disabled = _short(s.lock.disabled_until, db_now)
-            if s.lock.disabled_reason:
-                disabled += f": {s.lock.disabled_reason}"
-        locked = s.state in ("running", "locked")
-        state = s.state
-        if s.items is not None:
-            c = s.items
-            state += (f"\nitems: {c['done']}/{c['total']} done, {c['running']} running, "
-                      f"{c['waiting']} waiting, {c['failed']} failed")
-        table.add_row(
-            s.lock.name,
-            state,
-            (s.lock.holder or "-") if locked else "-",
-            _short(s.lock.lock_until, db_now) if locked else "-",
-            str(s.lock.token),
-            last_txt,
-            _short(s.lock.next_due, db_now),
-            disabled,
-        )
-    console.print(table)
-    htable = Table(title="hosts", title_justify="left")
-    for col in ("host", "pid", "version", "last seen", "clock offset", "running"):
-        htable.add_column(col)
-    for h in hosts:
-        offset = "-" if h.clock_offset is None else f"{h.clock_offset * 1000:+.1f} ms"
-        htable.add_row(h.id, str(h.pid), h.version, _short(h.last_seen, db_now), offset,
-                       str(h.running))
-    console.print(htable)
-    for name, defs in sorted(definitions(list(hosts)).items()):
-        if len(defs) > 1 and any(s.lock.name == name for s in jobs):
-            where = "; ".join(f"{d} on {', '.join(h)}" for d, h in sorted(defs.items()))
-            console.print(f"[yellow]warning:[/] job {name} is defined differently: {where}")
+        v = job_view(s, fleet)
+        holder = "-"
+        if v.held:
+            holder = f"{s.lock.holder or '(none)'} until {_short(s.lock.lock_until, db_now)}"
+        rows.append([s.lock.name, _state_cell(v, db_now), holder, str(s.lock.token),
+                     _last_run_cell(s.last_run, db_now), _next_run_cell(v, db_now)])
+    out = "jobs\n" + render_table(
+        ("job", "state", "holder", "token", "last run", "next run"), rows, width)
+    within = format_duration(live_within)
+    if hosts:
+        out += f"\nlive hosts (a heartbeat in the last {within})\n" + render_table(
+            ("host", "pid", "version", "last seen", "clock offset", "running"),
+            [[h.id, str(h.pid), h.version, _short(h.last_seen, db_now),
+              clock_offset(h.clock_offset), str(h.running)] for h in hosts],
+            width)
+    else:
+        out += f"\nlive hosts (a heartbeat in the last {within}): none\n"
+    found = warnings(jobs, fleet, live_within)
+    if found:
+        out += "\n" + "".join(
+            "\n".join(_wrap(f"warning: {_clean(line)}", width or len(line) + 9)) + "\n"
+            for line in found)
+    return out
+
+
+def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
+                 live_within: float = 15.0) -> None:
+    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width()))
+
+
+def history_text(runs: Sequence[RunRecord], width: int | None = None) -> str:
+    rows = [
+        [str(r.id), r.job, r.item if r.item is not None else "-", r.host, _stamp(r.slot),
+         "-" if r.token is None else str(r.token), str(r.attempt), _stamp(r.started),
+         _took(r), "-" if r.exit_code is None else str(r.exit_code), r.result]
+        for r in runs
+    ]
+    headers = ("id", "job", "item", "host", "slot", "token", "attempt", "started",
+               "duration", "exit", "result")
+    return "runs\n" + render_table(headers, rows, width)
 
 
 def print_history(runs: Sequence[RunRecord], db_now: float) -> None:
-    from rich.table import Table
-
-    table = Table(title="runs", title_justify="left")
-    for col in ("id", "job", "host", "slot", "token", "started", "result", "exit", "duration"):
-        table.add_column(col, overflow="fold")
-    for r in runs:
-        table.add_row(
-            str(r.id), r.job + (f"[{r.item}]" if r.item else ""), r.host, iso(r.slot) or "-",
-            "-" if r.token is None else str(r.token), _short(r.started, db_now), r.result,
-            "-" if r.exit_code is None else str(r.exit_code),
-            "-" if r.duration is None else f"{r.duration:.2f}s",
-        )
-    _console().print(table)
+    del db_now  # history shows absolute times
+    sys.stdout.write(history_text(runs, terminal_width()))

@@ -1,0 +1,366 @@
+"""`status` and `history` as operators read them: what the table and the JSON
+say (and that they agree), how the tables fit a terminal, and how many
+statements `status` costs whatever the number of jobs."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner, Result
+from helpers import TestDb
+
+from dblockrun import output
+from dblockrun.cli import cli
+from dblockrun.store import Store
+from dblockrun.store.models import HostStatus, JobStatus, LockState, RunRecord
+from dblockrun.store.status import report
+
+NOW = 1795384397.0  # 2026-11-22T21:53:17Z
+WEB1, WEB3 = "web-1:4121:9f2c1a", "web-3:77:0b1d2e"
+LONG = "scrape-website-and-build-the-nightly-report"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("DBLOCKRUN_DB", "DBLOCKRUN_DB_FILE", "DBLOCKRUN_JOBS",
+                 "DBLOCKRUN_TABLE_PREFIX", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+
+def lock(name: str, **kw: Any) -> LockState:
+    fields: dict[str, Any] = dict(holder=None, lock_until=None, locked_at=None, token=0,
+                                  last_slot=None, last_start=None, next_due=None,
+                                  disabled_until=None, disabled_reason=None)
+    fields.update(kw)
+    return LockState(name=name, **fields)
+
+
+def run(run_id: int, job: str, **kw: Any) -> RunRecord:
+    fields: dict[str, Any] = dict(item=None, host=WEB1, slot=None, token=1, attempt=1,
+                                  started=NOW - 300, finished=NOW - 298.48, exit_code=0,
+                                  result="ok")
+    fields.update(kw)
+    return RunRecord(id=run_id, job=job, **fields)
+
+
+def host(host_id: str, jobs: dict[str, str], **kw: Any) -> HostStatus:
+    fields: dict[str, Any] = dict(hostname=host_id.split(":")[0], pid=4121, version="0.1.0",
+                                  started=NOW - 3600, last_seen=NOW - 4, clock_offset=0.0021,
+                                  running=1)
+    fields.update(kw)
+    return HostStatus(id=host_id, jobs=json.dumps(jobs), **fields)
+
+
+def fleet_jobs() -> list[JobStatus]:
+    """A running job (and its last run), an idle one a dead host held, a
+    disabled one whose next run had been planned."""
+    return [
+        JobStatus(lock(LONG, holder=WEB3, lock_until=NOW + 25, token=42, next_due=NOW + 60),
+                  last_run=run(17, LONG, token=41),
+                  running=run(18, LONG, host=WEB3, token=42, started=NOW - 5, finished=None,
+                              exit_code=None, result="running"),
+                  db_now=NOW),
+        JobStatus(lock("backup", holder=WEB3, lock_until=NOW - 100, token=7,
+                       next_due=NOW + 3 * 3600),
+                  last_run=run(16, "backup", host=WEB3, token=7, exit_code=3, result="failed",
+                               started=NOW - 2 * 86400, finished=NOW - 2 * 86400 + 95),
+                  running=None, db_now=NOW),
+        JobStatus(lock("move-to-cold", token=3, next_due=NOW - 5,
+                       disabled_until=NOW + 3 * 3600, disabled_reason="disk full"),
+                  last_run=None, running=None, db_now=NOW),
+    ]
+
+
+def invoke(db: TestDb, *args: str, columns: int | None = None) -> Result:
+    env = {"COLUMNS": str(columns)} if columns else {}
+    return CliRunner(env=env).invoke(
+        cli, ["--db", db.url, "--table-prefix", db.prefix, *args], prog_name="dblockrun")
+
+
+@pytest.fixture
+def sqlite_store(sqlite_db: TestDb) -> Iterator[Store]:
+    with Store(sqlite_db.url, sqlite_db.prefix) as store:
+        yield store
+
+
+def age_host(store: Store, host_id: str, seconds: float) -> None:
+    """The host's last heartbeat, moved ``seconds`` into the past (a host killed then)."""
+    hosts = store.t.hosts
+    with store.engine.connect() as conn:
+        conn.execute(hosts.update().where(hosts.c.id == host_id)
+                     .values(last_seen=hosts.c.last_seen - seconds))
+
+
+def beat(store: Store, host_id: str, jobs: list[str], running: int = 0) -> None:
+    store.heartbeat_host(host_id, hostname=host_id.split(":")[0], pid=1, version="0.1.0",
+                         clock_offset=0.0, running=running,
+                         jobs=json.dumps(dict.fromkeys(jobs, "d1")))
+
+
+# -- the table, at a fixed time -------------------------------------------------------
+
+
+def test_status_table_at_100_columns() -> None:
+    text = output.status_text(fleet_jobs(), [host(WEB1, {LONG: "a", "backup": "b"},
+                                                  clock_offset=-0.00004)], NOW, 15.0, 100)
+    # 43 + 9 + 15 + 5 + 17 + 9 columns and the gaps: as narrow as it gets
+    # without breaking a word, so wider than asked.
+    assert text == f"""\
+jobs
+job                                          state      holder           token  last run           next run
+-------------------------------------------  ---------  ---------------  -----  -----------------  ---------
+{LONG}  running    web-3:77:0b1d2e  42     ok exit 0 in       21:54:17Z
+                                                        until 21:53:42Z         1.52s, 21:48:17Z   (in 1m)
+                                                        (in 25.0s)              (5m ago) on
+                                                                                web-1:4121:9f2c1a
+backup                                       idle       -                7      failed exit 3 in   00:53:17Z
+                                                                                1m35s, 2026-11-20  (in 3h)
+                                                                                21:53Z (2d ago)
+                                                                                on
+                                                                                web-3:77:0b1d2e
+move-to-cold                                 disabled   -                3      -                  disabled
+                                             until
+                                             00:53:17Z
+                                             (in 3h):
+                                             disk full
+
+live hosts (a heartbeat in the last 15s)
+host               pid   version  last seen             clock offset  running
+-----------------  ----  -------  --------------------  ------------  -------
+web-1:4121:9f2c1a  4121  0.1.0    21:53:13Z (4.0s ago)  0.0 ms        1
+"""  # noqa: E501 (the table as printed)
+
+
+def test_status_table_fits_160_columns_on_one_line_per_job() -> None:
+    text = output.status_text(fleet_jobs()[1:], [], NOW, 15.0, 160)
+    assert text.splitlines()[:5] == [
+        "jobs",
+        "job           state                                        holder  token  "
+        "last run                                                               next run",
+        "------------  -------------------------------------------  ------  -----  "
+        "---------------------------------------------------------------------  --------------",
+        "backup        idle                                         -       7      "
+        "failed exit 3 in 1m35s, 2026-11-20 21:53Z (2d ago) on web-3:77:0b1d2e  no live daemon",
+        "move-to-cold  disabled until 00:53:17Z (in 3h): disk full  -       3      "
+        "-                                                                      disabled",
+    ]
+
+
+def test_status_table_never_breaks_a_word_or_a_header() -> None:
+    text = output.status_text(fleet_jobs(), [], NOW, 15.0, 80)
+    lines = text.splitlines()
+    assert lines[1].split() == ["job", "state", "holder", "token", "last", "run", "next", "run"]
+    assert lines[1].split("  ")[0] == "job"
+    assert [line.split()[0] for line in lines[3:] if line[:1] not in ("", " ")][:3] == [
+        LONG, "backup", "move-to-cold"]
+    for word in ("web-3:77:0b1d2e", "web-1:4121:9f2c1a", "disabled", "(in 25.0s)"):
+        assert word in text
+
+
+def test_history_table_has_item_and_attempt_columns() -> None:
+    runs = [run(9, "fan", item="eu-west", attempt=2, slot=NOW - 60, started=NOW - 59.5,
+                finished=NOW - 58.25, exit_code=1, result="failed"),
+            run(8, "backup", token=None, slot=None, finished=None, exit_code=None,
+                result="running")]
+    assert output.history_text(runs, 160) == """\
+runs
+id  job     item     host               slot                  token  attempt  started               duration  exit  result
+--  ------  -------  -----------------  --------------------  -----  -------  --------------------  --------  ----  -------
+9   fan     eu-west  web-1:4121:9f2c1a  2026-11-22 21:52:17Z  1      2        2026-11-22 21:52:17Z  1.25s     1     failed
+8   backup  -        web-1:4121:9f2c1a  -                     -      1        2026-11-22 21:48:17Z  -         -     running
+"""  # noqa: E501 (the table as printed)
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [
+    (-0.00004, "0.0 ms"), (0.0, "0.0 ms"), (0.00004, "0.0 ms"), (-0.0021, "-2.1 ms"),
+    (0.01234, "+12.3 ms"), (None, "-")])
+def test_clock_offset_has_no_negative_zero(seconds: float | None, shown: str) -> None:
+    assert output.clock_offset(seconds) == shown
+
+
+# -- the command, on a database ----------------------------------------------------------
+
+
+def test_status_says_no_live_daemons_and_shows_no_time_in_the_past(
+        sqlite_store: Store, sqlite_db: TestDb) -> None:
+    store = sqlite_store
+    store.ensure_jobs(["report", "backup"])
+    store.set_next_due({"report": store.db_now() - 5})
+    store.disable("backup", reason="disk full")
+    beat(store, "web-1:1:aa", ["report", "backup"], running=1)
+    age_host(store, "web-1:1:aa", 20)  # killed 20 s ago
+    result = invoke(sqlite_db, "status", columns=200)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"""\
+database: {sqlite_db.url} (table prefix {sqlite_db.prefix})
+jobs
+job     state                              holder  token  last run  next run
+------  ---------------------------------  ------  -----  --------  --------------
+backup  disabled until enabled: disk full  -       0      -         disabled
+report  idle                               -       0      -         no live daemon
+
+live hosts (a heartbeat in the last 15s): none
+
+warning: no live daemons: no daemon has sent a heartbeat in the last 15s, so no job starts \
+on schedule
+"""
+    doc = json.loads(invoke(sqlite_db, "status", "--json").stdout)
+    assert doc["hosts"] == []
+    assert doc["warnings"] == ["no live daemons: no daemon has sent a heartbeat in the last "
+                               "15s, so no job starts on schedule"]
+    assert [(j["name"], j["next_run"], j["next_run_note"]) for j in doc["jobs"]] == [
+        ("backup", None, "disabled"), ("report", None, "no live daemon")]
+
+
+def test_a_longer_live_within_lists_a_host_silent_for_20s(
+        sqlite_store: Store, sqlite_db: TestDb) -> None:
+    beat(sqlite_store, "web-1:1:aa", [])
+    age_host(sqlite_store, "web-1:1:aa", 20)
+    beat(sqlite_store, "web-2:1:bb", [])
+    ids = [[h["id"] for h in json.loads(invoke(sqlite_db, "status", "--json", *extra).stdout)
+            ["hosts"]] for extra in ([], ["--live-within", "30s"])]
+    assert ids == [["web-2:1:bb"], ["web-1:1:aa", "web-2:1:bb"]]
+
+
+def test_json_and_table_agree_on_an_idle_job_a_dead_host_held(
+        sqlite_store: Store, sqlite_db: TestDb) -> None:
+    store = sqlite_store
+    store.ensure_jobs(["backup", "orphan"])
+    won = store.claim_and_record("backup", "web-3:9:cc", 30)
+    assert won is not None
+    locks = store.t.locks
+    with store.engine.connect() as conn:  # its lease ran out: the host died
+        conn.execute(locks.update().values(lock_until=locks.c.lock_until - 60))
+    store.set_next_due({"backup": store.db_now() + 3600, "orphan": store.db_now() + 60})
+    beat(store, "web-1:1:aa", ["backup"])
+    doc = json.loads(invoke(sqlite_db, "status", "--json").stdout)
+    backup, orphan = doc["jobs"]
+    assert (backup["state"], backup["holder"], backup["lock_until"], backup["running"]) == (
+        "idle", None, None, None)
+    assert backup["next_run_note"] is None and backup["next_run"] is not None
+    assert (orphan["next_run"], orphan["next_run_note"]) == (None, "no live daemon has this job")
+    assert doc["warnings"] == []
+    table = invoke(sqlite_db, "status", columns=200).stdout.splitlines()
+    backup_row = next(line for line in table if line.startswith("backup "))
+    assert backup_row.split()[:4] == ["backup", "idle", "-", "1"]
+    assert next(line for line in table if line.startswith("orphan ")).endswith(
+        "  no live daemon has this job")
+
+
+def test_last_run_names_its_host(sqlite_store: Store, sqlite_db: TestDb) -> None:
+    sqlite_store.ensure_jobs(["backup"])
+    won = sqlite_store.claim_and_record("backup", "web-3:9:cc", 30)
+    assert won is not None and won.run_id is not None
+    sqlite_store.finish_and_release(won.run_id, "backup", "web-3:9:cc", won.token, "ok", 0, "")
+    row = next(line for line in invoke(sqlite_db, "status", columns=300).stdout.splitlines()
+               if line.startswith("backup "))
+    assert re.search(r"  ok exit 0 in \d+\.\d\ds, \d\d:\d\d:\d\dZ \(\d+\.\ds ago\) "
+                     r"on web-3:9:cc  ", row), row
+
+
+def test_piped_status_keeps_each_row_on_one_line_and_follows_columns(
+        sqlite_store: Store, sqlite_db: TestDb) -> None:
+    reason = "the bucket is being migrated to the new region, ask ops before enabling"
+    sqlite_store.disable(LONG, reason=reason)
+    piped = invoke(sqlite_db, "status").stdout.splitlines()
+    assert piped[4] == (
+        f"{LONG}  disabled until enabled: {reason}  -       0      -         disabled")
+    narrow = invoke(sqlite_db, "status", columns=100).stdout.splitlines()
+    assert max(len(line) for line in narrow[1:]) <= 100  # [0]: the database
+    assert narrow[4].split()[0] == LONG
+
+
+def test_history_shows_item_and_attempt(sqlite_store: Store, sqlite_db: TestDb) -> None:
+    run_id = sqlite_store.start_run("fan", "web-1:1:aa", token=None, attempt=2, item="eu-west")
+    sqlite_store.finish_run(run_id, "fan", None, "failed", 1, "boom")
+    text = invoke(sqlite_db, "history", columns=200).stdout
+    text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", "YYYY-MM-DD HH:MM:SSZ", text)
+    text = re.sub(r"\d\.\d\ds ", "D.DDs ", text)
+    assert text.splitlines()[1:] == [
+        "id  job  item     host        slot  token  attempt  started               duration  "
+        "exit  result",
+        "--  ---  -------  ----------  ----  -----  -------  --------------------  --------  "
+        "----  ------",
+        "1   fan  eu-west  web-1:1:aa  -     -      2        YYYY-MM-DD HH:MM:SSZ  D.DDs     "
+        "1     failed",
+    ]
+
+
+# -- statements -----------------------------------------------------------------------------
+
+
+def fill(store: Store, prefix: str, count: int) -> None:
+    """``count`` jobs, each with a finished run and a running one; every
+    third a fan-out job with items."""
+    names = [f"{prefix}{i:04d}" for i in range(count)]
+    store.ensure_jobs(names)
+    for name in names:
+        done = store.claim_and_record(name, "h:1:a", 30)
+        assert done is not None and done.run_id is not None
+        store.finish_and_release(done.run_id, name, "h:1:a", done.token, "ok", 0, "")
+        assert store.claim_and_record(name, "h:1:a", 30) is not None
+    for name in names[::3]:
+        store.items.sync(name, ["x", "y"])
+
+
+def statements_of(store: Store, call: Any) -> int:
+    before = store.statements
+    call()
+    return store.statements - before
+
+
+def test_status_sends_the_same_statements_for_1_job_and_for_60(store: Store) -> None:
+    fill(store, "one-", 1)
+    store.status()  # the schema is checked once per store, before
+    one = statements_of(store, store.status)
+    one_report = statements_of(store, lambda: report(store))
+    fill(store, "many-", 59)
+    assert len(store.status()) == 60
+    many = statements_of(store, store.status)
+    many_report = statements_of(store, lambda: report(store))
+    assert (one, many, one_report, many_report) == (3, 3, 4, 4)
+
+
+def test_status_reads_last_and_running_runs_and_item_counts(store: Store) -> None:
+    store.ensure_jobs(["a", "b", "fan"])
+    first = store.claim_and_record("a", "h:1:a", 30)
+    assert first is not None and first.run_id is not None
+    store.finish_and_release(first.run_id, "a", "h:1:a", first.token, "failed", 2, "")
+    current = store.claim_and_record("a", "h:1:a", 30)
+    assert current is not None
+    # b: a run left `running` under an old token, then a newer finished one.
+    stale = store.claim_and_record("b", "h:2:b", 30)
+    assert stale is not None
+    store.force_unlock("b")
+    store.start_run("b", "h:3:c", token=None, result="ok")
+    store.items.sync("fan", ["i1", "i2", "i3", "i4"])
+    items, locks = store.t.items, store.t.locks
+    now = store.db_now()
+    with store.engine.connect() as conn:
+        conn.execute(locks.update().where(locks.c.name == "fan").values(last_slot=100.0))
+        for item, values in (("i1", {"lock_until": now + 60, "last_result": "running",
+                                      "last_slot": 100.0}),
+                             ("i2", {"last_result": "failed", "last_slot": 100.0}),
+                             ("i3", {"last_result": "ok", "last_slot": 100.0}),
+                             ("i4", {"last_result": "ok", "last_slot": 50.0})):
+            conn.execute(items.update().where(items.c.job == "fan", items.c.item == item)
+                         .values(**values))
+        conn.execute(sa.text("SELECT 1"))
+    a, b, fan = store.status()
+    assert a.last_run is not None and a.running is not None
+    assert (a.state, a.last_run.id, a.last_run.result, a.last_run.exit_code) == (
+        "running", first.run_id, "failed", 2)
+    assert (a.running.id, a.running.token) == (current.run_id, current.token)
+    assert b.last_run is not None
+    assert (b.state, b.running, b.last_run.host, b.last_run.result) == (
+        "idle", None, "h:3:c", "ok")
+    assert (a.items, b.items) == (None, None)
+    assert fan.items == {"total": 4, "done": 1, "running": 1, "waiting": 1, "failed": 1}
+    assert [s.lock.name for s in store.status(["fan", "a"])] == ["a", "fan"]
