@@ -207,20 +207,6 @@ def _seconds(value: Duration, what: str) -> float:
         raise ValueError(f"{what}: {exc}") from None
 
 
-def _retry(what: str, fn: Callable[[], R], outage: Outage, until: float) -> R | None:
-    while True:
-        try:
-            result = fn()
-            outage.ok()
-            return result
-        except DatabaseError as exc:
-            delay = outage.failed(what, exc)
-            if time.monotonic() + delay > until:
-                log.warning("%s failed: %s", what, exc)
-                return None
-            time.sleep(delay)
-
-
 class LockContext:
     """What :func:`lock` returns: enter it to take the lock, exit to release it.
 
@@ -326,9 +312,9 @@ class LockContext:
 
     def _release_quietly(self, store: Store, holder: str, token: int) -> None:
         until = time.monotonic() + _RELEASE_RETRY
-        _retry(f"release {self.name}",
-               lambda: store.release(self.name, holder, token, self.lock_at_least),
-               self._outage, until)
+        self._outage.retry(f"release {self.name}",
+                           lambda: store.release(self.name, holder, token, self.lock_at_least),
+                           until)
 
     # -- exit -----------------------------------------------------------------
 
@@ -358,11 +344,10 @@ class LockContext:
         else:
             result = m.FAILED
             output = "".join(traceback.format_exception(exc))[-_OUTPUT_LIMIT:]
-        done = _retry(
+        done = self._outage.retry(
             f"record result of {self.name}",
             lambda: store.finish_and_release(run_id, self.name, lease.holder, lease.token,
                                              result, None, output, self.lock_at_least),
-            self._outage,
             time.monotonic() + _RELEASE_RETRY,
         )
         if done is not None and not done[0]:

@@ -24,7 +24,6 @@ from dblockrun.runjob import (
     exit_status,
     line_logger,
     result_of,
-    retry_db,
     stored_text,
 )
 from dblockrun.runner import LeaseWatch, RunAs, argv_for, run_process
@@ -194,8 +193,9 @@ class FanOut(threading.Thread):
             output = stored_text(outcome.tail)
         finally:
             ctx.renewer.remove(watch)
-            retry_db(ctx, f"record result of {job.name}",
-                     lambda: items.finish_and_release(job.name, ctx.holder, batch, result, code,
-                                                      output, job.lock_at_least),
-                     time.monotonic() + 60)
+            ctx.outage.retry(f"record result of {job.name}",
+                             lambda: items.finish_and_release(job.name, ctx.holder, batch,
+                                                              result, code, output,
+                                                              job.lock_at_least),
+                             time.monotonic() + 60)
             finished.set()

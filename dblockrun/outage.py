@@ -5,6 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from dblockrun.errors import DatabaseError
+
+R = TypeVar("R")
 
 log = logging.getLogger("dblockrun")
 
@@ -58,3 +64,20 @@ class Outage:
                 log.warning("database back after %.1fs", self.last_ok - self._since)
             self._since = None
             self._failures = 0
+
+    def retry(self, what: str, fn: Callable[[], R], until: float) -> R | None:
+        """Call ``fn`` until it answers or monotonic ``until`` would pass,
+        backing off between tries (the run lifecycle's one retry loop:
+        recording a run, its result, a release). ``fn``'s answer, or None
+        after the last try failed (logged as part of the outage)."""
+        while True:
+            try:
+                result = fn()
+                self.ok()
+                return result
+            except DatabaseError as exc:
+                delay = self.failed(what, exc)
+                if time.monotonic() + delay > until:
+                    log.warning("%s: gave up: %s", what, exc)
+                    return None
+                time.sleep(delay)

@@ -96,20 +96,6 @@ def line_logger(prefix: str, **fields: object) -> Callable[[bytes], None]:
     return on_line
 
 
-def retry_db(ctx: RunContext, what: str, fn: Callable[[], object], until: float) -> bool:
-    """Call ``fn`` until it succeeds or monotonic ``until`` passes."""
-    while True:
-        try:
-            fn()
-            ctx.outage.ok()
-            return True
-        except DatabaseError as exc:
-            delay = ctx.outage.failed(what, exc)
-            if time.monotonic() + delay > until:
-                return False
-            time.sleep(delay)
-
-
 class JobRun(threading.Thread):
     """One claimed run, in its own thread for as long as the command runs
     (retries included); the command's guard process watches the lease."""
@@ -192,19 +178,16 @@ class JobRun(threading.Thread):
     def _attempt(self, attempt: int) -> tuple[Outcome, int] | None:
         """Record the attempt (unless the claim did) and run the command."""
         job, ctx = self.job, self.ctx
-        ids: list[int] = []
-        if attempt == 1 and self._recorded is not None:
-            ids.append(self._recorded)
-        else:
-            def record() -> None:
-                ids.append(ctx.store.start_run(job.name, ctx.holder, token=self.token,
-                                               slot=self.slot, attempt=attempt))
-
-            if not retry_db(ctx, f"record run of {job.name}", record,
-                            self.watch.fence_at(ctx.kill_grace + 1)):
+        run_id = self._recorded if attempt == 1 else None
+        if run_id is None:
+            run_id = ctx.outage.retry(
+                f"record run of {job.name}",
+                lambda: ctx.store.start_run(job.name, ctx.holder, token=self.token,
+                                            slot=self.slot, attempt=attempt),
+                self.watch.fence_at(ctx.kill_grace + 1))
+            if run_id is None:
                 log.error("job %s: could not record the run; not starting it", job.name)
                 return None
-        run_id = ids[0]
         self.last_run_id = run_id
         env = command_env(job, holder=ctx.holder, run_id=run_id, token=self.token, slot=self.slot)
         fields = {"job": job.name, "run_id": run_id, "token": self.token, "host": ctx.holder,
@@ -248,35 +231,30 @@ class JobRun(threading.Thread):
         output = stored_text(outcome.tail)
         if outcome.reason == "error":
             output = (output + outcome.detail + "\n")[-65536:]
-        written: list[bool] = []
-        store = ctx.store
+        store, what, until = ctx.store, f"record result of {job.name}", time.monotonic() + 60
+        written: bool | None
         if release:
             ctx.renewer.remove(self.watch)
-
-            def both() -> None:
-                ok, _released = store.finish_and_release(
-                    run_id, job.name, ctx.holder, self.token, result, code, output,
-                    job.lock_at_least)
-                written.append(ok)
-
-            self._released = retry_db(ctx, f"record result of {job.name}", both,
-                                      time.monotonic() + 60)
+            both = ctx.outage.retry(what, lambda: store.finish_and_release(
+                run_id, job.name, ctx.holder, self.token, result, code, output,
+                job.lock_at_least), until)
+            written = None if both is None else both[0]
+            self._released = both is not None
             if self._released:
                 self._prune()
         else:
-            retry_db(ctx, f"record result of {job.name}",
-                     lambda: written.append(store.finish_run(run_id, job.name, self.token,
-                                                             result, code, output)),
-                     time.monotonic() + 60)
-        if written and not written[0]:
+            written = ctx.outage.retry(what, lambda: store.finish_run(
+                run_id, job.name, self.token, result, code, output), until)
+        if written is False:
             log.warning("job %s: run %d result not recorded: token %d is no longer current",
                         job.name, run_id, self.token)
 
     def _release(self) -> None:
         job, ctx = self.job, self.ctx
-        retry_db(ctx, f"release {job.name}",
-                 lambda: ctx.store.release(job.name, ctx.holder, self.token, job.lock_at_least),
-                 time.monotonic() + 30)
+        ctx.outage.retry(f"release {job.name}",
+                         lambda: ctx.store.release(job.name, ctx.holder, self.token,
+                                                   job.lock_at_least),
+                         time.monotonic() + 30)
         self._prune()
 
     def _prune(self) -> None:
@@ -294,10 +272,10 @@ class JobRun(threading.Thread):
         if disable_for and isinstance(store, Disables):
             reason = (f"on-failure: run {self.last_run_id} exited "
                       f"{exit_status(outcome.exit_code)} on {ctx.holder}")
-            if retry_db(ctx, f"disable {job.name}",
-                        lambda: store.disable(job.name, for_seconds=disable_for,
-                                              reason=reason),
-                        time.monotonic() + 30):
+            if ctx.outage.retry(f"disable {job.name}",
+                                lambda: store.disable(job.name, for_seconds=disable_for,
+                                                      reason=reason),
+                                time.monotonic() + 30) is not None:
                 log.warning("job %s: disabled for %gs after failure", job.name, disable_for)
         if job.on_failure.command is not None:
             env = command_env(job, holder=ctx.holder, run_id=self.last_run_id or 0,
