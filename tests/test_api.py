@@ -272,7 +272,8 @@ def test_lost_when_renewals_fail_for_too_long(db: TestDb, store: Store,
     with dblockrun.lock("o", db=db.url, table_prefix=db.prefix, lease="1s") as lease:
         assert not lease.lost
         cached = api._store(db.url, db.prefix)
-        monkeypatch.setattr(cached, "renew_many", unreachable)  # the heartbeat renews in one statement
+        # The heartbeat renews a holder's leases in one statement.
+        monkeypatch.setattr(cached, "renew_many", unreachable)
         wait_for(lambda: lease.lost, 10, what="lease.lost during an outage")
         monkeypatch.undo()
         # Sticky: a later successful renewal does not make it certain again.
