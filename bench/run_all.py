@@ -2,8 +2,8 @@
 
     python bench/run_all.py [--quick]
 
-Full: about 11 minutes on a 2-core machine (latency, many_jobs and peer 6
-of them); --quick: about 6 minutes, with fewer runs and shorter windows
+Full: about 13 minutes on a 2-core machine (latency, many_jobs and peer 6
+of them, status_scale 2); --quick: about 8 minutes, with fewer runs and shorter windows
 (noisier). Needs PostgreSQL on
 127.0.0.1:5432 (user postgres, database test) and MariaDB on 127.0.0.1:3306
 (root, database test), as the test suite does. peer.py needs procrastinate:
@@ -32,6 +32,7 @@ FULL = [
     ["latency.py", "--seconds", "45", "--sqlite-seconds", "20"],
     ["many_jobs.py", "--slots", "2", "--backends", "postgresql,mariadb"],
     ["peer.py", "--seconds", "20"],
+    ["status_scale.py", "--jobs", "10000", "--repeats", "7"],
 ]
 QUICK = [
     ["exec_overhead.py", "--runs", "7"],
@@ -42,6 +43,7 @@ QUICK = [
     ["latency.py", "--seconds", "15", "--sqlite-seconds", "8"],
     ["many_jobs.py", "--slots", "1", "--backends", "postgresql", "--deadline", "15"],
     ["peer.py", "--seconds", "10", "--tasks", "500", "--deadline", "30"],
+    ["status_scale.py", "--jobs", "10000", "--repeats", "3"],
 ]
 
 

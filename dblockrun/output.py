@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,14 +49,27 @@ def _datetime(ts: float) -> datetime | None:
 
 
 def iso(ts: float | None) -> str | None:
+    """``2026-11-22T21:53:17.123Z`` (what ``datetime.isoformat`` gives, at a
+    third of its cost: ``status --json`` writes 30,000 for 10,000 jobs)."""
     if ts is None:
         return None
     if ts >= FOREVER:
         return "forever"
-    when = _datetime(ts)
-    if when is None:
+    try:
+        whole = math.floor(ts)
+        micros = round((ts - whole) * 1_000_000)  # as datetime rounds, then cuts to ms
+        if micros == 1_000_000:
+            whole, micros = whole + 1, 0
+        return f"{_iso_second(whole)}.{micros // 1000:03d}Z"
+    except (OverflowError, OSError, ValueError):  # a timestamp edited into nonsense
         return repr(ts)
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@functools.lru_cache(maxsize=4096)
+def _iso_second(whole: int) -> str:
+    t = time.gmtime(whole)
+    return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}"
+            f"T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}")
 
 
 def _ago(seconds: float) -> str:
