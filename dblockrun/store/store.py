@@ -543,7 +543,7 @@ class Store:
     # -- status -------------------------------------------------------------
 
     def status(self, names: Sequence[str] | None = None) -> list[m.JobStatus]:
-        """The jobs (all, or ``names``): two statements whatever their number
+        """The jobs (all, or ``names``): three statements whatever their number
         (store/status.py)."""
         from dblockrun.store.status import job_status
 
