@@ -7,7 +7,8 @@ a plain ``exec`` command line is parsed here, without click, checked as
 (:func:`dblockrun.execlock.exec_command`), with the same messages and exit
 statuses. Anything else, and anything this parser is unsure of (another
 command, ``--help``, ``-f``, ``-n=x`` or ``-vn x``, a repeated option, an
-option value starting with ``-``, a value that click would reject), goes to
+option value starting with ``-``, a value that click would reject, a global
+option after ``exec``, a database URL to be read from a jobs file), goes to
 click (:mod:`dblockrun.cli`) before anything is done, and click parses,
 runs and reports it as always.
 """
@@ -108,18 +109,35 @@ def fast_exec(group: Options, options: Options, command: tuple[str, ...]) -> int
         return EXEC_DEFAULTS[key] if value is None else value
 
     try:
-        most = parse_duration(given("lock_at_most")) or 3600.0
-        least = parse_duration(given("lock_at_least")) or 0.0
-        lease = parse_duration(given("lease")) or 30.0
+        most = parse_duration(given("lock_at_most"))
+        least = parse_duration(given("lock_at_least"))
+        lease = parse_duration(given("lease"))
         busy_exit_code = int(given("busy_exit_code"))  # as click.INT
     except ValueError:
         return None
-    if least > most:
+    if most <= 0 or lease <= 0 or least > most:
         return None
+    from dblockrun.dburl import (
+        DEFAULT_JOBS_FILE,
+        JOBS_ENV,
+        MAX_PREFIX,
+        TABLE_PREFIX,
+        resolve_url,
+        url_needs_jobs_file,
+    )
+
+    prefix = _text(group, "prefix")
+    if prefix is None:  # click's envvar: unset or empty means the default
+        prefix = os.environ.get(PREFIX_ENV) or PREFIX_DEFAULT
+    if not TABLE_PREFIX.fullmatch(prefix) or len(prefix) > MAX_PREFIX:
+        return None
+    db, db_file = _text(group, "db"), _text(group, "db_file")
+    if url_needs_jobs_file(db, db_file) and (
+            JOBS_ENV in os.environ or os.path.isfile(DEFAULT_JOBS_FILE)):
+        return None  # the URL comes from a jobs file: click reads it (YAML)
     # Checked: from here on, as dblockrun.cli.exec_ past its checks.
     import logging
 
-    from dblockrun.dburl import resolve_url
     from dblockrun.logs import setup
 
     verbose = bool(options.get("verbose"))
@@ -127,10 +145,7 @@ def fast_exec(group: Options, options: Options, command: tuple[str, ...]) -> int
     opts = ExecOptions(name=name, argv=command, lock_at_most=most, lock_at_least=least,
                        lease=lease, heartbeat=lease / 3, busy_exit_code=busy_exit_code,
                        verbose=verbose)
-    prefix = _text(group, "prefix")
-    if prefix is None:  # click's envvar: unset or empty means the default
-        prefix = os.environ.get(PREFIX_ENV) or PREFIX_DEFAULT
-    url = resolve_url(_text(group, "db"), None, cli_db_file=_text(group, "db_file"))
+    url = resolve_url(db, None, cli_db_file=db_file)
     return exec_command(opts, url, prefix)
 
 

@@ -22,6 +22,7 @@ from dblockrun.errors import ConfigError, DblockrunError, UsageError
 
 if TYPE_CHECKING:
     from dblockrun.jobs import JobsFile
+    from dblockrun.ops import Access
     from dblockrun.store import Store
 
 P = ParamSpec("P")
@@ -29,8 +30,6 @@ R = TypeVar("R")
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
-#: Hosts seen this recently are live in `status` (3 default heartbeats).
-LIVE_HOST_WINDOW = 30.0
 
 
 @dataclass
@@ -40,6 +39,8 @@ class Globals:
     prefix: str
     debug: bool
     verbose: int
+    #: ``-f FILE``: the jobs file (before or after the command).
+    file: str | None = None
 
 
 def _setup_logging(level: int, fmt: str = "text") -> None:
@@ -48,15 +49,18 @@ def _setup_logging(level: int, fmt: str = "text") -> None:
     setup(level, fmt)
 
 
-def _duration(value: str | None, name: str) -> float | None:
-    if value is None:
-        return None
+def _duration(value: str, name: str, *, zero_ok: bool = False) -> float:
+    """The seconds of a duration option; one line and exit 2 naming the
+    option when it is not a duration, or zero where zero makes no sense."""
     from dblockrun.durations import parse_duration
 
     try:
-        return parse_duration(value)
+        seconds = parse_duration(value)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=name) from exc
+        raise UsageError(f"{name}: {exc}") from exc
+    if seconds <= 0 and not zero_ok:
+        raise UsageError(f"{name}: must be longer than 0s (got {value!r})")
+    return seconds
 
 
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -103,10 +107,44 @@ def _globals() -> Globals:
     return obj
 
 
+def _prefix() -> str:
+    from dblockrun.dburl import check_prefix
+
+    return check_prefix(_globals().prefix)
+
+
 def _load(path: str) -> JobsFile:
     from dblockrun.config import load_jobs
 
     return load_jobs(path)
+
+
+def _jobs_path(argument: str | None) -> str:
+    """The jobs file of daemon, validate and next: FILE, else -f, else
+    DBLOCKRUN_JOBS, else /etc/dblockrun/jobs.yaml if it exists."""
+    from dblockrun.dburl import DEFAULT_JOBS_FILE, JOBS_ENV, jobs_file
+
+    given = _globals().file
+    if argument is not None and given is not None and argument != given:
+        raise UsageError(f"two jobs files ({argument} and -f {given}): give one")
+    path, _named = jobs_file(argument if argument is not None else given)
+    if path is None:
+        raise UsageError(f"no jobs file: give FILE or -f FILE, set {JOBS_ENV}, "
+                         f"or create {DEFAULT_JOBS_FILE}")
+    return path
+
+
+def _jobs_for_db(*, always: bool = False) -> JobsFile | None:
+    """The jobs file an operator command reads: one named by -f or
+    DBLOCKRUN_JOBS; the default /etc/dblockrun/jobs.yaml only when the
+    database URL must come from it (nothing else names one) or ``always``."""
+    from dblockrun.dburl import jobs_file, url_needs_jobs_file
+
+    g = _globals()
+    path, named = jobs_file(g.file)
+    if path is None or not (named or always or url_needs_jobs_file(g.db, g.db_file)):
+        return None
+    return _load(path)
 
 
 def _db_url(jobs: JobsFile | None = None) -> str:
@@ -117,67 +155,118 @@ def _db_url(jobs: JobsFile | None = None) -> str:
                        file_db_file=jobs.database_file if jobs else None)
 
 
-def _open_store(jobs: JobsFile | None = None, *, create: bool = True) -> Store:
-    from dblockrun.store import Store
+def _open(access: Access, jobs: JobsFile | None = None) -> Store:
+    from dblockrun.ops import open_store
 
-    return Store(_db_url(jobs), _globals().prefix, create=create)
+    return open_store(_db_url(jobs), _prefix(), access)
 
 
-def _store_for(file: str | None) -> Store:
-    return _open_store(_load(file) if file else None)
+def _where(store: Store) -> str:
+    from dblockrun.dburl import describe
+
+    return describe(store.url, store.prefix)
+
+
+# -- global options: before the command name, or after it --------------------------
+
+_DB_HELP = ("Database URL (postgresql://, mysql://, mariadb://, sqlite:///path). "
+            "Default: --db-file, DBLOCKRUN_DB, DBLOCKRUN_DB_FILE, `database:` then "
+            "`database-file:` in the jobs file, then "
+            "~/.local/state/dblockrun/dblockrun.db.")
+_DB_FILE_HELP = ("Read the database URL from the first line of this file (a mounted "
+                 "secret); also DBLOCKRUN_DB_FILE.")
+_FILE_HELP = ("The jobs file (default: DBLOCKRUN_JOBS, then /etc/dblockrun/jobs.yaml if it "
+              "exists); the database is its `database:` unless named otherwise.")
+_PREFIX_HELP = "Prefix of dblockrun's tables (also DBLOCKRUN_TABLE_PREFIX)."
+_DEBUG_HELP = "Show tracebacks and debug logs."
+
+
+def _set_global(ctx: click.Context, param: click.Parameter, value: object) -> None:
+    """A global option given after the command name overrides one before it."""
+    g = ctx.find_object(Globals)
+    if g is not None and param.name is not None and value is not None and value is not False:
+        setattr(g, param.name, value)
+
+
+def global_options(*, jobs_file: bool = True) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """The group's options, accepted after a command's name too."""
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        opts = [
+            click.option("--db", metavar="URL", expose_value=False, callback=_set_global,
+                         help=_DB_HELP),
+            click.option("--db-file", metavar="PATH", expose_value=False,
+                         callback=_set_global, help=_DB_FILE_HELP),
+            click.option("-f", "--file", metavar="FILE", expose_value=False,
+                         callback=_set_global, help=_FILE_HELP),
+            click.option("--table-prefix", "prefix", metavar="PREFIX", expose_value=False,
+                         callback=_set_global, help=_PREFIX_HELP),
+            click.option("--debug", is_flag=True, default=None, expose_value=False,
+                         callback=_set_global, help=_DEBUG_HELP),
+        ]
+        if not jobs_file:
+            del opts[2]
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return decorate
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dblockrun")
 # DBLOCKRUN_DB and DBLOCKRUN_DB_FILE are read by dburl.resolve_url, which
 # places them after both options.
-@click.option("--db", metavar="URL",
-              help="Database URL (postgresql://, mysql://, mariadb://, sqlite:///path). "
-                   "Default: --db-file, DBLOCKRUN_DB, DBLOCKRUN_DB_FILE, `database:` then "
-                   "`database-file:` in the jobs file, then "
-                   "~/.local/state/dblockrun/dblockrun.db.")
-@click.option("--db-file", metavar="PATH",
-              help="Read the database URL from the first line of this file (a mounted "
-                   "secret); also DBLOCKRUN_DB_FILE.")
-@click.option("--table-prefix", "prefix", envvar="DBLOCKRUN_TABLE_PREFIX",
+@click.option("--db", metavar="URL", help=_DB_HELP)
+@click.option("--db-file", metavar="PATH", help=_DB_FILE_HELP)
+@click.option("-f", "--file", metavar="FILE", help=_FILE_HELP)
+@click.option("--table-prefix", "prefix", envvar="DBLOCKRUN_TABLE_PREFIX", metavar="PREFIX",
               default="dblockrun_", show_default=True, help="Prefix of dblockrun's tables.")
-@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("--debug", is_flag=True, help=_DEBUG_HELP)
 @click.pass_context
-def cli(ctx: click.Context, db: str | None, db_file: str | None, prefix: str,
-        debug: bool) -> None:
+def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | None,
+        prefix: str, debug: bool) -> None:
     """A cron replacement for fleets: every host runs the same jobs file, a
-    shared SQL database decides which one runs each slot."""
-    ctx.obj = Globals(db=db, db_file=db_file, prefix=prefix, debug=debug, verbose=0)
+    shared SQL database decides which one runs each slot.
+
+    The options above may also follow the command name."""
+    ctx.obj = Globals(db=db, db_file=db_file, prefix=prefix, debug=debug, verbose=0,
+                      file=file)
 
 
 @cli.command()
-@click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--heartbeat", default="10s", show_default=True,
+@click.argument("jobs_file", metavar="[FILE]", required=False)
+@click.option("--heartbeat", default="10s", show_default=True, metavar="DURATION",
               help="How often running jobs' leases are renewed.")
-@click.option("--lease", default="30s", show_default=True,
+@click.option("--lease", default="30s", show_default=True, metavar="DURATION",
               help="How long a lock outlives its last renewal (failover time).")
-@click.option("--grace", default="30s", show_default=True,
-              help="On SIGTERM/SIGINT, how long running jobs may take to finish.")
+@click.option("--grace", default="30s", show_default=True, metavar="DURATION",
+              help="On SIGTERM/SIGINT, how long running jobs may take to finish (0s: "
+                   "stop them at once).")
 @click.option("--metrics", "metrics_addr", metavar="[HOST:]PORT",
               help="Serve Prometheus /metrics and /healthz here.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one object per line.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logs.")
+@global_options()
 @handle_errors
-def daemon(file: str, heartbeat: str, lease: str, grace: str, metrics_addr: str | None,
-           log_format: str, verbose: bool) -> None:
-    """Run the scheduler on FILE (SIGHUP reloads it, SIGTERM stops)."""
+def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
+           metrics_addr: str | None, log_format: str, verbose: bool) -> None:
+    """Run the scheduler on FILE (SIGHUP reloads it, SIGTERM stops).
+
+    FILE defaults to -f, then DBLOCKRUN_JOBS, then /etc/dblockrun/jobs.yaml."""
     import signal
     import threading
 
     from dblockrun.daemon import Daemon, DaemonOptions
+    from dblockrun.ops import Access
 
     g = _globals()
     _setup_logging(logging.DEBUG if g.debug or verbose else logging.INFO, log_format)
     options = DaemonOptions(
-        heartbeat=_duration(heartbeat, "--heartbeat") or 10.0,
-        lease=_duration(lease, "--lease") or 30.0,
-        grace=_duration(grace, "--grace") or 0.0,
+        heartbeat=_duration(heartbeat, "--heartbeat"),
+        lease=_duration(lease, "--lease"),
+        grace=_duration(grace, "--grace", zero_ok=True),
         metrics_addr=metrics_addr,
     )
     if metrics_addr:
@@ -186,8 +275,8 @@ def daemon(file: str, heartbeat: str, lease: str, grace: str, metrics_addr: str 
         parse_addr(metrics_addr)
     if options.heartbeat * 2 > options.lease:
         raise UsageError("--lease must be at least twice --heartbeat")
-    jobs = _load(file)
-    store = _open_store(jobs)
+    jobs = _load(_jobs_path(jobs_file))
+    store = _open(Access.CREATE, jobs)
     d = Daemon(jobs, store, options, stop=threading.Event())
     from dblockrun.signals import handling
 
@@ -203,37 +292,44 @@ def daemon(file: str, heartbeat: str, lease: str, grace: str, metrics_addr: str 
 @cli.command()
 @click.argument("jobs", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("-f", "--file", type=click.Path(dir_okay=False),
-              help="Jobs file to take `database:` from.")
+@click.option("--live-within", default="15s", show_default=True, metavar="DURATION",
+              help="A daemon is live if its last heartbeat is this recent.")
+@global_options()
 @handle_errors
-def status(jobs: tuple[str, ...], as_json: bool, file: str | None) -> None:
+def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
     """Show jobs (state, holder, lock, last and next run) and live hosts."""
     from dblockrun import output
+    from dblockrun.ops import Access, no_such_job
+    from dblockrun.store.status import report
 
-    with _store_for(file) as store:
-        rows = store.status(list(jobs) or None)
-        hosts = store.hosts(seen_within=LIVE_HOST_WINDOW)
-        now = store.db_now()
-    missing = set(jobs) - {r.lock.name for r in rows}
-    if missing:
-        raise UsageError(f"no such job in the database: {', '.join(sorted(missing))}")
+    within = _duration(live_within, "--live-within") or 0.0
+    with _open(Access.READ, _jobs_for_db()) as store:
+        got = report(store, list(jobs) or None, within)
+        missing = sorted(set(jobs) - {r.lock.name for r in got.jobs})
+        if missing:
+            raise no_such_job(store, missing)
+        where = _where(store)
     if as_json:
-        click.echo(output.status_json(rows, hosts, now))
+        click.echo(output.status_json(got.jobs, got.hosts, got.db_now, within))
     else:
-        output.print_status(rows, hosts, now)
+        click.echo(f"database: {where}")
+        output.print_status(got.jobs, got.hosts, got.db_now, within)
 
 
 @cli.command()
 @click.argument("job")
 @click.option("--for", "for_", metavar="DURATION", help="How long, e.g. 3h.")
-@click.option("--until", metavar="TIME", help="ISO 8601 time, e.g. 2026-12-01T06:00:00Z.")
-@click.option("--reason", help="Shown in status.")
-@click.option("-f", "--file", type=click.Path(dir_okay=False),
-              help="Jobs file to take `database:` from.")
+@click.option("--until", metavar="TIME",
+              help="ISO 8601 time, e.g. 2026-12-01T06:00:00Z; without a zone, local time.")
+@click.option("--reason", metavar="TEXT", help="Shown in status.")
+@click.option("--create", is_flag=True,
+              help="Also a job the database does not know yet (before it is deployed).")
+@global_options()
 @handle_errors
 def disable(job: str, for_: str | None, until: str | None, reason: str | None,
-            file: str | None) -> None:
+            create: bool) -> None:
     """Pause JOB on every host (no duration: until `enable`)."""
+    from dblockrun.ops import Access, require_job
     from dblockrun.output import iso
 
     if for_ and until:
@@ -241,11 +337,14 @@ def disable(job: str, for_: str | None, until: str | None, reason: str | None,
     _check_name(job)
     if reason is not None and len(reason) > MAX_REASON:
         raise UsageError(f"--reason is {len(reason)} characters long (at most {MAX_REASON})")
-    seconds = _duration(for_, "--for")
-    until_ts = _parse_time(until) if until else None
-    with _store_for(file) as store:
+    seconds = None if for_ is None else _duration(for_, "--for")
+    until_ts = _parse_time(until) if until is not None else None
+    with _open(Access.CREATE if create else Access.WRITE, _jobs_for_db()) as store:
+        if not create:
+            require_job(store, job, " (--create to disable it before a daemon has loaded it)")
         end = store.disable(job, for_seconds=seconds, until=until_ts, reason=reason)
-    click.echo(f"{job} disabled until {iso(end)}")
+        where = _where(store)
+    click.echo(f"{job} disabled until {iso(end)} in {where}")
 
 
 def _parse_time(text: str) -> float:
@@ -254,7 +353,8 @@ def _parse_time(text: str) -> float:
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as exc:
-        raise click.BadParameter(f"{text!r} is not an ISO 8601 time", param_hint="--until") from exc
+        raise UsageError(f"--until: {text!r} is not an ISO 8601 time "
+                         "(e.g. 2026-12-01T06:00:00Z)") from exc
     if dt.tzinfo is None:
         dt = dt.astimezone()
     return dt.timestamp()
@@ -262,54 +362,58 @@ def _parse_time(text: str) -> float:
 
 @cli.command()
 @click.argument("job")
-@click.option("-f", "--file", type=click.Path(dir_okay=False),
-              help="Jobs file to take `database:` from.")
+@global_options()
 @handle_errors
-def enable(job: str, file: str | None) -> None:
+def enable(job: str) -> None:
     """Clear a `disable` of JOB."""
+    from dblockrun.ops import Access, no_such_job
+
     _check_name(job)
-    with _store_for(file) as store:
+    with _open(Access.WRITE, _jobs_for_db()) as store:
         if not store.enable(job):
-            raise UsageError(f"no such job in the database: {job}")
-    click.echo(f"{job} enabled")
+            raise no_such_job(store, [job])
+        where = _where(store)
+    click.echo(f"{job} enabled in {where}")
 
 
 @cli.command()
 @click.argument("job")
-@click.option("-f", "--file", type=click.Path(dir_okay=False),
-              help="Jobs file to take `database:` from.")
+@global_options()
 @handle_errors
-def unlock(job: str, file: str | None) -> None:
+def unlock(job: str) -> None:
     """Free JOB's lock now, whoever holds it (a lock row edited into nonsense,
     a lock_until far in the future). The fencing token is incremented, so a
     holder that is still running loses its lease and stops its command at its
     next heartbeat."""
+    from dblockrun.ops import Access, no_such_job
+
     _check_name(job)
-    with _store_for(file) as store:
+    with _open(Access.WRITE, _jobs_for_db()) as store:
         token = store.force_unlock(job)
-    if token is None:
-        raise UsageError(f"no such job in the database: {job}")
-    click.echo(f"{job} unlocked (token now {token})")
+        if token is None:
+            raise no_such_job(store, [job])
+        where = _where(store)
+    click.echo(f"{job} unlocked (token now {token}) in {where}")
 
 
 # Options end at the command's first word: in `exec -n x grep -v foo`, `-v` is grep's.
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True,
                                            "allow_interspersed_args": False})
 @click.option("--name", "-n", required=True, help="Lock name (shared with a daemon job).")
-@click.option("--lock-at-most", default="1h", show_default=True,
+@click.option("--lock-at-most", default="1h", show_default=True, metavar="DURATION",
               help="Stop the command after this long.")
-@click.option("--lock-at-least", default="0s", show_default=True,
+@click.option("--lock-at-least", default="0s", show_default=True, metavar="DURATION",
               help="Keep the lock at least this long after the start.")
-@click.option("--lease", default="30s", show_default=True, help="Lease renewed while it runs.")
-@click.option("--busy-exit-code", default=0, show_default=True, type=int,
+@click.option("--lease", default="30s", show_default=True, metavar="DURATION",
+              help="Lease renewed while it runs.")
+@click.option("--busy-exit-code", default=0, show_default=True, type=int, metavar="N",
               help="Exit status when the lock is busy elsewhere.")
 @click.option("-v", "--verbose", is_flag=True, help="Say when the lock is busy.")
-@click.option("-f", "--file", type=click.Path(dir_okay=False),
-              help="Jobs file to take `database:` from.")
+@global_options()
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @handle_errors
 def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exit_code: int,
-          verbose: bool, file: str | None, command: tuple[str, ...]) -> None:
+          verbose: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND under the lock NAME; its exit status passes through."""
     # dblockrun.__main__ takes a plain exec command line without click, checks
     # it as below and calls exec_command too (tests/test_main.py).
@@ -318,32 +422,36 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
     g = _globals()
     _setup_logging(logging.DEBUG if g.debug else logging.INFO if verbose else logging.ERROR)
     _check_name(name, "lock name")
-    most = _duration(lock_at_most, "--lock-at-most") or 3600.0
-    least = _duration(lock_at_least, "--lock-at-least") or 0.0
+    most = _duration(lock_at_most, "--lock-at-most")
+    least = _duration(lock_at_least, "--lock-at-least", zero_ok=True)
     if least > most:
         raise UsageError("--lock-at-least is longer than --lock-at-most")
-    lease_s = _duration(lease, "--lease") or 30.0
+    lease_s = _duration(lease, "--lease")
     opts = ExecOptions(name=name, argv=command, lock_at_most=most, lock_at_least=least,
                        lease=lease_s, heartbeat=lease_s / 3, busy_exit_code=busy_exit_code,
                        verbose=verbose)
-    jobs = _load(file) if file else None
-    sys.exit(exec_command(opts, _db_url(jobs), g.prefix))
+    url = _db_url(_jobs_for_db())
+    sys.exit(exec_command(opts, url, _prefix()))
 
 
 @cli.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("jobs_file", metavar="[FILE]", required=False)
+@global_options()
 @handle_errors
-def validate(file: str) -> None:
+def validate(jobs_file: str | None) -> None:
     """Check a jobs file; exit 2 with `file:line: job: key: why` if invalid."""
-    jobs = _load(file)
-    click.echo(f"{file}: ok, {len(jobs.jobs)} job(s)")
+    path = _jobs_path(jobs_file)
+    jobs = _load(path)
+    click.echo(f"{path}: ok, {len(jobs.jobs)} job(s)")
 
 
 @cli.command(name="next")
-@click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--count", "-c", default=3, show_default=True, type=click.IntRange(1, 1000))
+@click.argument("jobs_file", metavar="[FILE]", required=False)
+@click.option("--count", "-c", default=3, show_default=True, type=click.IntRange(1, 1000),
+              metavar="N", help="How many fire times per job.")
+@global_options()
 @handle_errors
-def next_(file: str, count: int) -> None:
+def next_(jobs_file: str | None, count: int) -> None:
     """Show the next fire times of each job, in the job's timezone."""
     from datetime import UTC, datetime
     from zoneinfo import ZoneInfo
@@ -351,7 +459,7 @@ def next_(file: str, count: int) -> None:
     from dblockrun.durations import format_duration
     from dblockrun.schedule import describe_next
 
-    jobs = _load(file)
+    jobs = _load(_jobs_path(jobs_file))
     now = datetime.now(UTC)
     for job in jobs.jobs:
         if job.cron is None:
@@ -364,40 +472,42 @@ def next_(file: str, count: int) -> None:
 
 
 @cli.command(name="init-db")
-@click.option("-f", "--file", type=click.Path(dir_okay=False),
-              help="Jobs file to take `database:` from.")
+@global_options()
 @handle_errors
-def init_db(file: str | None) -> None:
+def init_db() -> None:
     """Create or migrate the schema (for setups where services may not run DDL)."""
-    from dblockrun.dburl import redact
+    from dblockrun.ops import Access
 
-    with _store_for(file) as store:
+    with _open(Access.CREATE, _jobs_for_db()) as store:
         version = store.ensure_schema(create=True)
-        click.echo(f"schema version {version} ready in {redact(store.url)}")
+        click.echo(f"schema version {version} ready in {_where(store)}")
 
 
 @cli.command()
 @click.argument("job", required=False)
-@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 100000))
+@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 100000),
+              metavar="N", help="How many runs, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--output", "output_of", type=int, metavar="RUN",
               help="Print the stored output tail of run RUN.")
-@click.option("--item", help="Only the runs of this item (fan-out jobs).")
-@click.option("-f", "--file", type=click.Path(dir_okay=False),
-              help="Jobs file to take `database:` from.")
+@click.option("--item", metavar="ITEM", help="Only the runs of this item (fan-out jobs).")
+@global_options()
 @handle_errors
 def history(job: str | None, limit: int, as_json: bool, output_of: int | None,
-            item: str | None, file: str | None) -> None:
+            item: str | None) -> None:
     """Past runs, newest first."""
     from dblockrun import output
+    from dblockrun.ops import Access, require_job
 
-    with _store_for(file) as store:
+    with _open(Access.READ, _jobs_for_db()) as store:
         if output_of is not None:
             run = store.run(output_of)
             if run is None:
-                raise UsageError(f"no run {output_of}")
+                raise UsageError(f"no run {output_of} in {_where(store)}")
             click.echo(run.output or "", nl=False)
             return
+        if job is not None:
+            require_job(store, job)
         runs = store.history(job, limit, item=item)
         now = store.db_now()
     if as_json:
@@ -408,34 +518,41 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None,
 
 @cli.command(name="run")
 @click.argument("job")
-@click.option("--timeout", default="10s", show_default=True,
+@click.option("--timeout", default="10s", show_default=True, metavar="DURATION",
               help="How long to wait for a daemon to start it.")
 @click.option("--no-wait", is_flag=True, help="Only file the request.")
-@click.option("-f", "--file", type=click.Path(dir_okay=False),
-              help="Jobs file to take `database:` from.")
+@global_options()
 @handle_errors
-def run_(job: str, timeout: str, no_wait: bool, file: str | None) -> None:
+def run_(job: str, timeout: str, no_wait: bool) -> None:
     """Ask the fleet to run JOB now: some daemon that has it claims it, under
     the same lock, within about a second."""
-    from dblockrun.ops import request_run
+    from dblockrun.ops import Access, request_run
 
     _check_name(job)
-    wait = None if no_wait else (_duration(timeout, "--timeout") or 10.0)
-    with _store_for(file) as store:
+    wait = None if no_wait else _duration(timeout, "--timeout")
+    jobs = _jobs_for_db(always=True)
+    defined = jobs.job(job) if jobs is not None else None
+    if jobs is not None and defined is not None and not defined.enabled:
+        # Its daemons would not run it either (daemon.py _poll_requests).
+        raise UsageError(f"{job} has `enabled: false` in {jobs.path}: no daemon with that "
+                         "file runs it")
+    with _open(Access.WRITE, jobs) as store:
         run = request_run(store, job, wait)
+        where = _where(store)
     if run is None:
-        click.echo(f"{job}: run requested")
+        click.echo(f"{job}: run requested in {where}")
     else:
-        click.echo(f"{job}: run {run.id} started on {run.host} (token {run.token})")
+        click.echo(f"{job}: run {run.id} started on {run.host} (token {run.token}) in {where}")
 
 
 @cli.command(name="import-crontab")
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("file")
 @click.option("--system", is_flag=True, default=None,
               help="Lines have a user field (/etc/crontab, /etc/cron.d); "
                    "the default for files under /etc/.")
-@click.option("-o", "--output", "out", type=click.Path(dir_okay=False),
+@click.option("-o", "--output", "out", metavar="OUT",
               help="Write the jobs file here instead of to stdout.")
+@global_options(jobs_file=False)
 @handle_errors
 def import_crontab(file: str, system: bool | None, out: str | None) -> None:
     """Translate the crontab FILE (- for stdin) into a jobs file.

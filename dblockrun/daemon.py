@@ -156,9 +156,13 @@ class Daemon:
     # -- main loop ------------------------------------------------------------
 
     def run(self) -> None:
+        from dblockrun.dburl import describe  # (issue 11 item 24: no repr, no "1 jobs")
+
+        count = len(self.jobs.jobs)
         log.info(
-            "daemon %s starting: %d jobs from %s, database %r",
-            self.holder, len(self.jobs.jobs), self.jobs.path, self.store,
+            "daemon %s starting: %d %s from %s, database %s",
+            self.holder, count, "job" if count == 1 else "jobs", self.jobs.path,
+            describe(self.store.url, self.store.prefix),
         )
         _raise_open_files_limit()
         server = None
@@ -275,8 +279,9 @@ class Daemon:
             names = self.store.requested()
             for name in names:
                 job = self.jobs.job(name)
-                if job is None or job.fan_out:
-                    continue  # only jobs of the local file; fan-out jobs follow their items
+                # (issue 11 item 3) `enabled: false` in this host's file: not run here either.
+                if job is None or not job.enabled or job.fan_out:
+                    continue  # only enabled jobs of the local file; fan-out jobs follow their items
                 with self._running_lock:
                     if name in self._running:
                         continue
@@ -566,7 +571,8 @@ class Daemon:
             self._publish_next_due()
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
-        log.info("reloaded %s: %d jobs", new.path, len(new.jobs))
+        log.info("reloaded %s: %d %s", new.path, len(new.jobs),
+                 "job" if len(new.jobs) == 1 else "jobs")
 
     def _shutdown(self) -> None:
         with self._running_lock:

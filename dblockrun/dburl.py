@@ -60,18 +60,58 @@ def resolve_url(
     ``cli_*`` come from the command line, ``file_*`` from the jobs file
     (``database:``, ``database-file:``); the environment sits between them.
     """
-    candidates: tuple[tuple[str | None, bool], ...] = (
-        (cli_db, False),
-        (cli_db_file, True),
-        (os.environ.get("DBLOCKRUN_DB"), False),
-        (os.environ.get("DBLOCKRUN_DB_FILE"), True),
-        (file_db, False),
-        (file_db_file, True),
+    candidates: tuple[tuple[str, str | None, bool], ...] = (
+        ("--db", cli_db, False),
+        ("--db-file", cli_db_file, True),
+        ("DBLOCKRUN_DB", os.environ.get("DBLOCKRUN_DB"), False),
+        ("DBLOCKRUN_DB_FILE", os.environ.get("DBLOCKRUN_DB_FILE"), True),
+        ("database:", file_db, False),
+        ("database-file:", file_db_file, True),
     )
-    for candidate, is_file in candidates:
-        if candidate:
-            return read_url_file(candidate) if is_file else candidate
-    return f"sqlite:///{default_sqlite_path()}"
+    for source, candidate, is_file in candidates:
+        if candidate is None:
+            continue
+        if not candidate.strip():
+            # An empty value is a mistake (an unset shell variable, a blank
+            # secret), never a request for the local default file.
+            want = "the file holding the database URL" if is_file else "a database URL"
+            if source.startswith("DBLOCKRUN_"):
+                raise UsageError(f"{source} is set but empty: give {want}, or unset it")
+            raise UsageError(f"{source} is empty: give {want}")
+        return read_url_file(candidate) if is_file else candidate
+    return default_url()
+
+
+#: The jobs file operator commands read when given none: set by the
+#: systemd unit and the Kubernetes example, so that ``dblockrun disable JOB``
+#: typed on a fleet host reaches the fleet's database.
+JOBS_ENV = "DBLOCKRUN_JOBS"
+DEFAULT_JOBS_FILE = "/etc/dblockrun/jobs.yaml"
+
+
+def jobs_file(given: str | None) -> tuple[str | None, bool]:
+    """The jobs file to read, and whether the user named it: ``-f FILE``,
+    else ``DBLOCKRUN_JOBS``, else ``/etc/dblockrun/jobs.yaml`` if it exists."""
+    if given is not None and not given.strip():
+        raise UsageError("-f is empty: give a jobs file")
+    if given is not None:
+        return given, True
+    env = os.environ.get(JOBS_ENV)
+    if env is not None:
+        if not env.strip():
+            raise UsageError(f"{JOBS_ENV} is set but empty: give a jobs file, or unset it")
+        return env, True
+    if os.path.isfile(DEFAULT_JOBS_FILE):
+        return DEFAULT_JOBS_FILE, False
+    return None, False
+
+
+def url_needs_jobs_file(cli_db: str | None, cli_db_file: str | None) -> bool:
+    """Whether the URL would come from the jobs file (or the default): nothing
+    on the command line or in the environment names the database."""
+    return (cli_db is None and cli_db_file is None
+            and os.environ.get("DBLOCKRUN_DB") is None
+            and os.environ.get("DBLOCKRUN_DB_FILE") is None)
 
 
 def read_url_file(path: str) -> str:
@@ -145,11 +185,73 @@ def prepare_sqlite_file(url: str) -> None:
         os.close(fd)
 
 
+def missing_sqlite_file(url: str) -> str | None:
+    """Why the SQLite file of ``url`` is not there (None if it is, or ``url``
+    is no SQLite file): for commands that must not create it."""
+    path = sqlite_path(url)
+    if path is None or path.exists():
+        return None
+    relative = "" if path.is_absolute() else (
+        f" (sqlite:///{path} is relative to the current folder; "
+        "sqlite:////PATH with four slashes is absolute)")
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        return f"no folder {folder}{relative}"
+    return f"no file {path.absolute()}{relative}" if relative else "no such file"
+
+
+def default_url() -> str:
+    """The embedded SQLite database, used when nothing names one."""
+    return f"sqlite:///{default_sqlite_path()}"
+
+
+def describe(url: str, prefix: str, default_prefix: str = "dblockrun_") -> str:
+    """The database as messages name it: the URL without its password, and
+    the table prefix unless it is the default."""
+    shown = redact(url)
+    return shown if prefix == default_prefix else f"{shown} (table prefix {prefix})"
+
+
 def redact(url: str) -> str:
     """The URL with any password replaced by ``***``."""
     match = _URL.match(url)
     if not match:
-        return "***" if "@" in url else url
+        return _redact_malformed(url)
     rest = _PASSWORD.sub(lambda m: f"{m.group('user')}:***@", match.group("rest"))
     rest = re.sub(r"(?i)(password=)[^&]*", r"\1***", rest)
     return f"{match.group('scheme')}://{rest}"
+
+
+# Something that is not a URL but holds an '@' (``u:pw@host``,
+# ``postgresql:/u:pw@host``): everything after the user's first ':' up to the
+# last '@' is taken for the password, so that more is hidden, never less.
+_MALFORMED = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*:?/+)?(?P<user>[^:@]*):.*@",
+                        re.S)
+
+
+def _redact_malformed(text: str) -> str:
+    if "@" not in text:
+        return text
+    head, _, host = text.rpartition("@")
+    match = _MALFORMED.match(head + "@")
+    if match is None:
+        return text  # no ':' before the '@': a user name, no password
+    return f"{match.group('head') or ''}{match.group('user')}:***@{host}"
+
+
+#: A table prefix: lower-case letters, digits and '_', starting with a letter
+#: or '_'. Lower case: PostgreSQL folds unquoted names, MySQL compares them by
+#: the file system. Short enough for the longest table, index and sequence
+#: name to fit PostgreSQL's 63 and MySQL's 64 characters.
+TABLE_PREFIX = re.compile(r"[a-z_][a-z0-9_]*")
+MAX_PREFIX = 40
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it can start dblockrun's table names, else UsageError."""
+    if not TABLE_PREFIX.fullmatch(prefix) or len(prefix) > MAX_PREFIX:
+        raise UsageError(
+            f"bad table prefix {prefix[:60]!r}: use lower-case letters, digits and '_', "
+            f"starting with a letter or '_' (at most {MAX_PREFIX})"
+        )
+    return prefix

@@ -1,12 +1,79 @@
-"""Operator actions that take more than one store call."""
+"""Operator actions: which database they act on, and those that take more
+than one store call.
+
+Operator commands never create a database by accident: ``status`` and
+``history`` (READ) never create a file or a table, and ``disable``,
+``enable``, ``run`` and ``unlock`` (WRITE) act only on a database that has
+dblockrun's tables and only on jobs it knows. Only ``init-db``, ``disable
+--create``, ``exec`` and the daemon (CREATE) create what is missing.
+"""
 
 from __future__ import annotations
 
+import enum
 import time
 
+from dblockrun.dburl import default_url, describe, missing_sqlite_file
 from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.store import Store
 from dblockrun.store.models import RunRecord
+
+
+class Access(enum.Enum):
+    #: Never create a file or a table; the schema must be this version.
+    READ = "read"
+    #: The schema must exist (an older one is migrated); nothing else is created.
+    WRITE = "write"
+    #: Create the SQLite file and the schema if missing.
+    CREATE = "create"
+
+
+class NoDatabase(DblockrunError):
+    """The database has no dblockrun tables."""
+
+
+def open_store(url: str, prefix: str, access: Access) -> Store:
+    """A Store on ``url`` for an operator command; :class:`NoDatabase` when
+    ``access`` forbids creating what is missing."""
+    from dblockrun.store.schema import SCHEMA_VERSION
+
+    where = describe(url, prefix)
+    advice = "start a daemon on it or run `dblockrun init-db`"
+    if url == default_url():
+        advice = ("nothing names a database: give --db, or a jobs file with `database:` "
+                  "(-f, DBLOCKRUN_JOBS, /etc/dblockrun/jobs.yaml)")
+    if access is not Access.CREATE:
+        why = missing_sqlite_file(url)
+        if why is not None:
+            raise NoDatabase(f"no dblockrun database at {where}: {why}; {advice}")
+    store = Store(url, prefix, create=access is not Access.READ)
+    if access is Access.CREATE:
+        return store
+    try:
+        version = store.schema_version()
+        if version is None:
+            raise NoDatabase(f"the database {where} has no dblockrun tables; {advice}")
+        if access is Access.READ and version < SCHEMA_VERSION:
+            raise NoDatabase(
+                f"the dblockrun tables in {where} are schema version {version}, this "
+                f"dblockrun reads version {SCHEMA_VERSION}: run `dblockrun init-db` "
+                "(or start a daemon) to upgrade them"
+            )
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def no_such_job(store: Store, names: list[str], hint: str = "") -> UsageError:
+    return UsageError(f"no such job in {describe(store.url, store.prefix)}: "
+                      f"{', '.join(names)}{hint}")
+
+
+def require_job(store: Store, job: str, hint: str = "") -> None:
+    """UsageError unless the database knows ``job`` (has its lock row)."""
+    if store.lock_state(job) is None:
+        raise no_such_job(store, [job], hint)
 
 
 def request_run(store: Store, job: str, wait: float | None) -> RunRecord | None:
@@ -14,7 +81,7 @@ def request_run(store: Store, job: str, wait: float | None) -> RunRecord | None:
     daemon started for it, or raise if none did in time."""
     before = store.lock_state(job)
     if before is None:
-        raise UsageError(f"no such job in the database: {job} (has a daemon loaded it?)")
+        raise no_such_job(store, [job], " (has a daemon loaded it?)")
     if before.disabled_until is not None and before.disabled_until > store.db_now():
         raise UsageError(f"{job} is disabled; `dblockrun enable {job}` first")
     store.request_run(job)
@@ -30,5 +97,5 @@ def request_run(store: Store, job: str, wait: float | None) -> RunRecord | None:
         time.sleep(0.1)
     raise DblockrunError(
         f"no daemon started {job} within {wait:g}s; the request stays filed "
-        "(is a daemon with this job running?)"
+        "(is a daemon with this job enabled in its jobs file running?)"
     )

@@ -12,13 +12,16 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 from conftest import ServerDatabases, new_prefix, sqlite_url
-from helpers import TestDb, dblockrun_cmd
+from helpers import TestDb, dblockrun_cmd, wait_for
+from helpers import clean_env as env_without_db
 
 from dblockrun.cli import cli
 from dblockrun.dburl import redact
+from dblockrun.errors import UsageError
 from dblockrun.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,9 +63,21 @@ STATUS_JOB_KEYS = {
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No database from the developer's environment; the default file goes to tmp."""
-    monkeypatch.delenv("DBLOCKRUN_DB", raising=False)
-    monkeypatch.delenv("DBLOCKRUN_TABLE_PREFIX", raising=False)
+    for name in ("DBLOCKRUN_DB", "DBLOCKRUN_DB_FILE", "DBLOCKRUN_JOBS",
+                 "DBLOCKRUN_TABLE_PREFIX"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+
+def known(db: TestDb, *names: str) -> None:
+    """Jobs the database knows, as a daemon that loaded them leaves them."""
+    with Store(db.url, db.prefix) as store:
+        store.ensure_jobs(names)
+
+
+def where(db: TestDb) -> str:
+    """How messages name the test's database (no password in these URLs)."""
+    return f"{db.url} (table prefix {db.prefix})"
 
 
 def invoke(db: TestDb | None, *args: str) -> Result:
@@ -74,6 +89,10 @@ def invoke(db: TestDb | None, *args: str) -> Result:
 def write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
+
+
+def sqlite_file(db: TestDb) -> Path:
+    return Path(db.url.removeprefix("sqlite:///"))
 
 
 def status_doc(db: TestDb | None, *args: str) -> dict[str, Any]:
@@ -97,8 +116,9 @@ def run_cli(args: Sequence[str], env: dict[str, str] | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """dblockrun as a real process, as a terminal would run it."""
     full_env = dict(os.environ)
-    full_env.pop("DBLOCKRUN_DB", None)
-    full_env.pop("DBLOCKRUN_TABLE_PREFIX", None)
+    for name in ("DBLOCKRUN_DB", "DBLOCKRUN_DB_FILE", "DBLOCKRUN_JOBS",
+                 "DBLOCKRUN_TABLE_PREFIX"):
+        full_env.pop(name, None)
     full_env.update(env or {})
     return subprocess.run([*dblockrun_cmd(), *args], capture_output=True, text=True,
                           env=full_env, cwd=REPO, timeout=timeout)
@@ -148,9 +168,11 @@ def test_validate_missing_file_exits_2(tmp_path: Path) -> None:
 
 
 def test_disable_for_shows_in_status_and_enable_clears(sqlite_db: TestDb) -> None:
+    known(sqlite_db, "backup")
     result = invoke(sqlite_db, "disable", "backup", "--for", "3h", "--reason", "maintenance")
     assert result.exit_code == 0, result.output
-    m = re.fullmatch(r"backup disabled until (\S+Z)\n", result.stdout)
+    m = re.fullmatch(rf"backup disabled until (\S+Z) in {re.escape(where(sqlite_db))}\n",
+                     result.stdout)
     assert m, result.stdout
 
     doc = status_doc(sqlite_db)
@@ -163,7 +185,7 @@ def test_disable_for_shows_in_status_and_enable_clears(sqlite_db: TestDb) -> Non
 
     result = invoke(sqlite_db, "enable", "backup")
     assert result.exit_code == 0
-    assert result.stdout == "backup enabled\n"
+    assert result.stdout == f"backup enabled in {where(sqlite_db)}\n"
     job = job_of(status_doc(sqlite_db), "backup")
     assert job["state"] == "idle"
     assert job["disabled_until"] is None
@@ -171,9 +193,10 @@ def test_disable_for_shows_in_status_and_enable_clears(sqlite_db: TestDb) -> Non
 
 
 def test_disable_without_duration_is_forever(sqlite_db: TestDb) -> None:
+    known(sqlite_db, "backup")
     result = invoke(sqlite_db, "disable", "backup")
     assert result.exit_code == 0
-    assert result.stdout == "backup disabled until forever\n"
+    assert result.stdout == f"backup disabled until forever in {where(sqlite_db)}\n"
     job = job_of(status_doc(sqlite_db), "backup")
     assert job["state"] == "disabled"
     assert job["disabled_until"] == "forever"
@@ -181,16 +204,19 @@ def test_disable_without_duration_is_forever(sqlite_db: TestDb) -> None:
 
 
 def test_disable_until_a_time(sqlite_db: TestDb) -> None:
+    known(sqlite_db, "backup")
     result = invoke(sqlite_db, "disable", "backup", "--until", "2099-01-02T03:04:05Z")
     assert result.exit_code == 0
-    assert result.stdout == "backup disabled until 2099-01-02T03:04:05.000Z\n"
+    assert result.stdout == (
+        f"backup disabled until 2099-01-02T03:04:05.000Z in {where(sqlite_db)}\n")
     assert job_of(status_doc(sqlite_db), "backup")["disabled_until"] == "2099-01-02T03:04:05.000Z"
 
 
 def test_enable_unknown_job_exits_2(sqlite_db: TestDb) -> None:
+    known(sqlite_db, "backup")
     result = invoke(sqlite_db, "enable", "nope")
     assert result.exit_code == 2
-    assert result.stderr == "dblockrun: no such job in the database: nope\n"
+    assert result.stderr == f"dblockrun: no such job in {where(sqlite_db)}: nope\n"
 
 
 def test_disable_for_and_until_together_exit_2(sqlite_db: TestDb) -> None:
@@ -198,15 +224,14 @@ def test_disable_for_and_until_together_exit_2(sqlite_db: TestDb) -> None:
                     "--until", "2099-01-01T00:00:00Z")
     assert result.exit_code == 2
     assert result.stderr == "dblockrun: give --for or --until, not both\n"
-    assert status_doc(sqlite_db)["jobs"] == []  # nothing was disabled
+    assert not sqlite_file(sqlite_db).exists()  # nothing was done
 
 
 def test_disable_bad_duration_exits_2(sqlite_db: TestDb) -> None:
     result = invoke(sqlite_db, "disable", "backup", "--for", "5x")
     assert result.exit_code == 2
-    assert ("Invalid value for --for: '5x' is not a duration "
-            "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)") in result.stderr
-    assert "Traceback" not in result.output
+    assert result.stderr == ("dblockrun: --for: '5x' is not a duration "
+                             "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)\n")
 
 
 def test_status_json_shape(sqlite_db: TestDb) -> None:
@@ -215,7 +240,7 @@ def test_status_json_shape(sqlite_db: TestDb) -> None:
         token = store.claim("a", "other-host", 30)
     assert token == 1
     doc = status_doc(sqlite_db)
-    assert set(doc) == {"version", "db_time", "jobs", "hosts"}
+    assert set(doc) == {"version", "db_time", "live_within", "jobs", "hosts", "warnings"}
     assert doc["version"] == 1
     assert isinstance(doc["hosts"], list)
     assert [j["name"] for j in doc["jobs"]] == ["a", "b"]
@@ -230,16 +255,17 @@ def test_status_json_shape(sqlite_db: TestDb) -> None:
 
 
 def test_status_unknown_job_exits_2(sqlite_db: TestDb) -> None:
-    invoke(sqlite_db, "disable", "known")
-    result = invoke(sqlite_db, "status", "known", "nope")
+    known(sqlite_db, "known")
+    result = invoke(sqlite_db, "status", "known", "nope", "other")
     assert result.exit_code == 2
-    assert result.stderr == "dblockrun: no such job in the database: nope\n"
+    assert result.stderr == f"dblockrun: no such job in {where(sqlite_db)}: nope, other\n"
 
 
 def test_status_table_shows_disabled_reason(
     sqlite_db: TestDb, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # rich folds cells on narrow terminals
+    known(sqlite_db, "backup")
     invoke(sqlite_db, "disable", "backup", "--reason", "disk full")
     result = invoke(sqlite_db, "status")
     assert result.exit_code == 0
@@ -268,7 +294,7 @@ def test_database_url_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
     def disable(job: str, *extra: str) -> None:
         result = CliRunner().invoke(
-            cli, [*extra, "--table-prefix", "p_", "disable", job, "-f", jobs])
+            cli, [*extra, "--table-prefix", "p_", "disable", job, "--create", "-f", jobs])
         assert result.exit_code == 0, result.output
 
     monkeypatch.setenv("DBLOCKRUN_DB", env)
@@ -279,13 +305,13 @@ def test_database_url_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("DBLOCKRUN_DB")
     disable("three")
     assert where_is("three", *everywhere) == [infile]
-    result = CliRunner().invoke(cli, ["--table-prefix", "p_", "disable", "four"])
+    result = CliRunner().invoke(cli, ["--table-prefix", "p_", "disable", "four", "--create"])
     assert result.exit_code == 0, result.output
     assert where_is("four", *everywhere) == [default]
 
 
 def test_default_sqlite_file_is_private(tmp_path: Path) -> None:
-    result = invoke(None, "disable", "backup")
+    result = invoke(None, "disable", "backup", "--create")
     assert result.exit_code == 0, result.output
     folder = tmp_path / "state" / "dblockrun"
     file = folder / "dblockrun.db"
@@ -353,7 +379,14 @@ def test_password_not_in_successful_output(server_databases: ServerDatabases) ->
     ("postgresql://u@db.internal/ops", "postgresql://u@db.internal/ops"),
     ("postgresql://db.internal:5432/ops", "postgresql://db.internal:5432/ops"),
     ("sqlite:////var/lib/a:b@c.db", "sqlite:////var/lib/a:b@c.db"),
-    ("u:s3cret@host", "***"),
+    # Not URLs: only what may be the password is hidden (issue 11, item 21).
+    ("u:s3cret@host", "u:***@host"),
+    ("postgresql//u:s3cret@h/db", "postgresql//u:***@h/db"),
+    ("postgresql:/u:s3/cret@h/db", "postgresql:/u:***@h/db"),
+    ("postgresql:u:s3cret@h/db", "postgresql:***@h/db"),
+    ("u:s3@cret@h/db", "u:***@h/db"),
+    ("u@host/db", "u@host/db"),
+    ("not a url", "not a url"),
 ])
 def test_redact(url: str, shown: str) -> None:
     assert redact(url) == shown
@@ -391,7 +424,7 @@ def test_history_lists_an_exec_run_and_its_output(sqlite_db: TestDb) -> None:
 
     result = invoke(sqlite_db, "history", "--output", str(run["id"] + 100))
     assert result.exit_code == 2
-    assert result.stderr == f"dblockrun: no run {run['id'] + 100}\n"
+    assert result.stderr == f"dblockrun: no run {run['id'] + 100} in {where(sqlite_db)}\n"
 
 
 def test_next_prints_times_in_the_jobs_timezone(tmp_path: Path) -> None:
@@ -428,3 +461,383 @@ def test_help_lists_every_command() -> None:
     names = command_names(result.stdout)
     missing = [name for name in EVERY_COMMAND if name not in names]
     assert missing == []
+
+
+# -- issue 11, item 3: `run` and `enabled: false` -------------------------------------
+
+DISABLED_HERE = """\
+jobs:
+  manual:
+    rate: 1d
+    command: echo manual
+    enabled: false
+"""
+
+
+def test_run_refuses_a_job_disabled_in_the_jobs_file(sqlite_db: TestDb, tmp_path: Path) -> None:
+    jobs = write(tmp_path / "jobs.yaml", DISABLED_HERE)
+    known(sqlite_db, "manual")
+    result = invoke(sqlite_db, "run", "manual", "-f", jobs, "--no-wait")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"dblockrun: manual has `enabled: false` in {jobs}: no daemon with that file runs it\n")
+    with Store(sqlite_db.url, sqlite_db.prefix) as store:
+        assert store.requested() == []  # no request filed
+
+
+# -- issue 11, item 5: duration options ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    pytest.param(["daemon", "--lease", "0s"], "--lease: must be longer than 0s (got '0s')",
+                 id="daemon-lease"),
+    pytest.param(["daemon", "--heartbeat", "0"], "--heartbeat: must be longer than 0s (got '0')",
+                 id="daemon-heartbeat"),
+    pytest.param(["daemon", "--grace", "-1s"],
+                 "--grace: '-1s' is negative (use e.g. 250ms, 90s, 5m, 1h30m, 2d)",
+                 id="daemon-grace"),
+    pytest.param(["exec", "-n", "x", "--lock-at-most", "0ms", "true"],
+                 "--lock-at-most: must be longer than 0s (got '0ms')", id="exec-lock-at-most"),
+    pytest.param(["exec", "-n", "x", "--lease", "0s", "true"],
+                 "--lease: must be longer than 0s (got '0s')", id="exec-lease"),
+    pytest.param(["disable", "backup", "--for", "0s"],
+                 "--for: must be longer than 0s (got '0s')", id="disable-for"),
+    pytest.param(["run", "backup", "--timeout", "0s"],
+                 "--timeout: must be longer than 0s (got '0s')", id="run-timeout"),
+])
+def test_zero_or_negative_durations_exit_2_naming_the_option(
+        sqlite_db: TestDb, tmp_path: Path, args: list[str], message: str) -> None:
+    if args[0] == "daemon":  # a real process: it would run (for ever) if not refused
+        jobs = write(tmp_path / "jobs.yaml", GOOD)
+        proc = run_cli(["--db", sqlite_db.url, *args, jobs], timeout=20)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"dblockrun: {message}\n")
+    else:
+        result = invoke(sqlite_db, *args)
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            2, "", f"dblockrun: {message}\n")
+    if args[0] == "exec":  # the click-free start says the same
+        proc = run_cli(["--db", sqlite_db.url, *args])
+        assert (proc.returncode, proc.stderr) == (2, f"dblockrun: {message}\n")
+    assert not sqlite_file(sqlite_db).exists()  # nothing was started or created
+
+
+# -- issue 11, item 12: which database an operator command acts on ---------------------------
+
+
+def fleet_jobs(tmp_path: Path, fleet: TestDb) -> str:
+    """A jobs file naming the fleet's database, as on a fleet host."""
+    return write(tmp_path / "fleet.yaml", f"database: {fleet.url}\n" + GOOD)
+
+
+def test_an_operator_command_reaches_the_fleet_database_through_DBLOCKRUN_JOBS(
+        sqlite_db: TestDb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    known(sqlite_db, "nightly")
+    monkeypatch.setenv("DBLOCKRUN_JOBS", fleet_jobs(tmp_path, sqlite_db))
+    result = CliRunner().invoke(cli, ["--table-prefix", sqlite_db.prefix, "disable", "nightly",
+                                      "--until", "2099-01-01T00:00:00Z"])
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout == (
+        f"nightly disabled until 2099-01-01T00:00:00.000Z in {where(sqlite_db)}\n")
+    assert job_of(status_doc(sqlite_db), "nightly")["state"] == "disabled"
+    assert not (tmp_path / "state").exists()  # no local SQLite file on the side
+
+
+def test_an_operator_command_reads_etc_dblockrun_jobs_yaml_by_default(
+        sqlite_db: TestDb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dblockrun.dburl
+
+    known(sqlite_db, "nightly")
+    # As the systemd example: the URL in a file next to the jobs file.
+    (tmp_path / "etc").mkdir()
+    write(tmp_path / "etc" / "db-url", sqlite_db.url + "\n")
+    etc_jobs = write(tmp_path / "etc" / "jobs.yaml", "database-file: db-url\n" + GOOD)
+    monkeypatch.setattr(dblockrun.dburl, "DEFAULT_JOBS_FILE", etc_jobs)
+    result = CliRunner().invoke(cli, ["--table-prefix", sqlite_db.prefix, "enable", "nightly"])
+    assert (result.exit_code, result.stdout) == (0, f"nightly enabled in {where(sqlite_db)}\n")
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_local_sqlite_file_is_not_made_up_for_an_operator_command(tmp_path: Path) -> None:
+    """The report: `disable every5 --for 3h` with no database in reach acted on
+    a fresh local SQLite file and said it had worked."""
+    default = tmp_path / "state" / "dblockrun" / "dblockrun.db"
+    for args in (["disable", "every5", "--for", "3h"], ["enable", "every5"],
+                 ["run", "every5"], ["unlock", "every5"], ["status"], ["history"]):
+        result = invoke(None, *args)
+        assert (result.exit_code, result.stdout) == (1, ""), args
+        assert result.stderr == (
+            f"dblockrun: no dblockrun database at sqlite:///{default}: no folder "
+            f"{default.parent}; nothing names a database: give --db, or a jobs file with "
+            "`database:` (-f, DBLOCKRUN_JOBS, /etc/dblockrun/jobs.yaml)\n"), args
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["disable", "nosuchjob", "--for", "3h"], ["enable", "nosuchjob"], ["unlock", "nosuchjob"],
+    ["run", "nosuchjob"], ["status", "nosuchjob"], ["history", "nosuchjob"],
+])
+def test_a_job_the_database_does_not_know_is_exit_2(sqlite_db: TestDb, args: list[str]) -> None:
+    known(sqlite_db, "nightly")
+    result = invoke(sqlite_db, *args)
+    hint = {"disable": " (--create to disable it before a daemon has loaded it)",
+            "run": " (has a daemon loaded it?)"}.get(args[0], "")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"dblockrun: no such job in {where(sqlite_db)}: nosuchjob{hint}\n"
+    assert [j["name"] for j in status_doc(sqlite_db)["jobs"]] == ["nightly"]  # no phantom row
+
+
+def test_disable_create_pauses_a_job_before_it_is_deployed(sqlite_db: TestDb) -> None:
+    result = invoke(sqlite_db, "disable", "later", "--create", "--reason", "not yet")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"later disabled until forever in {where(sqlite_db)}\n"
+    job = job_of(status_doc(sqlite_db), "later")
+    assert (job["state"], job["disabled_reason"]) == ("disabled", "not yet")
+
+
+def tables_of(db: TestDb) -> list[str]:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(db.url.replace("postgresql://", "postgresql+psycopg://")
+                              .replace("mysql://", "mysql+pymysql://"))
+    try:
+        with engine.connect() as conn:
+            return [t for t in sa.inspect(conn).get_table_names() if t.startswith(db.prefix)]
+    finally:
+        engine.dispose()
+
+
+def test_a_missing_sqlite_file_is_not_created(sqlite_db: TestDb) -> None:
+    for args in (["status"], ["history"], ["disable", "x"], ["unlock", "x"]):
+        result = invoke(sqlite_db, *args)
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            1, "", f"dblockrun: no dblockrun database at {where(sqlite_db)}: no such file; "
+                   "start a daemon on it or run `dblockrun init-db`\n"), args
+    assert not sqlite_file(sqlite_db).exists()
+
+
+def test_read_only_commands_never_create_tables(db: TestDb) -> None:
+    if db.backend == "sqlite":
+        sqlite_file(db).touch()  # an empty file: a database without dblockrun's tables
+    for args in (["status"], ["status", "--json"], ["history"], ["history", "--output", "1"],
+                 ["enable", "x"], ["disable", "x"], ["run", "x"], ["unlock", "x"]):
+        result = invoke(db, *args)
+        assert (result.exit_code, result.stdout) == (1, ""), args
+        assert result.stderr == (f"dblockrun: the database {where(db)} has no dblockrun "
+                                 "tables; start a daemon on it or run `dblockrun init-db`\n"), args
+    assert tables_of(db) == []
+    result = invoke(db, "init-db")
+    assert result.exit_code == 0, result.output
+    assert tables_of(db) != []
+
+
+def test_every_operator_command_names_its_database(
+        server_databases: ServerDatabases, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    url = server_databases.url("postgresql").replace("://postgres@", "://postgres:s3cret@")
+    db = TestDb("postgresql", url, new_prefix())
+    shown = f"{redact(url)} (table prefix {db.prefix})"
+    assert "postgres:***@" in shown
+    try:
+        known(db, "backup")
+        result = invoke(db, "status")
+        assert result.exit_code == 0, result.output
+        assert result.stdout.splitlines()[0] == f"database: {shown}"
+        expected = {
+            ("disable", "backup", "--until", "2099-01-01T00:00:00Z"):
+                f"backup disabled until 2099-01-01T00:00:00.000Z in {shown}\n",
+            ("enable", "backup"): f"backup enabled in {shown}\n",
+            ("run", "backup", "--no-wait"): f"backup: run requested in {shown}\n",
+            ("unlock", "backup"): f"backup unlocked (token now 1) in {shown}\n",
+        }
+        for args, out in expected.items():
+            result = invoke(db, *args)
+            assert (result.exit_code, result.stdout, result.stderr) == (0, out, ""), args
+    finally:
+        with Store(url, db.prefix) as store:
+            store.drop_schema()
+
+
+# -- issue 11, item 13: global options before or after the command --------------------------
+
+
+def test_global_options_work_before_and_after_the_command(
+        sqlite_db: TestDb, tmp_path: Path) -> None:
+    known(sqlite_db, "nightly")
+    jobs = fleet_jobs(tmp_path, sqlite_db)
+    prefix = ["--table-prefix", sqlite_db.prefix]
+    for args in (["status", "--json", "--db", sqlite_db.url, *prefix],
+                 ["-f", jobs, *prefix, "status", "--json"],
+                 ["status", "--json", "-f", jobs, *prefix],
+                 ["--db", "sqlite:////nonexistent/x.db", "status", "--json", "--db",
+                  sqlite_db.url, *prefix]):  # after the command wins
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert [j["name"] for j in json.loads(result.stdout)["jobs"]] == ["nightly"], args
+    result = CliRunner().invoke(cli, ["status", "--db", "redis://x", "--debug"])
+    assert isinstance(result.exception, UsageError)  # --debug after the command: raised
+
+
+# -- issue 11, item 14: database URLs and the table prefix ------------------------------------
+
+
+def test_a_relative_sqlite_path_with_a_missing_folder_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for args in (["status"], ["history"]):
+        result = invoke(None, "--db", "sqlite:///nonexistent/dir/x.db", *args)
+        assert (result.exit_code, result.stdout) == (1, "")
+        assert result.stderr == (
+            "dblockrun: no dblockrun database at sqlite:///nonexistent/dir/x.db: no folder "
+            f"{tmp_path}/nonexistent/dir (sqlite:///nonexistent/dir/x.db is relative to the "
+            "current folder; sqlite:////PATH with four slashes is absolute); start a daemon "
+            "on it or run `dblockrun init-db`\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (["--db", ""], {}, "--db is empty: give a database URL"),
+    (["--db-file", ""], {}, "--db-file is empty: give the file holding the database URL"),
+    ([], {"DBLOCKRUN_DB": ""},
+     "DBLOCKRUN_DB is set but empty: give a database URL, or unset it"),
+    ([], {"DBLOCKRUN_DB_FILE": " "},
+     "DBLOCKRUN_DB_FILE is set but empty: give the file holding the database URL, or unset it"),
+    ([], {"DBLOCKRUN_JOBS": ""}, "DBLOCKRUN_JOBS is set but empty: give a jobs file, or unset it"),
+])
+def test_an_empty_database_setting_is_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str],
+        message: str) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for command in (["status"], ["exec", "-n", "x", "true"]):
+        result = invoke(None, *args, *command)
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            2, "", f"dblockrun: {message}\n"), command
+    proc = run_cli([*args, "exec", "-n", "x", "true"], env=env)  # the click-free start too
+    assert (proc.returncode, proc.stderr) == (2, f"dblockrun: {message}\n")
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("prefix", ["bad prefix", "Upper_", "1st_", "x;drop", "p" * 41, ""])
+def test_a_bad_table_prefix_is_refused(sqlite_db: TestDb, prefix: str) -> None:
+    message = (f"dblockrun: bad table prefix {prefix!r}: use lower-case letters, digits and "
+               "'_', starting with a letter or '_' (at most 40)\n")
+    for args in (["init-db"], ["status"], ["exec", "-n", "x", "true"]):
+        result = invoke(None, "--db", sqlite_db.url, "--table-prefix", prefix, *args)
+        assert (result.exit_code, result.stderr) == (2, message), args
+    proc = run_cli(["--db", sqlite_db.url, "--table-prefix", prefix, "exec", "-n", "x", "true"])
+    assert (proc.returncode, proc.stderr) == (2, message)
+    assert not sqlite_file(sqlite_db).exists()
+
+
+# -- issue 11, item 21: one line for every error ----------------------------------------------
+
+
+def test_a_directory_as_the_jobs_file_is_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "jobs.d"
+    folder.mkdir()
+    for args in (["validate", str(folder)], ["next", str(folder)], ["daemon", str(folder)],
+                 ["status", "-f", str(folder)], ["-f", str(folder), "disable", "x"]):
+        result = invoke(None, *args)
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            2, "", f"dblockrun: {folder}: cannot read: Is a directory\n"), args
+
+
+def test_a_malformed_url_shows_all_but_its_password() -> None:
+    proc = run_cli(["--db", "postgresql//u:s3cret@db.internal/ops", "status"])
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("dblockrun: database URL 'postgresql//u:***@db.internal/ops' is not "
+                           "a URL (e.g. postgresql://host/db)\n")
+
+
+# -- issue 11, item 24: help, metavars, logs, quick start ------------------------------------
+
+
+def option_help(command: str, option: str) -> click.Option:
+    param = next(p for p in cli.commands[command].params if option in getattr(p, "opts", ()))
+    assert isinstance(param, click.Option)
+    return param
+
+
+def test_options_have_help_and_durations_say_so() -> None:
+    assert option_help("history", "-n").help == "How many runs, newest first."
+    assert option_help("next", "-c").help == "How many fire times per job."
+    durations = [("daemon", "--heartbeat"), ("daemon", "--lease"), ("daemon", "--grace"),
+                 ("exec", "--lock-at-most"), ("exec", "--lock-at-least"), ("exec", "--lease"),
+                 ("disable", "--for"), ("run", "--timeout")]
+    assert {option_help(c, o).metavar for c, o in durations} == {"DURATION"}
+    until = option_help("disable", "--until").help or ""
+    assert until.endswith("without a zone, local time.")
+    for name, command in cli.commands.items():
+        for param in command.params:
+            assert not isinstance(param, click.Option) or param.help, (name, param.name)
+
+
+def test_the_daemon_names_its_database_in_plain_words(sqlite_db: TestDb, tmp_path: Path) -> None:
+    jobs = write(tmp_path / "jobs.yaml", "jobs:\n  one: {rate: 1d, command: 'true'}\n")
+    log = tmp_path / "daemon.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen([*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix",
+                                 sqlite_db.prefix, "daemon", jobs], stderr=err,
+                                stdout=subprocess.DEVNULL, env=env_without_db(), cwd=REPO)
+    try:
+        line = wait_for(lambda: next((x for x in log.read_text().splitlines()
+                                      if " starting: " in x), None), 30, what="the start line")
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    assert line.endswith(f" starting: 1 job from {jobs}, database {where(sqlite_db)}")
+
+
+def test_quickstart_takes_daemon_options_without_a_jobs_file(tmp_path: Path) -> None:
+    venv_cli = REPO / ".venv" / "bin" / "dblockrun"
+    if not venv_cli.exists() or (REPO / "pyproject.toml").stat().st_mtime > \
+            venv_cli.stat().st_mtime:
+        pytest.skip("quickstart would install into .venv first")
+    log = tmp_path / "quickstart.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(REPO / "scripts" / "quickstart"), "--log-format", "json"],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                                env=env_without_db(XDG_STATE_HOME=str(tmp_path / "state")))
+    try:
+        def started() -> dict[str, Any] | None:
+            for text in log.read_text().splitlines():
+                if text.startswith("{") and " starting: " in text:
+                    doc: dict[str, Any] = json.loads(text)
+                    return doc
+            return None
+
+        doc = wait_for(started, 30, what="the daemon's JSON start line")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "from examples/jobs.yaml" in doc["msg"]
+
+
+def test_the_kubernetes_example_points_operator_commands_at_the_daemons_jobs_file() -> None:
+    import yaml
+
+    docs = list(yaml.safe_load_all((REPO / "examples" / "k8s-deployment.yaml").read_text()))
+    deployment = next(d for d in docs if d and d["kind"] == "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DBLOCKRUN_JOBS"] == container["args"][-1]
+
+
+def test_without_a_jobs_file_daemon_validate_and_next_say_where_one_comes_from() -> None:
+    for command in ("daemon", "validate", "next"):
+        result = invoke(None, command)
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            2, "", "dblockrun: no jobs file: give FILE or -f FILE, set DBLOCKRUN_JOBS, or "
+                   "create /etc/dblockrun/jobs.yaml\n"), command
+
+
+def test_validate_takes_the_jobs_file_from_f_or_dblockrun_jobs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path / "jobs.yaml", GOOD)
+    assert invoke(None, "-f", path, "validate").stdout == f"{path}: ok, 2 job(s)\n"
+    monkeypatch.setenv("DBLOCKRUN_JOBS", path)
+    assert invoke(None, "validate").stdout == f"{path}: ok, 2 job(s)\n"
+    other = write(tmp_path / "other.yaml", GOOD)
+    result = invoke(None, "validate", other, "-f", path)
+    assert (result.exit_code, result.stderr) == (
+        2, f"dblockrun: two jobs files ({other} and -f {path}): give one\n")

@@ -77,6 +77,8 @@ def test_the_options_are_clis() -> None:
         for option in options:
             if option.name in ("file", "version") or option.name is None:
                 continue  # left to click
+            if not option.expose_value:
+                continue  # a global option after `exec`: left to click
             for flag in option.opts:
                 expected[flag] = (option.name, not option.is_flag)
         assert table == expected
@@ -128,7 +130,7 @@ def test_a_run_is_the_same(ready: TestDb) -> None:
     base = ["--db", ready.url, "--table-prefix", ready.prefix, "exec"]
     fast_run, click_run, log = both(
         [*base, "-n", "x", "--", "sh", "-c", 'echo "out $DBLOCKRUN_JOB"; echo err >&2; exit 3'])
-    assert fast_run == click_run == (3, "out x\nerr\n", "")
+    assert fast_run == click_run == (3, "out x\n", "err\n")  # stdout and stderr kept apart
     assert not imported(log, "click")
     fast_run, click_run, log = both(
         [*base, "--name=y", "--lock-at-least=0s", "--lease", "3s", "sh", "-c", "exit 0"])
@@ -226,3 +228,35 @@ def test_the_collector_runs_during_the_command_and_for_click(ready: TestDb) -> N
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str([("run", True, True), ("click", True, None),
                                        ("click", True, None)])
+
+
+# -- where the fast path steps aside (issue 11) ---------------------------------------
+
+
+def test_a_url_from_the_jobs_file_is_read_by_click(sqlite_db: TestDb, tmp_path: Path) -> None:
+    """DBLOCKRUN_JOBS names a jobs file whose `database:` is the fleet's: exec
+    must take its lock there, not in a local SQLite file."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"database: {sqlite_db.url}\njobs: {{}}\n")
+    state = tmp_path / "state"
+    proc = subprocess.run(
+        [*dblockrun_cmd(), "--table-prefix", sqlite_db.prefix, "exec", "-n", "x", "true"],
+        capture_output=True, text=True, cwd=REPO, timeout=60,
+        env=clean_env(DBLOCKRUN_JOBS=str(jobs), XDG_STATE_HOME=str(state)))
+    assert (proc.returncode, proc.stderr) == (0, "")
+    with Store(sqlite_db.url, sqlite_db.prefix) as store:
+        assert [r.job for r in store.history()] == ["x"]
+    assert not state.exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["exec", "-n", "x", "--lock-at-most", "0s", "true"],
+     "--lock-at-most: must be longer than 0s (got '0s')"),
+    (["--table-prefix", "a b", "exec", "-n", "x", "true"],
+     "bad table prefix 'a b': use lower-case letters, digits and '_', starting with a "
+     "letter or '_' (at most 40)"),
+    (["--db=", "exec", "-n", "x", "true"], "--db is empty: give a database URL"),
+])
+def test_what_click_refuses_the_fast_path_refuses_alike(args: list[str], message: str) -> None:
+    fast_run, click_run, _log = both(args)
+    assert fast_run == click_run == (2, "", f"dblockrun: {message}\n")

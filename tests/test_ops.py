@@ -36,10 +36,10 @@ def free_port() -> int:
 
 
 class Daemon:
-    def __init__(self, db: TestDb, tmp: Path, *extra: str) -> None:
+    def __init__(self, db: TestDb, tmp: Path, *extra: str, jobs_text: str = JOBS) -> None:
         self.db = db
         jobs = tmp / "jobs.yaml"
-        jobs.write_text(JOBS)
+        jobs.write_text(jobs_text)
         self.log = tmp / "daemon.log"
         self.port = free_port()
         self.proc = subprocess.Popen(
@@ -99,6 +99,27 @@ def test_run_now_runs_the_job_on_some_daemon(daemon: Daemon) -> None:
         assert res.returncode == 2 and "disabled" in res.stderr
     finally:
         store.close()
+
+
+@pytest.mark.slow
+def test_run_now_leaves_a_job_disabled_in_the_jobs_file_alone(db: TestDb, tmp_path: Path) -> None:
+    """`enabled: false` keeps a job from running on that host, `run` included
+    (issue 11, item 3): here the operator's command has no jobs file to check."""
+    d = Daemon(db, tmp_path, jobs_text=JOBS.replace("    rate: 1d\n",
+                                                     "    rate: 1d\n    enabled: false\n"))
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: any(r.result == "ok" for r in store.history("often")), 20,
+                 what="the daemon running its enabled job")
+        res = d.cli("run", "manual", "--timeout", "3s")
+        assert (res.returncode, res.stdout) == (1, "")
+        assert res.stderr == (
+            "dblockrun: no daemon started manual within 3s; the request stays filed (is a "
+            "daemon with this job enabled in its jobs file running?)\n")
+        assert store.history("manual") == []
+    finally:
+        store.close()
+        assert d.stop() == 0
 
 
 @pytest.mark.slow
