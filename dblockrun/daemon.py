@@ -4,23 +4,19 @@ claim it, run the command under a renewed lease, record the run."""
 from __future__ import annotations
 
 import heapq
-import json
 import logging
-import math
-import os
 import random
 import resource
-import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from dblockrun import __version__
 from dblockrun.config import load_jobs
 from dblockrun.errors import ConfigError, DatabaseError, DatabaseRefused, SchemaTooNew
 from dblockrun.fanout import FanOut
+from dblockrun.fleet import FleetBooks
 from dblockrun.heartbeat import DbClock, Renewer
 from dblockrun.holder import new_holder_id as new_holder_id
 from dblockrun.jobs import Job, JobsFile
@@ -94,12 +90,13 @@ class Daemon:
         self.holder = holder or new_holder_id()
         self.clock = DbClock()
         self.outage = Outage()
-        self.renewer = Renewer(store, options.heartbeat, self.outage, extra=self._heartbeat_extra)
+        self.renewer = Renewer(store, options.heartbeat, self.outage)
         self.metrics = Metrics()
         self.metrics.watch(self._live_metrics)
         self._wake = Wakeup()
         # Set from signal handlers, so plain flags: acted on by the main loop.
         self._stop_requested = False
+        self._stop_now = False
         self._reload_requested = False
         self._heap: list[_Due] = []
         self._seq = 0
@@ -107,14 +104,12 @@ class Daemon:
         self._running: dict[str, JobRun | FanOut] = {}
         self._running_lock = threading.Lock()
         self._shutdown_deadline: float | None = None
-        self._drift_seen: set[tuple[str, str]] = set()
         self._next_request_poll = 0.0
         self._finished: set[str] = set()
         self._unslotted: dict[str, int] = {}
-        self._hosts = 1
-        self._hosts_checked = -math.inf
-        self._defs_for: JobsFile | None = None
-        self._defs: tuple[dict[str, str], str] = ({}, "{}")
+        #: Host row, clock samples, lost runs, drift: on their own timer.
+        self.books = FleetBooks(store, self.holder, options.heartbeat, self.clock, self.outage,
+                                self.metrics, lambda: self.jobs, self._running_count)
         self.ctx = RunContext(
             store=store,
             holder=self.holder,
@@ -132,10 +127,21 @@ class Daemon:
     # must take no lock the main thread might hold (so no Event.set()).
 
     def request_stop(self) -> None:
+        """SIGTERM: stop claiming; running jobs get ``grace`` to finish."""
         if self._shutdown_deadline is None:
             self._shutdown_deadline = time.monotonic() + self.options.grace
         self._stop_requested = True
         self._wake.set()
+
+    def interrupt(self) -> None:
+        """SIGINT: the first is a stop request; one while stopping ends the
+        grace now (a second Ctrl-C): running commands are stopped at once
+        and recorded killed. (A repeated SIGTERM, as some supervisors send,
+        keeps the grace.)"""
+        if self._stop_requested:
+            self._shutdown_deadline = time.monotonic()
+            self._stop_now = True
+        self.request_stop()
 
     def request_reload(self) -> None:
         self._reload_requested = True
@@ -193,6 +199,7 @@ class Daemon:
         if not self._startup():
             return
         self.renewer.start()
+        self.books.start()
         self._plan_all()
         try:
             while not self._stopping():
@@ -211,7 +218,8 @@ class Daemon:
             try:
                 self.store.ensure_schema()
                 self.store.ensure_jobs(j.name for j in self.jobs.jobs)
-                self._heartbeat_extra()
+                self.books.report_bad_rows()
+                self.books.round()
                 self._publish_next_due()
                 self.outage.ok()
                 return True
@@ -221,47 +229,9 @@ class Daemon:
                 self._pause(self.outage.failed("startup", exc))
         return False
 
-    def _heartbeat_extra(self) -> None:
-        self.clock.add(self.store.clock_sample())
+    def _running_count(self) -> int:
         with self._running_lock:
-            running = len(self._running)
-        self.store.heartbeat_host(
-            self.holder,
-            hostname=socket.gethostname(),
-            pid=os.getpid(),
-            version=__version__,
-            clock_offset=self.clock.offset,
-            running=running,
-            jobs=self._definitions()[1],
-        )
-        self.store.sweep_lost()
-        self._check_drift()
-
-    def _definitions(self) -> tuple[dict[str, str], str]:
-        """Each job's definition hash (and as JSON), once per jobs file: an idle
-        heartbeat then costs the same whatever the number of jobs."""
-        if self._defs_for is not self.jobs:
-            defs = {j.name: j.definition_hash() for j in self.jobs.jobs}
-            self._defs = (defs, json.dumps(defs))
-            self._defs_for = self.jobs
-        return self._defs
-
-    def _check_drift(self) -> None:
-        """Warn once per (job, other definition) seen on another live host."""
-        mine = self._definitions()[0]
-        live = self.store.hosts(seen_within=3 * self.options.heartbeat)
-        for name, defs in m.definitions(live).items():
-            if name not in mine:
-                continue
-            for digest, hosts in defs.items():
-                key = (name, digest)
-                if digest != mine[name] and key not in self._drift_seen:
-                    self._drift_seen.add(key)
-                    log.warning(
-                        "job %s: defined differently on %s (definition %s, here %s): "
-                        "check that every host has the same jobs file",
-                        name, ", ".join(hosts), digest, mine[name],
-                    )
+            return len(self._running)
 
     def _sleep_time(self) -> float:
         until_poll = self._next_request_poll - time.monotonic()
@@ -377,14 +347,14 @@ class Daemon:
         """Many jobs due at once: claim them in few statements, this host's
         share first so the work spreads over the fleet, then (a moment later)
         whatever no other host took."""
-        groups: dict[tuple[float, float], list[Job]] = {}
+        groups: dict[tuple[float, float, float | None], list[Job]] = {}
         for job, slot, next_due in batch:
-            groups.setdefault((slot, next_due), []).append(job)
-        for (slot, next_due), jobs in groups.items():
+            groups.setdefault((slot, next_due, job.rate), []).append(job)
+        for (slot, next_due, rate), jobs in groups.items():
             by_name = {job.name: job for job in jobs}
             pending = list(by_name)
             random.shuffle(pending)
-            hosts = self._live_hosts()
+            hosts = self.books.live_hosts
             share = len(pending) if len(pending) < 4 * hosts else -(-len(pending) // hosts)
             first = time.monotonic()
             for limit in (share, len(pending)):
@@ -395,7 +365,8 @@ class Daemon:
                 sent = time.monotonic()
                 try:
                     won = self.store.claim_batch(pending, self.holder, self.options.lease,
-                                                 slot=slot, next_due=next_due, limit=limit)
+                                                 slot=slot, next_due=next_due, rate=rate,
+                                                 limit=limit)
                     self.outage.ok()
                 except DatabaseError as exc:
                     delay = self.outage.failed(f"claim {len(pending)} jobs", exc)
@@ -414,18 +385,6 @@ class Daemon:
                 self.metrics.claims.labels(name, "lost").inc()
             for job in jobs:
                 self._plan(job, slot)
-
-    def _live_hosts(self) -> int:
-        """Daemons seen lately, at least 1; read again after a heartbeat, so a
-        host that just joined gets its share (one read per batch at most)."""
-        now = time.monotonic()
-        if now >= self._hosts_checked + min(self.options.heartbeat, 5.0):
-            try:
-                self._hosts = max(1, len(self.store.hosts(seen_within=3 * self.options.heartbeat)))
-                self._hosts_checked = now
-            except DatabaseError:
-                pass
-        return self._hosts
 
     def _fire(self, job: Job, slot: float | None, now: float) -> None:
         passed: deque[float] = deque(maxlen=_MAX_MISSED)
@@ -563,6 +522,7 @@ class Daemon:
             return
         try:
             self.store.ensure_jobs(j.name for j in new.jobs)
+            self.books.report_bad_rows()
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
         self.jobs = new
@@ -578,10 +538,15 @@ class Daemon:
         with self._running_lock:
             runs = list(self._running.values())
         if runs:
-            log.info("stopping: waiting up to %gs for %d running job(s)",
-                     self.options.grace, len(runs))
-        for run in runs:
-            run.join()
+            log.info("stopping: waiting up to %gs for %d running job(s) "
+                     "(interrupt again to stop them now)", self.options.grace, len(runs))
+        told = False
+        while left := sum(run.is_alive() for run in runs):
+            if self._stop_now and not told:
+                told = True
+                log.warning("interrupted again: stopping %d running job(s) now", left)
+            self._wake.wait(0.1)  # rung by a finished run or a signal handler
+        self.books.stop()
         self.renewer.stop()
         try:
             self.store.remove_host(self.holder)

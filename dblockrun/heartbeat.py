@@ -6,7 +6,6 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 
 from dblockrun.errors import DatabaseError
 from dblockrun.outage import Outage
@@ -56,22 +55,19 @@ class DbClock:
 
 
 class Renewer:
-    """Renews held leases every ``heartbeat`` seconds, retrying quickly on error.
-
-    ``extra`` runs after each successful round (host row, clock, sweeps).
-    """
+    """Renews held leases every ``heartbeat`` seconds, retrying quickly on
+    error, and nothing else: the daemon's bookkeeping has its own timer
+    (:mod:`dblockrun.fleet`), so it never delays a renewal."""
 
     def __init__(
         self,
         store: RunStore,
         heartbeat: float,
         outage: Outage,
-        extra: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.heartbeat = heartbeat
         self.outage = outage
-        self.extra = extra
         self._leases: dict[int, LeaseWatch] = {}
         self._lock = threading.Lock()
         #: Held while one lease is being renewed (see remove).
@@ -113,17 +109,17 @@ class Renewer:
             if self._stop.is_set():
                 return
             try:
-                self.renew_all()
-                if self.extra is not None:
-                    self.extra()
-                self.outage.ok()
+                if self.renew_all():  # an idle round says nothing about the database
+                    self.outage.ok()
                 delay = self.heartbeat
             except DatabaseError as exc:
                 delay = min(self.heartbeat, self.outage.failed("heartbeat", exc))
 
-    def renew_all(self) -> None:
+    def renew_all(self) -> bool:
         """Renew every held lease: a holder's job locks in one statement per
-        500 (whatever their number), other leases (fan-out items) one by one."""
+        500 (whatever their number), other leases (fan-out items) one by one.
+        Whether the database answered anything."""
+        answered = False
         with self._lock:
             leases = list(self._leases.values())
         groups: dict[tuple[str, float], list[LeaseWatch]] = {}
@@ -139,6 +135,7 @@ class Renewer:
                     sent = time.monotonic()
                     renewed = self.store.renew_many(holder, [(w.name, w.token) for w in live],
                                                     lease)
+                    answered = True
                 for watch in live:
                     self._settle(watch, watch.name in renewed, sent)
         for watch in leases:
@@ -149,7 +146,9 @@ class Renewer:
                     continue
                 sent = time.monotonic()
                 ok = watch.renew()
+                answered = True
             self._settle(watch, ok, sent)
+        return answered
 
     def _live(self, watches: list[LeaseWatch]) -> list[LeaseWatch]:
         """Those still held and not removed meanwhile."""

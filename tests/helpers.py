@@ -68,9 +68,11 @@ def dblockrun_cmd() -> list[str]:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without the settings that would point a
-    dblockrun process at another database or table prefix, plus ``extra``."""
+    dblockrun process at another database, table prefix or jobs file, plus
+    ``extra``."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("DBLOCKRUN_DB", "DBLOCKRUN_DB_FILE", "DBLOCKRUN_TABLE_PREFIX")}
+           if k not in ("DBLOCKRUN_DB", "DBLOCKRUN_DB_FILE", "DBLOCKRUN_TABLE_PREFIX",
+                        "DBLOCKRUN_JOBS")}
     env.update(extra)
     return env
 

@@ -513,7 +513,8 @@ def test_cli_refuses_names_and_reasons_the_table_cannot_hold(sqlite_db: TestDb) 
     one_clear_line(cli(*base, "disable", "x" * 300), 2, "bad job name")
     one_clear_line(cli(*base, "exec", "-n", "a;b", "--", "true"), 2, "bad lock name")
     one_clear_line(cli(*base, "disable", "j", "--reason", "r" * 1001), 2, "at most 1000")
-    proc = cli(*base, "disable", "j", "--reason", "it's 100% \"done\"; DROP TABLE x;\nok")
+    proc = cli(*base, "disable", "j", "--create", "--reason",
+               "it's 100% \"done\"; DROP TABLE x;\nok")
     assert proc.returncode == 0, proc.stderr
     with Store(sqlite_db.url, sqlite_db.prefix) as store:
         assert store.status(["j"])[0].lock.disabled_reason == (

@@ -1,0 +1,56 @@
+"""The daemon's fleet bookkeeping has its own timer: a slow round (a sweep
+over many runs, a slow host read) never delays the lease renewals."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from helpers import wait_for
+
+from dblockrun.fleet import FleetBooks
+from dblockrun.heartbeat import DbClock, Renewer
+from dblockrun.jobs import JobsFile
+from dblockrun.metrics import Metrics
+from dblockrun.outage import Outage
+from dblockrun.runner import LeaseWatch
+from dblockrun.store import Store
+
+
+def test_a_stuck_bookkeeping_round_does_not_delay_renewals(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.ensure_jobs(["job"])
+    token = store.claim("job", "me", 30)
+    assert token is not None
+    stuck, entered = threading.Event(), threading.Event()
+    real_sweep = store.sweep_lost
+
+    def slow_sweep() -> object:
+        entered.set()
+        stuck.wait(30)  # a round that takes far longer than a heartbeat
+        return real_sweep()
+
+    monkeypatch.setattr(store, "sweep_lost", slow_sweep)
+    outage = Outage()
+    books = FleetBooks(store, "me", 0.1, DbClock(), outage, Metrics(),
+                       lambda: JobsFile("jobs.yaml", None, ()), lambda: 1)
+    renewer = Renewer(store, 0.1, outage)
+    watch = LeaseWatch("job", "me", token, 30)
+    renewer.add(watch)
+    books.start()
+    renewer.start()
+    try:
+        wait_for(entered.is_set, 10, what="the bookkeeping round to get stuck")
+        renewed: set[float] = set()
+
+        def renewals() -> bool:
+            renewed.add(watch.last_ok)
+            return len(renewed) >= 4  # the claim's time and three renewals
+
+        wait_for(renewals, 10, what="renewals while the bookkeeping is stuck")
+        assert not watch.lost
+    finally:
+        stuck.set()
+        renewer.stop()
+        books.stop()
