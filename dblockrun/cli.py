@@ -282,7 +282,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
 
     with handling({
         signal.SIGTERM: lambda _s: d.request_stop(),
-        signal.SIGINT: lambda _s: d.request_stop(),
+        signal.SIGINT: lambda _s: d.interrupt(),
         signal.SIGHUP: lambda _s: d.request_reload(),
     }):
         d.run()
