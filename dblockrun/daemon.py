@@ -26,6 +26,7 @@ from dblockrun.runjob import JobRun, RunContext
 from dblockrun.schedule import next_slot_at
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.engine import CLAIM_TOLERANCE
 from dblockrun.wakeup import Wakeup
 
 log = logging.getLogger("dblockrun")
@@ -67,6 +68,15 @@ def _raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):
             pass
+
+
+def _next_due(job: Job, slot: float) -> float:
+    """The next slot a run claimed for ``slot`` leaves due (what `status`
+    shows): the next one, or for a cron + rate job the first one at least
+    ``rate`` later (the claim's tolerance included)."""
+    assert job.cron is not None
+    after = slot if job.rate is None else slot + job.rate - CLAIM_TOLERANCE - 0.001
+    return next_slot_at(job.cron, job.timezone, after)
 
 
 def _utc(ts: float) -> datetime:
@@ -341,7 +351,7 @@ class Daemon:
         with self._running_lock:
             if job.name in self._running:
                 return None  # _fire skips the slot
-        return later
+        return _next_due(job, slot)
 
     def _fire_batch(self, batch: list[tuple[Job, float, float]]) -> None:
         """Many jobs due at once: claim them in few statements, this host's
@@ -398,7 +408,7 @@ class Daemon:
                     break
                 passed.append(slot)
                 slot = later
-            next_due = next_slot_at(job.cron or "", job.timezone, slot)
+            next_due = _next_due(job, slot)
         with self._running_lock:
             busy_here = job.name in self._running
         if job.fan_out:

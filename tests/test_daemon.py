@@ -527,3 +527,16 @@ def test_a_negative_token_is_logged_once_and_blocks_only_its_job(
     assert "dblockrun unlock edited" in log
     assert "database error" not in log and "database back" not in log, log
     assert runs_of(store, "edited") == []
+
+
+def test_a_cron_and_rate_job_publishes_its_next_start_after_the_rate(
+    store: Store, start_daemon: StartDaemon
+) -> None:
+    # `status` shows next_due: for */2s + rate 6s the next start is 6 s after
+    # a run's slot, not the next cron slot 2 s later (then "due since" for 4 s).
+    d = start_daemon("jobs:\n  paced: {cron: '*/2 * * * * *', rate: 6s, command: 'true'}\n")
+    d.wait(lambda: len(with_result(store, "paced", m.OK)) >= 1, 30, "a run")
+    run = with_result(store, "paced", m.OK)[0]
+    lock = store.lock_state("paced")
+    assert run.slot is not None and lock is not None
+    assert lock.next_due == run.slot + 6.0

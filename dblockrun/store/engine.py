@@ -25,6 +25,10 @@ T = TypeVar("T")
 
 #: Names per batch statement (SQLite's bound-parameter limit is far above).
 BATCH_CHUNK = 500
+#: How early a slot may be claimed, in seconds of the database clock (the
+#: daemons' clock estimates), and how much short of its rate a cron + rate
+#: job's start may be.
+CLAIM_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ class Claim:
     slot: float | None = None
     rate: float | None = None
     next_due: float | None = None
-    tolerance: float = 0.1  # a slot may be claimed this early (clock estimates)
+    tolerance: float = CLAIM_TOLERANCE
     record: bool = False
     requested: bool = False
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dblockrun.store import models as m
-from dblockrun.store.engine import Claim
+from dblockrun.store.engine import CLAIM_TOLERANCE, Claim
 from dblockrun.store.engine import ClaimedItem as ClaimedItem
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class ItemStore:
         slot: float | None,
         rate: float | None,
         limit: int,
-        slot_tolerance: float = 0.1,
+        slot_tolerance: float = CLAIM_TOLERANCE,
     ) -> list[ClaimedItem]:
         """Claim up to ``limit`` due items, oldest start first, skipping the
         rows other hosts are claiming right now: the lock engine's item claim,

@@ -21,7 +21,7 @@ from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store import models as m
 from dblockrun.store.dialect import Dialect
 from dblockrun.store.drivers import Driver, db_error, sqlite_setup
-from dblockrun.store.engine import Claim, Claimed, LockEngine, LostRun
+from dblockrun.store.engine import CLAIM_TOLERANCE, Claim, Claimed, LockEngine, LostRun
 from dblockrun.store.executor import PooledExecutor
 from dblockrun.store.items import ItemStore
 from dblockrun.store.migrate import migrate
@@ -237,7 +237,7 @@ class Store:
         slot: float | None = None,
         rate: float | None = None,
         next_due: float | None = None,
-        slot_tolerance: float = 0.1,
+        slot_tolerance: float = CLAIM_TOLERANCE,
     ) -> int | None:
         """Try to take the lock of ``name``: one conditional UPDATE.
 
@@ -259,7 +259,7 @@ class Store:
         slot: float | None = None,
         rate: float | None = None,
         next_due: float | None = None,
-        slot_tolerance: float = 0.1,
+        slot_tolerance: float = CLAIM_TOLERANCE,
     ) -> Claimed | None:
         """:meth:`claim`, and when won the run record of its first attempt
         (``running``), in the same round trip."""
@@ -268,7 +268,7 @@ class Store:
 
     def claim_batch(self, names: Sequence[str], holder: str, lease: float, *, slot: float,
                     next_due: float, limit: int, rate: float | None = None,
-                    slot_tolerance: float = 0.1) -> list[Claimed]:
+                    slot_tolerance: float = CLAIM_TOLERANCE) -> list[Claimed]:
         """Claim up to ``limit`` of ``names`` (all due at ``slot``, next due at
         ``next_due``, each at least ``rate`` after its last start) and record
         their runs, in one statement where the database allows; rows another
