@@ -1,25 +1,27 @@
 """Cron slots in a job's time zone, with Debian cron's daylight-saving rules.
 
 Pure functions: the current time is always passed in, nothing is read from the
-host. A cron expression has 5 fields (minute hour day-of-month month
-day-of-week), 6 with a seconds field *first*, or is one of the macros in
-:data:`MACROS`.
+host. Expressions are parsed and matched by :mod:`dblockrun.cronexpr` (Debian's
+field rules); this module maps wall times to instants.
 
 Daylight saving, as Debian's cron does it:
 
-* a *wildcard* job (``*`` in its minute or hour field, or in its seconds
-  field) follows the wall clock: wall times skipped by a spring-forward gap
+* a *wildcard* job (its minute or hour field, or its seconds field, starts
+  with ``*``) follows the wall clock: wall times skipped by a spring-forward gap
   have no slot, wall times of a repeated autumn hour have two (one per real
   instant);
-* a *fixed* job (minute and hour both fixed, e.g. ``30 2 * * *``, ``@daily``)
-  runs once for slots in a gap, at the instant the gap ends (several such
-  slots collapse into that one instant), and once for a slot in the repeated
-  hour, at its first occurrence.
+* a *fixed* job (e.g. ``30 2 * * *``, ``0 1,*/12 * * *``, ``@daily``) runs
+  once for slots in a gap, at the instant the gap ends, and once for a slot in
+  the repeated hour, at its first occurrence. Debian's cron runs a fixed job
+  once per slot it missed in the gap (``0,30 2 * * *``: twice, both right after
+  the gap); here the slots of one gap collapse into that one instant, because
+  a slot is an instant and each runs at most once.
 
 How: the UTC time line is cut into segments of constant UTC offset. Inside a
-segment wall time and real time move together, so croniter (given naive wall
-times) finds the next match directly; only the segment's end, the next
-offset transition, needs care.
+segment wall time and real time move together, so the next matching wall time
+is found directly; only the segment's end, the next offset transition, needs
+care. A match days away skips ahead (see :func:`next_slot`), so a rare slot
+(``0 0 * 2 1#5``, every 28 years or so) costs no more than a daily one.
 """
 
 from __future__ import annotations
@@ -27,43 +29,26 @@ from __future__ import annotations
 import difflib
 import functools
 import math
-import re
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, available_timezones
 
-from croniter import croniter
+from dblockrun.cronexpr import MACROS, CronExpr, NoMatch, parse_cron
 
-MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
+__all__ = [
+    "MACROS",
+    "describe_next",
+    "is_wildcard",
+    "next_slot",
+    "next_slot_at",
+    "validate_cron",
+    "validate_timezone",
+]
 
-_FIELDS = ("minute", "hour", "day-of-month", "month", "day-of-week")
-_ALLOWED = {
-    "second": "0-59",
-    "minute": "0-59",
-    "hour": "0-23",
-    "day-of-month": "1-31, L, nW",
-    "month": "1-12 or jan-dec",
-    "day-of-week": "0-7 or sun-sat, n#k, nL",
-}
-# Hashed (H) and random (R) values differ between hosts: the fleet must agree on slots.
-_HASHED_OR_RANDOM = re.compile(r"(?:^|[,/-])[hHrR](?:$|[,/(-])")
 # Offsets stay constant for months; sample the UTC offset this often to find changes.
 _SCAN_STEP = timedelta(hours=6)
+# A match further than this from the segment's start is looked for from a day before it.
+_NEAR = timedelta(days=2)
 _FOREVER_START = datetime(2000, 1, 1)
-
-
-@dataclass(frozen=True)
-class _Cron:
-    expr: str  # croniter's form: 5 fields, or 6 with the seconds LAST
-    wildcard: bool
 
 
 def validate_cron(expr: str) -> None:
@@ -72,7 +57,7 @@ def validate_cron(expr: str) -> None:
 
 
 def is_wildcard(cron: str) -> bool:
-    """Whether ``cron`` has a ``*`` in its minute, hour or seconds field (see module doc)."""
+    """Whether ``cron``'s minute, hour or seconds field starts with ``*`` (see module doc)."""
     return _parse(cron).wildcard
 
 
@@ -91,13 +76,24 @@ def next_slot(cron: str, timezone: str, after: datetime) -> datetime:
         raise ValueError("after must be a timezone-aware datetime")
     parsed = _parse(cron)
     zone = _zone(timezone)
-    start = after.astimezone(UTC)
+    try:
+        return _next_slot(parsed, zone, after.astimezone(UTC))
+    except (NoMatch, OverflowError):
+        raise ValueError(f"no slot found for {cron!r} after {after.isoformat()}") from None
+
+
+def _next_slot(parsed: CronExpr, zone: ZoneInfo, start: datetime) -> datetime:
     inclusive = False  # whether a slot exactly at `start` counts
     for _ in range(10_000):
         offset = _offset(zone, start)
         wall = _first_match(parsed, _naive(start + offset), inclusive)
         candidate = (wall - offset).replace(tzinfo=UTC)
-        transition = _next_transition(zone, start, candidate)
+        transition = _next_transition(zone, start, min(candidate, start + _NEAR))
+        if transition is None and candidate > start + _NEAR:
+            # No match for days, and no offset change near `start`: whatever the offsets
+            # (hours apart) until a day before `candidate`, no wall time there matches.
+            start, inclusive = candidate - timedelta(days=1), True
+            continue
         if transition is None:  # `wall` is a real wall time of this segment
             if not parsed.wildcard and _offset_at_wall(zone, wall) != offset:
                 start, inclusive = candidate, False  # repeated hour, second time: skip
@@ -107,14 +103,18 @@ def next_slot(cron: str, timezone: str, after: datetime) -> datetime:
         if not parsed.wildcard and new_offset > offset and wall < _naive(transition + new_offset):
             return transition  # `wall` was skipped by the gap: run as the gap ends
         start, inclusive = transition, True
-    raise ValueError(f"no slot found for {cron!r} after {after.isoformat()}")
+    raise NoMatch("too many offset changes")
 
 
 @functools.lru_cache(maxsize=8192)
 def next_slot_at(cron: str, timezone: str, after: float) -> float:
     """:func:`next_slot` on epoch seconds, remembered: a fleet's jobs often
     share a schedule, and thousands due at once then cost one computation."""
-    return next_slot(cron, timezone, datetime.fromtimestamp(after, UTC)).timestamp()
+    try:
+        moment = datetime.fromtimestamp(after, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"after must be a time in epoch seconds, not {after!r}") from None
+    return next_slot(cron, timezone, moment).timestamp()
 
 
 def describe_next(cron: str, timezone: str, after: datetime, count: int) -> list[datetime]:
@@ -126,70 +126,20 @@ def describe_next(cron: str, timezone: str, after: datetime, count: int) -> list
     return slots
 
 
-def _parse(expr: str) -> _Cron:
+def _parse(expr: str) -> CronExpr:
     if not isinstance(expr, str):
         raise ValueError(f"a cron expression must be a string, not {type(expr).__name__}")
     return _parse_text(expr)
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse_text(expr: str) -> _Cron:
-    text = expr.strip()
-    if not text:
-        raise ValueError("empty cron expression")
-    if text.startswith("@"):
-        macro = text.lower()
-        if macro == "@reboot":
-            raise ValueError(
-                "@reboot is not supported: a fleet has no single boot "
-                "(use a cron expression or rate)"
-            )
-        if macro not in MACROS:
-            raise ValueError(f"unknown macro {text!r} (use {', '.join(MACROS)})")
-        text = MACROS[macro]
-    fields = text.split()
-    names: tuple[str, ...]
-    if len(fields) == 5:
-        names = _FIELDS
-    elif len(fields) == 6:
-        names = ("second", *_FIELDS)
-    else:
-        raise ValueError(
-            f"{len(fields)} fields; use 5 (minute hour day-of-month month day-of-week), "
-            "6 with the seconds first, or a macro like @daily"
-        )
-    for name, field in zip(names, fields, strict=True):
-        _check_field(name, field, len(fields))
-    # croniter puts a 6-field expression's seconds LAST; ours come first.
-    ordered = fields[1:] + fields[:1] if len(fields) == 6 else fields
-    parsed = _Cron(" ".join(ordered), any("*" in field for field in fields[: len(fields) - 3]))
+def _parse_text(expr: str) -> CronExpr:
+    parsed = parse_cron(expr)
     try:
-        croniter(parsed.expr, _FOREVER_START).get_next(datetime)
-    except Exception as exc:
-        raise ValueError(f"{expr.strip()!r} never matches a date") from exc
+        parsed.first_from(_FOREVER_START)
+    except NoMatch:
+        raise ValueError(f"{expr.strip()!r} never matches a date") from None
     return parsed
-
-
-def _check_field(name: str, field: str, count: int) -> None:
-    if _HASHED_OR_RANDOM.search(field):
-        raise ValueError(
-            f"{name} field {field!r}: hashed (H) and random (R) values are not supported; "
-            "every host must compute the same slots"
-        )
-    # Validate the field alone, with every other field a wildcard.
-    fields = ["*"] * count
-    fields[_position(name, count)] = field
-    try:
-        croniter(" ".join(fields), _FOREVER_START)
-    except Exception as exc:
-        raise ValueError(f"bad {name} field {field!r} (allowed: {_ALLOWED[name]})") from exc
-
-
-def _position(name: str, count: int) -> int:
-    """Where croniter expects field ``name`` in an expression of ``count`` fields."""
-    if name == "second":
-        return 5
-    return _FIELDS.index(name)
 
 
 def _zone(name: str) -> ZoneInfo:
@@ -228,16 +178,12 @@ def _offset_at_wall(zone: ZoneInfo, wall: datetime) -> timedelta:
     return offset
 
 
-def _first_match(parsed: _Cron, wall: datetime, inclusive: bool) -> datetime:
+def _first_match(parsed: CronExpr, wall: datetime, inclusive: bool) -> datetime:
     """The first naive wall time matching ``parsed`` after ``wall`` (or at it)."""
-    if inclusive and wall.microsecond == 0:
-        wall -= timedelta(seconds=1)  # matches fall on whole seconds
-    try:
-        match = croniter(parsed.expr, wall).get_next(datetime)
-    except Exception as exc:
-        raise ValueError(f"no slot after {wall.isoformat()}") from exc
-    assert isinstance(match, datetime)
-    return match
+    second = wall.replace(microsecond=0)
+    if not inclusive or second != wall:  # matches fall on whole seconds
+        second += timedelta(seconds=1)
+    return parsed.first_from(second)
 
 
 def _next_transition(zone: ZoneInfo, start: datetime, end: datetime) -> datetime | None:
