@@ -9,35 +9,44 @@ The rules, as Vixie/Debian cron reads a crontab:
 * ``NAME=value`` (``NAME = "value"``, quotes optional) applies to the jobs that
   follow, as ``env:``. ``SHELL=`` sets ``shell:``; ``CRON_TZ=`` and ``TZ=`` set
   ``timezone:`` (``TZ`` also stays in ``env:``: cron passes it to commands);
-  ``MAILTO=`` / ``MAILFROM=`` are reported (dblockrun keeps output in
+  ``MAILTO=`` / ``MAILFROM=`` draw a warning (dblockrun keeps output in
   ``history`` and mails nothing), except an empty ``MAILTO=""``, which is what
   dblockrun does anyway.
 * Five schedule fields, checked with :func:`dblockrun.schedule.validate_cron`, or
   one of the macros ``@hourly @daily @midnight @weekly @monthly @yearly
   @annually`` (kept as written); ``@reboot`` is reported.
 * System crontabs (``/etc/crontab``, ``/etc/cron.d/*``: ``system=True``, or a path
-  under ``/etc/``) have a user field after the schedule. dblockrun runs every
-  job as the daemon's user, so the user becomes a comment in the job.
+  under ``/etc/``) have a user field after the schedule. Elsewhere the file is
+  read as one (with a warning) when more than half of its jobs have a user name
+  of this host there, as a copied ``cron.d`` file or a Docker crontab does. A
+  job of ``root`` (the daemon's user on a host that replaces cron) gets a
+  comment; another user of this host ``user: NAME``; a user this host does not
+  know a comment, ``enabled: false`` and a warning (run as the daemon's user,
+  it could do harm).
 * In the command an unescaped ``%`` ends the command and feeds the rest to its
   stdin, lines split at each further ``%``: reported. ``\\%`` becomes ``%``.
-* Job names: the basename of the command's first word, other characters than
-  ``[A-Za-z0-9._-]`` replaced by ``-``, made unique with ``-2``, ``-3`` ...
+* Job names: the program the command runs (:func:`dblockrun.cmdname.program_name`),
+  other characters than ``[A-Za-z0-9._-]`` replaced by ``-``, made unique with
+  ``-2``, ``-3`` ...
 
 Each line that cannot be translated is a :class:`Problem`; the jobs from the
-other lines are still written. The output always loads with
-:func:`dblockrun.config.load_jobs_text`.
+other lines are still written. What was translated with a caveat is a warning.
+The output always loads with :func:`dblockrun.config.load_jobs_text`.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import re
+import shutil
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from dblockrun.cmdname import program_name
 from dblockrun.errors import UsageError
 from dblockrun.schedule import MACROS, validate_cron, validate_timezone
 
@@ -45,13 +54,19 @@ from dblockrun.schedule import MACROS, validate_cron, validate_timezone
 SYSTEM_PREFIX = "/etc/"
 #: A job name's base (before ``-2`` ...) is cut to this length (YAML writes longer keys oddly).
 MAX_BASE_NAME = 100
+#: The user a daemon that replaces cron runs as: its jobs need no ``user:``.
+DAEMON_USER = "root"
 
 _BLANKS = re.compile(r"[ \t]+")
 # Vixie cron's test: a name (no blanks, no '='), optional blanks, '='.
 _ASSIGNMENT = re.compile(r"([^ \t=]+)[ \t]*=[ \t]*(.*)")
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
-# The column header of Debian's stock crontab(5) template and /etc/crontab.
-_HEADER = re.compile(r"m\s+h\s+dom\s+mon\s+dow\s+(user\s+)?command", re.IGNORECASE)
+# The words of a column header (`# m h dom mon dow command`, `# min hour day month weekday cmd`).
+_HEADER_WORDS = frozenset(
+    "m min mins minute minutes h hr hour hours d dom day days mday day-of-month month months "
+    "mon dow wday weekday weekdays day-of-week user username user-name who cmd command "
+    "commands to be executed".split()
+)
 _MAIL = ("MAILTO", "MAILFROM")
 _TIMEZONE = ("CRON_TZ", "TZ")
 
@@ -66,17 +81,21 @@ class Problem:
 
 @dataclass(frozen=True)
 class Translation:
-    """A jobs file made from a crontab, and the lines it could not translate."""
+    """A jobs file made from a crontab, the lines it could not translate (``problems``)
+    and the caveats of those it did (``warnings``)."""
 
     path: str
     text: str
     jobs: int
     problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...] = ()
 
     @property
     def messages(self) -> list[str]:
-        """One ``FILE:LINE: cannot translate: why`` per problem."""
-        return [f"{self.path}:{p.line}: cannot translate: {p.why}" for p in self.problems]
+        """``FILE:LINE: cannot translate: why`` and ``FILE:LINE: warning: why``, by line."""
+        tagged = [(p.line, "cannot translate", p.why) for p in self.problems]
+        tagged += [(p.line, "warning", p.why) for p in self.warnings]
+        return [f"{self.path}:{line}: {tag}: {why}" for line, tag, why in sorted(tagged)]
 
 
 def is_system_path(path: str) -> bool:
@@ -116,20 +135,67 @@ def translate_crontab(text: str, path: str, *, system: bool | None = None) -> Tr
 
     ``system``: whether lines have a user field; ``None``: if ``path`` is under /etc/.
     """
-    if system is None:
-        system = is_system_path(path)
-    translator = _Translator(system)
-    lines = text.split("\n")
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
     if lines and lines[-1] == "":
         lines.pop()
+    found = None
+    if system is None:
+        system = is_system_path(path)
+        if not system:
+            found = _user_column(lines)
+            system = found is not None
+    translator = _Translator(system)
+    if found is not None:
+        translator.warnings.append(found)
     for number, line in enumerate(lines, start=1):
-        translator.line(number, line.removesuffix("\r"))
+        translator.line(number, line)
     return Translation(
         path=path,
         text=_render(path, translator.jobs),
         jobs=len(translator.jobs),
         problems=tuple(translator.problems),
+        warnings=tuple(translator.warnings),
     )
+
+
+def _user_column(lines: list[str]) -> Problem | None:
+    """A warning if most jobs have a user of this host after the schedule, else None."""
+    jobs, users, first = 0, [], 0
+    for number, line in enumerate(lines, start=1):
+        text = line.lstrip(" \t")
+        if not text or text.startswith("#") or _ASSIGNMENT.fullmatch(text):
+            continue
+        at = 1 if text.startswith("@") else 5  # where a user field would be
+        words = _BLANKS.split(text.strip(" \t"), maxsplit=at + 1)
+        jobs += 1
+        if len(words) == at + 2 and _looks_like_user(words[at], _split(words[at + 1])[0]):
+            users.append(words[at])
+            first = first or number
+    if not users or 2 * len(users) <= jobs:
+        return None
+    names = ", ".join(dict.fromkeys(users))
+    return Problem(
+        first,
+        f"a user name follows the schedule on {len(users)} of {jobs} jobs ({names}): "
+        "read as a system crontab, with a user field",
+    )
+
+
+def _looks_like_user(word: str, following: str) -> bool:
+    """Whether ``word`` reads as a user field: a user of this host, not a program on the
+    PATH (``mail``), and not followed by an option (``backup --now``)."""
+    if following.startswith("-") or not _is_user(word):
+        return False
+    return word == DAEMON_USER or shutil.which(word) is None
+
+
+def _is_user(name: str) -> bool:
+    """Whether ``name`` is a user of this host."""
+    try:
+        pwd.getpwnam(name)
+    except (KeyError, ValueError):  # ValueError: a NUL in the name
+        return False
+    return True
 
 
 # --- reading lines -----------------------------------------------------------------
@@ -151,6 +217,7 @@ class _Translator:
     system: bool
     jobs: list[_Job] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     shell: str | None = None
     timezone: str | None = None
@@ -170,29 +237,30 @@ class _Translator:
                 raise _Skip("the line contains a NUL character")
             assignment = _ASSIGNMENT.fullmatch(text)
             if assignment:
-                self.assign(_unquote(assignment[1]), _unquote(assignment[2]))
+                self.assign(number, _unquote(assignment[1]), _unquote(assignment[2]))
             else:
-                self.entry(text, " ".join(comments))
+                self.entry(number, text, " ".join(comments))
         except _Skip as exc:
             self.problems.append(Problem(number, str(exc)))
 
     def comment(self, text: str) -> None:
         words = text.lstrip("#").strip()
-        if not words or "\0" in words or _HEADER.fullmatch(words) or _looks_like_entry(words):
+        if not words or "\0" in words or _is_header(words) or _looks_like_entry(words):
             self.comments = []  # ends the block: what was above is not this job's
         else:
             self.comments.append(words)
 
-    def assign(self, name: str, value: str) -> None:
+    def assign(self, number: int, name: str, value: str) -> None:
         if not name:
             raise _Skip("a variable without a name")
         if name in _MAIL:
             if name == "MAILTO" and not value:
                 return  # no mail: dblockrun's behaviour too
-            raise _Skip(
+            self.warnings.append(Problem(number, (
                 f"{name}={value}: dblockrun does not mail output (`dblockrun history` keeps it); "
                 "the jobs below are translated without it"
-            )
+            )))
+            return
         if name == "SHELL":
             if not value:
                 raise _Skip("SHELL= is empty; the jobs below use the default /bin/sh")
@@ -214,13 +282,16 @@ class _Translator:
             return
         self.env[name] = value
 
-    def entry(self, text: str, description: str) -> None:
+    def entry(self, number: int, text: str, description: str) -> None:
         user_part = ", a user" if self.system else ""
         if text.startswith("@"):
             schedule, rest = _split(text)
-            if schedule.lower() == "@reboot":
+            if schedule == "@reboot":
                 raise _Skip("@reboot: a fleet has no single boot (use a cron expression or rate)")
-            if schedule.lower() not in MACROS:
+            if schedule.lower() in MACROS and schedule not in MACROS:
+                raise _Skip(f"unknown macro {schedule!r} (macros are lower case, as in cron: "
+                            f"{schedule.lower()})")
+            if schedule not in MACROS:
                 known = " ".join(MACROS)
                 raise _Skip(f"unknown macro {schedule!r} (known: {known}; @reboot is not)")
             expected = f"expected a macro{user_part} and a command"
@@ -252,14 +323,23 @@ class _Translator:
             keys["timezone"] = self.timezone
         if self.shell is not None:
             keys["shell"] = self.shell
+        name = self.unique_name(command)
+        if user is not None and user != DAEMON_USER:
+            if _is_user(user):
+                keys["user"] = user
+            else:
+                keys["enabled"] = False
+                self.warnings.append(Problem(number, (
+                    f"user {_shown(user)} does not exist on this host: job {name!r} is written "
+                    "with enabled: false (add user: where the user exists)"
+                )))
         if self.env:
             keys["env"] = dict(self.env)
         keys["command"] = command
-        self.jobs.append(_Job(self.unique_name(command), keys, user or None))
+        self.jobs.append(_Job(name, keys, user or None))
 
     def unique_name(self, command: str) -> str:
-        first = _BLANKS.split(command.strip(" \t"), maxsplit=1)[0]
-        sanitized = _NAME_CHARS.sub("-", first.rsplit("/", 1)[-1])
+        sanitized = _NAME_CHARS.sub("-", program_name(command))
         base = sanitized.strip(".-")[:MAX_BASE_NAME].strip(".-") or "job"
         name, n = base, 1
         while name in self.names:
@@ -273,6 +353,12 @@ def _split(text: str) -> tuple[str, str]:
     """The first word of ``text`` and the rest (leading blanks removed)."""
     parts = _BLANKS.split(text, maxsplit=1)
     return parts[0], parts[1] if len(parts) > 1 else ""
+
+
+def _is_header(text: str) -> bool:
+    """Whether the comment ``text`` is a column header (``m h dom mon dow command``)."""
+    words = [word.strip("()[]:,|.").lower() for word in _BLANKS.split(text)]
+    return len(words) >= 5 and all(word in _HEADER_WORDS for word in words if word)
 
 
 def _looks_like_entry(text: str) -> bool:
@@ -336,9 +422,13 @@ def _render(path: str, jobs: list[_Job]) -> str:
     for job in jobs:
         dumped = _dump({job.name: job.keys}).splitlines()
         out.append(f"  {dumped[0]}")
-        if job.user is not None:
+        if job.user is not None and "user" not in job.keys:
             user = _shown(job.user)
-            out.append(f"    # cron ran this as user {user}; dblockrun runs it as its own user")
+            if job.user == DAEMON_USER:
+                out.append(f"    # cron ran this as user {user}; dblockrun runs it as the "
+                           "daemon's user")
+            else:
+                out.append(f"    # cron ran this as user {user}, unknown on this host")
         out.extend(f"  {line}" for line in dumped[1:])
     return "\n".join(out) + "\n"
 

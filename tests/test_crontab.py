@@ -198,6 +198,20 @@ def test_debians_etc_crontab_header_is_not_a_description() -> None:
     assert only_job(result).description == ""
 
 
+@pytest.mark.parametrize(
+    "header",
+    [
+        "# m h dom mon dow cmd",
+        "# m h  dom mon dow   command",
+        "#min hour day month weekday command",
+        "# minute hour day-of-month month day-of-week user command",
+        "# m  h  dom mon dow user  command",
+    ],
+)
+def test_a_column_header_is_never_a_description(header: str) -> None:
+    assert only_job(translate(f"{header}\n0 0 * * * /opt/x\n")).description == ""
+
+
 def test_a_comment_above_a_skipped_line_is_dropped() -> None:
     result = translate(
         """\
@@ -328,7 +342,7 @@ def test_an_unknown_timezone_is_reported_and_the_last_one_kept() -> None:
     assert job.env == (("TZ", "Mars/Olympus"),)
 
 
-def test_mailto_is_reported_but_the_jobs_are_translated() -> None:
+def test_mailto_is_a_warning_and_the_jobs_are_translated() -> None:
     result = translate(
         """\
         MAILTO=ops@example.com
@@ -339,11 +353,12 @@ def test_mailto_is_reported_but_the_jobs_are_translated() -> None:
         """
     )
     assert result.messages == [
-        "crontab:1: cannot translate: MAILTO=ops@example.com: dblockrun does not mail output "
+        "crontab:1: warning: MAILTO=ops@example.com: dblockrun does not mail output "
         "(`dblockrun history` keeps it); the jobs below are translated without it",
-        "crontab:3: cannot translate: MAILFROM=cron@example.com: dblockrun does not mail output "
+        "crontab:3: warning: MAILFROM=cron@example.com: dblockrun does not mail output "
         "(`dblockrun history` keeps it); the jobs below are translated without it",
     ]
+    assert result.problems == ()
     assert [job.name for job in loaded(result).jobs] == ["a", "b"]
     assert [job.env for job in loaded(result).jobs] == [(), ()]
 
@@ -359,8 +374,8 @@ def test_an_empty_mailto_is_what_dblockrun_does_anyway() -> None:
     "macro", ["@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually"]
 )
 def test_macros_are_kept(macro: str) -> None:
-    result = translate(f"{macro}\t  run it\n")
-    assert body(result) == f"jobs:\n  run:\n    cron: '{macro}'\n    command: run it\n"
+    result = translate(f"{macro}\t  run --it\n")
+    assert body(result) == f"jobs:\n  run:\n    cron: '{macro}'\n    command: run --it\n"
     assert only_job(result).cron == macro
 
 
@@ -374,9 +389,11 @@ def test_reboot_is_reported() -> None:
 
 
 def test_an_unknown_macro_is_reported() -> None:
-    assert messages("@fortnightly x\n") == [
+    assert messages("@fortnightly x\n@DAILY y\n") == [
         "crontab:1: cannot translate: unknown macro '@fortnightly' (known: @yearly @annually "
-        "@monthly @weekly @daily @midnight @hourly; @reboot is not)"
+        "@monthly @weekly @daily @midnight @hourly; @reboot is not)",
+        "crontab:2: cannot translate: unknown macro '@DAILY' (macros are lower case, as in "
+        "cron: @daily)",
     ]
 
 
@@ -399,6 +416,21 @@ def test_tabs_and_runs_of_blanks_between_fields_become_one_space() -> None:
         ("60 * * * * x", "schedule '60 * * * *': bad minute field '60' (allowed: 0-59)"),
         ("0 24 * * * x", "schedule '0 24 * * *': bad hour field '24' (allowed: 0-23)"),
         ("0 0 31 2 * x", "'0 0 31 2 *' never matches a date"),
+        (
+            "0 22-2 * * * x",
+            "schedule '0 22-2 * * *': bad hour field '22-2': 22-2 runs backwards; cron "
+            "accepts it and never runs it (write 22-23,0-2)",
+        ),
+        (
+            "0 0 * * MON-SUN x",
+            "schedule '0 0 * * MON-SUN': bad day-of-week field 'MON-SUN': MON-SUN runs "
+            "backwards; cron accepts it and never runs it (write 1-6,0)",
+        ),
+        (
+            "5/10 * * * * x",
+            "schedule '5/10 * * * *': bad minute field '5/10': a step follows * or a range "
+            "(write 5-59/10)",
+        ),
         (
             "H * * * * x",
             "schedule 'H * * * *': minute field 'H': hashed (H) and random (R) values are "
@@ -433,33 +465,55 @@ def test_windows_line_ends_are_ignored() -> None:
 # --- system crontabs ---------------------------------------------------------------
 
 
-def test_the_user_field_becomes_a_comment() -> None:
+def test_the_user_field_becomes_user_or_a_comment_for_root() -> None:
     result = translate(
         """\
         SHELL=/bin/sh
         # Hourly scripts
         17 *\t* * *\troot    cd / && run-parts --report /etc/cron.hourly
-        @daily www-data /srv/app/cleanup
+        @daily nobody /srv/app/cleanup
         """,
         system=True,
     )
     assert body(result) == textwrap.dedent(
         """\
         jobs:
-          cd:
-            # cron ran this as user root; dblockrun runs it as its own user
+          run-parts-cron.hourly:
+            # cron ran this as user root; dblockrun runs it as the daemon's user
             description: Hourly scripts
             cron: 17 * * * *
             shell: /bin/sh
             command: cd / && run-parts --report /etc/cron.hourly
           cleanup:
-            # cron ran this as user www-data; dblockrun runs it as its own user
             cron: '@daily'
             shell: /bin/sh
+            user: nobody
             command: /srv/app/cleanup
         """
     )
+    assert [job.user for job in loaded(result).jobs] == [None, "nobody"]
     assert result.problems == ()
+    assert result.warnings == ()
+
+
+def test_a_user_this_host_does_not_know_disables_the_job() -> None:
+    result = translate("0 0 * * * no-such-user-x run --it\n", system=True)
+    assert body(result) == textwrap.dedent(
+        """\
+        jobs:
+          run:
+            # cron ran this as user no-such-user-x, unknown on this host
+            cron: 0 0 * * *
+            enabled: false
+            command: run --it
+        """
+    )
+    assert result.messages == [
+        "crontab:1: warning: user no-such-user-x does not exist on this host: job 'run' is "
+        "written with enabled: false (add user: where the user exists)"
+    ]
+    assert result.problems == ()
+    assert only_job(result).enabled is False
 
 
 def test_a_system_line_needs_a_user_and_a_command() -> None:
@@ -468,6 +522,48 @@ def test_a_system_line_needs_a_user_and_a_command() -> None:
         "command",
         "crontab:2: cannot translate: no command: expected a macro, a user and a command",
     ]
+
+
+CRON_D = """\
+# /etc/cron.d/certbot: crontab entries for the certbot package
+SHELL=/bin/sh
+PATH=/usr/local/sbin:/usr/local/bin:/sbin:/bin:/usr/sbin:/usr/bin
+
+0 */12 * * * root test -x /usr/bin/certbot -a \\! -d /run/systemd/system && perl -e \
+'sleep int(rand(43200))' && certbot -q renew --no-random-sleep-on-renew
+09,39 *     * * *     nobody   [ -x /usr/lib/php/sessionclean ] && \
+if [ ! -d /run/systemd/system ]; then /usr/lib/php/sessionclean; fi
+"""
+
+
+def test_a_cron_d_file_elsewhere_is_read_with_its_user_field() -> None:
+    result = translate_crontab(CRON_D, "crontab")
+    assert [(job.name, job.user) for job in loaded(result).jobs] == [
+        ("certbot-renew", None),
+        ("sessionclean", "nobody"),
+    ]
+    assert [str(job.command).split()[0] for job in loaded(result).jobs] == ["test", "["]
+    assert result.messages == [
+        "crontab:5: warning: a user name follows the schedule on 2 of 2 jobs (root, nobody): "
+        "read as a system crontab, with a user field"
+    ]
+    assert result.problems == ()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0 2 * * * backup --now\n",  # a user's name, then an option: a command
+        "0 2 * * * mail -s hi root < /dev/null\n",
+        "0 2 * * * root-cleanup /tmp\n",
+        "0 0 * * * root a\n0 1 * * * b c\n0 2 * * * d e\n",  # one job in three
+        "0 0 * * * root\n",  # no command after it
+    ],
+)
+def test_a_user_crontab_is_not_mistaken_for_a_system_one(text: str) -> None:
+    result = translate(text)
+    assert result.warnings == ()
+    assert loaded(result).jobs[0].command == text.split("\n")[0].split(maxsplit=5)[5]
 
 
 def test_a_user_crontab_has_no_user_field() -> None:
@@ -528,19 +624,47 @@ def test_an_escaped_percent_becomes_a_percent(command: str, expected: str) -> No
     [
         ("/usr/local/bin/backup.sh --all", "backup.sh"),
         ("./run_it", "run_it"),
-        ("python3 -m app", "python3"),
-        ("bin/weird$name(1)", "weird-name-1"),
+        ("python3 -m app", "app"),
+        ("python3 /srv/app/manage.py clearsessions", "manage.py-clearsessions"),
+        ("/usr/bin/php -d memory_limit=1G /srv/artisan schedule:run >/dev/null 2>&1",
+         "artisan-schedule-run"),
+        ("php /var/www/cron.php", "cron.php"),
+        ("bin/weird$name(1)", "weird-name"),
         ("héllo wörld", "h-llo"),
-        ("[ -x /usr/bin/foo ] && foo", "job"),
+        ("[ -x /usr/bin/foo ] && foo", "foo"),
         ("/usr/bin/ x", "job"),
-        (". /etc/profile; run", "job"),
+        (". /etc/profile; run", "run"),
+        ("source ~/.profile && ./sync.sh", "sync.sh"),
+        ("cd /srv/app && bin/console cache:clear", "console-cache-clear"),
+        ("if [ -f /tmp/go ]; then /opt/go; fi", "go"),
+        ("bash -lc 'cd /srv && ./run.sh'", "run.sh"),
+        ("bash /opt/nightly.sh", "nightly.sh"),
+        ("$SLAPOS_REPORT_COMMAND --now", "slapos-report-command"),
+        ("FOO=1 nice -n 19 timeout 1h flock -n /tmp/l /opt/bin/rotate", "rotate"),
+        ("sudo -u www-data /usr/bin/env python3 /opt/x.py", "x.py"),
+        ("sleep 30; curl -s https://example.com/ping", "curl"),
+        ("apt-get update -q", "apt-get-update"),
+        ("dblockrun exec --name report -- /usr/local/bin/report", "report"),
+        (
+            "test -x /usr/bin/certbot -a \\! -d /run/systemd/system && perl -e "
+            "'sleep int(rand(43200))' && certbot -q renew --no-random-sleep-on-renew",
+            "certbot-renew",
+        ),
+        (
+            "[ -x /usr/lib/php/sessionclean ] && if [ ! -d /run/systemd/system ]; then "
+            "/usr/lib/php/sessionclean; fi",
+            "sessionclean",
+        ),
+        ("test -x /usr/sbin/anacron || { cd / && run-parts --report /etc/cron.daily; }",
+         "run-parts-cron.daily"),
+        ("cd /tmp", "cd"),
         ("--flag", "flag"),
         ("123", "123"),
         ("true", "true"),
         ("a" * 300, "a" * 100),
     ],
 )
-def test_names_come_from_the_first_word(command: str, name: str) -> None:
+def test_names_come_from_the_program_that_runs(command: str, name: str) -> None:
     result = translate(f"0 0 * * * {command}\n")
     assert only_job(result).name == name
 
@@ -548,11 +672,11 @@ def test_names_come_from_the_first_word(command: str, name: str) -> None:
 def test_names_are_made_unique() -> None:
     result = translate(
         """\
-        0 0 * * * backup a
-        0 1 * * * /opt/backup b
+        0 0 * * * backup -a
+        0 1 * * * /opt/backup -b
         0 2 * * * backup-2
-        0 3 * * * backup c
-        0 4 * * * backup d
+        0 3 * * * backup -c
+        0 4 * * * backup -d
         """
     )
     assert [job.name for job in loaded(result).jobs] == [
@@ -618,7 +742,9 @@ def test_variables_and_descriptions_survive_yaml(value: str) -> None:
 
 def test_odd_users_stay_in_their_comment() -> None:
     result = translate("0 0 * * * r\x85o\u2028o\x01t run\n", system=True)
-    assert "    # cron ran this as user 'r\\x85o\\u2028o\\x01t'; dblockrun" in result.text
+    assert "    # cron ran this as user 'r\\x85o\\u2028o\\x01t', unknown on this host\n" in (
+        result.text
+    )
     assert only_job(result).command == "run"
 
 
@@ -677,7 +803,8 @@ def test_any_command_variable_and_comment_survive_yaml(
 ) -> None:
     command, value, comment = command.lstrip(" \t"), value.strip(" \t"), comment.strip()
     assume(command.strip() and value and comment and not comment.startswith("#"))
-    result = translate_crontab(f"V='{value}'\n# {comment}\n0 0 * * * {command}\n", "any")
+    text = f"V='{value}'\n# {comment}\n0 0 * * * {command}\n"
+    result = translate_crontab(text, "any", system=False)
     assert result.problems == ()
     (job,) = load_jobs_text(result.text, "out.yaml").jobs
     assert job.command == command
@@ -713,12 +840,55 @@ def test_cli_reports_skipped_lines_and_exits_1(tmp_path: Path) -> None:
     result = invoke(str(crontab))
     assert result.exit_code == 1
     assert result.stderr == (
-        f"{crontab}:1: cannot translate: MAILTO=me: dblockrun does not mail output "
+        f"{crontab}:1: warning: MAILTO=me: dblockrun does not mail output "
         "(`dblockrun history` keeps it); the jobs below are translated without it\n"
         f"{crontab}:2: cannot translate: @reboot: a fleet has no single boot "
         "(use a cron expression or rate)\n"
     )
     assert [job.name for job in load_jobs_text(result.stdout, "x").jobs] == ["backup"]
+
+
+def test_cli_a_mailto_line_is_a_warning_and_exits_0(tmp_path: Path) -> None:
+    crontab = tmp_path / "crontab"
+    crontab.write_text("MAILTO=ops@example.com\n0 2 * * * /usr/local/bin/backup --all\n")
+    result = invoke(str(crontab))
+    assert result.exit_code == 0
+    assert result.stderr == (
+        f"{crontab}:1: warning: MAILTO=ops@example.com: dblockrun does not mail output "
+        "(`dblockrun history` keeps it); the jobs below are translated without it\n"
+    )
+    assert [job.name for job in load_jobs_text(result.stdout, "x").jobs] == ["backup"]
+
+
+def test_cli_reads_a_docker_crontab_with_a_user_field(tmp_path: Path) -> None:
+    crontab = tmp_path / "crontab"
+    crontab.write_text(
+        "* * * * * root /app/bin/ping >> /proc/1/fd/1 2>&1\n"
+        "*/5 * * * * nobody php /app/artisan schedule:run\n"
+    )
+    result = invoke(str(crontab))
+    assert result.exit_code == 0
+    assert result.stderr == (
+        f"{crontab}:1: warning: a user name follows the schedule on 2 of 2 jobs "
+        "(root, nobody): read as a system crontab, with a user field\n"
+    )
+    assert "jobs:" + result.stdout.split("\njobs:", 1)[1] == textwrap.dedent(
+        """\
+        jobs:
+          ping:
+            # cron ran this as user root; dblockrun runs it as the daemon's user
+            cron: '* * * * *'
+            command: /app/bin/ping >> /proc/1/fd/1 2>&1
+          artisan-schedule-run:
+            cron: '*/5 * * * *'
+            user: nobody
+            command: php /app/artisan schedule:run
+        """
+    )
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(result.stdout)
+    validated = CliRunner().invoke(cli, ["validate", str(jobs)])
+    assert validated.exit_code == 0, validated.output
 
 
 def test_cli_writes_to_output(tmp_path: Path) -> None:
