@@ -891,6 +891,19 @@ def test_cli_reads_a_docker_crontab_with_a_user_field(tmp_path: Path) -> None:
     assert validated.exit_code == 0, validated.output
 
 
+def test_cli_reports_a_schedule_cron_would_never_run(tmp_path: Path) -> None:
+    crontab = tmp_path / "crontab"
+    crontab.write_text("0 22-2 * * * /opt/night\n0 22 */2 * 1-5 /opt/odd-weekdays\n")
+    result = invoke(str(crontab))
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"{crontab}:1: cannot translate: schedule '0 22-2 * * *': bad hour field '22-2': "
+        "22-2 runs backwards; cron accepts it and never runs it (write 22-23,0-2)\n"
+    )
+    (job,) = load_jobs_text(result.stdout, "x").jobs
+    assert (job.name, job.cron) == ("odd-weekdays", "0 22 */2 * 1-5")
+
+
 def test_cli_writes_to_output(tmp_path: Path) -> None:
     crontab = tmp_path / "crontab"
     crontab.write_text("0 2 * * * backup\n0 3 * * * date +%F\n")

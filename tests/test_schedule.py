@@ -3,12 +3,15 @@ from __future__ import annotations
 import math
 import time
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dblockrun.cli import cli
 from dblockrun.schedule import (
     describe_next,
     is_wildcard,
@@ -654,3 +657,27 @@ def test_utc_agrees_with_a_brute_force_search(cron: str, after: datetime) -> Non
         assert next_slot(cron, "UTC", after).strftime("%m-%d %H:%M") == "02-29 00:00"
         return
     assert next_slot(cron, "UTC", after) == brute_next(cron, after)
+
+
+# --- the words a user sees ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cron", "why"),
+    [
+        (
+            "0 22-2 * * *",
+            "bad hour field '22-2': 22-2 runs backwards; cron accepts it and never runs it "
+            "(write 22-23,0-2)",
+        ),
+        ("@DAILY", "unknown macro '@DAILY' (macros are lower case, as in cron: @daily)"),
+        ("*/1000000000000 * * * *", "bad minute field '*/1000000000000': the step must be 1-60"),
+    ],
+)
+def test_validate_names_the_file_line_job_and_fix(tmp_path: Path, cron: str, why: str) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(f'jobs:\n  nightly:\n    cron: "{cron}"\n    command: ./run\n')
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == f"dblockrun: {path}:3: job 'nightly': cron: {why}\n"
