@@ -3,14 +3,13 @@ claim it, run the command under a renewed lease, record the run."""
 
 from __future__ import annotations
 
-import heapq
 import logging
 import random
 import resource
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dblockrun.config import load_jobs
@@ -22,6 +21,7 @@ from dblockrun.holder import new_holder_id as new_holder_id
 from dblockrun.jobs import Job, JobsFile
 from dblockrun.metrics import Metrics, serve
 from dblockrun.outage import Outage
+from dblockrun.planning import Agenda, catch_up, next_attempt, next_due, too_late
 from dblockrun.runjob import JobRun, RunContext
 from dblockrun.schedule import next_slot_at
 from dblockrun.store import Store
@@ -31,8 +31,6 @@ from dblockrun.wakeup import Wakeup
 
 log = logging.getLogger("dblockrun")
 
-#: At most this many slots passed over by one late wake-up are recorded missed.
-_MAX_MISSED = 100
 #: A batch claim takes this host's share first; the rest of the batch is tried
 #: this long after, once the other hosts have had their turn.
 _SHARE_WAIT = 0.25
@@ -50,15 +48,6 @@ class DaemonOptions:
     metrics_addr: str | None = None
 
 
-@dataclass(order=True)
-class _Due:
-    fire_at: float
-    seq: int
-    name: str = field(compare=False)
-    slot: float | None = field(compare=False)
-    generation: int = field(compare=False)
-
-
 def _raise_open_files_limit() -> None:
     """Each running command holds a few descriptors (output pipe, pidfd,
     guard pipe): lift the soft limit (often 1,024) to the hard one."""
@@ -68,15 +57,6 @@ def _raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):
             pass
-
-
-def _next_due(job: Job, slot: float) -> float:
-    """The next slot a run claimed for ``slot`` leaves due (what `status`
-    shows): the next one, or for a cron + rate job the first one at least
-    ``rate`` later (the claim's tolerance included)."""
-    assert job.cron is not None
-    after = slot if job.rate is None else slot + job.rate - CLAIM_TOLERANCE - 0.001
-    return next_slot_at(job.cron, job.timezone, after)
 
 
 def _utc(ts: float) -> datetime:
@@ -108,15 +88,12 @@ class Daemon:
         self._stop_requested = False
         self._stop_now = False
         self._reload_requested = False
-        self._heap: list[_Due] = []
-        self._seq = 0
-        self._generation = 0
+        self._agenda = Agenda()
         self._running: dict[str, JobRun | FanOut] = {}
         self._running_lock = threading.Lock()
         self._shutdown_deadline: float | None = None
         self._next_request_poll = 0.0
         self._finished: set[str] = set()
-        self._unslotted: dict[str, int] = {}
         #: Host row, clock samples, lost runs, drift: on their own timer.
         self.books = FleetBooks(store, self.holder, options.heartbeat, self.clock, self.outage,
                                 self.metrics, lambda: self.jobs, self._running_count)
@@ -245,9 +222,10 @@ class Daemon:
 
     def _sleep_time(self) -> float:
         until_poll = self._next_request_poll - time.monotonic()
-        if not self._heap:
+        next_at = self._agenda.next_at()
+        if next_at is None:
             return max(0.0, min(self.options.heartbeat, until_poll))
-        until_due = self._heap[0].fire_at - self.clock.now()
+        until_due = next_at - self.clock.now()
         return max(0.0, min(self.options.heartbeat, until_due, until_poll))
 
     def _poll_requests(self) -> None:
@@ -277,16 +255,10 @@ class Daemon:
     # -- planning -------------------------------------------------------------
 
     def _push(self, fire_at: float, name: str, slot: float | None) -> None:
-        self._seq += 1
-        if slot is None:
-            # A job without slots (rate, fan-out by rate) has one pending
-            # attempt: the newest plan replaces any older one.
-            self._unslotted[name] = self._seq
-        heapq.heappush(self._heap, _Due(fire_at, self._seq, name, slot, self._generation))
+        self._agenda.push(fire_at, name, slot)
 
     def _plan_all(self) -> None:
-        self._generation += 1
-        self._heap = []
+        self._agenda.clear()
         now = self.clock.now()
         for job in self.jobs.jobs:
             if job.enabled:
@@ -295,13 +267,9 @@ class Daemon:
     def _plan(self, job: Job, after: float) -> None:
         """Queue the job's next attempt: its next slot strictly after database
         time ``after``, or for a rate-only job an attempt at ``after``."""
-        margin = self.clock.uncertainty + 0.001
         jitter = random.uniform(0, job.jitter) if job.jitter else 0.0
-        if job.cron is not None:
-            slot = next_slot_at(job.cron, job.timezone, after)
-            self._push(slot + margin + jitter, job.name, slot)
-        else:
-            self._push(after + margin + jitter, job.name, None)
+        fire_at, slot = next_attempt(job, after, self.clock.uncertainty + 0.001, jitter)
+        self._push(fire_at, job.name, slot)
 
     def _publish_next_due(self) -> None:
         now = self.clock.now()
@@ -315,22 +283,17 @@ class Daemon:
 
     def _fire_due(self) -> None:
         batch: list[tuple[Job, float, float]] = []
-        while self._heap and not self._stopping():
-            head = self._heap[0]
+        while not self._stopping():
             now = self.clock.now()
-            if head.fire_at > now:
+            head = self._agenda.pop_due(now)
+            if head is None:
                 break
-            heapq.heappop(self._heap)
-            if head.generation != self._generation:
-                continue
-            if head.slot is None and self._unslotted.get(head.name) != head.seq:
-                continue  # replaced by a newer plan
             job = self.jobs.job(head.name)
             if job is None or not job.enabled:
                 continue
-            next_due = self._batchable(job, head.slot, now)
-            if next_due is not None and head.slot is not None:
-                batch.append((job, head.slot, next_due))
+            due_next = self._batchable(job, head.slot, now)
+            if due_next is not None and head.slot is not None:
+                batch.append((job, head.slot, due_next))
             else:
                 self._fire(job, head.slot, now)
         if len(batch) == 1:
@@ -343,24 +306,23 @@ class Daemon:
         the newest slot (what a batch claim does), else None."""
         if slot is None or job.cron is None or job.fan_out:
             return None
-        if job.starting_deadline is not None and now - slot > job.starting_deadline:
+        if too_late(job, slot, now):
             return None
-        later = next_slot_at(job.cron, job.timezone, slot)
-        if later <= now:
+        if next_slot_at(job.cron, job.timezone, slot) <= now:
             return None  # slots were passed: _fire drops or records them
         with self._running_lock:
             if job.name in self._running:
                 return None  # _fire skips the slot
-        return _next_due(job, slot)
+        return next_due(job, slot, CLAIM_TOLERANCE)
 
     def _fire_batch(self, batch: list[tuple[Job, float, float]]) -> None:
         """Many jobs due at once: claim them in few statements, this host's
         share first so the work spreads over the fleet, then (a moment later)
         whatever no other host took."""
         groups: dict[tuple[float, float, float | None], list[Job]] = {}
-        for job, slot, next_due in batch:
-            groups.setdefault((slot, next_due, job.rate), []).append(job)
-        for (slot, next_due, rate), jobs in groups.items():
+        for job, slot, due_next in batch:
+            groups.setdefault((slot, due_next, job.rate), []).append(job)
+        for (slot, due_next, rate), jobs in groups.items():
             by_name = {job.name: job for job in jobs}
             pending = list(by_name)
             random.shuffle(pending)
@@ -375,7 +337,7 @@ class Daemon:
                 sent = time.monotonic()
                 try:
                     won = self.store.claim_batch(pending, self.holder, self.options.lease,
-                                                 slot=slot, next_due=next_due, rate=rate,
+                                                 slot=slot, next_due=due_next, rate=rate,
                                                  limit=limit)
                     self.outage.ok()
                 except DatabaseError as exc:
@@ -397,23 +359,17 @@ class Daemon:
                 self._plan(job, slot)
 
     def _fire(self, job: Job, slot: float | None, now: float) -> None:
-        passed: deque[float] = deque(maxlen=_MAX_MISSED)
+        passed: deque[float] = deque()
         if slot is not None:
-            # A late wake-up (paused host, long claim) tries only the newest
-            # past slot; older ones are dropped, or recorded missed when the
-            # job has a starting-deadline (the newest _MAX_MISSED of them).
-            while True:
-                later = next_slot_at(job.cron or "", job.timezone, slot)
-                if later > now:
-                    break
-                passed.append(slot)
-                slot = later
-            next_due = _next_due(job, slot)
+            # Older passed slots are dropped, or recorded missed when the job
+            # has a starting-deadline.
+            slot, passed = catch_up(job, slot, now)
+            due_next = next_due(job, slot, CLAIM_TOLERANCE)
         with self._running_lock:
             busy_here = job.name in self._running
         if job.fan_out:
             self._fan_out(job, slot, busy_here,
-                          next_due if slot is not None else None)
+                          due_next if slot is not None else None)
             return
         try:
             if job.starting_deadline is not None:
@@ -439,7 +395,7 @@ class Daemon:
             sent = time.monotonic()
             won = self.store.claim_and_record(
                 job.name, self.holder, self.options.lease, slot=slot, rate=job.rate,
-                next_due=next_due if slot is not None else None,
+                next_due=due_next if slot is not None else None,
             )
             self.outage.ok()
         except DatabaseError as exc:
