@@ -1,8 +1,27 @@
 """Cron slots in a job's time zone, with Debian cron's daylight-saving rules.
 
 Pure functions: the current time is always passed in, nothing is read from the
-host. Expressions are parsed and matched by :mod:`dblockrun.cronexpr` (Debian's
-field rules); this module maps wall times to instants.
+host. A cron expression has 5 fields (minute hour day-of-month month
+day-of-week), 6 with a seconds field *first*, or is one of the macros in
+:data:`MACROS`.
+
+Who does what:
+
+* dblockrun validates the text (:func:`validate_cron`): its policy, stricter
+  than croniter's, with the fix written out. Rejected: backward ranges
+  (``22-2``: cron never runs them), a step after a single value (``5/10``) or
+  wider than its field, macros not in lower case, Quartz's ``?``, hashed and
+  random values, and the extensions croniter would read differently from
+  dblockrun-jobs(5): ``nW`` past day 28, ``W`` in a list, ``n#k``/``nL``
+  listed with plain days.
+* croniter finds the next matching naive wall time, with
+  ``day_or=True, implement_cron_bug=True``: Debian's day rule (a day field
+  counts as ``*`` only when it *starts* with ``*``; then a day must match
+  both fields, otherwise either). croniter keeps ``n#k``, ``nL`` and ``nW``
+  as an intersection even then, so when both day fields are restricted and
+  one holds such an item, the expression is handed to croniter as two, one
+  per day field, and the earlier match wins.
+* this module maps wall times to instants (daylight saving, below).
 
 Daylight saving, as Debian's cron does it:
 
@@ -18,10 +37,11 @@ Daylight saving, as Debian's cron does it:
   a slot is an instant and each runs at most once.
 
 How: the UTC time line is cut into segments of constant UTC offset. Inside a
-segment wall time and real time move together, so the next matching wall time
-is found directly; only the segment's end, the next offset transition, needs
-care. A match days away skips ahead (see :func:`next_slot`), so a rare slot
-(``0 0 * 2 1#5``, every 28 years or so) costs no more than a daily one.
+segment wall time and real time move together, so croniter (given naive wall
+times) finds the next match directly; only the segment's end, the next offset
+transition, needs care. A match days away skips ahead (see :func:`next_slot`),
+so a rare slot (``0 0 * 2 1#5``, every 28 years or so) costs no more than a
+daily one.
 """
 
 from __future__ import annotations
@@ -29,10 +49,12 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, available_timezones
 
-from dblockrun.cronexpr import MACROS, CronExpr, NoMatch, parse_cron
+from croniter import CroniterBadDateError, croniter
 
 __all__ = [
     "MACROS",
@@ -44,11 +66,66 @@ __all__ = [
     "validate_timezone",
 ]
 
+MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
 # Offsets stay constant for months; sample the UTC offset this often to find changes.
 _SCAN_STEP = timedelta(hours=6)
 # A match further than this from the segment's start is looked for from a day before it.
 _NEAR = timedelta(days=2)
 _FOREVER_START = datetime(2000, 1, 1)
+# The calendar (leap years and weekdays) repeats every 400 years: a day rule that
+# matches at all matches within that many years.
+_CYCLE_YEARS = 400
+_HASHED_OR_RANDOM = re.compile(r"(?:^|[,/-])[hHrR](?:$|[,/(-])")
+_RANGE = re.compile(r"(\*|[0-9a-z]+)(?:-([0-9a-z]+))?(?:/([0-9]+))?", re.IGNORECASE)
+_NEAREST = re.compile(r"([0-9]+)W", re.IGNORECASE)
+
+
+class _NoMatch(ValueError):
+    """No wall time matches before the year 10000."""
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    low: int
+    high: int  # the highest value one may write
+    star_high: int  # `*` covers low..star_high (day-of-week: 0-6; 7 is Sunday again)
+    allowed: str
+    names: tuple[str, ...] = ()  # names[i] is the value low + i
+
+    def bad(self, field: str, why: str = "") -> ValueError:
+        if why:
+            return ValueError(f"bad {self.name} field {field!r}: {why}")
+        return ValueError(f"bad {self.name} field {field!r} (allowed: {self.allowed})")
+
+
+_SECOND = _Spec("second", 0, 59, 59, "0-59")
+_MINUTE = _Spec("minute", 0, 59, 59, "0-59")
+_HOUR = _Spec("hour", 0, 23, 23, "0-23")
+_DOM = _Spec("day-of-month", 1, 31, 31, "1-31, L, LW, nW")
+# Names in English whatever the locale (calendar.month_abbr follows LC_TIME).
+_MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTH = _Spec("month", 1, 12, 12, "1-12 or jan-dec", _MONTH_NAMES)
+_DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+_DOW = _Spec("day-of-week", 0, 7, 6, "0-7 or sun-sat, n#k, nL", _DAY_NAMES)
+
+
+@dataclass(frozen=True)
+class _Cron:
+    """A validated expression as croniter reads it (seconds first when 6 fields)."""
+
+    exprs: tuple[str, ...]  # a wall time matches if any of these matches
+    seconds: bool
+    wildcard: bool  # seconds, minute or hour starts with `*` (Debian's DST rule)
 
 
 def validate_cron(expr: str) -> None:
@@ -78,11 +155,11 @@ def next_slot(cron: str, timezone: str, after: datetime) -> datetime:
     zone = _zone(timezone)
     try:
         return _next_slot(parsed, zone, after.astimezone(UTC))
-    except (NoMatch, OverflowError):
+    except (_NoMatch, OverflowError):
         raise ValueError(f"no slot found for {cron!r} after {after.isoformat()}") from None
 
 
-def _next_slot(parsed: CronExpr, zone: ZoneInfo, start: datetime) -> datetime:
+def _next_slot(parsed: _Cron, zone: ZoneInfo, start: datetime) -> datetime:
     inclusive = False  # whether a slot exactly at `start` counts
     for _ in range(10_000):
         offset = _offset(zone, start)
@@ -103,7 +180,7 @@ def _next_slot(parsed: CronExpr, zone: ZoneInfo, start: datetime) -> datetime:
         if not parsed.wildcard and new_offset > offset and wall < _naive(transition + new_offset):
             return transition  # `wall` was skipped by the gap: run as the gap ends
         start, inclusive = transition, True
-    raise NoMatch("too many offset changes")
+    raise _NoMatch("too many offset changes")
 
 
 @functools.lru_cache(maxsize=8192)
@@ -126,20 +203,210 @@ def describe_next(cron: str, timezone: str, after: datetime, count: int) -> list
     return slots
 
 
-def _parse(expr: str) -> CronExpr:
+# --- matching: croniter ----------------------------------------------------------------
+
+
+def _croniter(parsed: _Cron, expr: str, start: datetime) -> croniter:
+    return croniter(
+        expr,
+        start,
+        day_or=True,
+        implement_cron_bug=True,  # Debian: a day field starting with `*` means "both"
+        second_at_beginning=parsed.seconds,
+        max_years_between_matches=_CYCLE_YEARS,
+    )
+
+
+def _first_match(parsed: _Cron, wall: datetime, inclusive: bool) -> datetime:
+    """The first naive wall time matching ``parsed`` after ``wall`` (or at it)."""
+    if inclusive and wall.microsecond == 0:
+        wall -= timedelta(seconds=1)  # matches fall on whole seconds
+    matches: list[datetime] = []
+    for expr in parsed.exprs:
+        try:
+            match = _croniter(parsed, expr, wall).get_next(datetime)
+        except (ValueError, OverflowError):  # croniter's "no date", or past the year 9999
+            continue
+        assert isinstance(match, datetime)
+        matches.append(match)
+    if not matches:
+        raise _NoMatch(f"no match after {wall.isoformat()}")
+    return min(matches)
+
+
+# --- validation: dblockrun's policy ----------------------------------------------------
+
+
+def _parse(expr: str) -> _Cron:
     if not isinstance(expr, str):
         raise ValueError(f"a cron expression must be a string, not {type(expr).__name__}")
     return _parse_text(expr)
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse_text(expr: str) -> CronExpr:
-    parsed = parse_cron(expr)
+def _parse_text(expr: str) -> _Cron:
+    text = expr.strip()
+    if not text:
+        raise ValueError("empty cron expression")
+    if text.startswith("@"):
+        text = _macro(text)
+    fields = text.split()
+    if len(fields) not in (5, 6):
+        raise ValueError(
+            f"{len(fields)} fields; use 5 (minute hour day-of-month month day-of-week), "
+            "6 with the seconds first, or a macro like @daily"
+        )
+    full = fields if len(fields) == 6 else ["0", *fields]
+    specs = (_SECOND, _MINUTE, _HOUR, _DOM, _MONTH, _DOW)
+    for spec, field in zip(specs, full, strict=True):
+        if _HASHED_OR_RANDOM.search(field):
+            raise ValueError(
+                f"{spec.name} field {field!r}: hashed (H) and random (R) values are not "
+                "supported; every host must compute the same slots"
+            )
+    second, minute, hour, dom_field, month, dow_field = full
+    for spec, field in ((_SECOND, second), (_MINUTE, minute), (_HOUR, hour), (_MONTH, month)):
+        for item in field.split(","):
+            _check_item(spec, field, item)
+    dom, dom_special = _day_of_month(dom_field)
+    dow, dow_special = _day_of_week(dow_field)
+    either = not (dom_field.startswith("*") or dow_field.startswith("*"))
+    days = [(dom, "*"), ("*", dow)] if either and (dom_special or dow_special) else [(dom, dow)]
+    times = fields[: len(fields) - 3]
+    parsed = _Cron(
+        exprs=tuple(" ".join([*times, day, month, weekday]) for day, weekday in days),
+        seconds=len(fields) == 6,
+        wildcard=any(field.startswith("*") for field in times),
+    )
+    # A day rule that never matches (31 February) adds nothing to the other one.
+    live = tuple(e for e in parsed.exprs if _ever_matches(parsed, expr, e))
+    if not live:
+        raise ValueError(f"{expr.strip()!r} never matches a date")
+    return _Cron(live, parsed.seconds, parsed.wildcard)
+
+
+def _ever_matches(parsed: _Cron, original: str, expr: str) -> bool:
     try:
-        parsed.first_from(_FOREVER_START)
-    except NoMatch:
-        raise ValueError(f"{expr.strip()!r} never matches a date") from None
-    return parsed
+        _croniter(parsed, expr, _FOREVER_START).get_next(datetime)
+    except CroniterBadDateError:
+        return False
+    except ValueError as exc:  # croniter refuses what dblockrun let through
+        raise ValueError(f"{original.strip()!r}: {exc}") from exc
+    return True
+
+
+def _macro(text: str) -> str:
+    if text in MACROS:
+        return MACROS[text]
+    if text.lower() == "@reboot":
+        raise ValueError(
+            "@reboot is not supported: a fleet has no single boot (use a cron expression or rate)"
+        )
+    if text.lower() in MACROS:
+        raise ValueError(
+            f"unknown macro {text!r} (macros are lower case, as in cron: {text.lower()})"
+        )
+    raise ValueError(f"unknown macro {text!r} (use {', '.join(MACROS)})")
+
+
+def _day_of_month(field: str) -> tuple[str, bool]:
+    """``field`` as croniter writes it, and whether it holds a W (see module doc)."""
+    items = field.split(",")
+    written: list[str] = []
+    nearest = False
+    for item in items:
+        match = _NEAREST.fullmatch(item)
+        if item.upper() == "LW" or match:
+            if match:
+                day = _number(_DOM, field, match.group(1))
+                if day > 28:
+                    raise _DOM.bad(
+                        field,
+                        f"in {item}, n of nW must be 1-28: some months have no day {day} "
+                        "(LW is the last weekday)",
+                    )
+            if len(items) > 1:
+                raise _DOM.bad(field, f"{item} must be the field's only item")
+            nearest = True
+            written.append(item if match else "31W")  # croniter: day 31 or the month's last
+        elif item.upper() == "L":
+            written.append(item)
+        else:
+            _check_item(_DOM, field, item)
+            written.append(item)
+    return ",".join(written), nearest
+
+
+def _day_of_week(field: str) -> tuple[str, bool]:
+    """``field`` as croniter writes it, and whether it holds n#k or nL."""
+    written: list[str] = []
+    plain = nth = False
+    for item in field.split(","):
+        day, hash_, k = item.partition("#")
+        if hash_:
+            if not (k.isdigit() and 1 <= int(k) <= 5):
+                raise _DOW.bad(field, f"in {item}, k of n#k must be 1-5")
+            written.append(f"{_number(_DOW, field, day) % 7}#{int(k)}")
+            nth = True
+        elif len(item) > 1 and item[-1] in "lL":
+            written.append(f"L{_number(_DOW, field, item[:-1]) % 7}")  # croniter's order
+            nth = True
+        else:
+            _check_item(_DOW, field, item)
+            written.append(item)
+            plain = True
+    if nth and plain:
+        raise _DOW.bad(field, "n#k and nL cannot share the field with plain days")
+    return ",".join(written), nth
+
+
+def _check_item(spec: _Spec, field: str, item: str) -> None:
+    if item == "?":
+        raise spec.bad(field, "'?' is Quartz's, not cron's: write *")
+    match = _RANGE.fullmatch(item)
+    if match is None:
+        raise spec.bad(field)
+    first, last, step = match.groups()
+    if first == "*":
+        if last is not None:
+            raise spec.bad(field)
+    else:
+        low = _number(spec, field, first)
+        if last is None:
+            if step is not None:
+                raise spec.bad(
+                    field, f"a step follows * or a range (write {first}-{spec.star_high}/{step})"
+                )
+            return
+        high = _number(spec, field, last)
+        if low > high:
+            raise spec.bad(field, _backwards(spec, item, low, high, step))
+    size = spec.star_high - spec.low + 1
+    if step is not None and not (len(step) < 10 and 1 <= int(step) <= size):
+        raise spec.bad(field, f"the step must be 1-{size}")
+
+
+def _backwards(spec: _Spec, item: str, low: int, high: int, step: str | None) -> str:
+    why = f"{item} runs backwards; cron accepts it and never runs it"
+    if step is not None:
+        return f"{why} (write it as two ranges)"
+    if low > spec.star_high:  # day-of-week 7-n: Sunday is 0 too
+        return f"{why} (write {spec.low}-{high})"
+    head = f"{low}" if low == spec.star_high else f"{low}-{spec.star_high}"
+    tail = f"{spec.low}" if high == spec.low else f"{spec.low}-{high}"
+    return f"{why} (write {head},{tail})"
+
+
+def _number(spec: _Spec, field: str, text: str) -> int:
+    lowered = text.lower()
+    if lowered in spec.names:
+        return spec.low + spec.names.index(lowered)
+    if not text.isdigit() or len(text) > 9 or not spec.low <= int(text) <= spec.high:
+        raise spec.bad(field)
+    return int(text)
+
+
+# --- time zones --------------------------------------------------------------------------
 
 
 def _zone(name: str) -> ZoneInfo:
@@ -176,14 +443,6 @@ def _offset_at_wall(zone: ZoneInfo, wall: datetime) -> timedelta:
     offset = wall.replace(tzinfo=zone, fold=0).utcoffset()
     assert offset is not None
     return offset
-
-
-def _first_match(parsed: CronExpr, wall: datetime, inclusive: bool) -> datetime:
-    """The first naive wall time matching ``parsed`` after ``wall`` (or at it)."""
-    second = wall.replace(microsecond=0)
-    if not inclusive or second != wall:  # matches fall on whole seconds
-        second += timedelta(seconds=1)
-    return parsed.first_from(second)
 
 
 def _next_transition(zone: ZoneInfo, start: datetime, end: datetime) -> datetime | None:

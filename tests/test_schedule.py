@@ -64,6 +64,9 @@ def wall(slots: list[datetime], zone: str) -> list[str]:
         "0 0 15W * 1",
         "0 0 1,L * *",
         "0 0 31 2 1#5",
+        "0 0 28W * *",
+        "0 0 * * 1#2,5L",
+        "0 0 * * 7L",
         "0 0 * * MON-FRI",
         "0 0 * * 5-7",
         "*/60 * * * *",
@@ -120,6 +123,22 @@ FIELDS_HINT = "use 5 (minute hour day-of-month month day-of-week), 6 with the se
         ("0 0 * * 1#6", "bad day-of-week field '1#6': in 1#6, k of n#k must be 1-5"),
         ("0 0 ? * 1", "bad day-of-month field '?': '?' is Quartz's, not cron's: write *"),
         ("0 0 32W * *", "bad day-of-month field '32W' (allowed: 1-31, L, LW, nW)"),
+        # Extensions croniter reads differently from dblockrun-jobs(5): rejected.
+        (  # croniter would move 31W to the last day of a 30-day month
+            "0 0 31W * *",
+            "bad day-of-month field '31W': in 31W, n of nW must be 1-28: some months have "
+            "no day 31 (LW is the last weekday)",
+        ),
+        ("0 0 1,15W * *", "bad day-of-month field '1,15W': 15W must be the field's only item"),
+        ("0 0 LW,1 * *", "bad day-of-month field 'LW,1': LW must be the field's only item"),
+        (
+            "0 0 * * 1,2#2",
+            "bad day-of-week field '1,2#2': n#k and nL cannot share the field with plain days",
+        ),
+        (
+            "0 0 * * mon,5L",
+            "bad day-of-week field 'mon,5L': n#k and nL cannot share the field with plain days",
+        ),
         # Ranges that run backwards: cron accepts the line and never runs it.
         (
             "0 22-2 * * *",
@@ -343,9 +362,25 @@ DEBIAN = [
         "2025-11-03T00:00:00+00:00", "2025-12-01T00:00:00+00:00",
         "2026-01-01T00:00:00+00:00", "2026-02-02T00:00:00+00:00",
     ]),
-    ("0 0 31W * *", "UTC", utc(2026, 1, 1), [  # no 31st, no slot; 31 May is a Sunday
-        "2026-01-30T00:00:00+00:00", "2026-03-31T00:00:00+00:00",
-        "2026-05-29T00:00:00+00:00",
+    ("0 0 LW * *", "UTC", utc(2025, 11, 1), [  # 30 Nov 2025 is a Sunday: Friday the 28th
+        "2025-11-28T00:00:00+00:00", "2025-12-31T00:00:00+00:00",
+        "2026-01-30T00:00:00+00:00",
+    ]),
+    ("0 0 28W * *", "UTC", utc(2026, 1, 1), [  # 28 Feb and 28 Mar 2026 are Saturdays
+        "2026-01-28T00:00:00+00:00", "2026-02-27T00:00:00+00:00",
+        "2026-03-27T00:00:00+00:00", "2026-04-28T00:00:00+00:00",
+    ]),
+    ("0 0 L * 5", "UTC", utc(2026, 1, 20), [  # the last day, or Fridays
+        "2026-01-23T00:00:00+00:00", "2026-01-30T00:00:00+00:00",
+        "2026-01-31T00:00:00+00:00", "2026-02-06T00:00:00+00:00",
+    ]),
+    ("0 0 * * 1#2,7L", "UTC", utc(2026, 1, 1), [  # the second Monday, the last Sunday
+        "2026-01-12T00:00:00+00:00", "2026-01-25T00:00:00+00:00",
+        "2026-02-09T00:00:00+00:00", "2026-02-22T00:00:00+00:00",
+    ]),
+    ("15 0 0 1 * 1#1", "UTC", utc(2026, 1, 1, 0, 1), [  # seconds first, either day rule
+        "2026-01-05T00:00:15+00:00", "2026-02-01T00:00:15+00:00",
+        "2026-02-02T00:00:15+00:00", "2026-03-01T00:00:15+00:00",
     ]),
     ("0 0 1 * 1#1", "UTC", utc(2026, 1, 1), [  # the 1st, or the first Monday
         "2026-01-05T00:00:00+00:00", "2026-02-01T00:00:00+00:00",
