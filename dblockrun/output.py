@@ -1,31 +1,34 @@
-"""Rendering for people (plain text tables) and programs (JSON).
+"""Rendering for people (rich tables) and programs (JSON); the only module
+that imports rich, and only when a table is drawn (``--json`` does not load it).
 
-The tables are laid out here rather than by rich: rich takes seconds to
-measure a table of 10,000 jobs, and folds words to fit. These tables never
-break a word (a job name or host id stays whole; a cell wraps at its spaces),
-fit the terminal's width (``COLUMNS`` included) when they can, and are never
-wrapped when piped without ``COLUMNS``, so each row stays one line for grep.
-The table and ``--json`` show the same facts: :func:`job_view` decides them
-once for both.
+The tables never break a word (a job name or host id stays whole; a cell
+wraps at its spaces), fit the terminal's width (``COLUMNS`` included) when
+they can, and are never wrapped when piped without ``COLUMNS``, so each row
+stays one line for grep. The table and ``--json`` show the same facts:
+:func:`job_view` decides them once for both.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import json
 import math
 import os
-import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dblockrun.durations import format_duration
 from dblockrun.store import FOREVER
 from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions
+
+if TYPE_CHECKING:
+    from rich.box import Box
+    from rich.table import Table
 
 #: Bumped only on incompatible changes to the ``--json`` shapes.
 JSON_VERSION = 1
@@ -34,8 +37,6 @@ JSON_VERSION = 1
 DISABLED = "disabled"
 NO_LIVE_DAEMON = "no live daemon"
 NOT_ON_LIVE_DAEMON = "no live daemon has this job"
-
-_GAP = "  "
 
 
 # -- times ------------------------------------------------------------------------
@@ -269,7 +270,11 @@ def dumps(doc: dict[str, Any]) -> str:
     return "{\n" + ",\n".join(parts) + "\n}"
 
 
-# -- plain text tables --------------------------------------------------------------
+# -- tables (rich) ------------------------------------------------------------------
+
+#: The width piped output is laid out in when ``COLUMNS`` is not set: wide
+#: enough that rich wraps no row, so each row stays one line for grep.
+UNBOUNDED = 1_000_000
 
 
 def _clean(text: str) -> str:
@@ -281,63 +286,149 @@ def _clean(text: str) -> str:
 
 
 def terminal_width() -> int | None:
-    """The width to fit: the terminal's (``COLUMNS`` first); piped output
-    only when ``COLUMNS`` is set, else None (never wrapped)."""
-    if sys.stdout.isatty():
-        return shutil.get_terminal_size().columns
+    """The width to fit, as rich's console finds it: ``COLUMNS``, else the
+    terminal's. None when piped without ``COLUMNS``: never wrapped."""
+    from rich.console import Console
+
+    console = Console(file=sys.stdout)
     columns = os.environ.get("COLUMNS", "")
-    return int(columns) if columns.isdigit() and int(columns) > 0 else None
+    if console.width > 0 and (console.is_terminal or columns.isdigit()):
+        return console.width
+    return None
 
 
-def _longest_word(text: str) -> int:
-    return max((len(w) for w in text.split()), default=0)
+class _Page:
+    """Plain text laid out by rich (no colour, markup, highlighting or emoji:
+    a job name is shown as typed) in ``width`` columns, or unbounded (None),
+    lines never cropped, trailing spaces dropped."""
 
+    def __init__(self, width: int | None) -> None:
+        from rich.console import Console
 
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
-                 width: int | None) -> str:
-    """Columns two spaces apart, headers underlined with dashes. When wider
-    than ``width``, the widest columns wrap at spaces; a word is never broken,
-    so a table whose longest words do not fit is wider than ``width``."""
-    table = [list(headers), *([_clean(c) for c in row] for row in rows)]
-    n = len(headers)
-    widths = [max(len(r[i]) for r in table) for i in range(n)]
-    if width is not None and sum(widths) + len(_GAP) * (n - 1) > width:
-        least = [max(_longest_word(r[i]) for r in table) for i in range(n)]
-        excess = sum(widths) + len(_GAP) * (n - 1) - width
-        while excess > 0:
-            i = max(range(n), key=lambda k: (widths[k] > least[k], widths[k]))
-            if widths[i] <= least[i]:
-                break
-            widths[i] -= 1
-            excess -= 1
-    lines: list[str] = []
-    for index, row in enumerate(table):
-        if all(len(c) <= w for c, w in zip(row, widths, strict=True)):
-            lines.append(_GAP.join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        self.width = width
+        self._buffer = io.StringIO()
+        self.console = Console(file=self._buffer, width=width or UNBOUNDED, color_system=None,
+                               markup=False, emoji=False, highlight=False,
+                               legacy_windows=False)
+
+    def line(self, text: str = "") -> None:
+        from rich.text import Text
+
+        self.console.print(Text(_clean(text)), crop=False)
+
+    def paragraphs(self, lines: Sequence[str]) -> None:
+        """``lines`` wrapped at spaces; a word longer than the width (a job
+        name) stays whole on a wider line."""
+        from rich.table import Table
+        from rich.text import Text
+
+        grid = Table.grid()
+        grid.add_column(min_width=None if self.width is None else _longest_word(lines))
+        for text in lines:
+            grid.add_row(Text(_clean(text)))
+        self.console.print(grid, crop=False)
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]],
+              whole: Collection[str]) -> None:
+        """Columns two spaces apart (a cell's right padding and an empty
+        divider), a dashed rule under the headers. Columns named in ``whole``
+        (names, numbers) never wrap; the others wrap at spaces. To fit a
+        width, each column is at least as wide as its header and its longest
+        word (its whole longest cell if it never wraps): a table whose words
+        do not fit is wider than the width, never broken mid-word or cut."""
+        from rich.cells import cell_len
+        from rich.text import Text
+
+        cells = [[_clean(c) for c in row] for row in rows]
+        if self.width is None:
+            table = _new_table(headers, whole, None)
         else:
-            wrapped = [_wrap(c, w) for c, w in zip(row, widths, strict=True)]
-            for k in range(max(len(c) for c in wrapped)):
-                parts = [(c[k] if k < len(c) else "").ljust(w)
-                         for c, w in zip(wrapped, widths, strict=True)]
-                lines.append(_GAP.join(parts).rstrip())
-        if index == 0:
-            lines.append(_GAP.join("-" * w for w in widths))
-    return "\n".join(lines) + "\n"
+            columns = list(zip(*cells, strict=True)) or [() for _ in headers]
+            least = [max(cell_len(header), max(map(cell_len, column), default=0)
+                         if header in whole else _longest_word(column))
+                     for header, column in zip(headers, columns, strict=True)]
+            table = _new_table(headers, whole, least)
+            proxy = _new_table(headers, whole, least)
+            proxy.add_row(*(Text(max(column, key=cell_len, default="")) for column in columns))
+            table.width = self._fit(proxy)
+        for row in cells:
+            table.add_row(*map(Text, row))
+        self.console.print(table, crop=False)
+
+    def _fit(self, proxy: Table) -> int | None:
+        """The table width to ask rich for (None: the page's). rich narrows
+        the widest wrapping columns first, then widens again any column
+        below its minimum, so at the page's width it can draw a table wider
+        than the page that would have fitted; asked for too little, it drops
+        columns. ``proxy`` (the table's columns and a row of their longest
+        cells) is laid out as the table is, so widths are tried on it
+        cheaply (bisection: the narrower the width asked, the narrower the
+        drawing): the widest whose drawing fits the page, or is as narrow as
+        the table can be, with every header whole."""
+        from rich.segment import Segment
+
+        assert self.width is not None
+        least = self.console.measure(
+            proxy, options=self.console.options.update_width(UNBOUNDED)).minimum
+        bound = max(self.width, least)
+        headers = [word for column in proxy.columns for word in str(column.header).split()]
+
+        def fits(target: int | None) -> tuple[bool, bool]:
+            """Whether the drawing fits, and whether it shows every header whole."""
+            proxy.width = target  # a width also widens a narrower table to it
+            lines = list(Segment.split_lines(self.console.render(proxy)))
+            whole = "".join(segment.text for segment in lines[0]).split() == headers
+            return max(map(Segment.get_line_length, lines)) <= bound, whole
+
+        if all(fits(None)):
+            return None
+        low, high = 0, bound  # at 0, no column is left; at bound, too wide
+        while high - low > 1:
+            middle = (low + high) // 2
+            fit, whole = fits(middle)
+            if fit or not whole:
+                low = middle
+            else:
+                high = middle
+        return low if low and all(fits(low)) else high
+
+    def text(self) -> str:
+        return "\n".join(line.rstrip() for line in self._buffer.getvalue().splitlines()) + "\n"
 
 
-def _wrap(cell: str, width: int) -> list[str]:
-    """``cell`` in lines of at most ``width``, broken at spaces only."""
-    if len(cell) <= width:
-        return [cell]
-    lines: list[str] = []
-    line = ""
-    for word in cell.split():
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return [*lines, line]
+def _longest_word(texts: Iterable[str]) -> int:
+    """The width of the longest word in ``texts``, as rich measures a text's minimum."""
+    from rich.cells import cell_len
+
+    return max((cell_len(word) for text in texts for word in text.split()), default=0)
+
+
+def _new_table(headers: Sequence[str], whole: Collection[str],
+               least: Sequence[int] | None) -> Table:
+    from rich.table import Table
+
+    table = Table(box=_header_rule(), show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+                  header_style=None, highlight=False)
+    for index, header in enumerate(headers):
+        table.add_column(header, no_wrap=header in whole, overflow="fold",
+                         min_width=None if least is None else least[index])
+    return table
+
+
+@functools.cache
+def _header_rule() -> Box:
+    """No borders; a dashed rule under each header. ASCII, so the text is the
+    same whatever the terminal's encoding."""
+    from rich.box import Box
+
+    return Box("    \n"
+               "    \n"
+               " -  \n"
+               "    \n"
+               "    \n"
+               "    \n"
+               "    \n"
+               "    \n", ascii=True)
 
 
 def _state_cell(v: JobView, now: float) -> str:
@@ -383,23 +474,25 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             holder = f"{s.lock.holder or '(none)'} until {_short(s.lock.lock_until, db_now)}"
         rows.append([s.lock.name, _state_cell(v, db_now), holder, str(s.lock.token),
                      _last_run_cell(s.last_run, db_now), _next_run_cell(v, db_now)])
-    out = "jobs\n" + render_table(
-        ("job", "state", "holder", "token", "last run", "next run"), rows, width)
+    page = _Page(width)
+    page.line("jobs")
+    page.table(("job", "state", "holder", "token", "last run", "next run"), rows,
+               ("job", "token"))
+    page.line()
     within = format_duration(live_within)
     if hosts:
-        out += f"\nlive hosts (a heartbeat in the last {within})\n" + render_table(
-            ("host", "pid", "version", "last seen", "clock offset", "running"),
-            [[h.id, str(h.pid), h.version, _short(h.last_seen, db_now),
-              clock_offset(h.clock_offset), str(h.running)] for h in hosts],
-            width)
+        page.line(f"live hosts (a heartbeat in the last {within})")
+        page.table(("host", "pid", "version", "last seen", "clock offset", "running"),
+                   [[h.id, str(h.pid), h.version, _short(h.last_seen, db_now),
+                     clock_offset(h.clock_offset), str(h.running)] for h in hosts],
+                   ("host", "pid", "version", "clock offset", "running"))
     else:
-        out += f"\nlive hosts (a heartbeat in the last {within}): none\n"
+        page.line(f"live hosts (a heartbeat in the last {within}): none")
     found = warnings(jobs, fleet, live_within)
     if found:
-        out += "\n" + "".join(
-            "\n".join(_wrap(f"warning: {_clean(line)}", width or len(line) + 9)) + "\n"
-            for line in found)
-    return out
+        page.line()
+        page.paragraphs([f"warning: {line}" for line in found])
+    return page.text()
 
 
 def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
@@ -414,9 +507,12 @@ def history_text(runs: Sequence[RunRecord], width: int | None = None) -> str:
          _took(r), "-" if r.exit_code is None else str(r.exit_code), r.result]
         for r in runs
     ]
-    headers = ("id", "job", "item", "host", "slot", "token", "attempt", "started",
-               "duration", "exit", "result")
-    return "runs\n" + render_table(headers, rows, width)
+    page = _Page(width)
+    page.line("runs")
+    page.table(("id", "job", "item", "host", "slot", "token", "attempt", "started", "duration",
+                "exit", "result"), rows,
+               ("id", "job", "item", "host", "token", "attempt", "duration", "exit", "result"))
+    return page.text()
 
 
 def print_history(runs: Sequence[RunRecord], db_now: float) -> None:

@@ -115,7 +115,7 @@ def test_status_table_at_100_columns() -> None:
     assert text == f"""\
 jobs
 job                                          state      holder           token  last run           next run
--------------------------------------------  ---------  ---------------  -----  -----------------  ---------
+-------------------------------------------- ---------- ---------------- ------ ------------------ ---------
 {LONG}  running    web-3:77:0b1d2e  42     ok exit 0 in       21:54:17Z
                                                         until 21:53:42Z         1.52s, 21:48:17Z   (in 1m)
                                                         (in 25.0s)              (5m ago) on
@@ -133,7 +133,7 @@ move-to-cold                                 disabled   -                3      
 
 live hosts (a heartbeat in the last 15s)
 host               pid   version  last seen             clock offset  running
------------------  ----  -------  --------------------  ------------  -------
+------------------ ----- -------- --------------------- ------------- -------
 web-1:4121:9f2c1a  4121  0.1.0    21:53:13Z (4.0s ago)  0.0 ms        1
 """  # noqa: E501 (the table as printed)
 
@@ -144,8 +144,8 @@ def test_status_table_fits_160_columns_on_one_line_per_job() -> None:
         "jobs",
         "job           state                                        holder  token  "
         "last run                                                               next run",
-        "------------  -------------------------------------------  ------  -----  "
-        "---------------------------------------------------------------------  --------------",
+        "------------- -------------------------------------------- ------- ------ "
+        "---------------------------------------------------------------------- --------------",
         "backup        idle                                         -       7      "
         "failed exit 3 in 1m35s, 2026-11-20 21:53Z (2d ago) on web-3:77:0b1d2e  no live daemon",
         "move-to-cold  disabled until 00:53:17Z (in 3h): disk full  -       3      "
@@ -153,8 +153,10 @@ def test_status_table_fits_160_columns_on_one_line_per_job() -> None:
     ]
 
 
-def test_status_table_never_breaks_a_word_or_a_header() -> None:
-    text = output.status_text(fleet_jobs(), [], NOW, 15.0, 80)
+@pytest.mark.parametrize("width", [20, 40, 80])
+def test_status_table_never_breaks_a_word_or_a_header(width: int) -> None:
+    """Nor drops a column: rich, asked to fit less than the words need, leaves some out."""
+    text = output.status_text(fleet_jobs(), [], NOW, 15.0, width)
     lines = text.splitlines()
     assert lines[1].split() == ["job", "state", "holder", "token", "last", "run", "next", "run"]
     assert lines[1].split("  ")[0] == "job"
@@ -162,6 +164,49 @@ def test_status_table_never_breaks_a_word_or_a_header() -> None:
         LONG, "backup", "move-to-cold"]
     for word in ("web-3:77:0b1d2e", "web-1:4121:9f2c1a", "disabled", "(in 25.0s)"):
         assert word in text
+
+
+def test_status_table_fits_80_columns_when_its_words_do() -> None:
+    """rich narrows the widest columns first, then widens again those below
+    their longest word: asked for 80 columns it drew this table 83 wide."""
+    hosts = ["web-1:1001:ab12cd", "web-2:1002:ef34ab"]
+    jobs = [JobStatus(lock(name, holder=hosts[i % 2] if i % 3 == 0 else None,
+                           lock_until=NOW + 25 if i % 3 == 0 else None, token=i,
+                           next_due=NOW + 60 * i + 5),
+                      last_run=run(i, name, host=hosts[(i + 1) % 2]), running=None, db_now=NOW)
+            for i, name in enumerate(["backup-0", "report-daily-1", "cleanup-tmp-2",
+                                      "sync-inventory-3"])]
+    names = {s.lock.name: "a" for s in jobs}
+    text = output.status_text(jobs, [host(h, names) for h in hosts], NOW, 15.0, 80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) == 80
+    assert lines[1].split() == ["job", "state", "holder", "token", "last", "run", "next", "run"]
+    assert [line.split()[0] for line in lines[3:] if line[:1] not in ("", " ")][:4] == [
+        "backup-0", "report-daily-1", "cleanup-tmp-2", "sync-inventory-3"]
+    # holder, last run (twice), live hosts: never cut
+    assert [text.split().count(h) for h in hosts] == [4, 4]
+
+
+def test_markup_emoji_and_control_characters_are_shown_as_typed() -> None:
+    name = "[bold]deploy[/bold]:smile:"
+    reason = "[red]disk[/red] full\x1b[31m\tsee ops\n"
+    jobs = [JobStatus(lock(name, token=1, disabled_until=NOW + 60, disabled_reason=reason),
+                      last_run=run(3, name, host="[i]web[/i]:1:aa"), running=None, db_now=NOW)]
+    hosts = [host(WEB1, {name: "a"}), host(WEB3, {name: "b"})]
+    for text in (output.status_text(jobs, hosts, NOW, 15.0, None),
+                 output.status_text(jobs, hosts, NOW, 15.0, 60),
+                 output.history_text([run(3, name, host="[i]web[/i]:1:aa", item="[b]x")], 60)):
+        assert "\x1b" not in text and "\t" not in text
+        assert name in text and "[i]web[/i]:1:aa" in text
+    text = output.status_text(jobs, hosts, NOW, 15.0, None)
+    assert "[red]disk[/red] full\\x1b[31m\\tsee ops\\n  -" in text
+    assert f"warning: job {name} is defined differently: a on {WEB1}; b on {WEB3}" in text
+
+
+def test_the_width_is_columns_when_piped_else_unbounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert output.terminal_width() is None  # pytest's stdout is not a terminal
+    monkeypatch.setenv("COLUMNS", "123")
+    assert output.terminal_width() == 123
 
 
 def test_history_table_has_item_and_attempt_columns() -> None:
@@ -172,7 +217,7 @@ def test_history_table_has_item_and_attempt_columns() -> None:
     assert output.history_text(runs, 160) == """\
 runs
 id  job     item     host               slot                  token  attempt  started               duration  exit  result
---  ------  -------  -----------------  --------------------  -----  -------  --------------------  --------  ----  -------
+--- ------- -------- ------------------ --------------------- ------ -------- --------------------- --------- ----- -------
 9   fan     eu-west  web-1:4121:9f2c1a  2026-11-22 21:52:17Z  1      2        2026-11-22 21:52:17Z  1.25s     1     failed
 8   backup  -        web-1:4121:9f2c1a  -                     -      1        2026-11-22 21:48:17Z  -         -     running
 """  # noqa: E501 (the table as printed)
@@ -202,7 +247,7 @@ def test_status_says_no_live_daemons_and_shows_no_time_in_the_past(
 database: {sqlite_db.url} (table prefix {sqlite_db.prefix})
 jobs
 job     state                              holder  token  last run  next run
-------  ---------------------------------  ------  -----  --------  --------------
+------- ---------------------------------- ------- ------ --------- --------------
 backup  disabled until enabled: disk full  -       0      -         disabled
 report  idle                               -       0      -         no live daemon
 
@@ -286,8 +331,8 @@ def test_history_shows_item_and_attempt(sqlite_store: Store, sqlite_db: TestDb) 
     assert text.splitlines()[1:] == [
         "id  job  item     host        slot  token  attempt  started               duration  "
         "exit  result",
-        "--  ---  -------  ----------  ----  -----  -------  --------------------  --------  "
-        "----  ------",
+        "--- ---- -------- ----------- ----- ------ -------- --------------------- --------- "
+        "----- ------",
         "1   fan  eu-west  web-1:1:aa  -     -      2        YYYY-MM-DD HH:MM:SSZ  D.DDs     "
         "1     failed",
     ]
