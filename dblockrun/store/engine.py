@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
@@ -75,12 +75,13 @@ class Claim:
     tolerance: float = CLAIM_TOLERANCE
     record: bool = False
     requested: bool = False
+    check: bool = False  # read the row's token and the schema version too
 
     @property
     def shape(self) -> ClaimShape:
         return ClaimShape(slot=self.slot is not None, rate=self.rate is not None,
                           next_due=self.next_due is not None, record=self.record,
-                          requested=self.requested)
+                          requested=self.requested, check=self.check)
 
     def params(self, name: str, holder: str, lease: float) -> dict[str, Any]:
         params: dict[str, Any] = {"name": name, "holder": holder, "lease": lease}
@@ -128,7 +129,10 @@ class LockEngine:
     def claim(self, name: str, holder: str, lease: float, claim: Claim = Claim(), *,
               ensure: bool = False) -> Claimed | None:
         """One conditional UPDATE (with the run record when ``claim.record``).
-        ``ensure``: create the job's lock row if it has none, then claim."""
+        ``ensure`` (exec, the API): also read the row and the schema version
+        in the same round trip; create the row if it has none, then claim."""
+        if ensure:
+            claim = replace(claim, check=True)
         won, known = self._claim(name, holder, lease, claim, ensure)
         if won is None and not known and ensure:
             self.ensure_jobs([name])
@@ -160,7 +164,12 @@ class LockEngine:
 
     def _read_pg(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
                  _ensure: bool) -> tuple[Claimed | None, Any, Any]:
-        token, run_id, found, version = self.x.send(cur, sql, params).fetchone()
+        row = self.x.send(cur, sql, params).fetchone()
+        if not (shape.record or shape.check):  # UPDATE ... RETURNING token
+            return (None, 0, None) if row is None else (
+                Claimed(params["name"], int(row[0]), None), row[0], None)
+        token, run_id, found, version = row
+        found = found if shape.check else 0
         if token is None:
             return None, found, version
         return (Claimed(params["name"], int(token), None if run_id is None else int(run_id)),
@@ -169,7 +178,8 @@ class LockEngine:
     def _read_mysql(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
                     _ensure: bool) -> tuple[Claimed | None, Any, Any]:
         self.x.send(cur, sql, params)
-        cur.nextset()  # past the dead run's loss, to the claim
+        if shape.record:
+            cur.nextset()  # past the dead run's loss, to the claim
         won = cur.rowcount == 1
         token = int(cur.lastrowid) if won else 0
         run_id: int | None = None
@@ -185,21 +195,24 @@ class LockEngine:
                 log.warning("job %s: claimed (token %d) but its run record failed: %s",
                             params["name"], token, exc)
                 return Claimed(params["name"], token, None), token, None
-        cur.nextset()
-        found, version = cur.fetchone()
+        found, version = 0, None
+        if shape.check:
+            cur.nextset()
+            found, version = cur.fetchone()
         if not won:
             return None, found, version
         return Claimed(params["name"], token, run_id), token, version
 
     def _read_sqlite(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
                      ensure: bool) -> tuple[Claimed | None, Any, Any]:
-        # The run before, if it died, is recorded lost first (as the servers'
-        # claims do in the same round trip).
-        self.x.send(cur, self._text("supersede", lambda: self.q.supersede(
-            f"{self.q.runs}.job = {self.q.p('name')}")), params)
+        if shape.record:
+            # The run before, if it died, is recorded lost first (as the
+            # servers' claims do in the same round trip).
+            self.x.send(cur, self._text("supersede", lambda: self.q.supersede(
+                f"{self.q.runs}.job = {self.q.p('name')}")), params)
         row = self.x.send(cur, sql, params).fetchone()
         if row is None:
-            if not ensure:  # embedded, but each statement is counted
+            if not shape.check:  # embedded, but each statement is counted
                 return None, 0, None
             found, version = self.x.send(cur, self.q.known_row, params).fetchone()
             return None, found, version

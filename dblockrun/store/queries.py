@@ -36,8 +36,10 @@ class ClaimShape:
     slot: bool = False  # a cron slot: newer than the last one, not in the future
     rate: bool = False  # the last start is at least ``rate`` old
     next_due: bool = False  # publish the next slot
-    record: bool = False  # also insert the run record of attempt 1
+    record: bool = False  # also insert the run record of attempt 1 (and record the
+    #                       run before it lost if its holder died)
     requested: bool = False  # an operator's run-now request (``dblockrun run``)
+    check: bool = False  # also read the row's token and the schema version (exec, API)
 
 
 class Queries:
@@ -177,21 +179,26 @@ class Queries:
                 f"WHERE {self.lost_where(jobs)}")
 
     def claim(self, shape: ClaimShape) -> str:
-        """The claim; one row: (token, run id, found, version): token and run
-        id NULL when lost, found the row's token before (NULL: no row). One
-        round trip, the run record included, and the run before it recorded
-        lost if its holder died."""
+        """The claim, in one round trip. A plain claim: ``UPDATE ...
+        RETURNING token`` (a row when won). With ``record`` or ``check``, one
+        row: (token, run id, found, version): token and run id NULL when lost;
+        with ``check``, found is the row's token as it was (NULL: no row) and
+        version the schema's; with ``record`` the run record is made and the
+        run before it recorded lost if its holder died."""
         locks, runs, p = self.locks, self.runs, self.p
         update = self.claim_update(shape)
-        lost = "s AS (" + self.supersede(f"{runs}.job = {p('name')}") + ")"
+        if not (shape.record or shape.check):
+            return f"{update} RETURNING {locks}.token"
+        known = self.known() if shape.check else "NULL, NULL"
         if not shape.record:
-            return (f"WITH {lost}, c AS ({update} RETURNING {locks}.name, {locks}.token) "
-                    f"SELECT (SELECT token FROM c), NULL, {self.known()}")
+            return (f"WITH c AS ({update} RETURNING {locks}.token) "
+                    f"SELECT (SELECT token FROM c), NULL, {known}")
+        lost = "s AS (" + self.supersede(f"{runs}.job = {p('name')}") + ")"
         return (f"WITH {lost}, "
                 f"c AS ({update} RETURNING {locks}.name, {locks}.token, {locks}.locked_at), "
                 f"r AS ({self.records('c', 'c.name', 'NULL', p('run_slot'))} "
                 f"RETURNING {runs}.token, {runs}.id) "
-                f"SELECT (SELECT token FROM r), (SELECT id FROM r), {self.known()}")
+                f"SELECT (SELECT token FROM r), (SELECT id FROM r), {known}")
 
     @cached_property
     def claim_record(self) -> str:
@@ -472,17 +479,19 @@ class MysqlQueries(Queries):
         return f"LAST_INSERT_ID({self.locks}.token + 1)"
 
     def claim(self, shape: ClaimShape) -> str:
-        """Results: the dead run's loss, the UPDATE (rowcount, lastrowid =
-        token), the INSERT (lastrowid = run id) with ``record``, then one
-        row: (known, version)."""
+        """Results, as the shape has them: the dead run's loss (``record``),
+        the UPDATE (rowcount, lastrowid = token), the INSERT (lastrowid = run
+        id; ``record``), one row (found, version; ``check``)."""
         locks, runs, p = self.locks, self.runs, self.p
-        parts = [self.supersede(f"{runs}.job = {p('name')}"), self.claim_update(shape)]
+        parts = [self.claim_update(shape)]
         if shape.record:
+            parts.insert(0, self.supersede(f"{runs}.job = {p('name')}"))
             parts.append(
                 f"{self.records(locks, f'{locks}.name', 'NULL', p('run_slot'))} "
                 f"WHERE {locks}.name = {p('name')} "
                 f"AND {locks}.token = LAST_INSERT_ID() AND ROW_COUNT() = 1")
-        parts.append(f"SELECT {self.known()}")
+        if shape.check:
+            parts.append(f"SELECT {self.known()}")
         return "; ".join(parts)
 
     def renew_many(self, count: int) -> str:
