@@ -19,15 +19,6 @@ class Dialect:
     def now(self) -> ColumnElement[float]:
         return sa.literal_column(_NOW[self.name], sa.Double())
 
-    def greatest(self, a: ColumnElement[Any], b: ColumnElement[Any]) -> ColumnElement[Any]:
-        fn = sa.func.max if self.name == "sqlite" else sa.func.greatest
-        return fn(a, b, type_=sa.Double())
-
-    @property
-    def update_returning(self) -> bool:
-        """UPDATE ... RETURNING (MySQL/MariaDB have none; we use LAST_INSERT_ID(expr))."""
-        return self.name != "mysql"
-
     def engine_options(self) -> dict[str, Any]:
         """The pool's connections get the options a direct one gets."""
         options: dict[str, Any] = {"connect_args": dict(CONNECT_OPTIONS[self.name])}
