@@ -102,26 +102,36 @@ class FleetBooks:
             self.store.lock.negative_token(name)
 
     def _blocked_slots(self, lost: LostRun) -> None:
-        """A run recorded lost: its holder stopped renewing. The slots that
-        came while its lease still held the lock could start nowhere: record
-        them skipped, saying why (the newest ``MAX_BLOCKED`` of them)."""
+        """A run this host recorded lost (its holder stopped renewing). The
+        slots that came after its last renewal and before the job could be
+        claimed again started nowhere: record them skipped, saying why (the
+        newest ``MAX_BLOCKED``). The one host whose sweep recorded the loss
+        does this, so each slot is recorded once."""
         log.warning("job %s: run %d on %s lost: its lease was last renewed at %s",
                     lost.job, lost.id, lost.host, _utc(lost.ended))
         job = self._jobs().job(lost.job)
-        if lost.item is not None or lost.lock_until is None or job is None or job.cron is None:
+        if lost.item is not None or job is None or job.cron is None:
             return
-        lock = self.store.lock_state(job.name)
-        after = max(lost.ended, lock.last_slot or 0.0) if lock is not None else lost.ended
+        if lost.lock_until is not None:
+            # Nobody has claimed it since: the slots up to the lease's end,
+            # each taken off the job (skip_slot) so no late claim runs it.
+            limit, inclusive = lost.lock_until, True
+            why_end = f"its lease ran out at {_utc(lost.lock_until)}"
+        else:
+            # Claimed since: the slots before the first one that ran again.
+            nxt = self.store.next_run_slot(job.name, lost.id)
+            if nxt is None:
+                return
+            limit, inclusive, why_end = nxt, False, "until another host claimed it"
         blocked: deque[float] = deque(maxlen=MAX_BLOCKED)
-        slot = next_slot_at(job.cron, job.timezone, after)
-        while slot <= lost.lock_until:
+        slot = next_slot_at(job.cron, job.timezone, max(lost.ended, lost.slot or 0.0))
+        while slot < limit or (inclusive and slot == limit):
             blocked.append(slot)
             slot = next_slot_at(job.cron, job.timezone, slot)
         why = (f"skipped: {lost.host} held the lock and stopped renewing it at "
-               f"{_utc(lost.ended)} (run {lost.id}, lost); its lease ran out at "
-               f"{_utc(lost.lock_until)}\n")
+               f"{_utc(lost.ended)} (run {lost.id}, lost), {why_end}\n")
         for slot in blocked:
-            if self.store.skip_slot(job.name, slot):
+            if lost.lock_until is None or self.store.skip_slot(job.name, slot):
                 self.store.start_run(job.name, self.holder, token=None, slot=slot,
                                      result=m.SKIPPED, output=why)
                 self.metrics.missed.labels(job.name, "skipped").inc()

@@ -293,8 +293,8 @@ def test_a_dead_holders_run_ends_at_its_last_renewal_and_its_slots_are_skipped(
                    what="another host to run the job")
     store = fleet.store
     dead = next(r for r in store.history("long", 100) if r.token == token)
-    lost = wait_for(lambda: (r := store.run(dead.id)) is not None and r.result == "lost" and r,
-                    10, what="the dead run recorded lost")
+    lost = wait_for(lambda: (r := store.run(dead.id)) is not None and r.result == "lost"
+                    and r.finished is not None and r, 10, what="the dead run recorded lost")
     assert lost.finished is not None
     # It ended at its last renewal (heartbeat 1 s), not when someone noticed.
     assert killed_at - 1.5 <= lost.finished <= killed_at + 0.1

@@ -63,6 +63,7 @@ class LostRun:
     token: int
     lock_until: float | None  # when its lease ran out (None: taken over since)
     ended: float  # its lease's last renewal
+    slot: float | None  # the slot it ran for
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class LockEngine:
     def _read_mysql(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
                     _ensure: bool) -> tuple[Claimed | None, Any, Any]:
         self.x.send(cur, sql, params)
-        if shape.record:
+        if shape.cleans:
             cur.nextset()  # past the dead run's loss, to the claim
         won = cur.rowcount == 1
         token = int(cur.lastrowid) if won else 0
@@ -205,7 +206,7 @@ class LockEngine:
 
     def _read_sqlite(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
                      ensure: bool) -> tuple[Claimed | None, Any, Any]:
-        if shape.record:
+        if shape.cleans:
             # The run before, if it died, is recorded lost first (as the
             # servers' claims do in the same round trip).
             self.x.send(cur, self._text("supersede", lambda: self.q.supersede(
@@ -279,8 +280,6 @@ class LockEngine:
             chosen = {**params, **{f"c{i}": n for i, n in enumerate(picked)}}
             # The pick only shares the work out: the UPDATE is the same
             # conditional write as a single claim, and decides.
-            send(cur, q.supersede(f"{q.runs}.job {q.names_in(len(picked))}"),
-                 {f"n{i}": n for i, n in enumerate(picked)})
             send(cur, q.batch_update(shape, len(picked)), chosen)
             send(cur, q.batch_record(len(picked)), chosen)
             rows = send(cur, q.batch_read(len(picked)), chosen).fetchall()
@@ -502,12 +501,12 @@ class LockEngine:
         def go(cur: Any) -> list[LostRun]:
             found = self.x.send(cur, self.q.lost_runs).fetchall()
             lost: list[LostRun] = []
-            for run_id, job, item, host, token, lock_until, ended in found:
+            for run_id, job, item, host, token, lock_until, ended, slot in found:
                 params = {"id": int(run_id), "ended": float(ended)}
                 if self.x.send(cur, self.q.mark_lost, params).rowcount == 1:
                     lost.append(LostRun(int(run_id), str(job), item, str(host), int(token),
                                         None if lock_until is None else float(lock_until),
-                                        float(ended)))
+                                        float(ended), None if slot is None else float(slot)))
             return lost
 
         return self.x.run(go)

@@ -41,6 +41,13 @@ class ClaimShape:
     requested: bool = False  # an operator's run-now request (``dblockrun run``)
     check: bool = False  # also read the row's token and the schema version (exec, API)
 
+    @property
+    def cleans(self) -> bool:
+        """Records the run before it lost if its holder died: the claims of
+        exec and the API, which have no daemon's bookkeeping to do it (a
+        daemon's bookkeeping records it, with the slots it blocked)."""
+        return self.record and self.check
+
 
 class Queries:
     """The statements of one database kind and table prefix."""
@@ -120,9 +127,10 @@ class Queries:
 
     def claim_sets(self, table: str, shape: ClaimShape, token: str) -> str:
         p, now = self.p, self.now
-        sets = [f"holder = {p('holder')}", f"lock_until = ({now} + {p('lease')})",
-                f"locked_at = {now}", f"token = {token}", f"last_start = {now}",
-                f"renewed_at = {now}"]
+        # prev_renewed_at first: MySQL assigns left to right, from new values.
+        sets = [f"prev_renewed_at = {table}.renewed_at", f"holder = {p('holder')}",
+                f"lock_until = ({now} + {p('lease')})", f"locked_at = {now}",
+                f"token = {token}", f"last_start = {now}", f"renewed_at = {now}"]
         if table == self.locks:
             sets.append("run_requested = NULL")
             if shape.next_due:
@@ -164,12 +172,16 @@ class Queries:
                 f"AND NOT EXISTS (SELECT 1 FROM {items} WHERE {self.holding(items, True)})")
 
     def lost_end(self) -> str:
-        """When a lost run ended: its lease's last renewal (now, if its lock
-        has moved on to another token since)."""
-        locks, items = self.locks, self.items
+        """When a lost run ended: its lease's last renewal, kept on its lock
+        row, or by the claim that took the lease over next (now, if the lock
+        has moved on further since)."""
+        locks, items, runs = self.locks, self.items, self.runs
+        taken_over = (f"{locks}.name = {runs}.job AND {runs}.item IS NULL "
+                      f"AND {locks}.token = {runs}.token + 1")
         return (f"COALESCE((SELECT {locks}.renewed_at FROM {locks} "
                 f"WHERE {self.holding(locks, False)}), (SELECT {items}.renewed_at FROM {items} "
-                f"WHERE {self.holding(items, False)}), {self.now})")
+                f"WHERE {self.holding(items, False)}), (SELECT {locks}.prev_renewed_at "
+                f"FROM {locks} WHERE {taken_over}), {self.now})")
 
     def supersede(self, jobs: str) -> str:
         """Record lost the dead runs of ``jobs``: each claim does it for its
@@ -183,8 +195,8 @@ class Queries:
         RETURNING token`` (a row when won). With ``record`` or ``check``, one
         row: (token, run id, found, version): token and run id NULL when lost;
         with ``check``, found is the row's token as it was (NULL: no row) and
-        version the schema's; with ``record`` the run record is made and the
-        run before it recorded lost if its holder died."""
+        version the schema's; with ``record`` the run record is made (and
+        with ``cleans`` the run before it recorded lost if its holder died)."""
         locks, runs, p = self.locks, self.runs, self.p
         update = self.claim_update(shape)
         if not (shape.record or shape.check):
@@ -193,8 +205,9 @@ class Queries:
         if not shape.record:
             return (f"WITH c AS ({update} RETURNING {locks}.token) "
                     f"SELECT (SELECT token FROM c), NULL, {known}")
-        lost = "s AS (" + self.supersede(f"{runs}.job = {p('name')}") + ")"
-        return (f"WITH {lost}, "
+        lost = ("s AS (" + self.supersede(f"{runs}.job = {p('name')}") + "), "
+                if shape.cleans else "")
+        return (f"WITH {lost}"
                 f"c AS ({update} RETURNING {locks}.name, {locks}.token, {locks}.locked_at), "
                 f"r AS ({self.records('c', 'c.name', 'NULL', p('run_slot'))} "
                 f"RETURNING {runs}.token, {runs}.id) "
@@ -235,8 +248,7 @@ class Queries:
         """PostgreSQL: pick, claim and record ``count`` candidates in one statement."""
         locks, runs, p = self.locks, self.runs, self.p
         sets = self.claim_sets(locks, shape, self.token_expr())
-        lost = self.supersede(f"{runs}.job {self.names_in(count)}")
-        return (f"WITH s AS ({lost}), pick AS ({self.batch_pick(shape, count)}), "
+        return (f"WITH pick AS ({self.batch_pick(shape, count)}), "
                 f"c AS (UPDATE {locks} SET {sets} FROM pick WHERE {locks}.name = pick.name "
                 f"AND {self.claimable(locks, shape)} "
                 f"RETURNING {locks}.name, {locks}.token, {locks}.locked_at) "
@@ -429,11 +441,11 @@ class Queries:
     @cached_property
     def lost_runs(self) -> str:
         """The dead runs of all jobs: (id, job, item, host, token, the lease's
-        end, when the run ended)."""
+        end, when the run ended, its slot)."""
         runs, locks = self.runs, self.locks
         return (f"SELECT {runs}.id, {runs}.job, {runs}.item, {runs}.host, {runs}.token, "
                 f"(SELECT {locks}.lock_until FROM {locks} WHERE {self.holding(locks, False)}), "
-                f"{self.lost_end()} FROM {runs} WHERE {self.lost_where('1 = 1')}")
+                f"{self.lost_end()}, {runs}.slot FROM {runs} WHERE {self.lost_where('1 = 1')}")
 
     @cached_property
     def mark_lost(self) -> str:
@@ -484,8 +496,9 @@ class MysqlQueries(Queries):
         id; ``record``), one row (found, version; ``check``)."""
         locks, runs, p = self.locks, self.runs, self.p
         parts = [self.claim_update(shape)]
-        if shape.record:
+        if shape.cleans:
             parts.insert(0, self.supersede(f"{runs}.job = {p('name')}"))
+        if shape.record:
             parts.append(
                 f"{self.records(locks, f'{locks}.name', 'NULL', p('run_slot'))} "
                 f"WHERE {locks}.name = {p('name')} "

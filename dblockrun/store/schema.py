@@ -86,7 +86,8 @@ class Tables:
 def _lease_columns() -> list[sa.Column[Any]]:
     """What makes a row lockable (a job's lock, a fan-out item): holder,
     lease, fencing token, the last slot and start claimed, and when the
-    holder last renewed the lease (a lost run ends there: schema 3)."""
+    holder (and the one before it) last renewed the lease: a lost run ends
+    there (schema 3)."""
     return [
         sa.Column("holder", Name(255)),
         sa.Column("lock_until", sa.Double()),
@@ -95,6 +96,9 @@ def _lease_columns() -> list[sa.Column[Any]]:
         sa.Column("last_slot", sa.Double()),
         sa.Column("last_start", sa.Double()),
         sa.Column("renewed_at", sa.Double()),
+        # The previous holder's last renewal, kept by the claim that took the
+        # lease over: where that holder's run ended if it died.
+        sa.Column("prev_renewed_at", sa.Double()),
     ]
 
 

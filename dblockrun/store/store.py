@@ -426,6 +426,15 @@ class Store:
                                   ~held), m.LOST), else_=runs.c.result).label("result")
         return sa.select(*[c for c in runs.c if c.name != "result"], result)
 
+    def next_run_slot(self, job: str, after_id: int) -> float | None:
+        """The slot of the job's first slotted run recorded after run ``after_id``."""
+        runs = self.t.runs
+        stmt = sa.select(sa.func.min(runs.c.slot)).where(
+            runs.c.job == job, runs.c.id > after_id, runs.c.item.is_(None),
+            runs.c.slot.is_not(None))
+        found = self._run(lambda c: c.execute(stmt).scalar())
+        return None if found is None else float(found)
+
     def history(self, job: str | None = None, limit: int = 20,
                 item: str | None = None) -> list[m.RunRecord]:
         runs = self.t.runs
