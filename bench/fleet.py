@@ -14,6 +14,7 @@ timestamp for procrastinate; ``read_starts`` accepts both.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import signal
@@ -131,13 +132,18 @@ def dblockrun(*args: str) -> list[str]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of the process and of its children it has waited for
-    (the guards and commands of finished runs): /proc/PID/stat fields 14-17."""
+    """utime + stime of the process, of its children it has waited for and,
+    the same way, of its live children (a daemon's spawn service, whose
+    waited-for children are the commands of finished runs): /proc/PID/stat
+    fields 14-17."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return float("nan")
-    return sum(int(f) for f in fields[11:15]) / CLK_TCK
+    live = (cpu_seconds(int(child)) for child in children)
+    return (sum(int(f) for f in fields[11:15]) / CLK_TCK
+            + sum(c for c in live if not math.isnan(c)))
 
 
 @dataclass

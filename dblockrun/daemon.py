@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from dblockrun import spawn
 from dblockrun.config import load_jobs
 from dblockrun.errors import ConfigError, DatabaseError, DatabaseRefused, SchemaTooNew
 from dblockrun.fanout import FanOut
@@ -49,8 +50,9 @@ class DaemonOptions:
 
 
 def _raise_open_files_limit() -> None:
-    """Each running command holds a few descriptors (output pipe, pidfd,
-    guard pipe): lift the soft limit (often 1,024) to the hard one."""
+    """Each running command holds a few descriptors (output pipes and
+    lifeline here, pidfd and copies in the spawn service, which inherits
+    the limit): lift the soft limit (often 1,024) to the hard one."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         try:
@@ -158,6 +160,9 @@ class Daemon:
             describe(self.store.url, self.store.prefix),
         )
         _raise_open_files_limit()
+        # Every command is started by the spawn service, started now, before
+        # this process has a thread of its own (nothing forks the daemon).
+        spawn.start()
         server = None
         if self.options.metrics_addr:
             server = serve(self.metrics, self.options.metrics_addr, self.healthy)

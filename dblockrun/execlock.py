@@ -19,6 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
+from dblockrun import spawn
 from dblockrun.errors import DatabaseError
 from dblockrun.heartbeat import Renewer
 from dblockrun.holder import new_holder_id
@@ -165,6 +166,8 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
         sys.stderr.buffer.write(line)
         sys.stderr.buffer.flush()
 
+    # exec has no thread yet: its spawn service is a fork of itself.
+    spawn.start(fork=True)
     run = JobRun(ctx, job, token, None, sent, line_sink=passthrough, on_start=pgid.append,
                  run_id=won.run_id, err_sink=passthrough_err)
     renewer.start()

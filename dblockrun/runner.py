@@ -10,25 +10,22 @@ from __future__ import annotations
 import logging
 import os
 import pwd
-import select
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dblockrun.guard import GuardPipe, spawn
+from dblockrun import spawn
 from dblockrun.jobs import Command
+from dblockrun.spawn import Lifeline, LineSink
 
 log = logging.getLogger("dblockrun")
 
 OUTPUT_TAIL = 64 * 1024
-_MAX_LINE = 64 * 1024
 #: The longest the run's wait sleeps between looks at its lease and a stop
 #: request; lock-at-most and the fence are waited for to the instant.
 _LOOK_EVERY = 0.1
-
-LineSink = Callable[[bytes], None]
 
 @dataclass
 class LeaseWatch:
@@ -40,7 +37,7 @@ class LeaseWatch:
     lease: float
     last_ok: float = field(default_factory=time.monotonic)  # monotonic send time
     lost: bool = False
-    pipe: GuardPipe | None = None
+    pipe: Lifeline | None = None
     #: Renews the lease (True) or finds it lost (False); default: the job's lock row.
     renew: Callable[[], bool] | None = None
 
@@ -169,120 +166,27 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-class _Pump(threading.Thread):
-    """Reads a command's output pipes (one, or stdout and stderr) until each
-    ends or :meth:`finish` gives up on them: each line to its stream's sink
-    and, in the order read, to the tail. A line longer than 64 KiB comes in
-    64 KiB pieces. A sink that fails (a closed stdout) is dropped; the pipe
-    is still read, so the command is never blocked on a full one."""
+class _Output:
+    """A command's output as read: each line to its stream's sink and, in
+    the order read, to the tail. A sink that fails (a closed stdout) is
+    dropped; the pipe is still read, so the command is never blocked on a
+    full one."""
 
-    def __init__(self, streams: Sequence[tuple[int, LineSink]], tail: Tail, name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self._sinks: dict[int, LineSink | None] = dict(streams)
-        self._tail = tail
-        self._quit_r, self._quit_w = os.pipe2(os.O_CLOEXEC)
+    def __init__(self) -> None:
+        self.tail = Tail()
 
-    def run(self) -> None:
-        poll = select.poll()
-        for fd in (*self._sinks, self._quit_r):
-            poll.register(fd, select.POLLIN)
-        pending = {fd: bytearray() for fd in self._sinks}
-        reading = len(pending)
-        try:
-            while reading:
-                for fd, _event in poll.poll():
-                    if fd == self._quit_r:
-                        return
-                    data = os.read(fd, _MAX_LINE)
-                    if not data:
-                        poll.unregister(fd)
-                        reading -= 1
-                    else:
-                        self._lines(fd, pending[fd], data)
-        except OSError:
-            pass
-        finally:
-            for fd, rest in pending.items():
-                if rest:
-                    self._emit(fd, bytes(rest))
+    def sink(self, to: LineSink) -> LineSink:
+        live = [to]
 
-    def _lines(self, fd: int, buf: bytearray, data: bytes) -> None:
-        buf += data
-        start = 0
-        while (end := buf.find(b"\n", start) + 1) > 0:
-            while end - start > _MAX_LINE:
-                self._emit(fd, bytes(buf[start : start + _MAX_LINE]))
-                start += _MAX_LINE
-            self._emit(fd, bytes(buf[start:end]))
-            start = end
-        while len(buf) - start >= _MAX_LINE:
-            self._emit(fd, bytes(buf[start : start + _MAX_LINE]))
-            start += _MAX_LINE
-        del buf[:start]
+        def emit(line: bytes) -> None:
+            self.tail.add(line)
+            if live:
+                try:
+                    live[0](line)
+                except (OSError, ValueError):
+                    live.clear()
 
-    def _emit(self, fd: int, line: bytes) -> None:
-        self._tail.add(line)
-        sink = self._sinks[fd]
-        if sink is not None:
-            try:
-                sink(line)
-            except (OSError, ValueError):
-                self._sinks[fd] = None
-
-    def finish(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for the pipes to end (a background child
-        that got away may hold one open), then stop reading; close them."""
-        self.join(timeout)
-        if self.is_alive():
-            os.write(self._quit_w, b"\0")
-            self.join()
-        for fd in (*self._sinks, self._quit_r, self._quit_w):
-            os.close(fd)
-
-
-class _Child:
-    """A started child process whose end is seen at once, through a pidfd."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-        self._pidfd = os.pidfd_open(pid)
-        self._poll = select.poll()  # not select(): a busy daemon has fds above 1024
-        self._poll.register(self._pidfd, select.POLLIN)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` seconds (None: for ever); whether it has ended."""
-        if self.returncode is None:
-            if timeout is not None and not self._poll.poll(max(0.0, timeout) * 1000):
-                return False
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-            os.close(self._pidfd)
-        return True
-
-    def stop(self, pgid: int, grace: float) -> None:
-        """SIGTERM the group, SIGKILL it after ``grace`` or once this child ended."""
-        self.signal(pgid, signal.SIGTERM)
-        self.wait(grace)
-        self.kill(pgid)
-
-    def kill(self, pgid: int) -> None:
-        """SIGKILL the group and wait for this child."""
-        self.signal(pgid, signal.SIGKILL)
-        self.wait()
-
-    def signal(self, pgid: int, sig: int) -> None:
-        """Signal the group; if there is none yet, this child alone.
-
-        The child leads its own group only once it has called setsid(); one
-        killed (or stuck) before that must still be reachable, or waiting for
-        it never ends.
-        """
-        if not _signal_group(pgid, sig) and self.returncode is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        return emit
 
 
 def run_process(
@@ -307,11 +211,14 @@ def run_process(
     go there (the tail holds both, as read). ``deadline`` is monotonic
     (lock-at-most): the command is stopped at that instant. ``stop`` asks
     for a shutdown: the command then gets until ``stop_grace()`` (monotonic)
-    before it is stopped. ``user``: run the command as that user (its groups, HOME, USER,
-    LOGNAME); the guard stays with the daemon's user, so the command cannot
-    kill its own watchdog. With a ``watch`` the command runs under a guard
-    (:mod:`dblockrun.guard`) that leads its group; without, it leads the group
-    itself and gets SIGKILL if this thread dies.
+    before it is stopped. ``user``: run the command as that user (its groups,
+    HOME, USER, LOGNAME); the spawn service that starts and watches it
+    (:mod:`dblockrun.spawner`) stays with the daemon's user, so the command
+    cannot kill its own watchdog. The command leads its own process group;
+    with a ``watch`` the service also stops it once the lease is not
+    confirmed for the fence (``lifeline`` beats), and a command that cannot
+    be executed exits 127 with a message in its output; without, that is
+    an error here. Either way it stops when the daemon dies.
     """
     run_as: RunAs | None = None
     if user is not None:
@@ -322,49 +229,39 @@ def run_process(
         env, cwd = run_as.env(env), run_as.cwd(cwd)
     fence_margin = min(kill_grace, (watch.lease / 6) if watch else kill_grace) + 1.0
     term_grace = fence_margin - 1.0
-    pipe: GuardPipe | None = None
+    lifeline: Lifeline | None = None
     if watch is not None:
-        # The guard stops the group a little after we would, from its own
+        # The service stops the group a little after we would, from its own
         # clock: the backstop for a frozen or dead daemon.
-        pipe = GuardPipe()
-        watch.pipe = pipe
+        lifeline = Lifeline()
+        watch.pipe = lifeline
+    output = _Output()
     streams: list[tuple[int, LineSink]] = []
     writers: list[int] = []
     for sink in (on_line, on_err_line) if on_err_line is not None else (on_line,):
         r, w = os.pipe()
-        streams.append((r, sink))
+        streams.append((r, output.sink(sink)))
         writers.append(w)
     try:
-        pgid = spawn(argv, env=env, cwd=cwd, out_fd=writers[0], err_fd=writers[-1],
-                     beat_fd=pipe.read_fd if pipe else None,
-                     fence=watch.lease - fence_margin + 0.5 if watch else 0.0, grace=term_grace,
-                     ids=run_as.ids() if run_as else None)
+        proc = spawn.start().spawn(
+            argv, env=env, cwd=cwd, out_fd=writers[0], err_fd=writers[-1],
+            beat_fd=lifeline.read_fd if lifeline else None,
+            fence=watch.lease - fence_margin + 0.5 if watch else None, grace=term_grace,
+            ids=run_as.ids() if run_as else None, streams=streams)
     except OSError as exc:
         for r, _sink in streams:
             os.close(r)
-        if pipe is not None:
-            pipe.close()
+        if lifeline is not None:
+            lifeline.close()
         return Outcome(None, "error", b"", f"cannot start command: {exc}")
     finally:
         for w in writers:
             os.close(w)
-    if pipe is not None:
-        pipe.child_started()
-    try:
-        proc = _Child(pgid)
-    except OSError as exc:  # out of descriptors: no way to watch it
-        _signal_group(pgid, signal.SIGKILL)
-        os.waitpid(pgid, 0)
-        for r, _sink in streams:
-            os.close(r)
-        if pipe is not None:
-            pipe.close()
-        return Outcome(None, "error", b"", f"cannot start command: {exc}")
+    if lifeline is not None:
+        lifeline.handed_over()
+    pgid = proc.pid
     if on_start is not None:
         on_start(pgid)
-    tail = Tail()
-    reader = _Pump(streams, tail, name=f"output-{pgid}")
-    reader.start()
     reason = "exit"
     detail = ""
     try:
@@ -384,19 +281,24 @@ def run_process(
                 reason, detail = "stopped", "shutdown grace ran out"
             else:
                 continue
-            proc.stop(pgid, term_grace if reason == "fenced" else kill_grace)
+            proc.stop(term_grace if reason == "fenced" else kill_grace)
             break
     finally:
-        if proc.returncode is None:
-            proc.kill(pgid)
+        if not proc.wait(0):
+            proc.kill()
+        if proc.orphaned:
+            # The service died: no watchdog, so no command (its leader died
+            # with the service; the rest of its group goes now).
+            reason, detail = "stopped", "the spawn service died; the command cannot run unwatched"
+            stop_group(pgid, term_grace, lambda: not group_running(pgid))
         # Background children left in the group go with the run (SIGTERM,
         # SIGKILL once none runs or after 1 s; zombies are not waited for).
         if _signal_group(pgid, 0):
             stop_group(pgid, 1.0, lambda: not group_running(pgid))
-        reader.finish(timeout=2.0)
-        if pipe is not None:
-            pipe.close()
-    return Outcome(proc.returncode, reason, tail.value(), detail)
+        proc.finish_output(timeout=2.0)
+        if lifeline is not None:
+            lifeline.close()
+    return Outcome(proc.returncode, reason, output.tail.value(), detail)
 
 
 def _wait_time(deadline: float | None, watch: LeaseWatch | None, fence_margin: float) -> float:

@@ -315,3 +315,71 @@ def test_a_dead_holders_run_ends_at_its_last_renewal_and_its_slots_are_skipped(
         assert r.output is not None and holder in r.output and "stopped renewing" in r.output
     every = sorted(r.slot for r in store.history("long", 100) if r.slot is not None)
     assert len(every) == len(set(every))  # no slot both skipped and run
+
+
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rfind(b")") + 2 :].split()[1])
+
+
+@pytest.mark.slow
+def test_a_killed_spawn_service_stops_its_commands_and_a_new_one_takes_over(
+    fleet: Fleet,
+) -> None:
+    # The spawn service (the daemon's child that starts and watches every
+    # command) is killed: no command may run without its watchdog.
+    fleet.start(1)
+    _holder, token = wait_for(fleet.running, 30, what="a running job")
+    first = wait_for(lambda: next((s for s in fleet.starts() if s.token == token), None), 10,
+                     what="the command's start")
+    service = parent_of(first.pid)
+    assert service != fleet.procs[0].pid  # started by the service, not the daemon
+    assert parent_of(service) == fleet.procs[0].pid
+    os.kill(service, signal.SIGKILL)
+    wait_for(lambda: not group_alive(first.pid), 5, what="the command's group to stop")
+    # The daemon records the run killed and goes on, under a new service.
+    run = next(r for r in fleet.store.history("long", 100) if r.token == token)
+    wait_for(lambda: fleet.store.run(run.id).result == "killed",  # type: ignore[union-attr]
+             10, what="the run recorded killed")
+    nxt = wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 15,
+                   what="the job to run again")
+    assert parent_of(nxt.pid) not in (service, fleet.procs[0].pid)
+    assert "spawn service" in fleet.daemon_log(0)
+    assert fleet.procs[0].poll() is None
+    # (The killed leader wrote no "end" line: SIGKILL, its parent-death
+    # signal. Its group was gone before the next run's claim, as above.)
+    assert not group_alive(first.pid)
+
+
+MANY_JOBS = """\
+jobs:
+""" + "".join(f"""\
+  long{i}:
+    rate: 1h
+    lock-at-most: 60s
+    env:
+      LOG: {{log}}
+    command: |
+      echo "start $DBLOCKRUN_FENCING_TOKEN $$ $(date +%s.%N)" >> "$LOG"
+      sleep 60 & sleep 60 & wait
+""" for i in range(3))
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_daemon_stops_every_running_group(db: TestDb, tmp_path: Path) -> None:
+    fleet = Fleet(db, tmp_path)
+    fleet.jobs.write_text(MANY_JOBS.format(log=fleet.log))
+    try:
+        fleet.start(1)
+        starts = wait_for(lambda: len(fleet.starts()) == 3 and fleet.starts(), 30,
+                          what="three commands to start")
+        groups = [s.pid for s in starts]
+        assert all(group_alive(g) for g in groups)
+        fleet.procs[0].kill()
+        fleet.procs[0].wait()
+        # The service saw its daemon go: every group (background children
+        # too) is stopped, well within a lease.
+        wait_for(lambda: not any(group_alive(g) for g in groups), 5,
+                 what="every command group to stop")
+    finally:
+        fleet.stop()

@@ -1,8 +1,10 @@
-"""The guard forked from the daemon, and the runner's pidfd wait, with real processes.
+"""The spawn service that starts and watches every command, with real processes.
 
-The guard must hold no descriptor but its own: one that kept another run's
-beat pipe open would keep that run's daemon looking alive. A command's end is
-seen through a pidfd, so a wait returns when the command ends, not at a tick.
+Nothing forks the daemon: the service (a small single-threaded process)
+starts each command in its own session and process group and watches it. A
+command must hold no descriptor but its own: one that kept another run's
+lifeline open would keep that run's daemon looking alive. A command's end is
+reported at once, so a wait returns when the command ends, not at a tick.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
-from dblockrun.runner import LeaseWatch, Outcome, _Child, run_process
+from dblockrun import spawn
+from dblockrun.runner import LeaseWatch, Outcome, run_process
 
 
 class Run:
@@ -101,55 +104,57 @@ def busy_fds() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("busy_fds")
-def test_a_guard_forked_later_does_not_keep_an_earlier_runs_daemon_alive(
+def test_a_command_started_later_does_not_keep_an_earlier_runs_daemon_alive(
         tmp_path: Path, runs: list[Run]) -> None:
     first = Run(["sh", "-c", f"touch {tmp_path}/a; exec sleep 60"])
     runs.append(first)
     first.wait_started(tmp_path / "a")
-    # The second guard is forked while the first run's beat pipe is open here.
+    # The second command is started while the first run's lifeline is open here.
     second = Run(["sh", "-c", f"touch {tmp_path}/b; exec sleep 60"])
     runs.append(second)
     second.wait_started(tmp_path / "b")
     # The first run's daemon side goes (as if its daemon died); the second's stays.
-    assert first.pgid and second.pgid  # both started: their beat pipes are set up
+    assert first.pgid and second.pgid  # both started: their lifelines are set up
     assert first.watch is not None and first.watch.pipe is not None
     first.watch.pipe.close()
 
     outcome = first.finished(timeout=10)
     assert "dblockrun guard: daemon gone; stopping the command" in first.output
-    assert outcome.reason == "exit" and outcome.exit_code == -signal.SIGKILL
+    # The service stopped it: SIGTERM to the group (`sleep` dies of it).
+    assert outcome.reason == "exit" and outcome.exit_code == -signal.SIGTERM
     wait_for(lambda: not group_alive(first.pgid), 10, what="the first run's group to go")
     assert group_alive(second.pgid) and second.outcome is None
     assert second.stop_now().reason == "stopped"
 
 
-def test_the_guard_and_the_command_hold_only_their_own_descriptors(
+def test_the_service_and_the_command_hold_only_their_own_descriptors(
         tmp_path: Path, runs: list[Run]) -> None:
     with tempfile.TemporaryFile(dir=tmp_path) as daemons_file:
         secret = os.readlink(f"/proc/self/fd/{daemons_file.fileno()}")
         run = Run(["sleep", "60"])
         runs.append(run)
-        guard_pid = run.pgid
-        children = f"/proc/{guard_pid}/task/{guard_pid}/children"
-        command_pid = int(wait_for(lambda: Path(children).read_text().strip() or None, 10,
-                                   what="the guard's command"))
-        guard, command = fd_targets(guard_pid), fd_targets(command_pid)
+        command_pid = run.pgid
+        service_pid = spawn.start().pid
+        command, service = fd_targets(command_pid), fd_targets(service_pid)
     assert command.keys() == {0, 1, 2}
-    # stdin, the output pipe twice, the beat pipe, the pidfd of the command.
-    assert guard[0] == command[0] == "/dev/null"
-    assert guard[1] == guard[2] == command[1] == command[2]
-    assert guard[1].startswith("pipe:")
-    assert len(guard) == 5, guard
-    assert secret not in guard.values()
+    assert command[0] == "/dev/null"
+    assert command[1] == command[2] and command[1].startswith("pipe:")
+    # The service holds this run's lifeline and a copy of its output, not the
+    # daemon's other descriptors.
+    assert command[1] in service.values()
+    assert secret not in service.values()
     assert run.stop_now().reason == "stopped"
 
 
-def test_the_guard_leads_the_commands_session_and_group(runs: list[Run]) -> None:
+def test_the_command_leads_its_session_and_group_and_is_not_the_daemons_child(
+        runs: list[Run]) -> None:
     run = Run(["sh", "-c", "echo $$ $PPID $(ps -o pgid= -p $$) $(ps -o sid= -p $$)"])
     runs.append(run)
     assert run.finished().exit_code == 0
     pid, ppid, pgid, sid = (int(x) for x in run.output.split())
-    assert ppid == pgid == sid == run.pgid != pid
+    assert pid == pgid == sid == run.pgid
+    # Started by the spawn service, not by a fork of this (threaded) process.
+    assert ppid == spawn.start().pid != os.getpid()
 
 
 def test_signals_sent_to_the_group_reach_the_command_not_the_guard(
@@ -207,32 +212,37 @@ def test_the_command_is_found_on_the_jobs_path(tmp_path: Path, runs: list[Run]) 
 
 
 def test_a_wait_returns_when_the_child_ends_not_at_its_timeout() -> None:
-    pid = os.posix_spawn("/bin/sleep", ["sleep", "0.2"], {})
-    child = _Child(pid)
+    service = spawn.start()
+    r, w = os.pipe()
+    try:
+        child = service.spawn(["sleep", "0.2"], env=dict(os.environ), cwd=None, out_fd=w,
+                              err_fd=w, beat_fd=None, fence=None, grace=1.0, ids=None,
+                              streams=[(r, lambda _line: None)])
+    finally:
+        os.close(w)
     assert child.wait(0) is False
     returned: list[bool] = []
     waiter = threading.Thread(target=lambda: returned.append(child.wait(600)), daemon=True)
     waiter.start()
-    # Far below the 600 s timeout: the pidfd wakes the wait.
+    # Far below the 600 s timeout: the service's report wakes the wait.
     wait_for(lambda: returned or None, 30, what="the wait to return once sleep 0.2 ended")
     assert returned == [True] and child.returncode == 0
+    child.finish_output(2.0)
 
 
-
-def test_a_child_that_does_not_lead_its_group_yet_is_still_stopped() -> None:
-    # A forked guard leads its group only once it has called setsid(); stuck
-    # before that (a lock held at fork time), stopping it by group alone would
-    # find no group and then wait for it for ever.
-    pid = os.posix_spawn("/bin/sleep", ["sleep", "600"], {})
-    child = _Child(pid)
-    assert os.getpgid(pid) != pid
-    stopper = threading.Thread(target=child.stop, args=(pid, 0.1), daemon=True)
+def test_a_command_that_ignores_sigterm_is_still_stopped(tmp_path: Path,
+                                                         runs: list[Run]) -> None:
+    run = Run(["sh", "-c", f"trap '' TERM; touch {tmp_path}/go; while :; do sleep 0.05; done"])
+    runs.append(run)
+    run.wait_started(tmp_path / "go")
+    stopper = threading.Thread(target=run.stop_now, daemon=True)
     stopper.start()
     stopper.join(timeout=30)
     if stopper.is_alive():
-        os.kill(pid, signal.SIGKILL)
-        pytest.fail("stopping a child with no group of its own hung")
-    assert child.returncode == -signal.SIGTERM
+        os.killpg(run.pgid, signal.SIGKILL)
+        pytest.fail("stopping a command that ignores SIGTERM hung")
+    assert run.finished() == Outcome(-signal.SIGKILL, "stopped", b"", "shutdown grace ran out")
+    wait_for(lambda: not group_alive(run.pgid), 10, what="the group to go")
 
 
 STUCK_FORK = """\
@@ -240,12 +250,11 @@ import logging, os, sys, threading
 from dblockrun.runner import LeaseWatch, run_process
 
 logging.basicConfig(level=logging.INFO)
-held = threading.Lock()  # held by this process at the fork
+held = threading.Lock()  # held by this process at any fork
 forks = []
 
 def after_in_child():
-    if len(forks) == 1:  # the first fork: its child waits for the lock for ever
-        held.acquire()
+    held.acquire()  # every forked child of this process waits for ever
 
 os.register_at_fork(before=lambda: forks.append(1), after_in_child=after_in_child)
 held.acquire()
@@ -259,17 +268,18 @@ sys.stdout.write(b"".join(lines).decode())
 """
 
 
-def test_a_forked_child_stuck_in_the_fork_is_killed_and_forked_again() -> None:
-    # A child can inherit a lock that another thread held at the fork (the
-    # SIGTERM-hang CI failure: libfaketime's lock, taken in CPython's
+def test_a_lock_held_at_a_fork_cannot_stop_a_command_from_starting() -> None:
+    # A forked child can inherit a lock that another thread held at the fork
+    # (the SIGTERM-hang CI failure: libfaketime's lock, taken in CPython's
     # after-fork code) and wait for ever, and the run with it, holding its
-    # lease. Here an after-fork hook waits for a lock held at the fork.
+    # lease. Here every forked child of the process waits for such a lock:
+    # the commands still run, since nothing forks it (the spawn service is
+    # a new interpreter, and it forks only itself).
     try:
         res = subprocess.run([sys.executable, "-c", STUCK_FORK], capture_output=True,
                              text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("run_process waited for ever for a child stuck in the fork")
     assert res.returncode == 0, res.stderr
-    # Guarded and unguarded: the command ran once, on the second fork.
-    assert res.stdout.splitlines() == ["0 exit 2", "0 exit 2", "ran", "ran"], res.stdout
-    assert res.stderr.count("stuck after the fork") == 2, res.stderr
+    # Guarded and unguarded: the command ran once, and this process never forked.
+    assert res.stdout.splitlines() == ["0 exit 0", "0 exit 0", "ran", "ran"], res.stdout
