@@ -33,6 +33,11 @@ LIVE_WITHIN = 15.0
 
 _ITEM_COUNTS = ("total", "done", "running", "waiting", "failed")
 
+#: Lock columns status shows (a LockState; not the lease bookkeeping): on
+#: MariaDB, PyMySQL decodes every value in Python.
+_LOCK_COLUMNS = ("name", "holder", "lock_until", "locked_at", "token", "last_slot",
+                 "last_start", "next_due", "disabled_until", "disabled_reason")
+
 
 @dataclass(frozen=True)
 class StatusReport:
@@ -65,9 +70,9 @@ def _read(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobStatus],
     items_stmt = _items_statement(store, wanted)
 
     def go(conn: Connection) -> tuple[list[m.JobStatus], float]:
-        rows = conn.execute(jobs_stmt).all()
-        db_now = float(rows[0]._mapping["db_now"])
-        locks = [r._mapping for r in rows if r._mapping["name"] is not None]
+        rows = conn.execute(jobs_stmt).mappings().all()
+        db_now = float(rows[0]["db_now"])
+        locks = [r for r in rows if r["name"] is not None]
         last: dict[str, m.RunRecord] = {}
         running: dict[str, m.RunRecord] = {}
         counts: dict[str, dict[str, int]] = {}
@@ -97,7 +102,7 @@ def _jobs_statement(store: Store, names: list[str] | None) -> sa.Select[Any]:
     locks = store.t.locks
     on = locks.c.name.in_(names) if names else sa.literal(1) == 1
     one = sa.select(sa.literal(1).label("one")).subquery("one_row")
-    return (sa.select(store.now.label("db_now"), *locks.c)
+    return (sa.select(store.now.label("db_now"), *(locks.c[c] for c in _LOCK_COLUMNS))
             .select_from(one.outerjoin(locks, on)).order_by(locks.c.name))
 
 
