@@ -298,3 +298,7 @@ def test_an_exec_killed_is_recorded_lost_by_the_next_one(db: TestDb, store: Stor
              and len(store.history("k9")) == 2, 30, interval=0.3, what="a second run")
     results = [r.result for r in store.history("k9")]
     assert results == [m.OK, m.LOST]
+    # Written, not only shown: the dead run has an end (its last renewal), so
+    # history shows its duration instead of '-'.
+    dead = store.history("k9")[1]
+    assert dead.finished is not None and 0 <= dead.finished - dead.started < 6
