@@ -96,7 +96,7 @@ def _text(options: Options, key: str) -> str | None:
 def fast_exec(group: Options, options: Options, command: tuple[str, ...]) -> int | None:
     """Check and run it as dblockrun.cli.exec_ does; its exit status, or None
     (nothing done) when click should take it."""
-    from dblockrun.durations import parse_duration
+    from dblockrun.durations import lease_too_short, parse_duration
     from dblockrun.execlock import ExecOptions, exec_command
     from dblockrun.jobs import JOB_NAME
 
@@ -115,7 +115,7 @@ def fast_exec(group: Options, options: Options, command: tuple[str, ...]) -> int
         busy_exit_code = int(given("busy_exit_code"))  # as click.INT
     except ValueError:
         return None
-    if most <= 0 or lease <= 0 or least > most:
+    if most <= 0 or lease <= 0 or least > most or lease_too_short(lease, lease / 3) is not None:
         return None
     from dblockrun.dburl import (
         DEFAULT_JOBS_FILE,

@@ -275,6 +275,12 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
         parse_addr(metrics_addr)
     if options.heartbeat * 2 > options.lease:
         raise UsageError("--lease must be at least twice --heartbeat")
+    from dblockrun.durations import lease_too_short, too_short_message
+
+    stop = lease_too_short(options.lease, options.heartbeat, options.kill_grace)
+    if stop is not None:  # every run would be stopped as unrenewed (--lease 2s --heartbeat 1s)
+        raise UsageError(f"{too_short_message(lease, heartbeat, stop)}; give a longer "
+                         "--lease or a shorter --heartbeat")
     jobs = _load(_jobs_path(jobs_file))
     store = _open(Access.CREATE, jobs)
     d = Daemon(jobs, store, options, stop=threading.Event())
@@ -427,6 +433,12 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
     if least > most:
         raise UsageError("--lock-at-least is longer than --lock-at-most")
     lease_s = _duration(lease, "--lease")
+    from dblockrun.durations import format_duration, lease_too_short, too_short_message
+
+    stop = lease_too_short(lease_s, lease_s / 3)
+    if stop is not None:  # the command would be stopped before the lease's first renewal
+        every = f"{format_duration(lease_s / 3)} (a third of it)"
+        raise UsageError(f"{too_short_message(lease, every, stop)}; give a longer --lease")
     opts = ExecOptions(name=name, argv=command, lock_at_most=most, lock_at_least=least,
                        lease=lease_s, heartbeat=lease_s / 3, busy_exit_code=busy_exit_code,
                        verbose=verbose)

@@ -85,3 +85,33 @@ def format_duration(seconds: float) -> str:
     if millis:
         parts.append(f"{millis}ms")
     return sign + "".join(parts)
+
+
+
+#: The least time a heartbeat must leave between sending a renewal and the
+#: moment an unrenewed run is stopped: a renewal's round trip.
+RENEWAL_ROOM = 0.1
+
+
+def stopped_after(lease: float, kill_grace: float = 5.0) -> float:
+    """Seconds after its last renewal at which a run that cannot renew its
+    lease is stopped: the lease less a sixth of it (at most ``kill_grace``,
+    the time the command gets after SIGTERM) and 1 s, so that the command is
+    gone before the lease can expire (dblockrun.runner.run's fence margin)."""
+    return lease - min(kill_grace, lease / 6) - 1.0
+
+
+def lease_too_short(lease: float, heartbeat: float, kill_grace: float = 5.0) -> float | None:
+    """When a run under ``lease``, renewed every ``heartbeat``, would be
+    stopped before its next renewal could land: the seconds after its last
+    renewal at which it would be (:func:`stopped_after`); None when the lease
+    leaves room."""
+    stop = stopped_after(lease, kill_grace)
+    return None if heartbeat + RENEWAL_ROOM <= stop else stop
+
+
+def too_short_message(lease: str, every: str, stop: float) -> str:
+    """One line for :func:`lease_too_short`'s answer, with the options as given."""
+    after = f"{format_duration(stop)} after its last renewal" if stop > 0 else "at once"
+    return (f"--lease {lease} is too short for renewals every {every}: a run would be "
+            f"stopped {after}, before the next renewal could land")

@@ -500,12 +500,22 @@ def test_run_refuses_a_job_disabled_in_the_jobs_file(sqlite_db: TestDb, tmp_path
                  "--lock-at-most: must be longer than 0s (got '0ms')", id="exec-lock-at-most"),
     pytest.param(["exec", "-n", "x", "--lease", "0s", "true"],
                  "--lease: must be longer than 0s (got '0s')", id="exec-lease"),
+    # A lease a run cannot renew in time: every run was stopped after 0.67 s as
+    # "lease could not be renewed before it expired".
+    pytest.param(["daemon", "--heartbeat", "1s", "--lease", "2s"],
+                 "--lease 2s is too short for renewals every 1s: a run would be stopped 667ms "
+                 "after its last renewal, before the next renewal could land; give a longer "
+                 "--lease or a shorter --heartbeat", id="daemon-lease-under-a-heartbeat"),
+    pytest.param(["exec", "-n", "x", "--lease", "2s", "true"],
+                 "--lease 2s is too short for renewals every 667ms (a third of it): a run "
+                 "would be stopped 667ms after its last renewal, before the next renewal could "
+                 "land; give a longer --lease", id="exec-lease-too-short"),
     pytest.param(["disable", "backup", "--for", "0s"],
                  "--for: must be longer than 0s (got '0s')", id="disable-for"),
     pytest.param(["run", "backup", "--timeout", "0s"],
                  "--timeout: must be longer than 0s (got '0s')", id="run-timeout"),
 ])
-def test_zero_or_negative_durations_exit_2_naming_the_option(
+def test_durations_that_make_no_sense_exit_2_naming_the_option(
         sqlite_db: TestDb, tmp_path: Path, args: list[str], message: str) -> None:
     if args[0] == "daemon":  # a real process: it would run (for ever) if not refused
         jobs = write(tmp_path / "jobs.yaml", GOOD)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dblockrun.durations import format_duration, parse_duration
+from dblockrun.durations import format_duration, lease_too_short, parse_duration
 
 FORMS = "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)"
 
@@ -94,3 +94,20 @@ def test_format_rejects_non_finite() -> None:
 def test_format_parse_round_trip(millis: int) -> None:
     text = format_duration(millis / 1000)
     assert round(parse_duration(text) * 1000) == millis
+
+
+@pytest.mark.parametrize(("lease", "heartbeat", "stopped_at"), [
+    (30.0, 10.0, None),  # the defaults
+    (3.0, 1.0, None),  # the tests' daemons
+    (2.0, 0.5, None),
+    (2.2, 2.2 / 3, None),  # exec's shortest lease (it renews every third)
+    (2.0, 1.0, 2.0 - 2.0 / 6 - 1.0),  # every run stopped after 0.67 s
+    (2.1, 0.7, 2.1 - 0.35 - 1.0),
+    (12.0, 6.0, None),  # stopped at 9 s
+    (60.0, 30.0, None),  # a sixth of 60 s is over the 5 s kill grace: stopped at 54 s
+    (60.0, 54.0, 54.0),
+])
+def test_a_lease_must_leave_room_for_the_next_renewal(
+        lease: float, heartbeat: float, stopped_at: float | None) -> None:
+    found = lease_too_short(lease, heartbeat)
+    assert found == (None if stopped_at is None else pytest.approx(stopped_at))
