@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, fail_next_run_inserts, wait_for
 
 import dblockrun
 from dblockrun import api
@@ -351,3 +351,21 @@ def test_import_is_light() -> None:
         "assert 'sqlalchemy' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+
+
+def test_a_claim_whose_run_record_deadlocks_is_still_held_and_recorded(db: TestDb,
+                                                                       store: Store) -> None:
+    """Issue 15 item 2, on the API's path: the claim's UPDATE is committed
+    when its run record fails; the record is written on its own."""
+    if db.backend != "mariadb":
+        pytest.skip("the claim and its record are two statements of one round trip on MariaDB")
+    store.ensure_schema()
+    fail_next_run_inserts(store, 1)
+    with dblockrun.lock("a", db=db.url, table_prefix=db.prefix) as held:
+        assert held
+        assert [r.result for r in store.history("a")] == [m.RUNNING]
+    with store.engine.connect() as conn:
+        left = conn.exec_driver_sql(f"SELECT n FROM `{store.t.runs.name}_fail`").scalar()
+    assert left == 0  # the forced deadlock happened
+    assert [(r.result, r.token) for r in store.history("a")] == [(m.OK, 1)]
+    assert is_free(store, "a")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, fail_next_run_inserts, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -280,3 +280,22 @@ def test_exec_is_silent_when_the_command_fails_by_itself(db: TestDb) -> None:
     assert (proc.returncode, proc.stdout, proc.stderr) == (128 + signal.SIGTERM, "", "")
     proc = run_exec(db, "--name", "x", "--", "sh", "-c", "exit 1")
     assert (proc.returncode, proc.stderr) == (1, "")
+
+
+def test_a_claim_whose_run_record_deadlocks_still_runs_the_command(db: TestDb,
+                                                                   store: Store) -> None:
+    """Issue 15 item 2, on exec's path: the claim's UPDATE is committed when
+    its run record fails; the record is written on its own, the command runs."""
+    if db.backend != "mariadb":
+        pytest.skip("the claim and its record are two statements of one round trip on MariaDB")
+    store.ensure_schema()
+    fail_next_run_inserts(store, 1)
+    proc = run_exec(db, "--name", "x", "--", "echo", "ran")
+    assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc.stderr
+    with store.engine.connect() as conn:
+        left = conn.exec_driver_sql(f"SELECT n FROM `{store.t.runs.name}_fail`").scalar()
+    assert left == 0  # the forced deadlock happened
+    assert [(r.result, r.token) for r in store.history("x")] == [(m.OK, 1)]
+    lock = store.lock_state("x")
+    assert lock is not None and lock.lock_until is not None
+    assert lock.lock_until <= store.db_now()  # released
