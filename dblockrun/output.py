@@ -394,8 +394,9 @@ class _Page:
         # A cell is its column's span less its right padding (none on the last).
         widths = [span - (index < len(spans) - 1) for index, span in enumerate(spans)]
         table = _new_table(headers, whole, spans=spans)
-        table.add_row(*map(_Lines, _column_lines(
-            self.console, cells, widths, [header in whole for header in headers])))
+        if cells:  # a row of no lines would still be drawn one line high
+            table.add_row(*map(_Lines, _column_lines(
+                self.console, cells, widths, [header in whole for header in headers])))
         self._unbounded.print(table, crop=False)
 
     def _spans(self, proxy: Table) -> list[int]:

@@ -235,6 +235,19 @@ def test_tables_are_what_rich_draws_cell_by_cell(seed: int, width: int | None) -
     assert page.text() == rich_cell_by_cell(headers, rows, whole, width)
 
 
+def test_a_table_without_rows_is_its_headers_and_rule() -> None:
+    assert output.history_text([], None) == (
+        "runs\n"
+        "id  job  item  host  slot  token  attempt  started  duration  exit  result\n"
+        "--- ---- ----- ----- ----- ------ -------- -------- --------- ----- ------\n")
+    assert output.status_text([], [], NOW, 15.0, 80).startswith(
+        "jobs\n"
+        "job  state  holder  token  last run  next run\n"
+        "---- ------ ------- ------ --------- --------\n"
+        "\n"
+        "live hosts")
+
+
 def test_rich_lays_out_a_column_at_a_time_not_a_cell(monkeypatch: pytest.MonkeyPatch) -> None:
     """10,000 jobs took rich 6 s when it laid out each of their 60,000 cells."""
     from rich.text import Text
