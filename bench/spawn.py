@@ -8,8 +8,8 @@ descendants, and the wall time. Rows:
 
 * ``subprocess.run(["true"])``: the floor (one fork+exec, one wait);
 * ``run_process, guard``: what the daemon does for a job (its spawn service,
-  a small process started once, forks itself for the command and watches
-  the lease; output read by the one reactor thread);
+  a small process started once, starts the command with ``posix_spawn`` and
+  watches the lease; output read by the one reactor thread);
 * ``run_process, no guard``: what it does for an on-failure command.
 
 The CPU counted includes the spawn service's and its commands' (from

@@ -12,10 +12,11 @@ service's replies (started, could not start, ended with a status) and every
 command's output pipes, line by line, to each run's sinks. A run's own thread
 only waits (:meth:`Spawned.wait`) and decides when to stop its command.
 
-If the service dies (kill -9), its commands' leaders die with it (a
-parent-death signal) and every run it watched ends as orphaned: the runner
-stops what is left of the group, since no command runs without a watchdog.
-The next start starts a new service.
+If the service dies (kill -9), the reactor sees its socket close and every
+run it watched ends as orphaned: the runner stops the command's whole group
+(there is no parent-death signal: the service starts commands with
+``posix_spawn``, which cannot set one), since no command runs without a
+watchdog. The next start starts a new service.
 """
 
 from __future__ import annotations

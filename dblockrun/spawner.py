@@ -2,12 +2,16 @@
 
 The daemon (and ``exec``) starts it once, before it has any thread of its own
 (:mod:`dblockrun.spawn` is the other end), and asks it over a Unix socket to
-start each command. The service forks itself for each one, a single-threaded
-process of a few megabytes, never the daemon; the child leads a new session
-(so the command's process group), gets a parent-death signal, stdin
-``/dev/null``, stdout and stderr the daemon's pipes (the descriptors come with
-the request), the job's ``workdir``, user and environment, and executes the
-command.
+start each command. The service starts it with ``posix_spawn`` (glibc's
+clones without copying the service, and sets the child up in C): the command
+leads a new session (so its process group), with the signals the service
+ignores back to their default, stdin ``/dev/null``, stdout and stderr the
+daemon's pipes (the descriptors come with the request), the job's
+``workdir`` (the service's own for the call: it has no thread) and
+environment. Every descriptor the service holds is close-on-exec, so a
+command gets only those three. A job with a ``user:`` is started by a fork
+of the service instead, which switches user and groups (``posix_spawn``
+cannot) and executes the command.
 
 The service stays with the daemon's user (root for ``user:`` jobs, so a job
 cannot kill its watchdog) and watches every command it started:
@@ -21,6 +25,10 @@ cannot kill its watchdog) and watches every command it started:
   group: SIGTERM, then SIGKILL after the grace, with a line in its output;
 * the control socket: the daemon gone, it stops every group and exits.
 
+If the service itself dies, its daemon sees the socket close and stops every
+group the service watched (no parent-death signal: ``posix_spawn`` cannot set
+one, and the daemon is the one left to act).
+
 It ignores the signals a stop, ``exec``'s forwarding or a terminal send
 (SIGTERM, SIGINT, SIGHUP...): only its daemon's end stops it. Run as a
 script (``python -I -S spawner.py FD``) it imports only the standard library.
@@ -30,11 +38,17 @@ Requests (one datagram each, JSON, descriptors attached):
 stdout, stderr and, when ``fence`` is set, the lifeline's read end. Replies:
 ``{"id", "pid"}`` once the command is executed, ``{"id", "errno", "step"}``
 if it could not be, ``{"id", "status"}`` (a wait status) when it ended.
+Under a lease (``fence`` set), a command that cannot be executed is
+reported as one that ran and exited 127 (a shell's status), with the reason
+on its stderr: the service writes the line and starts, in the command's
+place, a fork of itself that exits 127 at once.
 """
 
 from __future__ import annotations
 
+import array
 import errno
+import heapq
 import json
 import os
 import select
@@ -54,86 +68,122 @@ WATCHED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.
 _RESET = (*WATCHED, signal.SIGXFSZ)
 #: Largest request: the command line and its environment (a datagram).
 MAX_REQUEST = 1 << 20
-_PR_SET_PDEATHSIG = 1
-
-
-def _prctl() -> Callable[..., int] | None:
-    try:
-        import ctypes
-
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-        return prctl
-    except (ImportError, OSError, AttributeError):  # not Linux
-        return None
+#: Room for the descriptors a request carries (stdout, stderr, lifeline) and one more.
+_FDS_ROOM = socket.CMSG_SPACE(4 * array.array("i").itemsize)
 
 
 class _Run:
     """A command the service started, until its end is reported."""
 
+    __slots__ = ("id", "pid", "setup", "setup_report", "pidfd", "beat", "err", "fence",
+                 "grace", "deadline", "stopping", "kill_at", "queued")
+
     def __init__(self, rid: int, pid: int, setup: int, beat: int, err: int, fence: float | None,
-                 grace: float) -> None:
+                 grace: float, now: float) -> None:
         self.id = rid
         self.pid = pid
-        self.setup = setup  # report pipe from the child until it executes the command
+        self.setup = setup  # report pipe from a forked child until it executes, else -1
         self.setup_report = b""
         self.pidfd = os.pidfd_open(pid)
         self.beat = beat  # the lifeline, -1 without a lease to watch
         self.err = err  # a copy of the command's stderr, for the service's one line
         self.fence = fence
         self.grace = grace
-        self.deadline = time.monotonic() + fence if fence is not None else None
+        self.deadline = now + fence if fence is not None else None
         self.stopping = False
         self.kill_at: float | None = None
+        #: The time of this run's live entry in the timer heap (None: none).
+        self.queued: float | None = None
+
+    def due(self) -> float | None:
+        """When the next timer of this run is due: the SIGKILL once
+        stopping, else the fence."""
+        return self.kill_at if self.kill_at is not None else self.deadline
+
+
+class _StartError(Exception):
+    """The command could not be started: ``errno`` at ``step``."""
+
+    def __init__(self, num: int | None, step: str) -> None:
+        super().__init__(num, step)
+        self.errno = num or errno.EIO
+        self.step = step
 
 
 class Service:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.sock_fd = sock.fileno()
         self.runs: dict[int, _Run] = {}  # by id
         self.by_fd: dict[int, tuple[_Run, str]] = {}
+        #: (due, run id) of the runs' fences and kills; an entry is live while
+        #: the run's ``queued`` holds its time (a later beat moves a fence
+        #: without a push: the entry, once due, is pushed again for the new time).
+        self.timers: list[tuple[float, int]] = []
         self.poll = select.poll()
         self.poll.register(sock, select.POLLIN)
         self.daemon_gone = False
-        self.prctl = _prctl()
         self.null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        #: The service's working directory, back to after a command's ``workdir``.
+        self.home = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.buf = bytearray(MAX_REQUEST)
+        # posix_spawnp searches the PATH of the service's environment: the
+        # command's, set before each search (None: unset, as at the start).
+        os.unsetenv("PATH")
+        self.path: str | None = None
 
     # -- the loop --------------------------------------------------------------
 
     def serve(self) -> None:
+        poll, by_fd, sock_fd, timers = self.poll.poll, self.by_fd, self.sock_fd, self.timers
         while not (self.daemon_gone and not self.runs):
-            timeout = self._timeout()
-            for fd, _event in self.poll.poll(None if timeout is None else timeout * 1000):
-                if fd == self.sock.fileno():
+            timeout = max(0.0, (timers[0][0] - time.monotonic()) * 1000) if timers else None
+            for fd, _event in poll(timeout):
+                if fd == sock_fd:
                     self._request()
-                elif fd in self.by_fd:
-                    run, what = self.by_fd[fd]
-                    if what == "setup":
-                        self._setup(run)
+                elif fd in by_fd:
+                    run, what = by_fd[fd]
+                    if what == "end":
+                        self._ended(run)
                     elif what == "beat":
                         self._beat(run)
                     else:
-                        self._ended(run)
-            self._timers()
-
-    def _timeout(self) -> float | None:
-        at = [t for run in self.runs.values() for t in (run.deadline, run.kill_at)
-              if t is not None]
-        return max(0.0, min(at) - time.monotonic()) if at else None
+                        self._setup(run)
+            if timers and timers[0][0] <= time.monotonic():
+                self._timers()
 
     def _timers(self) -> None:
         now = time.monotonic()
-        for run in list(self.runs.values()):
-            if run.kill_at is not None and now >= run.kill_at:
-                _killpg(run.pid, signal.SIGKILL)
-                run.kill_at = None
+        timers = self.timers
+        while timers and timers[0][0] <= now:
+            at, rid = heapq.heappop(timers)
+            run = self.runs.get(rid)
+            if run is None or run.queued != at:  # ended, or moved earlier since
+                continue
+            run.queued = None
+            if run.kill_at is not None:
+                if now >= run.kill_at:
+                    _killpg(run.pid, signal.SIGKILL)
+                    run.kill_at = None
             elif run.deadline is not None and now >= run.deadline:
                 self._stop(run, f"lease not renewed for {run.fence:g}s")
+            self._arm(run)
+
+    def _arm(self, run: _Run) -> None:
+        """Make sure the heap wakes the loop when ``run``'s next timer is due."""
+        due = run.due()
+        if due is not None and (run.queued is None or due < run.queued):
+            run.queued = due
+            heapq.heappush(self.timers, (due, run.id))
 
     def _send(self, msg: Mapping[str, Any]) -> None:
+        self._send_raw(json.dumps(msg).encode())
+
+    def _send_raw(self, data: bytes) -> None:
         if self.daemon_gone:
             return
         try:
-            self.sock.send(json.dumps(msg).encode())
+            self.sock.send(data)
         except OSError:
             self._gone()
 
@@ -153,40 +203,55 @@ class Service:
         _say(run.err, f"dblockrun guard: {why}; stopping the command\n")
         _killpg(run.pid, signal.SIGTERM)
         run.kill_at = time.monotonic() + run.grace
+        self._arm(run)
 
     # -- requests --------------------------------------------------------------
 
     def _request(self) -> None:
+        fds: list[int] = []
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_REQUEST, 4)
+            # Close-on-exec descriptors: no command inherits another's.
+            size, anc, _flags, _addr = self.sock.recvmsg_into(
+                [self.buf], _FDS_ROOM, socket.MSG_CMSG_CLOEXEC)
         except OSError:
-            data, fds = b"", []
-        if not data:
+            size, anc = 0, []
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(data[: len(data) - len(data) % got.itemsize])
+                fds += got
+        if not size:
             for fd in fds:
                 os.close(fd)
             self._gone()
             return
-        req = json.loads(data)
+        req = json.loads(self.buf[:size])
         rid = req["id"]
         fence: float | None = req["fence"]
         out, err = fds[0], fds[1]
         beat = fds[2] if fence is not None else -1
         try:
-            pid, setup = self._fork(req, out, err, guarded=fence is not None)
-        except OSError as exc:
+            if req["ids"] is not None:
+                pid, setup = self._fork(req, out, err, guarded=fence is not None)
+            else:
+                pid, setup = self._spawn(req["argv"], req["env"], req["cwd"], out, err,
+                                         guarded=fence is not None), -1
+        except _StartError as exc:
             for fd in fds:
                 os.close(fd)
-            self._send({"id": rid, "errno": exc.errno or errno.EIO, "step": "fork"})
+            self._send({"id": rid, "errno": exc.errno, "step": exc.step})
             return
         os.close(out)
         err_copy = err if fence is not None else -1
         if err_copy < 0:
             os.close(err)
-        else:
-            os.set_inheritable(err, False)
-        run = _Run(rid, pid, setup, beat, err_copy, fence, float(req["grace"]))
+        run = _Run(rid, pid, setup, beat, err_copy, fence, float(req["grace"]), time.monotonic())
         self.runs[rid] = run
-        self._watch(run.setup, run, "setup")
+        self._arm(run)
+        if setup >= 0:
+            self._watch(setup, run, "setup")
+        else:
+            self._started(run)
 
     def _watch(self, fd: int, run: _Run, what: str) -> None:
         self.by_fd[fd] = (run, what)
@@ -199,18 +264,80 @@ class Service:
         if fd >= 0:
             os.close(fd)
 
+    def _spawn(self, argv: list[str], env: dict[str, str], cwd: str | None, out: int, err: int,
+               guarded: bool) -> int:
+        """Start the command (``posix_spawn``); its pid. Under a guard a
+        command that cannot be executed is a child that exits 127."""
+        if cwd is not None:
+            try:
+                os.chdir(cwd)
+            except OSError as exc:
+                raise _StartError(exc.errno, "cwd") from None
+        try:
+            return self._posix_spawn(argv, env, out, err)
+        except OSError as exc:
+            if not guarded:
+                raise _StartError(exc.errno, "exec") from None
+            # Under a lease, as a shell does: a message and status 127.
+            _say(err, f"dblockrun: cannot run {argv[0]}: {exc.strerror}\n")
+        finally:
+            if cwd is not None:
+                os.fchdir(self.home)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            raise _StartError(exc.errno, "fork") from None
+        if pid == 0:
+            try:
+                os.setsid()
+            finally:
+                os._exit(127)
+        return pid
+
+    def _posix_spawn(self, argv: list[str], env: dict[str, str], out: int, err: int) -> int:
+        dup2 = os.POSIX_SPAWN_DUP2
+        actions = [(dup2, self.null, 0), (dup2, out, 1), (dup2, err, 2)]
+        file = argv[0]
+        try:
+            if "/" in file:
+                return os.posix_spawn(file, argv, env, file_actions=actions, setsid=True,
+                                      setsigdef=_RESET)
+            path = env.get("PATH")
+            if path != self.path:
+                if path is None:
+                    os.unsetenv("PATH")
+                else:
+                    os.putenv("PATH", path)
+                self.path = path
+            try:
+                return os.posix_spawnp(file, argv, env, file_actions=actions, setsid=True,
+                                       setsigdef=_RESET)
+            except OSError:
+                pass
+            # Down the PATH one entry at a time, for the error execvp would
+            # give (glibc's search stops at some errors an entry later mends).
+            return _first_path(_exec_paths(file, env), lambda p: os.posix_spawn(
+                p, argv, env, file_actions=actions, setsid=True, setsigdef=_RESET))
+        except ValueError:  # a NUL or '=' in the arguments or environment
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL)) from None
+
     def _fork(self, req: Mapping[str, Any], out: int, err: int, guarded: bool) -> tuple[int, int]:
+        """Start a command with a ``user:``: a fork that switches to it and
+        executes the command; its pid and the pipe its setup reports on."""
         argv: list[str] = req["argv"]
         env: dict[str, str] = req["env"]
         paths = _exec_paths(argv[0], env)
         ids = req["ids"]
-        setup_r, setup_w = os.pipe2(os.O_CLOEXEC)
         try:
-            pid = os.fork()
-        except OSError:
-            os.close(setup_r)
-            os.close(setup_w)
-            raise
+            setup_r, setup_w = os.pipe2(os.O_CLOEXEC)
+            try:
+                pid = os.fork()
+            except OSError:
+                os.close(setup_r)
+                os.close(setup_w)
+                raise
+        except OSError as exc:
+            raise _StartError(exc.errno, "fork") from None
         if pid == 0:
             self._child(argv, paths, env, req["cwd"], ids, out, err, setup_w, guarded)
         os.close(setup_w)
@@ -218,15 +345,10 @@ class Service:
         return pid, setup_r
 
     def _child(self, argv: list[str], paths: list[bytes], env: dict[str, str], cwd: str | None,
-               ids: Sequence[Any] | None, out: int, err: int, report: int,
-               guarded: bool) -> NoReturn:
+               ids: Sequence[Any], out: int, err: int, report: int, guarded: bool) -> NoReturn:
         step = "setup"
         try:
             os.setsid()
-            if self.prctl is not None:
-                # The command's leader gets SIGKILL if the service dies; the
-                # daemon, seeing the service go, stops the rest of the group.
-                self.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             for s in _RESET:
                 signal.signal(s, signal.SIG_DFL)
             os.dup2(self.null, 0)
@@ -239,11 +361,10 @@ class Service:
                 os.chdir(cwd)
             try:
                 step = "user"
-                if ids is not None:
-                    uid, gid, groups = ids
-                    os.setgroups(list(groups))
-                    os.setgid(gid)
-                    os.setuid(uid)
+                uid, gid, groups = ids
+                os.setgroups(list(groups))
+                os.setgid(gid)
+                os.setuid(uid)
                 step = "exec"
                 _first_path(paths, lambda path: os.execve(path, argv, env))
             except OSError as exc:
@@ -280,7 +401,11 @@ class Service:
             self._send({"id": run.id, "errno": int(code) if code.isdigit() else errno.EIO,
                         "step": step.decode(errors="replace")})
             return
-        self._send({"id": run.id, "pid": run.pid})
+        self._started(run)
+
+    def _started(self, run: _Run) -> None:
+        """The command is executed: tell the daemon, watch its end and lifeline."""
+        self._send_raw(b'{"id": %d, "pid": %d}' % (run.id, run.pid))
         self._watch(run.pidfd, run, "end")
         if run.beat >= 0:
             self._watch(run.beat, run, "beat")
@@ -294,7 +419,7 @@ class Service:
             data = b""
         if data:
             if not run.stopping and run.fence is not None:
-                run.deadline = time.monotonic() + run.fence
+                run.deadline = time.monotonic() + run.fence  # its heap entry follows when due
             return
         self._unwatch(run.beat)
         run.beat = -1
@@ -309,7 +434,7 @@ class Service:
         self._unwatch(run.pidfd)
         self._unwatch(run.beat)
         self._forget(run)
-        self._send({"id": run.id, "status": status})
+        self._send_raw(b'{"id": %d, "status": %d}' % (run.id, status))
 
     def _forget(self, run: _Run) -> None:
         if run.err >= 0:
@@ -368,6 +493,12 @@ def serve(fd: int) -> None:
     and every command it started has ended."""
     for s in WATCHED:
         signal.signal(s, signal.SIG_IGN)
+    # Descriptors 0-2 open (/dev/null where one is not): a request's then come
+    # above them, where a command's dup2 onto 0-2 cannot overwrite one.
+    while (spare := os.open(os.devnull, os.O_RDWR)) <= 2:
+        pass
+    os.close(spare)
+    os.set_inheritable(fd, False)  # as everything else the service holds
     Service(socket.socket(fileno=fd)).serve()
 
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -209,6 +210,105 @@ def test_the_command_is_found_on_the_jobs_path(tmp_path: Path, runs: list[Run]) 
         run = Run(["mytool"], guarded=guarded, env=env)
         runs.append(run)
         assert (run.finished().exit_code, run.output) == (0, "found\n")
+
+
+def test_a_broken_file_earlier_on_the_path_is_passed_over(tmp_path: Path,
+                                                          runs: list[Run]) -> None:
+    # As execvp goes down PATH: an entry that cannot be executed (no #!, so
+    # ENOEXEC, where glibc's own search stops) gives way to a later one.
+    broken, tool = tmp_path / "broken" / "mytool", tmp_path / "bin" / "mytool"
+    for path, text in ((broken, "not a program\n"), (tool, "#!/bin/sh\necho found\n")):
+        path.parent.mkdir()
+        path.write_text(text)
+        path.chmod(0o755)
+    env = {"PATH": f"{broken.parent}:{tool.parent}:/usr/bin:/bin"}
+    for guarded in (True, False):
+        run = Run(["mytool"], guarded=guarded, env=env)
+        runs.append(run)
+        assert (run.finished().exit_code, run.output) == (0, "found\n")
+    # Nowhere but there: the error is that entry's, as execvp's.
+    alone = Run(["mytool"], guarded=False, env={"PATH": str(broken.parent)})
+    runs.append(alone)
+    assert alone.finished() == Outcome(
+        None, "error", b"", "cannot start command: [Errno 8] Exec format error: 'mytool'")
+
+
+def test_a_workdir_is_the_commands_only(tmp_path: Path, runs: list[Run]) -> None:
+    # The service enters a command's workdir to start it, and goes back.
+    service_cwd = os.readlink(f"/proc/{spawn.start().pid}/cwd")
+    inside = Run(["pwd"], cwd=str(tmp_path))
+    runs.append(inside)
+    assert inside.finished().exit_code == 0
+    after = Run(["pwd"])
+    runs.append(after)
+    assert after.finished().exit_code == 0
+    assert (inside.output, after.output) == (f"{tmp_path}\n", f"{service_cwd}\n")
+
+
+def test_a_killed_service_leaves_no_command_running(tmp_path: Path, runs: list[Run]) -> None:
+    # No parent-death signal: the daemon's side, seeing its service die,
+    # stops every group the service watched, background children too.
+    run = Run(["sh", "-c", f"sleep 60 & touch {tmp_path}/go; wait"])
+    runs.append(run)
+    run.wait_started(tmp_path / "go")
+    service = spawn.start().pid
+    os.kill(service, signal.SIGKILL)
+    outcome = run.finished(timeout=20)
+    assert outcome.reason == "stopped" and "the spawn service died" in (outcome.detail or "")
+    wait_for(lambda: not group_alive(run.pgid), 10, what="the group to go")
+    # The next command has a new service.
+    again = Run(["true"])
+    runs.append(again)
+    assert again.finished().exit_code == 0
+    assert spawn.start().pid != service
+
+
+def test_fences_and_kills_come_due_for_many_runs_at_once(tmp_path: Path) -> None:
+    # The service's timers: a lifeline's beats move a fence later; silence
+    # past it stops the command (SIGTERM), and one that ignores SIGTERM gets
+    # SIGKILL after the grace, each run on its own times.
+    service = spawn.start()
+    fence, grace = 0.6, 0.4
+    lines: dict[int, list[bytes]] = {}
+
+    def start(argv: list[str]) -> tuple[spawn.Spawned, spawn.Lifeline]:
+        line = spawn.Lifeline()
+        r, w = os.pipe()
+        sink: list[bytes] = []
+        try:
+            child = service.spawn(argv, env=dict(os.environ), cwd=None, out_fd=w, err_fd=w,
+                                  beat_fd=line.read_fd, fence=fence, grace=grace, ids=None,
+                                  streams=[(r, sink.append)])
+        finally:
+            os.close(w)
+            line.handed_over()
+        lines[child.pid] = sink
+        return child, line
+
+    beaten = [start(["sleep", "60"]) for _ in range(20)]
+    silent = [start(["sh", "-c", f"trap '' TERM; touch {tmp_path}/go$$; "
+                     "while :; do sleep 0.05; done"]) for _ in range(20)]
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 3 * fence:  # past the first fence
+            for _child, line in beaten:
+                line.beat()
+            time.sleep(fence / 4)
+        assert not any(child.wait(0) for child, _line in beaten)
+        for child, _line in silent:
+            assert child.wait(10) and child.returncode == -signal.SIGKILL
+        # Silent from now: each beaten one stops within its fence.
+        for child, _line in beaten:
+            assert child.wait(10) and child.returncode == -signal.SIGTERM
+        for child, _line in beaten + silent:
+            child.finish_output(2.0)
+            assert lines[child.pid] == [
+                f"dblockrun guard: lease not renewed for {fence:g}s; stopping the command\n"
+                .encode()]
+    finally:
+        for child, line in beaten + silent:
+            child.kill()
+            line.close()
 
 
 def test_a_wait_returns_when_the_child_ends_not_at_its_timeout() -> None:
