@@ -78,7 +78,8 @@ def test_item_lease_token_and_rate(store: Store) -> None:
     assert second.item != first.item  # x ran within the rate window
     store.items.finish_and_release("job", "h2", [second], "failed", 1, "", 0)
     assert store.items.claim("job", "h2", 30, slot=None, rate=3600, limit=5) == []
-    progress = store.items.progress("job", None)
+    store.ensure_jobs(["job"])  # status lists a job by its lock row
+    progress = store.status(["job"])[0].items
     assert progress == {"total": 2, "done": 1, "running": 0, "waiting": 0, "failed": 1}
 
 

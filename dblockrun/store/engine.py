@@ -13,15 +13,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store.executor import Executor
-from dblockrun.store.queries import RUNNING, ClaimShape, Queries, queries_for
+from dblockrun.store.models import RUNNING
+from dblockrun.store.queries import ClaimShape, Queries, queries_for
 from dblockrun.store.sql import SCHEMA_VERSION
 
 log = logging.getLogger("dblockrun")
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: Names per batch statement (SQLite's bound-parameter limit is far above).
 BATCH_CHUNK = 500
@@ -29,6 +32,11 @@ BATCH_CHUNK = 500
 #: daemons' clock estimates), and how much short of its rate a cron + rate
 #: job's start may be.
 CLAIM_TOLERANCE = 0.1
+
+
+def too_new(version: object) -> SchemaTooNew:
+    return SchemaTooNew(f"the database schema is version {version}, this dblockrun knows up "
+                        f"to {SCHEMA_VERSION}: upgrade dblockrun")
 
 
 @dataclass(frozen=True)
@@ -84,8 +92,8 @@ class Claim:
                           next_due=self.next_due is not None, record=self.record,
                           requested=self.requested, check=self.check)
 
-    def params(self, name: str, holder: str, lease: float) -> dict[str, Any]:
-        params: dict[str, Any] = {"name": name, "holder": holder, "lease": lease}
+    def params(self, holder: str, lease: float, **more: Any) -> dict[str, Any]:
+        params: dict[str, Any] = {"holder": holder, "lease": lease, **more}
         if self.slot is not None:
             params.update(slot=self.slot, tol=self.tolerance)
         if self.rate is not None:
@@ -96,6 +104,45 @@ class Claim:
         if self.record:
             params["run_slot"] = self.slot
         return params
+
+
+def in_transaction(dialect: str, send: Callable[[str], object], steps: Callable[[], T]) -> T:
+    """``steps`` in one short transaction, each statement sent with ``send``
+    (``BEGIN IMMEDIATE`` on SQLite: its one writer at a time stands in for
+    row locks)."""
+    if dialect == "mysql":
+        # Read committed: rows a pick reads but does not take are not left
+        # locked (they may be another host's, renewed right now).
+        send("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    send("BEGIN IMMEDIATE" if dialect == "sqlite" else "BEGIN")
+    try:
+        result = steps()
+        send("COMMIT")
+    except BaseException:
+        try:
+            send("ROLLBACK")
+        except Exception:  # the connection is gone; the executor drops it
+            pass
+        raise
+    return result
+
+
+class _HasEngine(Protocol):
+    def lock_engine(self) -> LockEngine: ...
+
+
+E = TypeVar("E", bound=_HasEngine)
+
+
+def on_engine(method: Callable[Concatenate[LockEngine, P], T]) -> Callable[Concatenate[E, P], T]:
+    """A hot statement of the lock engine as a method of an object that has
+    one (the store, its fan-out items)."""
+
+    def call(self: E, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return method(self.lock_engine(), *args, **kwargs)
+
+    call.__name__, call.__doc__ = method.__name__, method.__doc__
+    return call
 
 
 class LockEngine:
@@ -115,10 +162,11 @@ class LockEngine:
     def close(self) -> None:
         self.x.close()
 
-    def _text(self, key: Any, build: Any) -> str:
-        text = self._texts.get(key)
+    def _text(self, name: str, *args: Any) -> str:
+        """The text of ``Queries.name(*args)``, built once."""
+        text = self._texts.get((name, args))
         if text is None:
-            text = self._texts[key] = build()
+            text = self._texts[(name, args)] = getattr(self.q, name)(*args)
         return text
 
     def _one_row(self, sql: str, params: dict[str, Any]) -> bool:
@@ -134,20 +182,19 @@ class LockEngine:
         in the same round trip; create the row if it has none, then claim."""
         if ensure:
             claim = replace(claim, check=True)
-        won, known = self._claim(name, holder, lease, claim, ensure)
+        won, known = self._claim(name, holder, lease, claim)
         if won is None and not known and ensure:
             self.ensure_jobs([name])
-            won, known = self._claim(name, holder, lease, claim, ensure)
+            won, known = self._claim(name, holder, lease, claim)
         return won
 
-    def _claim(self, name: str, holder: str, lease: float, claim: Claim,
-               ensure: bool) -> tuple[Claimed | None, bool]:
+    def _claim(self, name: str, holder: str, lease: float,
+               claim: Claim) -> tuple[Claimed | None, bool]:
         shape = claim.shape
-        sql = self._text(("claim", shape), lambda: self.q.claim(shape))
-        params = claim.params(name, holder, lease)
+        sql, params = self._text("claim", shape), claim.params(holder, lease, name=name)
         read = {"postgresql": self._read_pg, "mysql": self._read_mysql,
                 "sqlite": self._read_sqlite}[self.dialect]
-        won, found, version = self.x.run(lambda cur: read(cur, sql, params, shape, ensure))
+        won, found, version = self.x.run(lambda cur: read(cur, sql, params, shape))
         known = found is not None
         if won is None and known and int(found) < 0:
             self.negative_token(name)
@@ -155,16 +202,15 @@ class LockEngine:
             if won is not None:
                 self.release(name, holder, won.token, 0.0)
             if int(version) > SCHEMA_VERSION:
-                raise SchemaTooNew(f"the database schema is version {version}, this dblockrun "
-                                   f"knows up to {SCHEMA_VERSION}: upgrade dblockrun")
+                raise too_new(version)
             raise DatabaseError(f"the database schema is version {version}, older than "
                                 f"{SCHEMA_VERSION}: it needs `dblockrun init-db`", kind="schema")
         return won, known
 
     # Each reader returns (won, the row's token as found or None, schema version).
 
-    def _read_pg(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
-                 _ensure: bool) -> tuple[Claimed | None, Any, Any]:
+    def _read_pg(self, cur: Any, sql: str, params: dict[str, Any],
+                 shape: ClaimShape) -> tuple[Claimed | None, Any, Any]:
         row = self.x.send(cur, sql, params).fetchone()
         if not (shape.record or shape.check):  # UPDATE ... RETURNING token
             return (None, 0, None) if row is None else (
@@ -176,8 +222,8 @@ class LockEngine:
         return (Claimed(params["name"], int(token), None if run_id is None else int(run_id)),
                 token, version)
 
-    def _read_mysql(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
-                    _ensure: bool) -> tuple[Claimed | None, Any, Any]:
+    def _read_mysql(self, cur: Any, sql: str, params: dict[str, Any],
+                    shape: ClaimShape) -> tuple[Claimed | None, Any, Any]:
         self.x.send(cur, sql, params)
         if shape.cleans:
             cur.nextset()  # past the dead run's loss, to the claim
@@ -204,13 +250,12 @@ class LockEngine:
             return None, found, version
         return Claimed(params["name"], token, run_id), token, version
 
-    def _read_sqlite(self, cur: Any, sql: str, params: dict[str, Any], shape: ClaimShape,
-                     ensure: bool) -> tuple[Claimed | None, Any, Any]:
+    def _read_sqlite(self, cur: Any, sql: str, params: dict[str, Any],
+                     shape: ClaimShape) -> tuple[Claimed | None, Any, Any]:
         if shape.cleans:
             # The run before, if it died, is recorded lost first (as the
             # servers' claims do in the same round trip).
-            self.x.send(cur, self._text("supersede", lambda: self.q.supersede(
-                f"{self.q.runs}.job = {self.q.p('name')}")), params)
+            self.x.send(cur, self.q.supersede, params)
         row = self.x.send(cur, sql, params).fetchone()
         if row is None:
             if not shape.check:  # embedded, but each statement is counted
@@ -247,34 +292,24 @@ class LockEngine:
         for i in range(0, len(names), BATCH_CHUNK):
             if len(won) >= limit:
                 break
-            won += self._claim_chunk(names[i:i + BATCH_CHUNK], holder, lease, claim,
-                                     limit - len(won))
+            params = claim.params(holder, lease, limit=limit - len(won))
+            rows = self.x.run(partial(self._claim_chunk, claim.shape,
+                                      names[i:i + BATCH_CHUNK], params))
+            won += [Claimed(str(n), int(t), int(i)) for n, t, i in rows]
         return won
 
-    def _claim_chunk(self, names: Sequence[str], holder: str, lease: float, claim: Claim,
-                     limit: int) -> list[Claimed]:
-        shape = claim.shape
-        params = {**claim.params("", holder, lease), "limit": limit}
-        del params["name"]
-        if self.dialect == "postgresql":
-            sql = self._text(("batch", shape), lambda: self.q.batch_claim(shape, 0))
-            params["names"] = list(names)
-
-            def go(cur: Any) -> list[Claimed]:
-                self.x.send(cur, sql, params)
-                return [Claimed(str(n), int(t), int(i)) for n, t, i in cur.fetchall()]
-
-            return self.x.run(go)
-        return self.x.run(lambda cur: self._batch_in_transaction(cur, shape, names, params))
-
-    def _batch_in_transaction(self, cur: Any, shape: ClaimShape, names: Sequence[str],
-                              params: dict[str, Any]) -> list[Claimed]:
+    def _claim_chunk(self, shape: ClaimShape, names: Sequence[str], params: dict[str, Any],
+                     cur: Any) -> Any:
+        """The rows (name, token, run id) won of a chunk of a batch."""
         q, send = self.q, self.x.send
+        if self.dialect == "postgresql":
+            return send(cur, self._text("batch_claim", shape, 0),
+                        {**params, "names": list(names)}).fetchall()
 
-        def steps() -> list[Claimed]:
+        def steps() -> Any:
             named = {f"n{i}": n for i, n in enumerate(names)}
-            pick = q.batch_pick(shape, len(names))
-            picked = [str(r[0]) for r in send(cur, pick, {**params, **named}).fetchall()]
+            picked = [str(r[0]) for r in send(cur, q.batch_pick(shape, len(names)),
+                                              {**params, **named}).fetchall()]
             if not picked:
                 return []
             chosen = {**params, **{f"c{i}": n for i, n in enumerate(picked)}}
@@ -282,30 +317,9 @@ class LockEngine:
             # conditional write as a single claim, and decides.
             send(cur, q.batch_update(shape, len(picked)), chosen)
             send(cur, q.batch_record(len(picked)), chosen)
-            rows = send(cur, q.batch_read(len(picked)), chosen).fetchall()
-            return [Claimed(str(n), int(t), int(i)) for n, t, i in rows]
+            return send(cur, q.batch_read(len(picked)), chosen).fetchall()
 
-        return self._transaction(cur, steps)
-
-    def _transaction(self, cur: Any, steps: Callable[[], T]) -> T:
-        """``steps`` in one short transaction (``BEGIN IMMEDIATE`` on SQLite:
-        its one writer at a time stands in for row locks)."""
-        send = self.x.send
-        if self.dialect == "mysql":
-            # Read committed: rows a pick reads but does not take are not
-            # left locked (they may be another host's, renewed right now).
-            send(cur, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        send(cur, "BEGIN IMMEDIATE" if self.dialect == "sqlite" else "BEGIN")
-        try:
-            result = steps()
-            send(cur, "COMMIT")
-        except BaseException:
-            try:
-                cur.execute("ROLLBACK")
-            except Exception:  # the connection is gone; the executor drops it
-                pass
-            raise
-        return result
+        return in_transaction(self.dialect, lambda sql: send(cur, sql), steps)
 
     # -- fan-out items ----------------------------------------------------------------
 
@@ -313,33 +327,29 @@ class LockEngine:
                     limit: int) -> list[ClaimedItem]:
         """Claim up to ``limit`` of a job's due items, oldest start first,
         skipping the rows other hosts are claiming right now."""
-        shape = claim.shape
-        params = {**claim.params("", holder, lease), "job": job}
-        del params["name"]
+        shape, params = claim.shape, claim.params(holder, lease, job=job)
         q, send = self.q, self.x.send
-        mysql = self.dialect == "mysql"
+
+        def keyed(keys: list[str], **more: Any) -> dict[str, Any]:
+            return {**params, **more, **{f"k{i}": k for i, k in enumerate(keys)}}
 
         def steps(cur: Any) -> list[ClaimedItem]:
-            if mysql:
+            if self.dialect == "mysql":
                 # InnoDB locks every row a sorted locking read looks at, so
                 # one host's pick would hide all items from the others: read
                 # the candidates unlocked, then lock only those by key.
-                wide = {**params, "limit": limit * 4 + 16}
                 keys = [str(r[0]) for r in send(cur, q.items_pick(shape, lock=False),
-                                                 wide).fetchall()]
+                                                 keyed([], limit=limit * 4 + 16)).fetchall()]
                 if keys:
-                    by_key = {**params, "limit": limit,
-                              **{f"k{i}": k for i, k in enumerate(keys)}}
-                    locked = {str(r[0]) for r in send(
-                        cur, q.items_lock(shape, len(keys)), by_key).fetchall()}
+                    locked = {str(r[0]) for r in send(cur, q.items_lock(shape, len(keys)),
+                                                      keyed(keys, limit=limit)).fetchall()}
                     keys = [k for k in keys if k in locked]
             else:
                 keys = [str(r[0]) for r in send(cur, q.items_pick(shape),
-                                                 {**params, "limit": limit}).fetchall()]
+                                                 keyed([], limit=limit)).fetchall()]
             if not keys:
                 return []
-            named = {**params, "run_slot": claim.slot,
-                     **{f"k{i}": k for i, k in enumerate(keys)}}
+            named = keyed(keys, run_slot=claim.slot)
             send(cur, q.items_claim(shape, len(keys)), named)
             send(cur, q.items_record(len(keys)), named)
             rows = send(cur, q.items_claimed(len(keys)), named).fetchall()
@@ -347,20 +357,22 @@ class LockEngine:
             claimed = [ClaimedItem(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
             return sorted(claimed, key=lambda c: order[c.key])
 
-        return self.x.run(lambda cur: self._transaction(cur, lambda: steps(cur)))
+        return self.x.run(
+            lambda cur: in_transaction(self.dialect, lambda sql: send(cur, sql),
+                                       lambda: steps(cur)))
 
-    def _items_params(self, job: str, holder: str,
-                      items: Sequence[ClaimedItem]) -> dict[str, Any]:
-        params: dict[str, Any] = {"job": job, "holder": holder}
+    def _items_params(self, job: str, holder: str, items: Sequence[ClaimedItem],
+                      **more: Any) -> dict[str, Any]:
+        params: dict[str, Any] = {"job": job, "holder": holder, **more}
         for i, c in enumerate(items):
-            params[f"k{i}"], params[f"t{i}"] = c.key, c.token
+            params[f"k{i}"], params[f"t{i}"], params[f"r{i}"] = c.key, c.token, c.run_id
         return params
 
     def renew_items(self, job: str, holder: str, items: Sequence[ClaimedItem],
                     lease: float) -> bool:
         """Extend a batch's leases; False if any token is no longer current."""
-        sql = self._text(("items_renew", len(items)), lambda: self.q.items_renew(len(items)))
-        params = {**self._items_params(job, holder, items), "lease": lease}
+        sql = self._text("items_renew", len(items))
+        params = self._items_params(job, holder, items, lease=lease)
         return self.x.run(
             lambda cur: bool(self.x.send(cur, sql, params).rowcount == len(items)))
 
@@ -369,24 +381,20 @@ class LockEngine:
                                  lock_at_least: float) -> tuple[bool, bool]:
         """The batch's result (only while every token is ours) and the release
         of its items, in one round trip: (result written, released)."""
-        n = len(items)
-        params = {**self._items_params(job, holder, items), "result": result,
-                  "code": exit_code, "output": output, "least": float(lock_at_least),
-                  **{f"r{i}": c.run_id for i, c in enumerate(items)}}
-        q = self.q
+        n, q, send = len(items), self.q, self.x.send
+        params = self._items_params(job, holder, items, result=result, code=exit_code,
+                                    output=output, least=float(lock_at_least))
 
         def go(cur: Any) -> tuple[bool, bool]:
             if self.dialect == "sqlite":  # embedded: two statements
-                written = self.x.send(cur, q.items_finish(n, n), params).rowcount
-                released = self.x.send(cur, q.items_release(n), params).rowcount
+                written = send(cur, q.items_finish(n), params).rowcount
+                released = send(cur, q.items_release(n), params).rowcount
             elif self.dialect == "mysql":
-                self.x.send(cur, q.items_finish_and_release(n, n), params)
-                written = cur.rowcount
+                written = send(cur, q.items_finish_and_release(n), params).rowcount
                 cur.nextset()
                 released = cur.rowcount
             else:
-                written, released = self.x.send(cur, q.items_finish_and_release(n, n),
-                                                params).fetchone()
+                written, released = send(cur, q.items_finish_and_release(n), params).fetchone()
             return int(written) == n, int(released) == n
 
         return self.x.run(go)
@@ -395,8 +403,7 @@ class LockEngine:
 
     def renew(self, name: str, holder: str, token: int, lease: float) -> bool:
         """Extend the lease; False when the token is no longer ours."""
-        params = {"name": name, "holder": holder, "token": token, "lease": lease}
-        return self._one_row(self.q.renew, params)
+        return name in self.renew_many(holder, [(name, token)], lease)
 
     def renew_many(self, holder: str, held: Sequence[tuple[str, int]],
                    lease: float) -> set[str]:
@@ -404,7 +411,7 @@ class LockEngine:
         one statement; returns the names renewed (the others are lost)."""
         if not held:
             return set()
-        sql = self._text(("renew_many", len(held)), lambda: self.q.renew_many(len(held)))
+        sql = self._text("renew_many", len(held))
         params: dict[str, Any] = {"holder": holder, "lease": lease}
         for i, (name, token) in enumerate(held):
             params[f"n{i}"], params[f"t{i}"] = name, token
@@ -425,24 +432,20 @@ class LockEngine:
     def start_run(self, job: str, host: str, *, token: int | None, slot: float | None = None,
                   attempt: int = 1, item: str | None = None, result: str = RUNNING,
                   output: str | None = None) -> int:
-        sql = self._text(("start_run", result == RUNNING),
-                         lambda: self.q.start_run(result == RUNNING))
+        sql = self._text("start_run", result == RUNNING)
         params = {"job": job, "item": item, "host": host, "slot": slot, "token": token,
                   "attempt": attempt, "result": result, "output": output}
 
         def go(cur: Any) -> int:
             self.x.send(cur, sql, params)
-            if self.dialect == "mysql":
-                return int(cur.lastrowid)
-            return int(cur.fetchone()[0])
+            return int(cur.lastrowid if self.dialect == "mysql" else cur.fetchone()[0])
 
         return self.x.run(go)
 
     def finish_run(self, run_id: int, job: str, token: int | None, result: str,
                    exit_code: int | None, output: str | None) -> bool:
         """Record a run's end, only while the job's token is still ``token``."""
-        fenced = token is not None
-        sql = self._text(("finish_run", fenced), lambda: self.q.finish_run(fenced))
+        sql = self._text("finish_run", token is not None)
         params = {"run_id": run_id, "name": job, "token": token, "result": result,
                   "code": exit_code, "output": output}
         return self._one_row(sql, params)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+R = TypeVar("R", bound="DataclassInstance")
 
 #: Run results.
 RUNNING = "running"
@@ -89,6 +96,25 @@ class HostStatus:
     clock_offset: float | None
     running: int
     jobs: str | None
+
+
+#: Per record kind: its fields, each with the number type it holds (if any).
+_FIELDS: dict[type, tuple[tuple[str, type[int] | type[float] | None], ...]] = {}
+_NUMBER = {"int": int, "int | None": int, "float": float, "float | None": float}
+
+
+def from_row(kind: type[R], row: Mapping[Any, Any]) -> R:
+    """A record of ``kind`` from a row: numbers as the record types them
+    (drivers read a DOUBLE or BIGINT their own way); fields the row lacks keep
+    their default."""
+    if kind not in _FIELDS:
+        _FIELDS[kind] = tuple((f.name, _NUMBER.get(str(f.type))) for f in fields(kind))
+    values = {}
+    for name, number in _FIELDS[kind]:
+        if name in row:
+            value = row[name]
+            values[name] = value if value is None or number is None else number(value)
+    return kind(**values)
 
 
 def definitions(hosts: list[HostStatus]) -> dict[str, dict[str, list[str]]]:

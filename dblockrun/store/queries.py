@@ -21,12 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from dblockrun.store.models import RUNNING
 from dblockrun.store.sql import NOW
 
 #: The columns of a run record, in the order the INSERTs below give them.
 RUN_COLUMNS = "job, item, host, slot, token, attempt, started, finished, result"
-#: The result of a run still going.
-RUNNING = "running"
 
 
 @dataclass(frozen=True)
@@ -56,13 +55,12 @@ class Queries:
     double = "DOUBLE PRECISION"
     greatest = "GREATEST"
     arrays = True  # psycopg binds a list as an array
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+    insert_ignore = ("INSERT INTO", " ON CONFLICT DO NOTHING")
 
     def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.locks = self.quote(f"{prefix}locks")
-        self.runs = self.quote(f"{prefix}runs")
-        self.items = self.quote(f"{prefix}items")
-        self.meta = self.quote(f"{prefix}meta")
+        self.locks, self.runs, self.items, self.meta = (
+            self.quote(f"{prefix}{table}") for table in ("locks", "runs", "items", "meta"))
         self.now = NOW[self.dialect]
 
     # -- spelling -------------------------------------------------------------
@@ -84,10 +82,12 @@ class Queries:
         """``count`` parameters ``stem0``, ``stem1``..., comma-separated."""
         return ", ".join(self.p(f"{stem}{i}") for i in range(count))
 
-    def pairs(self, first: str, second: str, count: int) -> str:
-        """``(first0, second0), ...``: a row-value list for ``(a, b) IN (...)``."""
-        return ", ".join(f"({self.p(f'{first}{i}')}, {self.p(f'{second}{i}')})"
-                         for i in range(count))
+    def held(self, table: str, key: str, stem: str, count: int) -> str:
+        """Rows of ``table`` the holder still holds: ``(key, token)`` among
+        the pairs ``(stem0, t0)``, ``(stem1, t1)``..."""
+        pairs = ", ".join(f"({self.p(f'{stem}{i}')}, {self.p(f't{i}')})" for i in range(count))
+        return (f"{table}.holder = {self.p('holder')} "
+                f"AND ({table}.{key}, {table}.token) IN ({pairs})")
 
     def records(self, source: str, job: str, item: str, slot: str) -> str:
         """The first attempt's run records of rows just claimed in ``source``
@@ -95,6 +95,22 @@ class Queries:
         return (f"INSERT INTO {self.runs} ({RUN_COLUMNS}) SELECT {job}, {item}, "
                 f"{self.p('holder')}, CAST({slot} AS {self.double}), {source}.token, 1, "
                 f"{source}.locked_at, NULL, '{RUNNING}' FROM {source}")
+
+    @staticmethod
+    def counted(first: str, second: str) -> str:
+        """Two writes (each ``... RETURNING``) in one statement; row: the
+        number of rows each wrote."""
+        return (f"WITH r AS ({first}), l AS ({second}) "
+                "SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM l)")
+
+    @cached_property
+    def lease(self) -> str:
+        """The SET list of a renewal."""
+        return f"lock_until = ({self.now} + {self.p('lease')}), renewed_at = {self.now}"
+
+    def released(self, table: str) -> str:
+        """The SET of a release: the lease ends now, not before ``locked_at + least``."""
+        return f"lock_until = {self.greatest}({self.now}, {table}.locked_at + {self.p('least')})"
 
     # -- the one claim predicate ------------------------------------------------
 
@@ -125,12 +141,16 @@ class Queries:
             conds.append(f"{table}.run_requested IS NOT NULL")
         return " AND ".join(conds)
 
-    def claim_sets(self, table: str, shape: ClaimShape, token: str) -> str:
+    def claim_write(self, table: str, shape: ClaimShape, rows: str, *, token: str = "",
+                    join: str = "") -> str:
+        """The claim's conditional UPDATE of the ``rows`` (a condition) of
+        ``table``: the write that decides, on every path."""
         p, now = self.p, self.now
         # prev_renewed_at first: MySQL assigns left to right, from new values.
         sets = [f"prev_renewed_at = {table}.renewed_at", f"holder = {p('holder')}",
                 f"lock_until = ({now} + {p('lease')})", f"locked_at = {now}",
-                f"token = {token}", f"last_start = {now}", f"renewed_at = {now}"]
+                f"token = {token or f'{table}.token + 1'}", f"last_start = {now}",
+                f"renewed_at = {now}"]
         if table == self.locks:
             sets.append("run_requested = NULL")
             if shape.next_due:
@@ -139,15 +159,19 @@ class Queries:
                 sets.append(f"next_due = {now} + {p('rate')}")
         if shape.slot:
             sets.append(f"last_slot = {p('slot')}")
-        return ", ".join(sets)
+        if table != self.locks:
+            sets.append(f"last_result = '{RUNNING}'")
+        return (f"UPDATE {table} SET {', '.join(sets)}{join} "
+                f"WHERE {rows} AND {self.claimable(table, shape)}")
 
     def token_expr(self) -> str:
+        """The new token of a single claim."""
         return f"{self.locks}.token + 1"
 
     def claim_update(self, shape: ClaimShape) -> str:
         locks = self.locks
-        return (f"UPDATE {locks} SET {self.claim_sets(locks, shape, self.token_expr())} "
-                f"WHERE {locks}.name = {self.p('name')} AND {self.claimable(locks, shape)}")
+        return self.claim_write(locks, shape, f"{locks}.name = {self.p('name')}",
+                                token=self.token_expr())
 
     def known(self) -> str:
         """The job's token as the claim found it (NULL: no lock row yet, so
@@ -162,6 +186,10 @@ class Queries:
         meta = self.meta
         return (f"SELECT {meta}.value FROM {meta} WHERE {meta}.{self.quote('key')} "
                 "= 'schema_version'")
+
+    @cached_property
+    def known_row(self) -> str:
+        return f"SELECT {self.known()}"
 
     def lost_where(self, jobs: str) -> str:
         """Runs of ``jobs`` (a condition on the runs table) still ``running``
@@ -183,12 +211,14 @@ class Queries:
                 f"WHERE {self.holding(items, False)}), (SELECT {locks}.prev_renewed_at "
                 f"FROM {locks} WHERE {taken_over}), {self.now})")
 
-    def supersede(self, jobs: str) -> str:
-        """Record lost the dead runs of ``jobs``: each claim does it for its
-        job, before it claims (whoever next touches a job cleans up after the
-        run before), and each daemon's heartbeat for all jobs."""
+    @cached_property
+    def supersede(self) -> str:
+        """Record lost the dead runs of the job ``name``: a claim of exec or
+        the API does it before it claims (whoever next touches a job cleans
+        up after the run before)."""
+        job = f"{self.runs}.job = {self.p('name')}"
         return (f"UPDATE {self.runs} SET result = 'lost', finished = {self.lost_end()} "
-                f"WHERE {self.lost_where(jobs)}")
+                f"WHERE {self.lost_where(job)}")
 
     def claim(self, shape: ClaimShape) -> str:
         """The claim, in one round trip. A plain claim: ``UPDATE ...
@@ -205,8 +235,7 @@ class Queries:
         if not shape.record:
             return (f"WITH c AS ({update} RETURNING {locks}.token) "
                     f"SELECT (SELECT token FROM c), NULL, {known}")
-        lost = ("s AS (" + self.supersede(f"{runs}.job = {p('name')}") + "), "
-                if shape.cleans else "")
+        lost = f"s AS ({self.supersede}), " if shape.cleans else ""
         return (f"WITH {lost}"
                 f"c AS ({update} RETURNING {locks}.name, {locks}.token, {locks}.locked_at), "
                 f"r AS ({self.records('c', 'c.name', 'NULL', p('run_slot'))} "
@@ -221,10 +250,6 @@ class Queries:
         return (f"INSERT INTO {self.runs} ({RUN_COLUMNS}) VALUES ({p('name')}, NULL, "
                 f"{p('holder')}, {p('run_slot')}, {p('token')}, 1, {p('started')}, NULL, "
                 f"'{RUNNING}') RETURNING id")
-
-    @cached_property
-    def known_row(self) -> str:
-        return f"SELECT {self.known()}"
 
     # -- a batch of jobs of one slot ---------------------------------------------
 
@@ -242,25 +267,19 @@ class Queries:
                 f"AND {self.claimable(locks, shape)} LIMIT {self.p('limit')}"
                 f"{self.skip_locked}")
 
-    skip_locked = " FOR UPDATE SKIP LOCKED"
-
     def batch_claim(self, shape: ClaimShape, count: int) -> str:
         """PostgreSQL: pick, claim and record ``count`` candidates in one statement."""
-        locks, runs, p = self.locks, self.runs, self.p
-        sets = self.claim_sets(locks, shape, self.token_expr())
+        locks, runs = self.locks, self.runs
+        claim = self.claim_write(locks, shape, f"{locks}.name = pick.name", join=" FROM pick")
         return (f"WITH pick AS ({self.batch_pick(shape, count)}), "
-                f"c AS (UPDATE {locks} SET {sets} FROM pick WHERE {locks}.name = pick.name "
-                f"AND {self.claimable(locks, shape)} "
-                f"RETURNING {locks}.name, {locks}.token, {locks}.locked_at) "
-                f"{self.records('c', 'c.name', 'NULL', p('slot'))} "
+                f"c AS ({claim} RETURNING {locks}.name, {locks}.token, {locks}.locked_at) "
+                f"{self.records('c', 'c.name', 'NULL', self.p('slot'))} "
                 f"RETURNING {runs}.job, {runs}.token, {runs}.id")
 
     def batch_update(self, shape: ClaimShape, count: int) -> str:
         """MySQL and SQLite: claim the picked names ``c0``... (in a transaction)."""
         locks = self.locks
-        sets = self.claim_sets(locks, shape, f"{locks}.token + 1")
-        return (f"UPDATE {locks} SET {sets} WHERE {locks}.name IN ({self.listed('c', count)}) "
-                f"AND {self.claimable(locks, shape)}")
+        return self.claim_write(locks, shape, f"{locks}.name IN ({self.listed('c', count)})")
 
     def batch_record(self, count: int) -> str:
         """The run records of the names ``c0``... this holder claimed for the slot."""
@@ -289,29 +308,26 @@ class Queries:
                 f"{items}.item_key LIMIT {self.p('limit')}" + (self.skip_locked if lock else ""))
 
     def items_keys(self, count: int) -> str:
-        return f"IN ({self.listed('k', count)})"
+        """A job's items ``k0``... by key."""
+        items = self.items
+        return f"{items}.job = {self.p('job')} AND {items}.item_key IN ({self.listed('k', count)})"
 
     def items_lock(self, shape: ClaimShape, count: int) -> str:
         """MySQL: lock the candidates ``k0``... by key, skipping taken ones."""
         items = self.items
-        return (f"SELECT {items}.item_key FROM {items} WHERE {items}.job = {self.p('job')} "
-                f"AND {items}.item_key {self.items_keys(count)} "
+        return (f"SELECT {items}.item_key FROM {items} WHERE {self.items_keys(count)} "
                 f"AND {self.claimable(items, shape)} LIMIT {self.p('limit')}{self.skip_locked}")
 
     def items_claim(self, shape: ClaimShape, count: int) -> str:
         """Claim the picked items ``k0``...: the same conditional write as a job's."""
-        items = self.items
-        sets = self.claim_sets(items, shape, f"{items}.token + 1")
-        return (f"UPDATE {items} SET {sets}, last_result = '{RUNNING}' "
-                f"WHERE {items}.job = {self.p('job')} AND {items}.item_key "
-                f"{self.items_keys(count)} AND {self.claimable(items, shape)}")
+        return self.claim_write(self.items, shape, self.items_keys(count))
 
     def items_record(self, count: int) -> str:
         """The run records of the claimed items ``k0``... (in the claim's
         transaction)."""
-        items, p = self.items, self.p
-        return (f"{self.records(items, f'{items}.job', f'{items}.item', p('run_slot'))} "
-                f"WHERE {items}.job = {p('job')} AND {items}.item_key {self.items_keys(count)}")
+        items = self.items
+        return (f"{self.records(items, f'{items}.job', f'{items}.item', self.p('run_slot'))} "
+                f"WHERE {self.items_keys(count)}")
 
     def items_claimed(self, count: int) -> str:
         """The claimed items ``k0``... with their run records."""
@@ -319,65 +335,47 @@ class Queries:
         return (f"SELECT {items}.item, {items}.item_key, {items}.token, {runs}.id "
                 f"FROM {items} JOIN {runs} ON {runs}.job = {items}.job "
                 f"AND {runs}.item = {items}.item AND {runs}.token = {items}.token "
-                f"WHERE {items}.job = {self.p('job')} AND {items}.holder = {self.p('holder')} "
-                f"AND {items}.item_key {self.items_keys(count)}")
+                f"WHERE {self.items_keys(count)} AND {items}.holder = {self.p('holder')}")
 
     def items_mine(self, count: int) -> str:
         """A holder's batch of items (``k0``/``t0``...) whose tokens are current."""
-        items, p = self.items, self.p
-        return (f"{items}.job = {p('job')} AND {items}.holder = {p('holder')} "
-                f"AND ({items}.item_key, {items}.token) IN ({self.pairs('k', 't', count)})")
+        items = self.items
+        return f"{items}.job = {self.p('job')} AND {self.held(items, 'item_key', 'k', count)}"
 
     def items_renew(self, count: int) -> str:
-        return (f"UPDATE {self.items} SET lock_until = ({self.now} + {self.p('lease')}), "
-                f"renewed_at = {self.now} WHERE {self.items_mine(count)}")
+        return f"UPDATE {self.items} SET {self.lease} WHERE {self.items_mine(count)}"
 
     def items_release(self, count: int) -> str:
         items = self.items
-        return (f"UPDATE {items} SET lock_until = {self.greatest}({self.now}, "
-                f"{items}.locked_at + {self.p('least')}), last_result = {self.p('result')} "
+        return (f"UPDATE {items} SET {self.released(items)}, last_result = {self.p('result')} "
                 f"WHERE {self.items_mine(count)}")
 
-    def items_finish(self, count: int, runs_count: int) -> str:
+    def items_finish(self, count: int) -> str:
         """The batch's runs ``r0``... get its result while all its items are ours."""
         items, runs = self.items, self.runs
-        ids = self.listed("r", runs_count)
+        ids = self.listed("r", count)
         return (f"UPDATE {runs} SET {self.run_result()} WHERE {runs}.id IN ({ids}) "
                 f"AND (SELECT count(*) FROM {items} WHERE {self.items_mine(count)}) = {count}")
 
-    def items_finish_and_release(self, count: int, runs_count: int) -> str:
+    def items_finish_and_release(self, count: int) -> str:
         """Row: (runs written, items released), in one statement."""
-        items = self.items
-        return (f"WITH r AS ({self.items_finish(count, runs_count)} RETURNING {self.runs}.id), "
-                f"l AS ({self.items_release(count)} RETURNING {items}.item_key) "
-                f"SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM l)")
+        return self.counted(f"{self.items_finish(count)} RETURNING {self.runs}.id",
+                            f"{self.items_release(count)} RETURNING {self.items}.item_key")
 
     # -- while it runs, and its end ---------------------------------------------
-
-    def mine(self) -> str:
-        locks, p = self.locks, self.p
-        return (f"{locks}.name = {p('name')} AND {locks}.holder = {p('holder')} "
-                f"AND {locks}.token = {p('token')}")
-
-    @cached_property
-    def renew(self) -> str:
-        return (f"UPDATE {self.locks} SET lock_until = ({self.now} + {self.p('lease')}), "
-                f"renewed_at = {self.now} WHERE {self.mine()}")
 
     def renew_many(self, count: int) -> str:
         """Renew ``count`` leases of one holder (``n0``/``t0``...); rows: the
         names renewed (a lease whose token moved on is not among them)."""
         locks = self.locks
-        return (f"UPDATE {locks} SET lock_until = ({self.now} + {self.p('lease')}), "
-                f"renewed_at = {self.now} WHERE {locks}.holder = {self.p('holder')} "
-                f"AND ({locks}.name, {locks}.token) IN ({self.pairs('n', 't', count)}) "
+        return (f"UPDATE {locks} SET {self.lease} WHERE {self.held(locks, 'name', 'n', count)} "
                 f"RETURNING {locks}.name")
 
     @cached_property
     def release(self) -> str:
-        locks = self.locks
-        return (f"UPDATE {locks} SET lock_until = {self.greatest}({self.now}, "
-                f"{locks}.locked_at + {self.p('least')}) WHERE {self.mine()}")
+        locks, p = self.locks, self.p
+        return (f"UPDATE {locks} SET {self.released(locks)} WHERE {locks}.name = {p('name')} "
+                f"AND {locks}.holder = {p('holder')} AND {locks}.token = {p('token')}")
 
     def run_result(self, table: str = "") -> str:
         """The SET list of a run's end."""
@@ -386,25 +384,18 @@ class Queries:
         return (f"{t}finished = {self.now}, {t}exit_code = {p('code')}, "
                 f"{t}result = {p('result')}, {t}output = {p('output')}")
 
-    def fenced(self) -> str:
-        """The job's lock still has the run's token."""
-        locks, p = self.locks, self.p
-        return (f"EXISTS (SELECT 1 FROM {locks} WHERE {locks}.name = {p('name')} "
-                f"AND {locks}.token = {p('token')})")
-
     def finish_run(self, fenced: bool) -> str:
-        text = (f"UPDATE {self.runs} SET {self.run_result()} "
-                f"WHERE {self.runs}.id = {self.p('run_id')}")
-        return text + f" AND {self.fenced()}" if fenced else text
+        """A run's end; ``fenced``: only while the job's lock has its token."""
+        locks, runs, p = self.locks, self.runs, self.p
+        text = f"UPDATE {runs} SET {self.run_result()} WHERE {runs}.id = {p('run_id')}"
+        return text + (f" AND EXISTS (SELECT 1 FROM {locks} WHERE {locks}.name = {p('name')} "
+                       f"AND {locks}.token = {p('token')})" if fenced else "")
 
     @cached_property
     def finish_and_release(self) -> str:
         """The result and the release in one statement; row: (written, released)."""
-        locks, runs, p = self.locks, self.runs, self.p
-        return (f"WITH r AS (UPDATE {runs} SET {self.run_result()} WHERE {runs}.id = "
-                f"{p('run_id')} AND {self.fenced()} RETURNING {runs}.id), "
-                f"l AS ({self.release} RETURNING {locks}.name) "
-                f"SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM l)")
+        return self.counted(f"{self.finish_run(True)} RETURNING {self.runs}.id",
+                            f"{self.release} RETURNING {self.locks}.name")
 
     def start_run(self, running: bool) -> str:
         p = self.p
@@ -418,8 +409,8 @@ class Queries:
 
     @cached_property
     def ensure_job(self) -> str:
-        return (f"INSERT INTO {self.locks} (name, token) VALUES ({self.p('name')}, 0) "
-                "ON CONFLICT DO NOTHING")
+        insert, ignore = self.insert_ignore
+        return f"{insert} {self.locks} (name, token) VALUES ({self.p('name')}, 0){ignore}"
 
     @cached_property
     def skip_slot(self) -> str:
@@ -440,8 +431,8 @@ class Queries:
 
     @cached_property
     def lost_runs(self) -> str:
-        """The dead runs of all jobs: (id, job, item, host, token, the lease's
-        end, when the run ended, its slot)."""
+        """The dead runs of all jobs (each daemon's heartbeat): (id, job,
+        item, host, token, the lease's end, when the run ended, its slot)."""
         runs, locks = self.runs, self.locks
         return (f"SELECT {runs}.id, {runs}.job, {runs}.item, {runs}.host, {runs}.token, "
                 f"(SELECT {locks}.lock_until FROM {locks} WHERE {self.holding(locks, False)}), "
@@ -479,6 +470,7 @@ class MysqlQueries(Queries):
     dialect = "mysql"
     double = "DOUBLE"
     arrays = False
+    insert_ignore = ("INSERT IGNORE INTO", "")
 
     @staticmethod
     def quote(name: str) -> str:
@@ -494,26 +486,23 @@ class MysqlQueries(Queries):
         """Results, as the shape has them: the dead run's loss (``record``),
         the UPDATE (rowcount, lastrowid = token), the INSERT (lastrowid = run
         id; ``record``), one row (found, version; ``check``)."""
-        locks, runs, p = self.locks, self.runs, self.p
+        locks, p = self.locks, self.p
         parts = [self.claim_update(shape)]
         if shape.cleans:
-            parts.insert(0, self.supersede(f"{runs}.job = {p('name')}"))
+            parts.insert(0, self.supersede)
         if shape.record:
             parts.append(
                 f"{self.records(locks, f'{locks}.name', 'NULL', p('run_slot'))} "
                 f"WHERE {locks}.name = {p('name')} "
                 f"AND {locks}.token = LAST_INSERT_ID() AND ROW_COUNT() = 1")
         if shape.check:
-            parts.append(f"SELECT {self.known()}")
+            parts.append(self.known_row)
         return "; ".join(parts)
 
     def renew_many(self, count: int) -> str:
         """The UPDATE, then the names it renewed, in one round trip."""
-        locks = self.locks
-        mine = (f"{locks}.holder = {self.p('holder')} "
-                f"AND ({locks}.name, {locks}.token) IN ({self.pairs('n', 't', count)})")
-        return (f"UPDATE {locks} SET lock_until = ({self.now} + {self.p('lease')}), "
-                f"renewed_at = {self.now} WHERE {mine}; "
+        locks, mine = self.locks, self.held(self.locks, "name", "n", count)
+        return (f"UPDATE {locks} SET {self.lease} WHERE {mine}; "
                 f"SELECT {locks}.name FROM {locks} WHERE {mine}")
 
     @cached_property
@@ -522,17 +511,11 @@ class MysqlQueries(Queries):
         locks, runs, p = self.locks, self.runs, self.p
         return (f"UPDATE {runs} r JOIN {locks} l ON l.name = {p('name')} "
                 f"AND l.holder = {p('holder')} AND l.token = {p('token')} "
-                f"SET {self.run_result('r')}, "
-                f"l.lock_until = GREATEST({self.now}, l.locked_at + {p('least')}) "
-                f"WHERE r.id = {p('run_id')}")
+                f"SET {self.run_result('r')}, l.{self.released('l')} WHERE r.id = {p('run_id')}")
 
-    @cached_property
-    def ensure_job(self) -> str:
-        return f"INSERT IGNORE INTO {self.locks} (name, token) VALUES ({self.p('name')}, 0)"
-
-    def items_finish_and_release(self, count: int, runs_count: int) -> str:
+    def items_finish_and_release(self, count: int) -> str:
         """The result, then the release: two results of one round trip."""
-        return f"{self.items_finish(count, runs_count)}; {self.items_release(count)}"
+        return f"{self.items_finish(count)}; {self.items_release(count)}"
 
 
 class SqliteQueries(Queries):
@@ -543,6 +526,7 @@ class SqliteQueries(Queries):
     greatest = "max"
     arrays = False
     skip_locked = ""
+    insert_ignore = ("INSERT OR IGNORE INTO", "")
 
     @staticmethod
     def quote(name: str) -> str:
@@ -556,12 +540,8 @@ class SqliteQueries(Queries):
         """Row: (token, locked_at, version) when won (the record follows with
         :meth:`claim_record`), none when lost."""
         locks = self.locks
-        return (self.claim_update(shape) + f" RETURNING {locks}.token, {locks}.locked_at, "
+        return (f"{self.claim_update(shape)} RETURNING {locks}.token, {locks}.locked_at, "
                 f"({self.version})")
-
-    @cached_property
-    def ensure_job(self) -> str:
-        return f"INSERT OR IGNORE INTO {self.locks} (name, token) VALUES ({self.p('name')}, 0)"
 
 
 def queries_for(dialect: str, prefix: str) -> Queries:

@@ -20,7 +20,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dblockrun.store import models as m
-from dblockrun.store.store import _lock, _run_record
 
 if TYPE_CHECKING:
     from dblockrun.store.store import Store
@@ -78,7 +77,7 @@ def _read(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobStatus],
         counts: dict[str, dict[str, int]] = {}
         if locks:
             for r in conn.execute(runs_stmt).all():
-                run = _run_record(r._mapping, False)
+                run = m.from_row(m.RunRecord, r._mapping)
                 if run.result != m.RUNNING:
                     last[run.job] = run
                 elif run.job not in running or running[run.job].id < run.id:
@@ -87,7 +86,7 @@ def _read(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobStatus],
                 counts[r[0]] = {k: int(v or 0) for k, v in zip(_ITEM_COUNTS, r[1:], strict=True)}
         out = []
         for row in locks:
-            lock = _lock(row)
+            lock = m.from_row(m.LockState, row)
             out.append(m.JobStatus(lock=lock, last_run=last.get(lock.name),
                                    running=running.get(lock.name), db_now=db_now,
                                    items=counts.get(lock.name)))

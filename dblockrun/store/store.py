@@ -1,8 +1,7 @@
-"""All SQL of dblockrun: schema, claims, leases, runs, hosts and flags.
-
-Every statement runs in autocommit and takes the time from the database
-clock (:meth:`Dialect.now`). A claim is ONE conditional UPDATE; renewals,
-releases and results are conditioned on the fencing token.
+"""The lock store: the schema, the cold statements (SQLAlchemy Core: flags,
+hosts, history) and the lock engine's hot ones (store/engine.py), on one
+pooled engine. Every statement runs in autocommit and takes the time from
+the database clock (:meth:`Dialect.now`).
 """
 
 from __future__ import annotations
@@ -17,11 +16,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
-from dblockrun.errors import DatabaseError, SchemaTooNew
+from dblockrun.errors import DatabaseError
 from dblockrun.store import models as m
 from dblockrun.store.dialect import Dialect
 from dblockrun.store.drivers import Driver, db_error, sqlite_setup
-from dblockrun.store.engine import CLAIM_TOLERANCE, Claim, Claimed, LockEngine, LostRun
+from dblockrun.store.engine import CLAIM_TOLERANCE, Claim, Claimed, LockEngine, on_engine, too_new
 from dblockrun.store.executor import PooledExecutor
 from dblockrun.store.items import ItemStore
 from dblockrun.store.migrate import migrate
@@ -33,10 +32,6 @@ T = TypeVar("T")
 FOREVER = 253402300799.0
 
 DEFAULT_PREFIX = "dblockrun_"
-
-
-#: The one error mapping (kept under its old name for the modules using it).
-_db_error = db_error
 
 
 class Store:
@@ -56,11 +51,11 @@ class Store:
             **self.dialect.engine_options(),
         )
         if self.dialect.name == "sqlite":
-            sa.event.listen(self.engine, "connect", _sqlite_on_connect)
+            sa.event.listen(self.engine, "connect", lambda conn, _record: sqlite_setup(conn))
         self.t: Tables = build_tables(prefix)
         #: Raw driver connections from the pool, under the one retry policy.
         self.x = PooledExecutor(Driver(self.dialect.name), self.engine)
-        sa.event.listen(self.engine, "before_cursor_execute", self._count)
+        sa.event.listen(self.engine, "before_cursor_execute", lambda *_args: self.x.count())
         #: The hot statements (claims, leases, runs): store/engine.py.
         self.lock = LockEngine(self.x, prefix)
         self._schema_checked = False
@@ -69,9 +64,6 @@ class Store:
         self._items: ItemStore | None = None
 
     # -- plumbing ---------------------------------------------------------
-
-    def _count(self, *_args: Any) -> None:
-        self.x.count()
 
     @property
     def statements(self) -> int:
@@ -105,7 +97,7 @@ class Store:
             with self.engine.connect() as conn:
                 yield conn
         except sa.exc.SQLAlchemyError as exc:
-            raise _db_error(exc) from exc
+            raise db_error(exc) from exc
 
     def _run(self, fn: Callable[[Connection], T]) -> T:
         """A cold statement (SQLAlchemy Core) under the executor's retry policy:
@@ -135,17 +127,14 @@ class Store:
                     sa.select(self.t.meta.c.value).where(self.t.meta.c.key == "schema_version")
                 ).scalar()
         except sa.exc.SQLAlchemyError as exc:
-            raise _db_error(exc) from exc
+            raise db_error(exc) from exc
         return None if value is None else int(value)
 
     def ensure_schema(self, *, create: bool = True) -> int:
         """Create the schema if missing (``create``), refuse a newer one."""
         version = self.schema_version()
         if version is not None and version > SCHEMA_VERSION:
-            raise SchemaTooNew(
-                f"the database schema is version {version}, this dblockrun knows up to "
-                f"{SCHEMA_VERSION}: upgrade dblockrun"
-            )
+            raise too_new(version)
         if version == SCHEMA_VERSION:
             return version
         if not create:
@@ -161,7 +150,7 @@ class Store:
             except sa.exc.SQLAlchemyError as exc:
                 # Another process may be creating the same tables right now.
                 if time.monotonic() > deadline:
-                    raise _db_error(exc) from exc
+                    raise db_error(exc) from exc
                 time.sleep(0.2)
                 if self.schema_version() == SCHEMA_VERSION:
                     break
@@ -191,8 +180,7 @@ class Store:
 
     # -- clock --------------------------------------------------------------
 
-    def db_now(self) -> float:
-        return self.lock_engine().db_now()
+    db_now = on_engine(LockEngine.db_now)
 
     def clock_sample(self) -> m.ClockSample:
         """Read the database clock once, timed from both local clocks."""
@@ -201,12 +189,8 @@ class Store:
             wall0, mono0 = time.time(), time.monotonic()
             db = float(conn.execute(stmt).scalar_one())
             wall1, mono1 = time.time(), time.monotonic()
-        return m.ClockSample(
-            db_now=db,
-            offset=db - (wall0 + wall1) / 2,
-            mono_offset=db - (mono0 + mono1) / 2,
-            rtt=mono1 - mono0,
-        )
+        return m.ClockSample(db_now=db, offset=db - (wall0 + wall1) / 2,
+                             mono_offset=db - (mono0 + mono1) / 2, rtt=mono1 - mono0)
 
     # -- lock rows ----------------------------------------------------------
 
@@ -228,17 +212,9 @@ class Store:
 
         self._run(go)
 
-    def claim(
-        self,
-        name: str,
-        holder: str,
-        lease: float,
-        *,
-        slot: float | None = None,
-        rate: float | None = None,
-        next_due: float | None = None,
-        slot_tolerance: float = CLAIM_TOLERANCE,
-    ) -> int | None:
+    def claim(self, name: str, holder: str, lease: float, *, slot: float | None = None,
+              rate: float | None = None, next_due: float | None = None,
+              slot_tolerance: float = CLAIM_TOLERANCE) -> int | None:
         """Try to take the lock of ``name``: one conditional UPDATE.
 
         Wins only if the lock is free (lease expired), the job is not disabled,
@@ -250,17 +226,10 @@ class Store:
             slot=slot, rate=rate, next_due=next_due, tolerance=slot_tolerance))
         return None if won is None else won.token
 
-    def claim_and_record(
-        self,
-        name: str,
-        holder: str,
-        lease: float,
-        *,
-        slot: float | None = None,
-        rate: float | None = None,
-        next_due: float | None = None,
-        slot_tolerance: float = CLAIM_TOLERANCE,
-    ) -> Claimed | None:
+    def claim_and_record(self, name: str, holder: str, lease: float, *,
+                         slot: float | None = None, rate: float | None = None,
+                         next_due: float | None = None,
+                         slot_tolerance: float = CLAIM_TOLERANCE) -> Claimed | None:
         """:meth:`claim`, and when won the run record of its first attempt
         (``running``), in the same round trip."""
         return self.lock_engine().claim(name, holder, lease, Claim(
@@ -287,18 +256,10 @@ class Store:
         self._check_schema()
         return self.lock
 
-    def renew(self, name: str, holder: str, token: int, lease: float) -> bool:
-        """Extend the lease; False when the token no longer matches (we lost it)."""
-        return self.lock_engine().renew(name, holder, token, lease)
-
-    def renew_many(self, holder: str, held: Sequence[tuple[str, int]],
-                   lease: float) -> set[str]:
-        """Extend many leases of one holder in one statement: the names renewed."""
-        return self.lock_engine().renew_many(holder, held, lease)
-
-    def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool:
-        """Free the lock, but not before ``locked_at + lock_at_least``."""
-        return self.lock_engine().release(name, holder, token, lock_at_least)
+    renew = on_engine(LockEngine.renew)
+    renew_many = on_engine(LockEngine.renew_many)
+    release = on_engine(LockEngine.release)
+    skip_slot = on_engine(LockEngine.skip_slot)
 
     def negative_tokens(self, names: Iterable[str]) -> list[str]:
         """Which of ``names`` have a token edited below zero (never claimed)."""
@@ -345,13 +306,6 @@ class Store:
 
         return self._run(go)
 
-    def skip_slot(self, name: str, slot: float) -> bool:
-        """Advance the job's last slot without running it (missed or skipped).
-
-        True for the one host that advanced it, which then records the run.
-        """
-        return self.lock_engine().skip_slot(name, slot)
-
     def set_next_due(self, names_due: dict[str, float | None]) -> None:
         locks = self.t.locks
         stmt = (
@@ -365,65 +319,19 @@ class Store:
 
     # -- runs ---------------------------------------------------------------
 
-    def start_run(
-        self,
-        job: str,
-        host: str,
-        *,
-        token: int | None,
-        slot: float | None = None,
-        attempt: int = 1,
-        item: str | None = None,
-        result: str = m.RUNNING,
-        output: str | None = None,
-    ) -> int:
-        return self.lock_engine().start_run(job, host, token=token, slot=slot, attempt=attempt,
-                                            item=item, result=result, output=output)
-
-    def finish_run(
-        self,
-        run_id: int,
-        job: str,
-        token: int | None,
-        result: str,
-        exit_code: int | None,
-        output: str | None,
-    ) -> bool:
-        """Record a run's end, only while the job's token is still ours."""
-        return self.lock_engine().finish_run(run_id, job, token, result, exit_code, output)
-
-    def finish_and_release(self, run_id: int, job: str, holder: str, token: int, result: str,
-                           exit_code: int | None, output: str | None,
-                           lock_at_least: float = 0.0) -> tuple[bool, bool]:
-        """:meth:`finish_run` and :meth:`release` in one round trip:
-        (result written, released)."""
-        return self.lock_engine().finish_and_release(run_id, job, holder, token, result, exit_code,
-                                                 output, lock_at_least)
-
-    def sweep_lost(self) -> list[LostRun]:
-        """Mark as lost the runs whose lease ran out or was taken over."""
-        return self.lock_engine().sweep_lost()
-
-    def prune_runs(self, job: str, keep: int) -> int:
-        """Delete all but the newest ``keep`` runs of ``job``."""
-        return self.lock_engine().prune_runs(job, keep)
+    start_run = on_engine(LockEngine.start_run)
+    finish_run = on_engine(LockEngine.finish_run)
+    finish_and_release = on_engine(LockEngine.finish_and_release)
+    sweep_lost = on_engine(LockEngine.sweep_lost)
+    prune_runs = on_engine(LockEngine.prune_runs)
 
     def shown_runs(self) -> sa.Select[Any]:
         """The runs as operators are shown them: a run still ``running`` whose
         lease ran out or was taken over reads ``lost``, before any daemon (or
         the next claim) has written it so."""
-        runs, locks, items = self.t.runs, self.t.locks, self.t.items
-        now = self.now
-        held = sa.or_(
-            sa.and_(runs.c.item.is_(None), sa.select(locks.c.name).where(
-                locks.c.name == runs.c.job, locks.c.token == runs.c.token,
-                locks.c.lock_until > now).exists()),
-            sa.and_(runs.c.item.is_not(None), sa.select(items.c.job).where(
-                items.c.job == runs.c.job, items.c.item == runs.c.item,
-                items.c.token == runs.c.token, items.c.lock_until > now).exists()),
-        )
-        result = sa.case((sa.and_(runs.c.result == m.RUNNING, runs.c.token.is_not(None),
-                                  ~held), m.LOST), else_=runs.c.result).label("result")
+        runs = self.t.runs
+        lost = sa.literal_column(self.lock.q.lost_where("1 = 1"), sa.Boolean())
+        result = sa.case((lost, m.LOST), else_=runs.c.result).label("result")
         return sa.select(*[c for c in runs.c if c.name != "result"], result)
 
     def next_run_slot(self, job: str, after_id: int) -> float | None:
@@ -443,12 +351,12 @@ class Store:
             stmt = stmt.where(runs.c.job == job)
         if item is not None:
             stmt = stmt.where(runs.c.item == item)
-        return self._run(lambda c: [_run_record(r._mapping) for r in c.execute(stmt)])
+        return self._run(lambda c: [m.from_row(m.RunRecord, r._mapping) for r in c.execute(stmt)])
 
     def run(self, run_id: int) -> m.RunRecord | None:
         stmt = self.shown_runs().where(self.t.runs.c.id == run_id)
         row = self._run(lambda c: c.execute(stmt).first())
-        return None if row is None else _run_record(row._mapping)
+        return None if row is None else m.from_row(m.RunRecord, row._mapping)
 
     # -- flags --------------------------------------------------------------
 
@@ -547,7 +455,7 @@ class Store:
         stmt = sa.select(hosts).order_by(hosts.c.hostname, hosts.c.id)
         if seen_within is not None:
             stmt = stmt.where(hosts.c.last_seen >= self.now - seen_within)
-        return self._run(lambda c: [_host(r._mapping) for r in c.execute(stmt)])
+        return self._run(lambda c: [m.from_row(m.HostStatus, r._mapping) for r in c.execute(stmt)])
 
     # -- status -------------------------------------------------------------
 
@@ -561,63 +469,10 @@ class Store:
     def lock_state(self, name: str) -> m.LockState | None:
         locks = self.t.locks
         row = self._run(lambda c: c.execute(sa.select(locks).where(locks.c.name == name)).first())
-        return None if row is None else _lock(row._mapping)
+        return None if row is None else m.from_row(m.LockState, row._mapping)
 
 
 def _chunks(seq: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for i in range(0, len(seq), size):
         yield seq[i : i + size]
 
-
-def _opt_float(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
-def _run_record(r: Any, with_output: bool = True) -> m.RunRecord:
-    return m.RunRecord(
-        id=int(r["id"]),
-        job=r["job"],
-        item=r["item"],
-        host=r["host"],
-        slot=_opt_float(r["slot"]),
-        token=None if r["token"] is None else int(r["token"]),
-        attempt=int(r["attempt"]),
-        started=float(r["started"]),
-        finished=_opt_float(r["finished"]),
-        exit_code=None if r["exit_code"] is None else int(r["exit_code"]),
-        result=r["result"],
-        output=r["output"] if with_output else None,
-    )
-
-
-def _lock(r: Any) -> m.LockState:
-    return m.LockState(
-        name=r["name"],
-        holder=r["holder"],
-        lock_until=_opt_float(r["lock_until"]),
-        locked_at=_opt_float(r["locked_at"]),
-        token=int(r["token"]),
-        last_slot=_opt_float(r["last_slot"]),
-        last_start=_opt_float(r["last_start"]),
-        next_due=_opt_float(r["next_due"]),
-        disabled_until=_opt_float(r["disabled_until"]),
-        disabled_reason=r["disabled_reason"],
-    )
-
-
-def _host(r: Any) -> m.HostStatus:
-    return m.HostStatus(
-        id=r["id"],
-        hostname=r["hostname"],
-        pid=int(r["pid"]),
-        version=r["version"],
-        started=float(r["started"]),
-        last_seen=float(r["last_seen"]),
-        clock_offset=_opt_float(r["clock_offset"]),
-        running=int(r["running"]),
-        jobs=r["jobs"],
-    )
-
-
-def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
-    sqlite_setup(dbapi_conn)
