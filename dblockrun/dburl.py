@@ -144,6 +144,8 @@ def driver_url(url: str) -> str:
         known = "postgresql://, mysql://, mariadb://, sqlite:///path"
         raise UsageError(f"database URL scheme {scheme!r} is not supported (use {known})")
     result = f"{DRIVERS[scheme]}://{match.group('rest')}"
+    if DRIVERS[scheme] == "mysql+pymysql":
+        result = _several_hosts(url, match.group("rest")) or result
     # SQLAlchemy parses the URL only when the engine is made; a bad port or
     # host would surface there as a bare ValueError and a traceback.
     from sqlalchemy.engine import make_url
@@ -156,6 +158,33 @@ def driver_url(url: str) -> str:
             f"database URL {redact(url)!r} is not a valid URL (check the host and port)"
         ) from None
     return result
+
+
+# A MySQL URL's parts: user information (the password may hold '/'), the
+# host list, the rest (``/database?query``).
+_MYSQL_PARTS = re.compile(r"^(?P<user>(?:[^:/@]*:[^@]*|[^:/@]*)@)?(?P<hosts>[^/?]*)(?P<tail>.*)$",
+                          re.S)
+
+
+def _several_hosts(url: str, rest: str) -> str | None:
+    """``mysql://u@h1:3401,h2:3402/db`` (a Galera cluster's nodes, tried in
+    order on each connect) as the URL of dblockrun's multi-host dialect; None
+    for a URL with one host."""
+    parts = _MYSQL_PARTS.match(rest)
+    if parts is None or "," not in parts.group("hosts"):
+        return None
+    from dblockrun.store.drivers import mysql_hosts
+
+    hosts = mysql_hosts(parts.group("hosts"))
+    if hosts is None or any(h.startswith("[") for h, _ in hosts):
+        raise UsageError(f"database URL {redact(url)!r}: bad host list (want host:port,host:port)")
+    database, _, query = parts.group("tail").partition("?")
+    given = "&".join(f"host={h}:{p}" for h, p in hosts)
+    from dblockrun import mysqlhosts
+
+    mysqlhosts.register()
+    return (f"mysql+{mysqlhosts.NAME}://{parts.group('user') or ''}{database or '/'}"
+            f"?{given}{'&' + query if query else ''}")
 
 
 def dialect_of(url: str) -> str:

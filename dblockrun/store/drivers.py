@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dblockrun.errors import DatabaseError, DatabaseRefused
@@ -137,16 +137,23 @@ def direct_driver(url: str) -> Driver | None:
             return None  # the pooled store creates it, 0600 in a 0700 folder
         return Driver(dialect, lambda: connect_sqlite(path))
     kw: dict[str, Any] = dict(CONNECT_OPTIONS[dialect])
+    if user:
+        kw["user"] = _unquote(user)
+    if password:
+        kw["password"] = _unquote(password)
+    if dialect == "mysql" and "," in f"{host}{port}":
+        hosts = mysql_hosts(f"{host or ''}:{port}" if port else host or "")
+        if hosts is None:
+            return None
+        if database:
+            kw["database"] = _unquote(database)
+        return Driver(dialect, lambda: connect_first(_connect_pymysql, hosts, kw))
     if host:
         kw["host"] = host
     if port:
         if not port.isdigit():
             return None
         kw["port"] = int(port)
-    if user:
-        kw["user"] = _unquote(user)
-    if password:
-        kw["password"] = _unquote(password)
     if dialect == "postgresql":
         if database:
             kw["dbname"] = _unquote(database)
@@ -181,6 +188,42 @@ def _connect_pymysql(kw: dict[str, Any]) -> Any:
     import pymysql
 
     return pymysql.connect(autocommit=True, **kw)
+
+
+# -- several MySQL/MariaDB hosts (a Galera cluster) ----------------------------------
+
+MYSQL_PORT = 3306
+
+
+def mysql_hosts(text: str) -> list[tuple[str, int]] | None:
+    """``h1:3401,h2,h3:3403`` as ``[(h1, 3401), (h2, 3306), (h3, 3403)]``;
+    None when a host is empty or a port is not a number."""
+    hosts: list[tuple[str, int]] = []
+    for part in text.split(","):
+        host, _, port = part.strip().partition(":")
+        if not host or (port and not port.isdigit()):
+            return None
+        hosts.append((host, int(port) if port else MYSQL_PORT))
+    return hosts
+
+
+def connect_first(connect: Callable[[dict[str, Any]], Any], hosts: Sequence[tuple[str, int]],
+                  kw: dict[str, Any]) -> Any:
+    """A connection to the first of ``hosts`` that takes one, tried in order
+    on every connect. A host that is down (refused, unknown, gone, timed out)
+    is passed over; any other error (a wrong password) is raised at once."""
+    import pymysql
+
+    error: BaseException | None = None
+    for host, port in hosts:
+        try:
+            return connect({**kw, "host": host, "port": port})
+        except pymysql.err.OperationalError as exc:
+            if not (exc.args and exc.args[0] in _MYSQL_UNREACHABLE):
+                raise
+            error = exc
+    assert error is not None, "no hosts"
+    raise error
 
 
 # -- errors ----------------------------------------------------------------------
