@@ -16,8 +16,8 @@ from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.migrate import NamesCollide
+from dblockrun.store.queries import SCHEMA_VERSION
 from dblockrun.store.schema import name_columns
-from dblockrun.store.sql import SCHEMA_VERSION
 
 #: Names the jobs file, ``exec --name`` and the API keep apart.
 NAMES = ["Backup", "backup", "BACKUP", "report", "report ", "Ärger", "ärger"]

@@ -1,7 +1,8 @@
 """The lock store: schema, dialects and every SQL statement.
 
 :class:`Store` (SQLAlchemy) is imported on first use, so that the light
-modules of this package (``models``, ``sql``, ``lean``) load without it.
+modules of this package (``models``, ``queries``, ``engine``: ``exec``'s
+path) load without it.
 """
 
 from __future__ import annotations

@@ -1,38 +1,18 @@
-"""What running a claimed job needs of a store, as a protocol.
-
-:class:`~dblockrun.store.engine.LockEngine` has it (``exec`` uses one over a
-direct driver connection), and so has :class:`~dblockrun.store.Store`, which
-hands these calls to its own engine.
+"""What running a claimed job needs of a store: the lock engine's run
+statements. :class:`~dblockrun.store.engine.LockEngine` has them (``exec``
+uses one over a direct driver connection), and so has
+:class:`~dblockrun.store.Store`, which hands them to its own engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
+if TYPE_CHECKING:
+    from dblockrun.store.engine import LockEngine
+    from dblockrun.store.store import Store
 
-class RunStore(Protocol):
-    @property
-    def statements(self) -> int: ...
-
-    def renew(self, name: str, holder: str, token: int, lease: float) -> bool: ...
-
-    def renew_many(self, holder: str, held: Sequence[tuple[str, int]],
-                   lease: float) -> set[str]: ...
-
-    def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool: ...
-
-    def start_run(self, job: str, host: str, *, token: int | None, slot: float | None = None,
-                  attempt: int = 1, item: str | None = None, result: str = ...) -> int: ...
-
-    def finish_run(self, run_id: int, job: str, token: int | None, result: str,
-                   exit_code: int | None, output: str | None) -> bool: ...
-
-    def finish_and_release(self, run_id: int, job: str, holder: str, token: int, result: str,
-                           exit_code: int | None, output: str | None,
-                           lock_at_least: float = 0.0) -> tuple[bool, bool]: ...
-
-    def prune_runs(self, job: str, keep: int) -> int: ...
+RunStore: TypeAlias = "LockEngine | Store"
 
 
 @runtime_checkable

@@ -19,8 +19,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store.executor import Executor
 from dblockrun.store.models import RUNNING
-from dblockrun.store.queries import ClaimShape, Queries, queries_for
-from dblockrun.store.sql import SCHEMA_VERSION
+from dblockrun.store.queries import SCHEMA_VERSION, ClaimShape, Queries, queries_for
 
 log = logging.getLogger("dblockrun")
 T = TypeVar("T")

@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dblockrun.errors import DatabaseRefused
+from dblockrun.store.queries import SCHEMA_VERSION
 from dblockrun.store.schema import Tables, binary_collation, job_name_columns, name_columns
-from dblockrun.store.sql import SCHEMA_VERSION
 
 #: Colliding names shown in the refusal, at most.
 SHOWN = 10

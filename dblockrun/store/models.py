@@ -133,7 +133,3 @@ def definitions(hosts: list[HostStatus]) -> dict[str, dict[str, list[str]]]:
             out.setdefault(str(name), {}).setdefault(str(digest), []).append(host.id)
     return out
 
-
-def drifted(hosts: list[HostStatus]) -> dict[str, dict[str, list[str]]]:
-    """Only the jobs that live hosts define differently."""
-    return {name: defs for name, defs in definitions(hosts).items() if len(defs) > 1}

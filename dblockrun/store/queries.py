@@ -22,8 +22,18 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from dblockrun.store.models import RUNNING
-from dblockrun.store.sql import NOW
 
+SCHEMA_VERSION = 3  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL)
+
+#: The database clock in epoch seconds, read per statement.
+NOW = {
+    # clock_timestamp(), not now(): now() is frozen at transaction start.
+    "postgresql": "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)",
+    # NOW(6) is the statement's start; the session runs in UTC (see CONNECT_OPTIONS).
+    "mysql": "CAST(UNIX_TIMESTAMP(NOW(6)) AS DOUBLE)",
+    # 'now' is stable within one statement.
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+}
 #: The columns of a run record, in the order the INSERTs below give them.
 RUN_COLUMNS = "job, item, host, slot, token, attempt, started, finished, result"
 

@@ -19,7 +19,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 
-from dblockrun.store.sql import SCHEMA_VERSION as SCHEMA_VERSION
+from dblockrun.store.queries import SCHEMA_VERSION as SCHEMA_VERSION
 
 #: Stored output tail of a run, in bytes.
 OUTPUT_TAIL = 64 * 1024

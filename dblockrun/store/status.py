@@ -52,17 +52,14 @@ class StatusReport:
 def report(store: Store, names: Sequence[str] | None = None,
            live_within: float = LIVE_WITHIN) -> StatusReport:
     """Jobs (all, or ``names``) and live hosts: four statements."""
-    jobs, db_now = _read(store, names)
+    jobs, db_now = job_status(store, names)
     hosts = store.hosts(seen_within=live_within)
     return StatusReport(jobs=jobs, hosts=hosts, db_now=db_now, live_within=live_within)
 
 
-def job_status(store: Store, names: Sequence[str] | None = None) -> list[m.JobStatus]:
-    """The jobs (all, or ``names``), ordered by name: three statements."""
-    return _read(store, names)[0]
-
-
-def _read(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobStatus], float]:
+def job_status(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobStatus], float]:
+    """The jobs (all, or ``names``), ordered by name, and the database time:
+    three statements."""
     wanted = list(dict.fromkeys(names)) if names else None
     jobs_stmt = _jobs_statement(store, wanted)
     runs_stmt = _runs_statement(store, wanted)

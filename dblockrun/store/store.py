@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -18,12 +19,12 @@ from sqlalchemy.engine import Connection, Engine
 from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
 from dblockrun.errors import DatabaseError
 from dblockrun.store import models as m
-from dblockrun.store.dialect import Dialect
-from dblockrun.store.drivers import Driver, db_error, sqlite_setup
+from dblockrun.store.drivers import CONNECT_OPTIONS, Driver, db_error, sqlite_setup
 from dblockrun.store.engine import CLAIM_TOLERANCE, Claim, Claimed, LockEngine, on_engine, too_new
 from dblockrun.store.executor import PooledExecutor
 from dblockrun.store.items import ItemStore
 from dblockrun.store.migrate import migrate
+from dblockrun.store.queries import NOW
 from dblockrun.store.schema import SCHEMA_VERSION, Tables, build_tables
 
 T = TypeVar("T")
@@ -32,6 +33,31 @@ T = TypeVar("T")
 FOREVER = 253402300799.0
 
 DEFAULT_PREFIX = "dblockrun_"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between SQLite, PostgreSQL and MySQL/MariaDB for
+    SQLAlchemy, decided once."""
+
+    name: str
+
+    def now(self) -> sa.ColumnElement[float]:
+        return sa.literal_column(NOW[self.name], sa.Double())
+
+    def engine_options(self) -> dict[str, Any]:
+        """The pool's connections get the options a direct one gets."""
+        options: dict[str, Any] = {"connect_args": dict(CONNECT_OPTIONS[self.name])}
+        if self.name == "mysql":
+            options["pool_recycle"] = 3600
+        return options
+
+    def insert_ignore(self, table: sa.Table) -> Any:
+        if self.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            return pg_insert(table).on_conflict_do_nothing()
+        return table.insert().prefix_with("IGNORE" if self.name == "mysql" else "OR IGNORE")
 
 
 class Store:
@@ -282,21 +308,17 @@ class Store:
 
         The new token, or None if there is no such job.
         """
-        locks = self.t.locks
-        now = self.now
+        locks, now = self.t.locks, self.now
 
         def past(column: sa.Column[Any]) -> sa.ColumnElement[Any]:
             return sa.case((column > now, None), else_=column)
 
-        stmt = (
-            locks.update()
-            .where(locks.c.name == name)
-            # A negative token (edited by hand; MySQL's LAST_INSERT_ID() claim cannot
-            # take one) restarts at 1: still above every token handed out before.
-            .values(holder=None, lock_until=None,
-                    token=sa.case((locks.c.token < 0, 0), else_=locks.c.token) + 1,
-                    last_slot=past(locks.c.last_slot), last_start=past(locks.c.last_start))
-        )
+        # A negative token (edited by hand; MySQL's LAST_INSERT_ID() claim cannot
+        # take one) restarts at 1: still above every token handed out before.
+        stmt = self._update_lock(
+            name, holder=None, lock_until=None,
+            token=sa.case((locks.c.token < 0, 0), else_=locks.c.token) + 1,
+            last_slot=past(locks.c.last_slot), last_start=past(locks.c.last_start))
         read = sa.select(locks.c.token).where(locks.c.name == name)
 
         def go(conn: Connection) -> int | None:
@@ -306,13 +328,14 @@ class Store:
 
         return self._run(go)
 
+    def _update_lock(self, name: str, **values: Any) -> sa.Update:
+        locks = self.t.locks
+        return locks.update().where(locks.c.name == name).values(**values)
+
     def set_next_due(self, names_due: dict[str, float | None]) -> None:
         locks = self.t.locks
-        stmt = (
-            locks.update()
-            .where(locks.c.name == sa.bindparam("b_name"))
-            .values(next_due=sa.bindparam("b_next"))
-        )
+        stmt = locks.update().where(locks.c.name == sa.bindparam("b_name")).values(
+            next_due=sa.bindparam("b_next"))
         rows = [{"b_name": n, "b_next": d} for n, d in names_due.items()]
         if rows:
             self._run(lambda c: c.execute(stmt, rows))
@@ -360,29 +383,15 @@ class Store:
 
     # -- flags --------------------------------------------------------------
 
-    def disable(
-        self,
-        name: str,
-        *,
-        for_seconds: float | None = None,
-        until: float | None = None,
-        reason: str | None = None,
-    ) -> float:
+    def disable(self, name: str, *, for_seconds: float | None = None, until: float | None = None,
+                reason: str | None = None) -> float:
         """Pause a job cluster-wide; returns the database time it ends."""
         self.ensure_jobs([name])
         locks = self.t.locks
-        end: Any
+        end: Any = FOREVER if until is None else until
         if for_seconds is not None:
             end = self.now + for_seconds
-        elif until is not None:
-            end = until
-        else:
-            end = FOREVER
-        stmt = (
-            locks.update()
-            .where(locks.c.name == name)
-            .values(disabled_until=end, disabled_reason=reason)
-        )
+        stmt = self._update_lock(name, disabled_until=end, disabled_reason=reason)
         read = sa.select(locks.c.disabled_until).where(locks.c.name == name)
 
         def go(conn: Connection) -> float:
@@ -392,18 +401,12 @@ class Store:
         return self._run(go)
 
     def enable(self, name: str) -> bool:
-        locks = self.t.locks
-        stmt = (
-            locks.update()
-            .where(locks.c.name == name)
-            .values(disabled_until=None, disabled_reason=None)
-        )
+        stmt = self._update_lock(name, disabled_until=None, disabled_reason=None)
         return self._run(lambda c: c.execute(stmt).rowcount == 1)
 
     def request_run(self, name: str) -> None:
         self.ensure_jobs([name])
-        locks = self.t.locks
-        stmt = locks.update().where(locks.c.name == name).values(run_requested=self.now)
+        stmt = self._update_lock(name, run_requested=self.now)
         self._run(lambda c: c.execute(stmt))
 
     def requested(self) -> list[str]:
@@ -414,35 +417,16 @@ class Store:
 
     # -- hosts --------------------------------------------------------------
 
-    def heartbeat_host(
-        self,
-        host_id: str,
-        *,
-        hostname: str,
-        pid: int,
-        version: str,
-        clock_offset: float | None,
-        running: int,
-        jobs: str | None,
-    ) -> None:
-        hosts = self.t.hosts
-        now = self.now
-        values = {
-            "last_seen": now,
-            "clock_offset": clock_offset,
-            "running": running,
-            "jobs": jobs,
-        }
+    def heartbeat_host(self, host_id: str, *, hostname: str, pid: int, version: str,
+                       clock_offset: float | None, running: int, jobs: str | None) -> None:
+        hosts, now = self.t.hosts, self.now
+        values = {"last_seen": now, "clock_offset": clock_offset, "running": running, "jobs": jobs}
 
         def go(conn: Connection) -> None:
             res = conn.execute(hosts.update().where(hosts.c.id == host_id).values(**values))
             if res.rowcount == 0:
-                conn.execute(
-                    hosts.insert().values(
-                        id=host_id, hostname=hostname, pid=pid, version=version, started=now,
-                        **values,
-                    )
-                )
+                conn.execute(hosts.insert().values(id=host_id, hostname=hostname, pid=pid,
+                                                   version=version, started=now, **values))
 
         self._run(go)
 
@@ -464,7 +448,7 @@ class Store:
         (store/status.py)."""
         from dblockrun.store.status import job_status
 
-        return job_status(self, names)
+        return job_status(self, names)[0]
 
     def lock_state(self, name: str) -> m.LockState | None:
         locks = self.t.locks
