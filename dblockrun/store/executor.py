@@ -5,7 +5,8 @@ An executor hands ``fn`` a driver cursor and runs it under the policy:
 * a connection found dead is dropped and ``fn`` tried once more on a new one
   (not when the connection was new: the database is down, say so);
 * a statement the database rolled back to break a deadlock is sent again, up
-  to three times, where ``fn`` says sending it twice is harmless;
+  to three times (every ``fn`` is safe to send again: a rolled-back
+  statement changed nothing);
 * every other driver error becomes a :class:`~dblockrun.errors.DatabaseError`
   (:func:`~dblockrun.store.drivers.db_error`).
 
@@ -30,12 +31,11 @@ T = TypeVar("T")
 DEADLOCK_TRIES = 3
 
 
-def try_again(*, dead: bool, new: bool, deadlock: bool, attempt: int,
-              idempotent: bool) -> bool:
+def try_again(*, dead: bool, new: bool, deadlock: bool, attempt: int) -> bool:
     """The retry policy: after a failed attempt, whether to send it again."""
     if dead:
         return not new and attempt == 1
-    return idempotent and deadlock and attempt < DEADLOCK_TRIES
+    return deadlock and attempt < DEADLOCK_TRIES
 
 
 class Executor:
@@ -77,7 +77,7 @@ class Executor:
             self._errors = self.driver.error_types()
         return self._errors
 
-    def run(self, fn: Callable[[Any], T], *, idempotent: bool = True) -> T:
+    def run(self, fn: Callable[[Any], T]) -> T:
         attempt = 0
         while True:
             attempt += 1
@@ -95,8 +95,7 @@ class Executor:
                 if not isinstance(exc, self._driver_errors()):
                     raise
                 dead = self.driver.is_disconnect(conn, exc)
-                if not try_again(dead=dead, new=new, deadlock=is_deadlock(exc),
-                                 attempt=attempt, idempotent=idempotent):
+                if not try_again(dead=dead, new=new, deadlock=is_deadlock(exc), attempt=attempt):
                     raise db_error(exc) from exc
             finally:
                 self._give_back(conn, dead)
@@ -166,7 +165,7 @@ class PooledExecutor(Executor):
     def close(self) -> None:
         self.engine.dispose()
 
-    def run_core(self, fn: Callable[[Any], T], *, idempotent: bool = True) -> T:
+    def run_core(self, fn: Callable[[Any], T]) -> T:
         """``fn(connection)`` on a SQLAlchemy connection (the cold statements
         written with SQLAlchemy Core), under the same policy."""
         import sqlalchemy as sa
@@ -179,8 +178,7 @@ class PooledExecutor(Executor):
                     return fn(conn)
             except sa.exc.DBAPIError as exc:
                 if not try_again(dead=exc.connection_invalidated, new=False,
-                                 deadlock=is_deadlock(exc.orig), attempt=attempt,
-                                 idempotent=idempotent):
+                                 deadlock=is_deadlock(exc.orig), attempt=attempt):
                     raise db_error(exc) from exc
             except sa.exc.SQLAlchemyError as exc:
                 raise db_error(exc) from exc

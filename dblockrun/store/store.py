@@ -225,16 +225,12 @@ class Store:
         wanted = list(dict.fromkeys(names))
         if not wanted:
             return
-        locks = self.t.locks
 
         def go(conn: Connection) -> None:
-            have: set[str] = set()
-            for chunk in _chunks(wanted, 500):
-                found = conn.execute(sa.select(locks.c.name).where(locks.c.name.in_(chunk)))
-                have.update(r[0] for r in found)
+            have = set(self._names(conn, wanted))
             missing = [{"name": n, "token": 0} for n in wanted if n not in have]
             for batch in _chunks(missing, 500):
-                conn.execute(self.dialect.insert_ignore(locks), list(batch))
+                conn.execute(self.dialect.insert_ignore(self.t.locks), list(batch))
 
         self._run(go)
 
@@ -289,17 +285,15 @@ class Store:
 
     def negative_tokens(self, names: Iterable[str]) -> list[str]:
         """Which of ``names`` have a token edited below zero (never claimed)."""
-        locks = self.t.locks
         wanted = list(dict.fromkeys(names))
+        return self._run(lambda c: self._names(c, wanted, self.t.locks.c.token < 0))
 
-        def go(conn: Connection) -> list[str]:
-            found: list[str] = []
-            for chunk in _chunks(wanted, 500):
-                found += [str(r[0]) for r in conn.execute(sa.select(locks.c.name).where(
-                    locks.c.name.in_(chunk), locks.c.token < 0))]
-            return found
-
-        return self._run(go)
+    def _names(self, conn: Connection, names: Sequence[str],
+               *where: sa.ColumnElement[bool]) -> list[str]:
+        """Those of ``names`` whose lock rows are ``where``: a statement per 500."""
+        locks = self.t.locks
+        return [str(r[0]) for chunk in _chunks(names, 500) for r in conn.execute(
+            sa.select(locks.c.name).where(locks.c.name.in_(chunk), *where))]
 
     def force_unlock(self, name: str) -> int | None:
         """Free the lock whoever holds it and bump the token (fencing the holder);
