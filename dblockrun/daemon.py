@@ -24,6 +24,7 @@ from dblockrun.metrics import Metrics, serve
 from dblockrun.outage import Outage
 from dblockrun.planning import Agenda, catch_up, next_attempt, next_due, too_late
 from dblockrun.runjob import JobRun, RunContext
+from dblockrun.runloop import RunLoop
 from dblockrun.schedule import next_slot_at
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -108,6 +109,7 @@ class Daemon:
             outage=self.outage,
             stop=self.stop,
             stop_grace=lambda: self._shutdown_deadline,
+            loop=RunLoop(self.stop),
             metrics=self.metrics,
         )
 

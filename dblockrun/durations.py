@@ -93,12 +93,17 @@ def format_duration(seconds: float) -> str:
 RENEWAL_ROOM = 0.1
 
 
+def fence_margin(lease: float, kill_grace: float = 5.0) -> float:
+    """How long before its lease could expire a run that cannot renew it is
+    stopped: a sixth of the lease (at most ``kill_grace``, the time the
+    command gets after SIGTERM) and 1 s, so that the command is gone first."""
+    return min(kill_grace, lease / 6) + 1.0
+
+
 def stopped_after(lease: float, kill_grace: float = 5.0) -> float:
     """Seconds after its last renewal at which a run that cannot renew its
-    lease is stopped: the lease less a sixth of it (at most ``kill_grace``,
-    the time the command gets after SIGTERM) and 1 s, so that the command is
-    gone before the lease can expire (dblockrun.runner.run's fence margin)."""
-    return lease - min(kill_grace, lease / 6) - 1.0
+    lease is stopped (:func:`fence_margin`)."""
+    return lease - fence_margin(lease, kill_grace)
 
 
 def lease_too_short(lease: float, heartbeat: float, kill_grace: float = 5.0) -> float | None:

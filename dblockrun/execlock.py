@@ -26,6 +26,7 @@ from dblockrun.holder import new_holder_id
 from dblockrun.jobs import Job
 from dblockrun.outage import Outage
 from dblockrun.runjob import JobRun, RunContext, exit_status
+from dblockrun.runloop import RunLoop
 from dblockrun.signals import handling
 
 if TYPE_CHECKING:
@@ -144,9 +145,10 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
     token = won.token
     outage = Outage()
     renewer = Renewer(store, opts.heartbeat, outage)
+    stop = threading.Event()
     ctx = RunContext(store=store, holder=holder, lease=opts.lease, kill_grace=5.0,
-                     renewer=renewer, outage=outage, stop=threading.Event(),
-                     stop_grace=lambda: None)
+                     renewer=renewer, outage=outage, stop=stop, stop_grace=lambda: None,
+                     loop=RunLoop(stop))
     job = Job(name=opts.name, command=opts.argv, lock_at_most=opts.lock_at_most,
               lock_at_least=opts.lock_at_least)
     pgid: list[int] = []

@@ -171,7 +171,8 @@ class FanOut(threading.Thread):
         try:
             run_id = batch[0].run_id
             env = command_env(job, holder=ctx.holder, run_id=run_id, token=batch[0].token,
-                              slot=self.slot, item=batch[0].item if len(batch) == 1 else None)
+                              slot=self.slot, item=batch[0].item if len(batch) == 1 else None,
+                              environ=ctx.environ)
             env["DBLOCKRUN_ITEMS"] = "\n".join(c.item for c in batch)
             label = batch[0].item if len(batch) == 1 else f"{batch[0].item} +{len(batch) - 1}"
             on_line = line_logger(f"[{job.name}:{label}] ", job=job.name, run_id=run_id,

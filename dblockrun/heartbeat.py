@@ -102,18 +102,21 @@ class Renewer:
             return len(self._leases)
 
     def _loop(self) -> None:
-        delay = self.heartbeat
+        # Rounds start a heartbeat apart, however long each took: a lease is
+        # renewed every heartbeat, not every heartbeat plus a round trip.
+        next_at = time.monotonic() + self.heartbeat
         while not self._stop.is_set():
-            self._kick.wait(delay)
+            self._kick.wait(max(0.0, next_at - time.monotonic()))
             self._kick.clear()
             if self._stop.is_set():
                 return
+            began = time.monotonic()
             try:
                 if self.renew_all():  # an idle round says nothing about the database
                     self.outage.ok()
-                delay = self.heartbeat
+                next_at = began + self.heartbeat
             except DatabaseError as exc:
-                delay = min(self.heartbeat, self.outage.failed("heartbeat", exc))
+                next_at = began + min(self.heartbeat, self.outage.failed("heartbeat", exc))
 
     def renew_all(self) -> bool:
         """Renew every held lease: a holder's job locks in one statement per

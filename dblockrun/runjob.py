@@ -7,8 +7,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -16,7 +16,8 @@ from dblockrun.errors import DatabaseError
 from dblockrun.heartbeat import Renewer
 from dblockrun.jobs import Job
 from dblockrun.outage import Outage
-from dblockrun.runner import LeaseWatch, Outcome, argv_for, run_process
+from dblockrun.runloop import RunLoop
+from dblockrun.runner import LeaseWatch, Outcome, Process, argv_for
 from dblockrun.store import models as m
 from dblockrun.store.base import Disables, RunStore
 
@@ -39,7 +40,12 @@ class RunContext:
     outage: Outage
     stop: threading.Event
     stop_grace: Callable[[], float | None]
+    #: Takes each step of the runs and watches their commands.
+    loop: RunLoop
     metrics: Metrics | None = None
+    #: The environment commands start from, read once: dict(os.environ)
+    #: decodes every variable again, 0.5 ms a start with a few dozen.
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
 def result_of(outcome: Outcome) -> str:
@@ -61,17 +67,19 @@ def stored_text(data: bytes) -> str:
     return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
-def base_env(job: Job) -> dict[str, str]:
-    """The daemon's environment, the job's ``env`` and ``DBLOCKRUN_JOB``."""
-    env = dict(os.environ)
+def base_env(job: Job, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: this process's environment), the job's ``env``
+    and ``DBLOCKRUN_JOB``."""
+    env = dict(os.environ if environ is None else environ)
     env.update(dict(job.env))
     env["DBLOCKRUN_JOB"] = job.name
     return env
 
 
 def command_env(job: Job, *, holder: str, run_id: int, token: int, slot: float | None,
-                item: str | None = None) -> dict[str, str]:
-    env = base_env(job)
+                item: str | None = None, environ: Mapping[str, str] | None = None,
+                ) -> dict[str, str]:
+    env = base_env(job, environ)
     env.update(
         DBLOCKRUN_RUN_ID=str(run_id),
         DBLOCKRUN_FENCING_TOKEN=str(token),
@@ -96,9 +104,11 @@ def line_logger(prefix: str, **fields: object) -> Callable[[bytes], None]:
     return on_line
 
 
-class JobRun(threading.Thread):
-    """One claimed run, in its own thread for as long as the command runs
-    (retries included); the command's guard process watches the lease."""
+class JobRun:
+    """One claimed run, without a thread of its own: each step (start,
+    result, retry, on-failure) is taken on the context's run loop, whose
+    watcher applies the command's stops; the spawn service watches the
+    lease (the lifeline)."""
 
     def __init__(
         self,
@@ -116,7 +126,6 @@ class JobRun(threading.Thread):
         """``run_id``: the first attempt's run record, when the claim made it.
         ``line_sink``: the command's output lines (default: logged);
         ``err_sink``: its stderr lines apart (default: with the output)."""
-        super().__init__(name=f"job-{job.name}", daemon=True)
         self.ctx = ctx
         self.job = job
         self.token = token
@@ -133,50 +142,37 @@ class JobRun(threading.Thread):
         self.on_start = on_start
         self.last_outcome: Outcome | None = None
         self.last_run_id: int | None = None
+        self.done = threading.Event()
         self._recorded = run_id
         self._released = False
 
-    def run(self) -> None:
+    def start(self) -> None:
+        """Start the run; :attr:`done` is set once it is over."""
         self.ctx.renewer.add(self.watch)
-        try:
-            self._attempts()
-        finally:
-            self.ctx.renewer.remove(self.watch)
-            if not self._released:
-                self._release()
-            if self.on_done is not None:
-                self.on_done(self)
+        self._step(lambda: self._attempt(1))
 
-    def _attempts(self) -> None:
-        job, ctx = self.job, self.ctx
-        for attempt in range(1, job.retries + 2):
-            ran = self._attempt(attempt)
-            if ran is None:
-                return
-            outcome, run_id = ran
-            self.last_outcome = outcome
-            result = result_of(outcome)
-            retry = (result == m.FAILED and attempt <= job.retries and not self.watch.lost
-                     and not ctx.stop.is_set() and time.monotonic() + 0.1 < self.deadline)
-            # A command that failed or ran into lock-at-most triggers on-failure;
-            # one stopped by a shutdown or fencing does not.
-            on_failure = (not retry and result in (m.FAILED, m.TIMEOUT)
-                          and not ctx.stop.is_set())
-            last = not retry and not (on_failure and job.on_failure.wanted)
-            self._record_result(run_id, outcome, release=last)
-            if not retry:
-                break
-            if (self.watch.lost or ctx.stop.wait(job.retry_delay)
-                    or time.monotonic() + 0.1 >= self.deadline):
-                on_failure = not ctx.stop.is_set()
-                break
-            log.info("job %s: retrying (attempt %d of %d)", job.name, attempt + 1,
-                     job.retries + 1)
-        if on_failure:
-            self._on_failure(outcome)
+    def run(self) -> None:
+        """Start the run and wait for its end (``exec``)."""
+        self.start()
+        self.done.wait()
 
-    def _attempt(self, attempt: int) -> tuple[Outcome, int] | None:
-        """Record the attempt (unless the claim did) and run the command."""
+    def is_alive(self) -> bool:
+        return not self.done.is_set()
+
+    def _step(self, step: Callable[[], None]) -> None:
+        """``step`` on a worker of the run loop; the run ends if it fails."""
+
+        def guarded() -> None:
+            try:
+                step()
+            except BaseException:
+                log.exception("job %s: run failed", self.job.name)
+                self._end()
+
+        self.ctx.loop.submit(guarded)
+
+    def _attempt(self, attempt: int) -> None:
+        """Record the attempt (unless the claim did) and start the command."""
         job, ctx = self.job, self.ctx
         run_id = self._recorded if attempt == 1 else None
         if run_id is None:
@@ -187,15 +183,16 @@ class JobRun(threading.Thread):
                 self.watch.fence_at(ctx.kill_grace + 1))
             if run_id is None:
                 log.error("job %s: could not record the run; not starting it", job.name)
-                return None
+                self._end()
+                return
         self.last_run_id = run_id
-        env = command_env(job, holder=ctx.holder, run_id=run_id, token=self.token, slot=self.slot)
+        env = command_env(job, holder=ctx.holder, run_id=run_id, token=self.token, slot=self.slot,
+                          environ=ctx.environ)
         fields = {"job": job.name, "run_id": run_id, "token": self.token, "host": ctx.holder,
                   "slot": env.get("DBLOCKRUN_SLOT")}
         log.info("job %s: run %d started (token %d, attempt %d)", job.name, run_id, self.token,
                  attempt, extra={**fields, "event": "start"})
-        started = time.monotonic()
-        outcome = run_process(
+        process = Process(
             argv_for(job.command, job.shell),
             env=env,
             cwd=job.workdir,
@@ -209,6 +206,24 @@ class JobRun(threading.Thread):
             user=job.user,
             on_err_line=self.err_sink,
         )
+        started = time.monotonic()
+
+        def ended(outcome: Outcome | None = None) -> None:
+            ctx.loop.unwatch(process)
+            self._ended(attempt, run_id, outcome or process.finish(), started, fields)
+
+        failed = process.start(on_end=lambda: self._step(ended))
+        if failed is not None:
+            ended(failed)
+        else:
+            ctx.loop.watch(process)
+
+    def _ended(self, attempt: int, run_id: int, outcome: Outcome, started: float,
+               fields: dict[str, object]) -> None:
+        """An attempt's command ended: log and record it, then retry, apply
+        on-failure or end the run."""
+        job, ctx = self.job, self.ctx
+        self.last_outcome = outcome
         result = result_of(outcome)
         code = exit_status(outcome.exit_code)
         took = time.monotonic() - started
@@ -220,7 +235,46 @@ class JobRun(threading.Thread):
             "job %s: run %d %s, exit %s, %.2fs%s", job.name, run_id, result, code, took, extra,
             extra={**fields, "event": result},
         )
-        return outcome, run_id
+        retry = (result == m.FAILED and attempt <= job.retries and not self.watch.lost
+                 and not ctx.stop.is_set() and time.monotonic() + 0.1 < self.deadline)
+        # A command that failed or ran into lock-at-most triggers on-failure;
+        # one stopped by a shutdown or fencing does not.
+        on_failure = not retry and result in (m.FAILED, m.TIMEOUT) and not ctx.stop.is_set()
+        last = not retry and not (on_failure and job.on_failure.wanted)
+        self._record_result(run_id, outcome, release=last)
+        if retry:
+            ctx.loop.call_later(job.retry_delay, lambda: self._step(lambda: self._retry(attempt)))
+        elif on_failure:
+            self._on_failure(outcome)
+        else:
+            self._end()
+
+    def _retry(self, attempt: int) -> None:
+        """After a failed attempt's retry delay (cut short by a shutdown)."""
+        ctx = self.ctx
+        if (self.watch.lost or ctx.stop.is_set()
+                or time.monotonic() + 0.1 >= self.deadline):
+            if not ctx.stop.is_set() and self.last_outcome is not None:
+                self._on_failure(self.last_outcome)
+            else:
+                self._end()
+            return
+        log.info("job %s: retrying (attempt %d of %d)", self.job.name, attempt + 1,
+                 self.job.retries + 1)
+        self._attempt(attempt + 1)
+
+    def _end(self) -> None:
+        """Stop renewing, release the lock unless the result did, and say so."""
+        if self.done.is_set():
+            return
+        try:
+            self.ctx.renewer.remove(self.watch)
+            if not self._released:
+                self._release()
+        finally:
+            self.done.set()
+            if self.on_done is not None:
+                self.on_done(self)
 
     def _record_result(self, run_id: int, outcome: Outcome, *, release: bool) -> None:
         """The run's result; with ``release`` the lock's release in the same
@@ -266,6 +320,8 @@ class JobRun(threading.Thread):
                 pass
 
     def _on_failure(self, outcome: Outcome) -> None:
+        """Disable the job and/or start its on-failure command; the run ends
+        after that command (its lock stays held while it runs)."""
         job, ctx = self.job, self.ctx
         disable_for = job.on_failure.disable_for
         store = ctx.store
@@ -277,14 +333,26 @@ class JobRun(threading.Thread):
                                                       reason=reason),
                                 time.monotonic() + 30) is not None:
                 log.warning("job %s: disabled for %gs after failure", job.name, disable_for)
-        if job.on_failure.command is not None:
-            env = command_env(job, holder=ctx.holder, run_id=self.last_run_id or 0,
-                              token=self.token, slot=self.slot)
-            env["DBLOCKRUN_EXIT_CODE"] = str(exit_status(outcome.exit_code))
-            run_process(
-                argv_for(job.on_failure.command, job.shell), env=env, cwd=job.workdir,
-                on_line=line_logger(f"[{job.name} on-failure] ", job=job.name,
-                                    run_id=self.last_run_id),
-                deadline=time.monotonic() + 300, watch=None, stop=ctx.stop,
-                kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace, user=job.user,
-            )
+        if job.on_failure.command is None:
+            self._end()
+            return
+        env = command_env(job, holder=ctx.holder, run_id=self.last_run_id or 0,
+                          token=self.token, slot=self.slot, environ=ctx.environ)
+        env["DBLOCKRUN_EXIT_CODE"] = str(exit_status(outcome.exit_code))
+        process = Process(
+            argv_for(job.on_failure.command, job.shell), env=env, cwd=job.workdir,
+            on_line=line_logger(f"[{job.name} on-failure] ", job=job.name,
+                                run_id=self.last_run_id),
+            deadline=time.monotonic() + 300, watch=None, stop=ctx.stop,
+            kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace, user=job.user,
+        )
+
+        def ended() -> None:
+            ctx.loop.unwatch(process)
+            process.finish()
+            self._end()
+
+        if process.start(on_end=lambda: self._step(ended)) is not None:
+            self._end()
+        else:
+            ctx.loop.watch(process)

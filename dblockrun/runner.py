@@ -15,8 +15,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dblockrun import spawn
+from dblockrun.durations import fence_margin
 from dblockrun.jobs import Command
 from dblockrun.spawn import Lifeline, LineSink
 
@@ -25,7 +27,7 @@ log = logging.getLogger("dblockrun")
 OUTPUT_TAIL = 64 * 1024
 #: The longest the run's wait sleeps between looks at its lease and a stop
 #: request; lock-at-most and the fence are waited for to the instant.
-_LOOK_EVERY = 0.1
+LOOK_EVERY = 0.1
 
 @dataclass
 class LeaseWatch:
@@ -189,22 +191,12 @@ class _Output:
         return emit
 
 
-def run_process(
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str],
-    cwd: str | None,
-    on_line: LineSink,
-    deadline: float | None,
-    watch: LeaseWatch | None,
-    stop: threading.Event,
-    kill_grace: float = 5.0,
-    stop_grace: Callable[[], float | None] = lambda: None,
-    on_start: Callable[[int], None] | None = None,
-    user: str | None = None,
-    on_err_line: LineSink | None = None,
-) -> Outcome:
-    """Run ``argv`` in a new process group until it ends or must be stopped.
+class Process:
+    """One command from its start to its outcome, waiting for nothing:
+    :meth:`start` starts it, :meth:`check` applies the stops due at a time
+    and says when to look again, :meth:`finish` collects the outcome once it
+    ended. :func:`run_process` drives one on the caller's thread; a daemon's
+    :class:`~dblockrun.runloop.RunLoop` drives all its runs from one thread.
 
     ``on_line`` gets each line the command writes, stdout and stderr in the
     order written; with ``on_err_line`` stderr has its own pipe and its lines
@@ -220,92 +212,192 @@ def run_process(
     be executed exits 127 with a message in its output; without, that is
     an error here. Either way it stops when the daemon dies.
     """
-    run_as: RunAs | None = None
-    if user is not None:
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        on_line: LineSink,
+        deadline: float | None,
+        watch: LeaseWatch | None,
+        stop: threading.Event,
+        kill_grace: float = 5.0,
+        stop_grace: Callable[[], float | None] = lambda: None,
+        on_start: Callable[[int], None] | None = None,
+        user: str | None = None,
+        on_err_line: LineSink | None = None,
+    ) -> None:
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.on_line = on_line
+        self.on_err_line = on_err_line
+        self.deadline = deadline
+        self.watch = watch
+        self.stop = stop
+        self.kill_grace = kill_grace
+        self.stop_grace = stop_grace
+        self.on_start = on_start
+        self.user = user
+        self.fence_margin = fence_margin(watch.lease, kill_grace) if watch else kill_grace + 1.0
+        self.term_grace = self.fence_margin - 1.0
+        self.reason = "exit"
+        self.detail = ""
+        self.proc: spawn.Spawned | None = None
+        self.output = _Output()
+        self.lifeline: Lifeline | None = None
+        #: Stopping: SIGTERM sent, SIGKILL due at this monotonic time.
+        self._kill_at: float | None = None
+        self._stopping = False
+        self._lock = threading.Lock()
+
+    def start(self, on_end: Callable[[], None] | None = None) -> Outcome | None:
+        """Start the command; None, or the outcome if it could not start.
+        ``on_end`` is called (by the spawn reactor: it must not block) once
+        the command ended."""
+        env, cwd = self.env, self.cwd
+        run_as: RunAs | None = None
+        if self.user is not None:
+            try:
+                run_as = RunAs.lookup(self.user)
+            except OSError as exc:
+                return Outcome(None, "error", b"", f"cannot start command: {exc}")
+            env, cwd = run_as.env(env), run_as.cwd(cwd)
+        watch = self.watch
+        if watch is not None:
+            # The service stops the group a little after we would, from its own
+            # clock: the backstop for a frozen or dead daemon.
+            self.lifeline = Lifeline()
+            watch.pipe = self.lifeline
+        streams: list[tuple[int, LineSink]] = []
+        writers: list[int] = []
+        sinks = (self.on_line,) if self.on_err_line is None else (self.on_line, self.on_err_line)
+        for sink in sinks:
+            r, w = os.pipe()
+            streams.append((r, self.output.sink(sink)))
+            writers.append(w)
+        # The command may end before spawn() returns: its end is passed on
+        # once self.proc is set.
+        ended_early: list[bool] = []
+
+        def end() -> None:
+            with self._lock:
+                if self.proc is None:
+                    ended_early.append(True)
+                    return
+            if on_end is not None:
+                on_end()
+
         try:
-            run_as = RunAs.lookup(user)
+            proc = spawn.start().spawn(
+                self.argv, env=env, cwd=cwd, out_fd=writers[0], err_fd=writers[-1],
+                beat_fd=self.lifeline.read_fd if self.lifeline else None,
+                fence=watch.lease - self.fence_margin + 0.5 if watch else None,
+                grace=self.term_grace, ids=run_as.ids() if run_as else None, streams=streams,
+                on_end=end)
         except OSError as exc:
+            for r, _sink in streams:
+                os.close(r)
+            if self.lifeline is not None:
+                self.lifeline.close()
             return Outcome(None, "error", b"", f"cannot start command: {exc}")
-        env, cwd = run_as.env(env), run_as.cwd(cwd)
-    fence_margin = min(kill_grace, (watch.lease / 6) if watch else kill_grace) + 1.0
-    term_grace = fence_margin - 1.0
-    lifeline: Lifeline | None = None
-    if watch is not None:
-        # The service stops the group a little after we would, from its own
-        # clock: the backstop for a frozen or dead daemon.
-        lifeline = Lifeline()
-        watch.pipe = lifeline
-    output = _Output()
-    streams: list[tuple[int, LineSink]] = []
-    writers: list[int] = []
-    for sink in (on_line, on_err_line) if on_err_line is not None else (on_line,):
-        r, w = os.pipe()
-        streams.append((r, output.sink(sink)))
-        writers.append(w)
-    try:
-        proc = spawn.start().spawn(
-            argv, env=env, cwd=cwd, out_fd=writers[0], err_fd=writers[-1],
-            beat_fd=lifeline.read_fd if lifeline else None,
-            fence=watch.lease - fence_margin + 0.5 if watch else None, grace=term_grace,
-            ids=run_as.ids() if run_as else None, streams=streams)
-    except OSError as exc:
-        for r, _sink in streams:
-            os.close(r)
-        if lifeline is not None:
-            lifeline.close()
-        return Outcome(None, "error", b"", f"cannot start command: {exc}")
-    finally:
-        for w in writers:
-            os.close(w)
-    if lifeline is not None:
-        lifeline.handed_over()
-    pgid = proc.pid
-    if on_start is not None:
-        on_start(pgid)
-    reason = "exit"
-    detail = ""
-    try:
-        while not proc.wait(_wait_time(deadline, watch, fence_margin)):
-            now = time.monotonic()
+        finally:
+            for w in writers:
+                os.close(w)
+        with self._lock:
+            self.proc = proc
+        if self.lifeline is not None:
+            self.lifeline.handed_over()
+        if self.on_start is not None:
+            self.on_start(proc.pid)
+        if ended_early and on_end is not None:
+            on_end()
+        return None
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; whether the command ended."""
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def check(self, now: float) -> float:
+        """Apply the stops due at monotonic ``now``: lock-at-most, a lease
+        taken over, the fence, the shutdown grace. Seconds until the next look."""
+        proc, watch, deadline = self.proc, self.watch, self.deadline
+        assert proc is not None
+        with self._lock:
+            if proc.wait(0):
+                return LOOK_EVERY
+            if self._stopping:
+                if self._kill_at is not None and now >= self._kill_at:
+                    proc.signal(signal.SIGKILL)
+                    self._kill_at = None
+                return LOOK_EVERY if self._kill_at is None else self._kill_at - now
             if deadline is not None and now >= deadline:
-                reason, detail = "timeout", "reached lock-at-most"
+                self.reason, self.detail = "timeout", "reached lock-at-most"
             elif watch is not None and watch.lost:
-                reason, detail = "fenced", "lock was taken over (fencing token changed)"
-                term_grace = 0.0
-            elif watch is not None and now >= watch.fence_at(fence_margin):
-                reason, detail = "fenced", "lease could not be renewed before it expired"
-            elif stop.is_set():
-                until = stop_grace()
-                if until is None or now < until:
-                    continue
-                reason, detail = "stopped", "shutdown grace ran out"
+                self.reason, self.detail = "fenced", "lock was taken over (fencing token changed)"
+                self.term_grace = 0.0
+            elif watch is not None and now >= watch.fence_at(self.fence_margin):
+                self.reason, self.detail = "fenced", "lease could not be renewed before it expired"
+            elif self.stop.is_set() and ((until := self.stop_grace()) is None or now >= until):
+                self.reason, self.detail = "stopped", "shutdown grace ran out"
             else:
-                continue
-            proc.stop(term_grace if reason == "fenced" else kill_grace)
-            break
-    finally:
-        if not proc.wait(0):
-            proc.kill()
+                return _wait_time(deadline, watch, self.fence_margin)
+            self._stopping = True
+            grace = self.term_grace if self.reason == "fenced" else self.kill_grace
+            proc.signal(signal.SIGTERM)
+            self._kill_at = now + grace
+            return grace
+
+    def finish(self) -> Outcome:
+        """The outcome, once the command ended (else it is killed now); what
+        is left of its group goes, and its output is read to the end."""
+        proc = self.proc
+        assert proc is not None
+        with self._lock:
+            stopped = self._stopping
+        if not proc.wait(0) or stopped:
+            proc.kill()  # a stopped command's group goes whole, at once
+        pgid = proc.pid
         if proc.orphaned:
-            # The service died: no watchdog, so no command (its leader died
-            # with the service; the rest of its group goes now).
-            reason, detail = "stopped", "the spawn service died; the command cannot run unwatched"
-            stop_group(pgid, term_grace, lambda: not group_running(pgid))
+            # The service died: no watchdog, so no command: its whole group
+            # goes now.
+            self.reason = "stopped"
+            self.detail = "the spawn service died; the command cannot run unwatched"
+            stop_group(pgid, self.term_grace, lambda: not group_running(pgid))
         # Background children left in the group go with the run (SIGTERM,
         # SIGKILL once none runs or after 1 s; zombies are not waited for).
         if _signal_group(pgid, 0):
             stop_group(pgid, 1.0, lambda: not group_running(pgid))
         proc.finish_output(timeout=2.0)
-        if lifeline is not None:
-            lifeline.close()
-    return Outcome(proc.returncode, reason, output.tail.value(), detail)
+        if self.lifeline is not None:
+            self.lifeline.close()
+        return Outcome(proc.returncode, self.reason, self.output.tail.value(), self.detail)
+
+
+def run_process(argv: Sequence[str], **options: Any) -> Outcome:
+    """Run ``argv`` in a new process group until it ends or must be stopped,
+    on this thread (:class:`Process` says what the options mean)."""
+    command = Process(argv, **options)
+    failed = command.start()
+    if failed is not None:
+        return failed
+    try:
+        while not command.wait(command.check(time.monotonic())):
+            pass
+    except BaseException:
+        command.finish()
+        raise
+    return command.finish()
 
 
 def _wait_time(deadline: float | None, watch: LeaseWatch | None, fence_margin: float) -> float:
     """How long the run's wait may sleep: until lock-at-most or the fence if
     one comes first, else a look at the lease and a stop request."""
     now = time.monotonic()
-    wait = _LOOK_EVERY
+    wait = LOOK_EVERY
     if deadline is not None:
         wait = min(wait, deadline - now)
     if watch is not None:

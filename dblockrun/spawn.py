@@ -9,8 +9,9 @@ service watches it (its end, the daemon's lifeline, the fence).
 
 Here one thread, the reactor, serves every run of the process: it reads the
 service's replies (started, could not start, ended with a status) and every
-command's output pipes, line by line, to each run's sinks. A run's own thread
-only waits (:meth:`Spawned.wait`) and decides when to stop its command.
+command's output pipes, line by line, to each run's sinks, and tells a run
+its command ended (``on_end``). No thread waits per command: a daemon's run
+loop (:mod:`dblockrun.runloop`) decides when to stop each one.
 
 If the service dies (kill -9), the reactor sees its socket close and every
 run it watched ends as orphaned: the runner stops the command's whole group
@@ -79,8 +80,12 @@ class Spawned:
     """A command the service started: its pid (its process group's id), its
     end, its output."""
 
-    def __init__(self, service: SpawnService, streams: Sequence[tuple[int, LineSink]]) -> None:
+    def __init__(self, service: SpawnService, streams: Sequence[tuple[int, LineSink]],
+                 on_end: Callable[[], None] | None = None) -> None:
         self.service = service
+        #: Called by the reactor once the command ended (or can no longer be
+        #: watched); it must not block.
+        self.on_end = on_end
         self.id = 0
         self.pid = 0
         self.returncode: int | None = None
@@ -91,6 +96,14 @@ class Spawned:
         self._started = threading.Event()
         self._ended = threading.Event()
         self._output_done = threading.Event()
+
+    def _set_ended(self) -> None:
+        self._ended.set()
+        if self.on_end is not None:
+            try:
+                self.on_end()
+            except Exception:  # the reactor serves every run: it must not die
+                log.exception("spawn reactor: a run's end failed")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: for ever); whether it has
@@ -162,11 +175,13 @@ class SpawnService:
 
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
               out_fd: int, err_fd: int, beat_fd: int | None, fence: float | None, grace: float,
-              ids: Ids | None, streams: Sequence[tuple[int, LineSink]]) -> Spawned:
+              ids: Ids | None, streams: Sequence[tuple[int, LineSink]],
+              on_end: Callable[[], None] | None = None) -> Spawned:
         """Start ``argv``; its output pipes' read ends ``streams`` are read
-        from then on. Raises OSError if it cannot be started (a bad ``cwd``,
-        or without a ``fence`` a command that cannot be executed)."""
-        run = Spawned(self, streams)
+        from then on, and ``on_end`` is called once it ended. Raises OSError
+        if it cannot be started (a bad ``cwd``, or without a ``fence`` a
+        command that cannot be executed)."""
+        run = Spawned(self, streams, on_end)
         fds = [out_fd, err_fd] + ([beat_fd] if fence is not None and beat_fd is not None else [])
         with self._lock:
             if not self.alive:
@@ -279,7 +294,7 @@ class SpawnService:
             del self._runs[run.id]
         if "status" in msg:
             run.returncode = os.waitstatus_to_exitcode(msg["status"])
-            run._ended.set()
+            run._set_ended()
         else:
             num = msg["errno"]
             run.error = OSError(num, os.strerror(num), msg["step"])
@@ -300,7 +315,7 @@ class SpawnService:
         for run in runs:
             if run._started.is_set():
                 run.orphaned = True
-                run._ended.set()
+                run._set_ended()
             else:
                 run.error = OSError(errno.EPIPE, "the spawn service died", None)
                 run._started.set()
