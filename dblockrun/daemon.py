@@ -97,6 +97,8 @@ class Daemon:
         self._shutdown_deadline: float | None = None
         self._next_request_poll = 0.0
         self._finished: set[str] = set()
+        #: Per job, the highest fencing token won here and the newest slot run here.
+        self._seen: dict[str, tuple[int, float | None]] = {}
         #: Host row, clock samples, lost runs, drift: on their own timer.
         self.books = FleetBooks(store, self.holder, options.heartbeat, self.clock, self.outage,
                                 self.metrics, lambda: self.jobs, self._running_count)
@@ -443,8 +445,42 @@ class Daemon:
                 due = lock.lock_until
         self._push(max(due, now + 0.05) + self.clock.uncertainty, job.name, None)
 
+    def _went_back(self, job: Job, token: int, slot: float | None,
+                   run_id: int | None) -> bool:
+        """Whether the database lost writes this daemon saw committed (a
+        failover to a standby that had not received them): a fencing token
+        no higher than one it already won, or a slot it already ran. Either
+        is logged and counted; a slot already run here is not run again (its
+        claim is recorded skipped and released)."""
+        seen_token, seen_slot = self._seen.get(job.name, (0, None))
+        again = slot is not None and seen_slot is not None and slot <= seen_slot
+        if token > seen_token and not again:
+            self._seen[job.name] = (token, slot if slot is not None else seen_slot)
+            return False
+        self.metrics.went_backwards.labels(job.name).inc()
+        log.error("job %s: the database went backwards (token %d after %d, last slot %s after "
+                  "%s this daemon ran): it lost committed writes, e.g. in a failover to an "
+                  "asynchronous standby%s", job.name, token, seen_token,
+                  _utc(slot).isoformat() if slot is not None else "-",
+                  _utc(seen_slot).isoformat() if seen_slot is not None else "-",
+                  "; not running that slot again" if again else "")
+        self._seen[job.name] = (token, seen_slot)  # the database's sequence from here on
+        if not again:
+            return False
+        try:
+            if run_id is not None:
+                self.store.finish_and_release(run_id, job.name, self.holder, token, m.SKIPPED,
+                                              None, "not run: this daemon already ran the slot")
+            else:
+                self.store.release(job.name, self.holder, token)
+        except DatabaseError as exc:
+            self.outage.failed(f"release {job.name}", exc)
+        return True
+
     def _start(self, job: Job, token: int, slot: float | None, claimed_mono: float,
                run_id: int | None = None) -> None:
+        if self._went_back(job, token, slot, run_id):
+            return
         run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self._done, run_id=run_id)
         with self._running_lock:
             self._running[job.name] = run

@@ -53,6 +53,10 @@ class Metrics:
                               ["job", "outcome"], registry=r)
         self.last_success = Gauge("dblockrun_last_success_timestamp_seconds",
                                   "End of the last successful run", ["job"], registry=r)
+        self.went_backwards = Counter(
+            "dblockrun_database_went_backwards",
+            "Claims whose fencing token or slot was not newer than one this daemon had "
+            "seen: the database lost committed writes", ["job"], registry=r)
         self.missed = Counter("dblockrun_missed_slots", "Slots recorded missed or skipped",
                               ["job", "reason"], registry=r)
 

@@ -540,3 +540,22 @@ def test_a_cron_and_rate_job_publishes_its_next_start_after_the_rate(
     lock = store.lock_state("paced")
     assert run.slot is not None and lock is not None
     assert lock.next_due == run.slot + 6.0
+
+
+def test_a_token_that_goes_backwards_is_logged_and_the_job_goes_on(
+    store: Store, start_daemon: StartDaemon
+) -> None:
+    # A failover to an asynchronous standby can lose the newest claims: the
+    # next claim then hands out a token this daemon already had (issue 14).
+    d = start_daemon(f"jobs:\n  flip: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
+    d.wait(lambda: len(with_result(store, "flip", m.OK)) >= 3, 30, "three runs")
+    locks = store.t.locks
+    with store.engine.connect() as conn:
+        conn.execute(locks.update().where(locks.c.name == "flip").values(token=1))
+    d.wait(lambda: "went backwards" in d.text(), 15, "the went-backwards line")
+    assert d.text().count("went backwards") == 1, d.text()
+    before = len(with_result(store, "flip", m.OK))
+    d.wait(lambda: len(with_result(store, "flip", m.OK)) > before + 1, 15, "more runs")
+    slots = [r.slot for r in runs_of(store, "flip") if r.result != m.SKIPPED]
+    assert len(slots) == len(set(slots)), slots
+    assert d.stop() == 0
