@@ -85,7 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=int, default=60, help="window on PostgreSQL and MariaDB")
     ap.add_argument("--sqlite-seconds", type=int, default=30, help="window on SQLite")
-    ap.add_argument("--jobs", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=10)
     ap.add_argument("--daemons", type=int, default=4)
     ap.add_argument("--backends", default="postgresql,mariadb,sqlite")
     args = ap.parse_args()
