@@ -1,6 +1,6 @@
 """Start latency: from a slot's scheduled instant to the command's first instruction.
 
-    python bench/latency.py [--seconds 60] [--sqlite-seconds 30] [--jobs 5] [--daemons 4]
+    python bench/latency.py [--seconds 60] [--sqlite-seconds 30] [--jobs 10] [--daemons 4]
                             [--backends postgresql,mariadb,sqlite]
 
 Per backend, a fresh database (dropped at the end) and ``--daemons`` real
