@@ -135,6 +135,11 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
     if won is None:
         if opts.verbose:
             lock = target.store().lock_state(opts.name)
+            if lock is not None and lock.token < 0:
+                log.warning("lock %s is unusable: its fencing token is negative (a row edited "
+                            "by hand); not running (repair: dblockrun unlock %s)",
+                            opts.name, opts.name)
+                return opts.busy_exit_code
             why = "busy"
             if lock is not None and lock.disabled_until is not None:
                 why = "busy or disabled"

@@ -114,6 +114,23 @@ def test_busy_is_silent_exit_0_or_the_chosen_code(db: TestDb, store: Store) -> N
     assert store.history("x") == []  # nothing ran
 
 
+def test_a_negative_token_is_named_with_its_repair_not_called_busy(
+    db: TestDb, store: Store
+) -> None:
+    # A hand-edited row: no claim takes it (issue 15 item 4); `exec -v` says
+    # why and how to repair it, instead of "busy (holder None)".
+    store.ensure_jobs(["edited"])
+    locks = store.t.locks
+    with store.engine.connect() as conn:
+        conn.execute(locks.update().where(locks.c.name == "edited").values(token=-5))
+    proc = run_exec(db, "-v", "--name", "edited", "--", "echo", "ran")
+    assert (proc.returncode, proc.stdout) == (0, "")
+    assert "fencing token is negative" in proc.stderr
+    assert "dblockrun unlock edited" in proc.stderr
+    assert "busy" not in proc.stderr
+    assert store.history("edited") == []
+
+
 def test_command_environment(db: TestDb, store: Store) -> None:
     script = ('echo "$DBLOCKRUN_JOB|$DBLOCKRUN_FENCING_TOKEN|$DBLOCKRUN_RUN_ID|'
               '$DBLOCKRUN_HOST_ID"')
