@@ -346,8 +346,8 @@ def test_a_killed_spawn_service_stops_its_commands_and_a_new_one_takes_over(
     assert parent_of(nxt.pid) not in (service, fleet.procs[0].pid)
     assert "spawn service" in fleet.daemon_log(0)
     assert fleet.procs[0].poll() is None
-    # (The killed leader wrote no "end" line: SIGKILL, its parent-death
-    # signal. Its group was gone before the next run's claim, as above.)
+    # (The daemon stopped the orphaned group when it saw its service die;
+    # it was gone before the next run's claim, as above.)
     assert not group_alive(first.pid)
 
 
