@@ -146,6 +146,8 @@ def driver_url(url: str) -> str:
     result = f"{DRIVERS[scheme]}://{match.group('rest')}"
     if DRIVERS[scheme] == "mysql+pymysql":
         result = _several_hosts(url, match.group("rest")) or result
+    if DRIVERS[scheme] == "postgresql+psycopg":
+        result = _pg_several_hosts(url, match.group("rest")) or result
     # SQLAlchemy parses the URL only when the engine is made; a bad port or
     # host would surface there as a bare ValueError and a traceback.
     from sqlalchemy.engine import make_url
@@ -184,6 +186,27 @@ def _several_hosts(url: str, rest: str) -> str | None:
 
     mysqlhosts.register()
     return (f"mysql+{mysqlhosts.NAME}://{parts.group('user') or ''}{database or '/'}"
+            f"?{given}{'&' + query if query else ''}")
+
+
+_PG_HOST = re.compile(r"[A-Za-z0-9._-]+(?::[0-9]+)?")
+
+
+def _pg_several_hosts(url: str, rest: str) -> str | None:
+    """libpq's multi-host URL, ``postgresql://u@h1:5441,h2:5442/db?target_session_attrs=read-write``
+    (a primary and its standbys: each connect tries them in order and keeps the
+    first that takes writes), in the form SQLAlchemy's psycopg dialect reads:
+    ``postgresql+psycopg://u@/db?host=h1:5441&host=h2:5442&target_session_attrs=read-write``.
+    None for a URL with one host."""
+    parts = _MYSQL_PARTS.match(rest)  # user information, host list, rest: split alike
+    if parts is None or "," not in parts.group("hosts"):
+        return None
+    hosts = parts.group("hosts").split(",")
+    if not all(_PG_HOST.fullmatch(host) for host in hosts):
+        raise UsageError(f"database URL {redact(url)!r}: bad host list (want host:port,host:port)")
+    database, _, query = parts.group("tail").partition("?")
+    given = "&".join(f"host={host}" for host in hosts)
+    return (f"postgresql+psycopg://{parts.group('user') or ''}{database or '/'}"
             f"?{given}{'&' + query if query else ''}")
 
 

@@ -119,12 +119,16 @@ def _no_connect() -> Any:
 
 def direct_driver(url: str) -> Driver | None:
     """A driver that connects without SQLAlchemy for a plain URL (no query
-    options, an existing SQLite file), else None: the pooled engine serves it."""
+    options but PostgreSQL's ``target_session_attrs``, an existing SQLite
+    file), else None: the pooled engine serves it."""
     match = _URL.match(url)
-    if match is None or match.group("query") is not None:
+    if match is None:
         return None
     dialect = _SCHEMES.get(match.group("name").lower())
     if dialect is None:
+        return None
+    options = _libpq_options(match.group("query")) if dialect == "postgresql" else {}
+    if options is None or options == {} and match.group("query") is not None:
         return None
     user, password = match.group("username"), match.group("password")
     host = match.group("ipv4host") or match.group("ipv6host")
@@ -137,6 +141,14 @@ def direct_driver(url: str) -> Driver | None:
             return None  # the pooled store creates it, 0600 in a 0700 folder
         return Driver(dialect, lambda: connect_sqlite(path))
     kw: dict[str, Any] = dict(CONNECT_OPTIONS[dialect])
+    kw.update(options)
+    if dialect == "postgresql" and "," in f"{host}{port}":
+        # libpq's host list (a primary and its standbys): psycopg tries each.
+        several = libpq_hosts(f"{host or ''}:{port}" if port else host or "")
+        if several is None:
+            return None
+        kw["host"], kw["port"] = several
+        host = port = None
     if user:
         kw["user"] = _unquote(user)
     if password:
@@ -188,6 +200,38 @@ def _connect_pymysql(kw: dict[str, Any]) -> Any:
     import pymysql
 
     return pymysql.connect(autocommit=True, **kw)
+
+
+# -- several PostgreSQL hosts (a primary and its standbys) --------------------------
+
+#: The query options a direct PostgreSQL connection passes to libpq.
+_LIBPQ_OPTIONS = ("target_session_attrs",)
+_LIBPQ_HOST = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _libpq_options(query: str | None) -> dict[str, str] | None:
+    """``target_session_attrs=read-write`` as libpq keywords; {} for no
+    query, None for any other option (the pooled engine reads those)."""
+    options: dict[str, str] = {}
+    for pair in query.split("&") if query else ():
+        key, _, value = pair.partition("=")
+        if key not in _LIBPQ_OPTIONS or not value:
+            return None
+        options[key] = _unquote(value)
+    return options
+
+
+def libpq_hosts(text: str) -> tuple[str, str] | None:
+    """``h1:5441,h2`` as libpq's ``host`` and ``port`` lists, ``("h1,h2",
+    "5441,")`` (an empty port is the default); None for a malformed list."""
+    hosts, ports = [], []
+    for part in text.split(","):
+        host, _, port = part.partition(":")
+        if not _LIBPQ_HOST.fullmatch(host) or (port and not port.isdigit()):
+            return None
+        hosts.append(host)
+        ports.append(port)
+    return ",".join(hosts), ",".join(ports)
 
 
 # -- several MySQL/MariaDB hosts (a Galera cluster) ----------------------------------
