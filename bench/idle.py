@@ -119,7 +119,7 @@ def main() -> None:
             sql.Identifier(dbname)))
         admin.close()
     print(f"idle daemon (no job due; PostgreSQL; {args.seconds:g} s measured after start-up;"
-          f" default heartbeat 10 s, run-request poll 1 s)")
+          f" default heartbeat 10 s: a bookkeeping round every 12 s, run-now by LISTEN)")
     table.print()
 
 

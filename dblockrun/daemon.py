@@ -20,6 +20,7 @@ from dblockrun.fleet import FleetBooks
 from dblockrun.heartbeat import DbClock, Renewer
 from dblockrun.holder import new_holder_id as new_holder_id
 from dblockrun.jobs import Job, JobsFile
+from dblockrun.listen import RequestListener
 from dblockrun.metrics import Metrics, serve
 from dblockrun.outage import Outage
 from dblockrun.planning import Agenda, catch_up, next_attempt, next_due, too_late
@@ -44,7 +45,8 @@ class DaemonOptions:
     lease: float = 30.0
     grace: float = 30.0
     kill_grace: float = 5.0
-    #: How often the daemon looks for `dblockrun run` requests (one statement).
+    #: How often the daemon looks for `dblockrun run` requests (one statement)
+    #: on MySQL and SQLite; on PostgreSQL it hears them (dblockrun/listen.py).
     request_poll: float = 1.0
     #: Serve Prometheus metrics and /healthz on [HOST:]PORT.
     metrics_addr: str | None = None
@@ -96,12 +98,21 @@ class Daemon:
         self._running_lock = threading.Lock()
         self._shutdown_deadline: float | None = None
         self._next_request_poll = 0.0
+        #: PostgreSQL: requests are announced (LISTEN/NOTIFY) and read by the
+        #: bookkeeping round; the jobs heard of, and whether to read them all.
+        self._announced = store.lock.q.one_round
+        self._heard: set[str] = set()
+        self._heard_all = False
+        self._heard_lock = threading.Lock()
+        self.listener = (RequestListener(store, self._hear, options.heartbeat)
+                         if self._announced else None)
         self._finished: set[str] = set()
         #: Per job, the highest fencing token won here and the newest slot run here.
         self._seen: dict[str, tuple[int, float | None]] = {}
         #: Host row, clock samples, lost runs, drift: on their own timer.
         self.books = FleetBooks(store, self.holder, options.heartbeat, self.clock, self.outage,
-                                self.metrics, lambda: self.jobs, self._running_count)
+                                self.metrics, lambda: self.jobs, self._running_count,
+                                self._hear if self._announced else None)
         self.ctx = RunContext(
             store=store,
             holder=self.holder,
@@ -196,6 +207,8 @@ class Daemon:
             return
         self.renewer.start()
         self.books.start()
+        if self.listener is not None:
+            self.listener.start()
         self._plan_all()
         try:
             while not self._stopping():
@@ -230,20 +243,44 @@ class Daemon:
             return len(self._running)
 
     def _sleep_time(self) -> float:
-        until_poll = self._next_request_poll - time.monotonic()
+        until_poll = (self.options.heartbeat if self._announced
+                      else self._next_request_poll - time.monotonic())
         next_at = self._agenda.next_at()
         if next_at is None:
             return max(0.0, min(self.options.heartbeat, until_poll))
         until_due = next_at - self.clock.now()
         return max(0.0, min(self.options.heartbeat, until_due, until_poll))
 
+    def _hear(self, names: list[str] | None) -> None:
+        """Requests announced or read by a round (``names``), or None: read
+        them all (the listener has just connected). From other threads."""
+        with self._heard_lock:
+            if names is None:
+                self._heard_all = True
+            else:
+                self._heard.update(names)
+        self._wake.set()
+
+    def _requests(self) -> list[str] | None:
+        """The jobs to look at for run-now requests now, or None: none."""
+        if self._announced:
+            with self._heard_lock:
+                heard, read_all = self._heard, self._heard_all
+                self._heard, self._heard_all = set(), False
+            if read_all:
+                heard.update(self.store.requested())
+            return sorted(heard) if heard else None
+        if time.monotonic() < self._next_request_poll:
+            return None
+        self._next_request_poll = time.monotonic() + self.options.request_poll
+        return self.store.requested()
+
     def _poll_requests(self) -> None:
         """Run the jobs an operator asked for with `dblockrun run JOB`."""
-        if time.monotonic() < self._next_request_poll:
-            return
-        self._next_request_poll = time.monotonic() + self.options.request_poll
         try:
-            names = self.store.requested()
+            names = self._requests()
+            if names is None:
+                return
             for name in names:
                 job = self.jobs.job(name)
                 # (issue 11 item 3) `enabled: false` in this host's file: not run here either.
@@ -555,6 +592,8 @@ class Daemon:
                 told = True
                 log.warning("interrupted again: stopping %d running job(s) now", left)
             self._wake.wait(0.1)  # rung by a finished run or a signal handler
+        if self.listener is not None:
+            self.listener.stop()
         self.books.stop()
         self.renewer.stop()
         try:

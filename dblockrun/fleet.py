@@ -3,9 +3,13 @@ samples, this host's row, recording lost runs (and the slots their dead
 holder blocked), definition drift between hosts, and how many hosts are live
 (for the batch share).
 
-It runs in its own thread, one round per heartbeat, apart from the lease
-renewals (:class:`~dblockrun.heartbeat.Renewer`): a slow sweep or host read
-never delays a renewal.
+It runs in its own thread, one round every :data:`ROUND_EVERY` heartbeats,
+apart from the lease renewals (:class:`~dblockrun.heartbeat.Renewer`): a
+slow sweep or host read never delays a renewal. On PostgreSQL an idle round
+is one statement (:meth:`Store.books_round`), so an idle daemon sends 5 a
+minute at the default heartbeat; it also hands the round's run-now requests
+to the daemon, which hears them at once through LISTEN
+(:mod:`dblockrun.listen`) unless that connection is down.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ log = logging.getLogger("dblockrun")
 
 #: At most this many slots blocked by one dead holder are recorded skipped.
 MAX_BLOCKED = 100
+#: A round every 1.2 heartbeats: 12 s by default, 5 rounds a minute, and a
+#: host row at most 12 s old, inside the 15 s within which ``status`` calls
+#: a host live (store/status.py ``LIVE_WITHIN``).
+ROUND_EVERY = 1.2
 
 
 def _utc(ts: float) -> str:
@@ -45,7 +53,8 @@ class FleetBooks:
 
     def __init__(self, store: Store, holder: str, heartbeat: float, clock: DbClock,
                  outage: Outage, metrics: Metrics, jobs: Callable[[], JobsFile],
-                 running: Callable[[], int]) -> None:
+                 running: Callable[[], int],
+                 requested: Callable[[list[str]], None] | None = None) -> None:
         self.store = store
         self.holder = holder
         self.heartbeat = heartbeat
@@ -54,6 +63,8 @@ class FleetBooks:
         self.metrics = metrics
         self._jobs = jobs
         self._running = running
+        #: Given the jobs with a run-now request, when a round read them.
+        self._requested = requested
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
         self._drift_seen: set[tuple[str, str]] = set()
@@ -70,31 +81,41 @@ class FleetBooks:
         if self._thread.is_alive():
             self._thread.join(timeout=30)
 
+    @property
+    def interval(self) -> float:
+        return ROUND_EVERY * self.heartbeat
+
     def _loop(self) -> None:
-        delay = self.heartbeat
+        delay = self.interval
         while not self._stop.wait(delay):
             try:
                 self.round()
                 self.outage.ok()
-                delay = self.heartbeat
+                delay = self.interval
             except DatabaseError as exc:
-                delay = min(self.heartbeat, self.outage.failed("bookkeeping", exc))
+                delay = min(self.interval, self.outage.failed("bookkeeping", exc))
 
     def round(self) -> None:
-        """One round: clock sample, host row, lost runs, drift."""
-        self.clock.add(self.store.clock_sample())
-        self.store.heartbeat_host(
+        """One round: host row, clock sample, lost runs, live hosts, drift,
+        run-now requests (one statement on PostgreSQL when idle)."""
+        mine, mine_json = self._definitions()
+        done = self.store.books_round(
             self.holder,
             hostname=socket.gethostname(),
             pid=os.getpid(),
             version=__version__,
             clock_offset=self.clock.offset,
             running=self._running(),
-            jobs=self._definitions()[1],
+            jobs=mine_json,
+            within=3 * self.heartbeat,
         )
-        for lost in self.store.sweep_lost():
+        self.clock.add(done.sample)
+        self.live_hosts = 1 + done.live_others
+        for lost in done.lost:
             self._blocked_slots(lost)
-        self._check_drift()
+        self._check_drift(mine, done.differing)
+        if done.requested and self._requested is not None:
+            self._requested(done.requested)
 
     def report_bad_rows(self) -> None:
         """Lock rows edited into a state no claim takes: logged once each."""
@@ -146,13 +167,20 @@ class FleetBooks:
             self._defs_for = jobs
         return self._defs
 
-    def _check_drift(self) -> None:
-        """Count the live hosts; warn once per (job, other definition) seen on
-        another live host."""
-        mine = self._definitions()[0]
-        live = self.store.hosts(seen_within=3 * self.heartbeat)
-        self.live_hosts = max(1, len(live))
-        for name, defs in m.definitions(live).items():
+    def _check_drift(self, mine: dict[str, str],
+                     differing: list[tuple[str, str | None]]) -> None:
+        """Warn once per (job, other definition) seen on another live host
+        (``differing``: those whose definitions are not this host's)."""
+        seen: dict[str, dict[str, list[str]]] = {}
+        for host, text in differing:
+            try:
+                defs = json.loads(text or "{}")
+            except ValueError:
+                continue
+            if isinstance(defs, dict):
+                for name, digest in defs.items():
+                    seen.setdefault(str(name), {}).setdefault(str(digest), []).append(host)
+        for name, defs in seen.items():
             if name not in mine:
                 continue
             for digest, hosts in defs.items():

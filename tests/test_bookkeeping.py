@@ -4,6 +4,7 @@ over many runs, a slow host read) never delays the lease renewals."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from helpers import wait_for
@@ -24,14 +25,14 @@ def test_a_stuck_bookkeeping_round_does_not_delay_renewals(
     token = store.claim("job", "me", 30)
     assert token is not None
     stuck, entered = threading.Event(), threading.Event()
-    real_sweep = store.sweep_lost
+    real_round = store.books_round
 
-    def slow_sweep() -> object:
+    def slow_round(*args: Any, **kwargs: Any) -> object:
         entered.set()
         stuck.wait(30)  # a round that takes far longer than a heartbeat
-        return real_sweep()
+        return real_round(*args, **kwargs)
 
-    monkeypatch.setattr(store, "sweep_lost", slow_sweep)
+    monkeypatch.setattr(store, "books_round", slow_round)
     outage = Outage()
     books = FleetBooks(store, "me", 0.1, DbClock(), outage, Metrics(),
                        lambda: JobsFile("jobs.yaml", None, ()), lambda: 1)

@@ -11,6 +11,7 @@ result with the release), a lost claim one.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -18,7 +19,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store.executor import Executor
-from dblockrun.store.models import RUNNING
+from dblockrun.store.models import RUNNING, ClockSample
 from dblockrun.store.queries import SCHEMA_VERSION, ClaimShape, Queries, queries_for
 
 log = logging.getLogger("dblockrun")
@@ -71,6 +72,19 @@ class LostRun:
     lock_until: float | None  # when its lease ran out (None: taken over since)
     ended: float  # its lease's last renewal
     slot: float | None  # the slot it ran for
+
+
+@dataclass(frozen=True)
+class BooksRound:
+    """What one bookkeeping round read (PostgreSQL: one statement)."""
+
+    sample: ClockSample
+    live_others: int  # other hosts seen within ``within``
+    #: (host id, definitions JSON) of the other live hosts whose definitions
+    #: differ from this host's.
+    differing: list[tuple[str, str | None]]
+    requested: list[str]  # jobs with a run-now request
+    lost: list[LostRun]  # the dead runs this round recorded lost
 
 
 @dataclass(frozen=True)
@@ -500,18 +514,48 @@ class LockEngine:
         each ending at its lease's last renewal; returns them. One statement
         when there are none (every heartbeat of every daemon)."""
 
-        def go(cur: Any) -> list[LostRun]:
-            found = self.x.send(cur, self.q.lost_runs).fetchall()
-            lost: list[LostRun] = []
-            for run_id, job, item, host, token, lock_until, ended, slot in found:
-                params = {"id": int(run_id), "ended": float(ended)}
-                if self.x.send(cur, self.q.mark_lost, params).rowcount == 1:
-                    lost.append(LostRun(int(run_id), str(job), item, str(host), int(token),
-                                        None if lock_until is None else float(lock_until),
-                                        float(ended), None if slot is None else float(slot)))
-            return lost
+        return self.x.run(lambda cur: self._mark_lost(
+            cur, self.x.send(cur, self.q.lost_runs).fetchall()))
+
+    def _mark_lost(self, cur: Any, found: Sequence[Sequence[Any]]) -> list[LostRun]:
+        """Record the dead runs ``found`` (rows of ``lost_runs``) lost: those
+        this host recorded (not another host at the same moment)."""
+        lost: list[LostRun] = []
+        for run_id, job, item, host, token, lock_until, ended, slot in found:
+            params = {"id": int(run_id), "ended": float(ended)}
+            if self.x.send(cur, self.q.mark_lost, params).rowcount == 1:
+                lost.append(LostRun(int(run_id), str(job), item, str(host), int(token),
+                                    None if lock_until is None else float(lock_until),
+                                    float(ended), None if slot is None else float(slot)))
+        return lost
+
+    def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,
+                    clock_offset: float | None, running: int, jobs: str | None,
+                    within: float) -> BooksRound:
+        """PostgreSQL (``q.one_round``): a daemon's bookkeeping round, one
+        statement when no run died (then one more per dead run)."""
+        params = {"id": host_id, "hostname": hostname, "pid": pid, "version": version,
+                  "offset": clock_offset, "running": running, "jobs": jobs, "within": within}
+
+        def go(cur: Any) -> BooksRound:
+            wall0, mono0 = time.time(), time.monotonic()
+            db, live, differing, requested, dead = self.x.send(
+                cur, self.q.books_round, params).fetchone()
+            wall1, mono1 = time.time(), time.monotonic()
+            db = float(db)
+            sample = ClockSample(db_now=db, offset=db - (wall0 + wall1) / 2,
+                                 mono_offset=db - (mono0 + mono1) / 2, rtt=mono1 - mono0)
+            return BooksRound(sample, int(live),
+                              [(str(h), None if j is None else str(j)) for h, j in differing or []],
+                              [str(n) for n in requested or []],
+                              self._mark_lost(cur, dead or []))
 
         return self.x.run(go)
+
+    def request_run(self, name: str) -> None:
+        """File a run-now request (and announce it, on PostgreSQL)."""
+        params = {"name": name, "channel": self.q.channel}
+        self.x.run(lambda cur: self.x.send(cur, self.q.request_run, params))
 
     def prune_runs(self, job: str, keep: int) -> int:
         """Delete all but the newest ``keep`` runs of ``job``."""

@@ -67,11 +67,18 @@ class Queries:
     arrays = True  # psycopg binds a list as an array
     skip_locked = " FOR UPDATE SKIP LOCKED"
     insert_ignore = ("INSERT INTO", " ON CONFLICT DO NOTHING")
+    #: A bookkeeping round is one statement (:attr:`books_round`), and run-now
+    #: requests are announced (NOTIFY on :attr:`channel`); else the round's
+    #: statements go one by one and daemons poll for requests.
+    one_round = True
 
     def __init__(self, prefix: str) -> None:
-        self.locks, self.runs, self.items, self.meta = (
-            self.quote(f"{prefix}{table}") for table in ("locks", "runs", "items", "meta"))
+        self.locks, self.runs, self.items, self.meta, self.hosts = (
+            self.quote(f"{prefix}{table}")
+            for table in ("locks", "runs", "items", "meta", "hosts"))
         self.now = NOW[self.dialect]
+        #: Where ``dblockrun run`` announces a request (PostgreSQL; payload: the job).
+        self.channel = f"{prefix}run"
 
     # -- spelling -------------------------------------------------------------
 
@@ -467,6 +474,46 @@ class Queries:
         return f"DELETE FROM {runs} WHERE {runs}.job = {p('job')} AND {runs}.id <= {p('cutoff')}"
 
     @cached_property
+    def request_run(self) -> str:
+        """File a run-now request and, on PostgreSQL, announce it (``NOTIFY``
+        on :attr:`channel`, delivered when the statement commits): one statement."""
+        locks, p = self.locks, self.p
+        update = (f"UPDATE {locks} SET run_requested = {self.now} "
+                  f"WHERE {locks}.name = {p('name')}")
+        if not self.one_round:  # MySQL, SQLite: the daemons poll
+            return update
+        return (f"WITH r AS ({update} RETURNING {locks}.name) "
+                f"SELECT pg_notify({p('channel')}, r.name) FROM r")
+
+    @cached_property
+    def books_round(self) -> str:
+        """A daemon's idle bookkeeping round in one statement: this host's
+        row written (inserted the first time), and read back in one row: the
+        database time, how many other hosts are live, the other live hosts
+        whose definitions differ from this one's (JSON ``[[id, jobs]...]``),
+        the jobs with a run-now request (JSON names) and the dead runs (JSON
+        rows of :attr:`lost_runs`). Reads all run on the snapshot before the
+        write, so this host is counted apart."""
+        hosts, locks, p, now = self.hosts, self.locks, self.p, self.now
+        others = (f"FROM {hosts} h WHERE h.id <> {p('id')} "
+                  f"AND h.last_seen >= {now} - {p('within')}")
+        return (f"WITH me AS (INSERT INTO {hosts} (id, hostname, pid, version, started, "
+                f"last_seen, clock_offset, running, jobs) VALUES ({p('id')}, {p('hostname')}, "
+                f"{p('pid')}, {p('version')}, {now}, {now}, {p('offset')}, {p('running')}, "
+                f"{p('jobs')}) ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen, "
+                "clock_offset = EXCLUDED.clock_offset, running = EXCLUDED.running, "
+                "jobs = EXCLUDED.jobs RETURNING last_seen) "
+                f"SELECT (SELECT last_seen FROM me), (SELECT count(*) {others}), "
+                f"(SELECT json_agg(json_build_array(h.id, h.jobs) ORDER BY h.hostname, h.id) "
+                f"{others} "
+                f"AND h.jobs IS DISTINCT FROM {p('jobs')}), "
+                f"(SELECT json_agg({locks}.name) FROM {locks} "
+                f"WHERE {locks}.run_requested IS NOT NULL), "
+                "(SELECT json_agg(json_build_array(d.id, d.job, d.item, d.host, d.token, "
+                f"d.lock_until, d.ended, d.slot)) FROM ({self.lost_runs}) "
+                "AS d(id, job, item, host, token, lock_until, ended, slot))")
+
+    @cached_property
     def clock(self) -> str:
         return f"SELECT {self.now}"
 
@@ -481,6 +528,7 @@ class MysqlQueries(Queries):
     double = "DOUBLE"
     arrays = False
     insert_ignore = ("INSERT IGNORE INTO", "")
+    one_round = False
 
     @staticmethod
     def quote(name: str) -> str:
@@ -537,6 +585,7 @@ class SqliteQueries(Queries):
     arrays = False
     skip_locked = ""
     insert_ignore = ("INSERT OR IGNORE INTO", "")
+    one_round = False
 
     @staticmethod
     def quote(name: str) -> str:

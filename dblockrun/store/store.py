@@ -20,7 +20,15 @@ from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
 from dblockrun.errors import DatabaseError
 from dblockrun.store import models as m
 from dblockrun.store.drivers import CONNECT_OPTIONS, Driver, db_error, sqlite_setup
-from dblockrun.store.engine import CLAIM_TOLERANCE, Claim, Claimed, LockEngine, on_engine, too_new
+from dblockrun.store.engine import (
+    CLAIM_TOLERANCE,
+    BooksRound,
+    Claim,
+    Claimed,
+    LockEngine,
+    on_engine,
+    too_new,
+)
 from dblockrun.store.executor import PooledExecutor
 from dblockrun.store.items import ItemStore
 from dblockrun.store.migrate import migrate
@@ -400,8 +408,7 @@ class Store:
 
     def request_run(self, name: str) -> None:
         self.ensure_jobs([name])
-        stmt = self._update_lock(name, run_requested=self.now)
-        self._run(lambda c: c.execute(stmt))
+        self.lock_engine().request_run(name)
 
     def requested(self) -> list[str]:
         """Jobs an operator asked to run now (one statement, whatever the job count)."""
@@ -423,6 +430,27 @@ class Store:
                                                    version=version, started=now, **values))
 
         self._run(go)
+
+    def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,
+                    clock_offset: float | None, running: int, jobs: str | None,
+                    within: float) -> BooksRound:
+        """A daemon's bookkeeping round: write its host row, sample the clock,
+        record dead runs lost, read the other live hosts and the run-now
+        requests. PostgreSQL: one statement (store/queries.py
+        ``books_round``); MySQL and SQLite: four, and no requests (their
+        daemons poll for them)."""
+        engine = self.lock_engine()
+        if engine.q.one_round:
+            return engine.books_round(host_id, hostname=hostname, pid=pid, version=version,
+                                      clock_offset=clock_offset, running=running, jobs=jobs,
+                                      within=within)
+        sample = self.clock_sample()
+        self.heartbeat_host(host_id, hostname=hostname, pid=pid, version=version,
+                            clock_offset=clock_offset, running=running, jobs=jobs)
+        lost = self.sweep_lost()
+        others = [h for h in self.hosts(seen_within=within) if h.id != host_id]
+        return BooksRound(sample, len(others), [(h.id, h.jobs) for h in others
+                                                if h.jobs != jobs], [], lost)
 
     def remove_host(self, host_id: str) -> None:
         hosts = self.t.hosts

@@ -1,0 +1,86 @@
+"""PostgreSQL: hear ``dblockrun run`` requests as they are filed.
+
+`dblockrun run JOB` files its request and sends ``NOTIFY`` in the same
+statement (store/queries.py ``request_run``). Each daemon on PostgreSQL
+keeps one connection of its own, in autocommit, that ``LISTEN``\\s on the
+table prefix's channel, so a request reaches every daemon within a round
+trip and an idle daemon sends no statement to look for requests. Each time
+it (re)connects it has the daemon read the requests filed meanwhile; while
+it cannot connect, the bookkeeping round (every 12 s by default) still
+hands the daemon the requests it reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from dblockrun.store import Store
+
+log = logging.getLogger("dblockrun")
+
+#: How long one wait for notifications lasts (a stop is seen within it).
+WAIT = 1.0
+
+
+class RequestListener:
+    """A thread that calls ``heard([job])`` for each request announced, and
+    ``heard(None)`` (read all requests) once listening, after each connect."""
+
+    def __init__(self, store: Store, heard: Callable[[list[str] | None], None],
+                 retry: float) -> None:
+        self.store = store
+        self.heard = heard
+        self.retry = retry
+        self.channel = store.lock.q.channel
+        self._stop = threading.Event()
+        self._conn: Any = None
+        self._thread = threading.Thread(target=self._loop, name="run-requests", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * WAIT + 5)
+
+    def _loop(self) -> None:
+        failed = False
+        while not self._stop.is_set():
+            try:
+                self._listen()
+                failed = False
+            except Exception as exc:  # the driver's errors, a dead connection
+                if not failed:
+                    log.warning("run requests: not listening (%s); requests are read "
+                                "every bookkeeping round until it reconnects",
+                                str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
+                failed = True
+            finally:
+                self._close()
+            self._stop.wait(self.retry)
+
+    def _listen(self) -> None:
+        pooled = self.store.engine.raw_connection()
+        conn: Any = pooled.driver_connection
+        self._conn = conn
+        pooled.detach()  # ours for good: closed here, not returned to the pool
+        # The prefix is letters, digits and _ (validated): a quoted identifier.
+        conn.execute(f'LISTEN "{self.channel}"')
+        log.debug("run requests: listening on %s", self.channel)
+        self.heard(None)
+        while not self._stop.is_set():
+            for note in conn.notifies(timeout=WAIT):
+                if note.channel == self.channel and note.payload:
+                    self.heard([note.payload])
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # already dead
+                pass
