@@ -29,7 +29,7 @@ from common import MY_DB, MY_HOST, MY_PORT, MY_USER, PG_DSN, URLS, Table, bench_
 from dblockrun.store import Store
 from dblockrun.store import models as m
 
-TARGET_RATIO = 0.70
+TARGET_RATIO = 0.80
 
 
 def loop_rate(fn: Callable[[], None], seconds: float, start_at: float) -> float:
