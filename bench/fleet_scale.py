@@ -136,7 +136,7 @@ def measure(hosts: int, jobs: int, seconds: float, settle: float) -> Result:
         return Result(
             hosts, jobs, (q1 - q0) * scale,
             sum(c - db0.get(pid, 0.0) for pid, c in db1.items()) * scale,
-            starts * scale, stats.ms(50), stats.ms(99), duplicates,
+            starts * scale, stats.ms(0.5), stats.ms(0.99), duplicates,
             (sum(cpu1) - sum(cpu0)) * scale)
 
 
