@@ -99,6 +99,10 @@ class FleetBooks:
         """One round: host row, clock sample, lost runs, live hosts, drift,
         run-now requests (one statement on PostgreSQL when idle)."""
         mine, mine_json = self._definitions()
+        if not self.clock.known:
+            # The first round writes the host row with the offset known before
+            # it: sample once first, or `status` shows none until the next round.
+            self.clock.add(self.store.clock_sample())
         done = self.store.books_round(
             self.holder,
             hostname=socket.gethostname(),
