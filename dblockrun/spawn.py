@@ -117,12 +117,6 @@ class Spawned:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def stop(self, grace: float) -> None:
-        """SIGTERM the group, SIGKILL it after ``grace`` or once the command ended."""
-        self.signal(signal.SIGTERM)
-        self.wait(grace)
-        self.kill()
-
     def kill(self) -> None:
         """SIGKILL the group and wait for the command's end."""
         self.signal(signal.SIGKILL)
