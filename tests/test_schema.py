@@ -85,8 +85,8 @@ def test_a_version_2_schema_becomes_the_current_one(store: Store) -> None:
         conn.execute(meta.update().values(value="2"))
     with Store(store.url, store.prefix) as again:
         assert again.schema_version() == 2
-        assert again.ensure_schema() == SCHEMA_VERSION == 3
-        assert again.schema_version() == 3
+        assert again.ensure_schema() == SCHEMA_VERSION
+        assert again.schema_version() == SCHEMA_VERSION
 
 
 # -- MariaDB ------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def test_mariadb_version_2_is_converted_in_place(maria: Store) -> None:
                    f"INSERT INTO `{p}hosts` VALUES ('web1:7:aa', 'web1', 7, 'v', 1, 2, 0, 0, NULL)")
     assert set(collations(maria).values()) == {"utf8mb4_general_ci"}  # as version 2 left them
 
-    assert maria.ensure_schema() == 3
+    assert maria.ensure_schema() == SCHEMA_VERSION
     assert set(collations(maria).values()) == {"utf8mb4_nopad_bin"}
     # The rows are kept, and the names now compare exactly.
     backup = maria.lock_state("Backup")
@@ -149,7 +149,7 @@ def test_mariadb_version_2_is_converted_in_place(maria: Store) -> None:
     assert [h.id for h in maria.hosts()] == ["web1:7:aa"]
     # A second run finds nothing to do.
     with Store(maria.url, maria.prefix) as again:
-        assert again.ensure_schema() == 3
+        assert again.ensure_schema() == SCHEMA_VERSION
 
 
 COLLIDING = {
@@ -194,7 +194,7 @@ def test_mariadb_refusal_from_the_command_line_and_its_way_out(maria: Store) -> 
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr
     assert "jobs 'Backup' and 'backup' differ only in case or trailing spaces" in lines[0]
-    assert "version 3" in lines[0] and "dblockrun init-db" in lines[0]
+    assert f"version {SCHEMA_VERSION}" in lines[0] and "dblockrun init-db" in lines[0]
     # The way out the README gives: keep one name, delete the other's rows.
     with maria.engine.connect() as conn:
         for table, column in (("runs", "job"), ("items", "job"), ("locks", "name")):
@@ -202,7 +202,7 @@ def test_mariadb_refusal_from_the_command_line_and_its_way_out(maria: Store) -> 
                                  f"WHERE CAST({column} AS BINARY) = 'backup'")
     done = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("schema version 3 ready in ")
+    assert done.stdout.startswith(f"schema version {SCHEMA_VERSION} ready in ")
     assert [r.job for r in maria.history()] == ["Backup"]
 
 

@@ -23,7 +23,9 @@ from functools import cached_property
 
 from dblockrun.store.models import RUNNING
 
-SCHEMA_VERSION = 3  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL)
+SCHEMA_VERSION = 4  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+#                    4: the fleet features (labels, limits, kill, pause, audit): new
+#                       nullable columns and tables, added by store/migrate.py
 
 #: The database clock in epoch seconds, read per statement.
 NOW = {
