@@ -97,8 +97,8 @@ class _Loader(yaml.SafeLoader):
                     key_node.start_mark,
                 ) from None
             line = key_node.start_mark.line + 1
-            if key is True and key_node.value == "on":
-                key = "on"  # a key `on:` (every-host jobs) is the word, not YAML 1.1's true
+            if key is True and key_node.value.lower() == "on":
+                key = key_node.value  # a key `on:` (every-host jobs): the word, not YAML's true
             if id(key_node) in own:
                 if key in seen:
                     data.duplicates.append((key, line))

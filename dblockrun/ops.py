@@ -107,18 +107,32 @@ def request_runs(store: Store, job: str,
     did in time) per lock row asked to run; None with no ``wait``. An
     every-host job: its row on every live host (dblockrun/targeting.py), each
     run there; else :func:`request_run`."""
+    from dblockrun.store.status import LIVE_WITHIN
+    from dblockrun.targeting import (
+        HOSTNAME,
+        describe,
+        loads_labels,
+        loads_targets,
+        matches,
+        row_name,
+    )
+
+    hosts = store.hosts(LIVE_WITHIN)
+    for host in hosts:  # the job's run-on, as the live hosts' files have it
+        run_on, _every = loads_targets(host.targets).get(job, ((), False))
+        if run_on and not any(matches(loads_labels(h.labels), run_on) for h in hosts):
+            raise UsageError(f"no live host matches run-on {describe(run_on)} of {job}: "
+                             "no daemon would run it")
     rows = store.with_every_host([job])[1:]
     if not rows:
         run = request_run(store, job, wait)
         return None if run is None else [(job, run)]
-    from dblockrun.store.status import LIVE_WITHIN
-    from dblockrun.targeting import HOSTNAME, loads_labels, row_name
 
     base = store.lock_state(job)
     if base is not None and base.disabled_until is not None and (
             base.disabled_until > store.db_now()):
         raise UsageError(f"{job} is disabled; `dblockrun enable {job}` first")
-    live = {loads_labels(h.labels).get(HOSTNAME) for h in store.hosts(LIVE_WITHIN)}
+    live = {loads_labels(h.labels).get(HOSTNAME) for h in hosts}
     rows = [row for row in rows if any(row == row_name(job, h) for h in live if h)]
     if not rows:
         raise DblockrunError(f"{job} runs on every host, and no live host has run it "

@@ -42,7 +42,7 @@ DISABLED = "disabled"
 NO_LIVE_DAEMON = "no live daemon"
 NOT_ON_LIVE_DAEMON = "no live daemon has this job"
 #: An every-host job's own row: its runs are its hosts' rows (dblockrun/targeting.py).
-EVERY_HOST = "on every host: rows JOB@HOST"
+EVERY_HOST = "on every host: rows {job}@HOST"
 
 
 _P = ParamSpec("_P")
@@ -208,7 +208,7 @@ def job_view(s: JobStatus, fleet: Fleet) -> JobView:
     elif (nowhere := fleet.unmatched(s.lock.name)) is not None:
         note = nowhere
     elif spec is not None and spec[1]:
-        note = EVERY_HOST
+        note = EVERY_HOST.format(job=s.lock.name)
     elif s.lock.next_due is not None:
         if not fleet.hosts:
             note = NO_LIVE_DAEMON
