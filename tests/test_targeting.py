@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -159,7 +160,7 @@ def test_bad_dblockrun_labels_is_a_usage_error(tmp_path: Path) -> None:
 NOW = 1795384397.0
 
 
-def _host(host_id: str, labels: dict[str, str], targets: dict[str, object]) -> HostStatus:
+def _host(host_id: str, labels: dict[str, str], targets: Mapping[str, object]) -> HostStatus:
     return HostStatus(id=host_id, hostname="vm", pid=1, version="0.1.0", started=NOW - 60,
                       last_seen=NOW - 1, clock_offset=0.0, running=0, jobs=json.dumps({}),
                       labels=json.dumps(labels), targets=json.dumps(targets))
