@@ -347,3 +347,28 @@ def test_reload_warns_of_a_job_no_live_host_matches(sqlite_db: TestDb, tmp_path:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def test_labels_cost_no_statement_in_the_bookkeeping_round(store: Store) -> None:
+    """The labels and targeting go with the host row: a round sends as many
+    statements with them as without (one on PostgreSQL)."""
+
+    def round_(host: str, labels: str | None, targets: str | None) -> int:
+        before = store.statements
+        store.books_round(host, hostname="vm", pid=1, version="0.1.0", clock_offset=0.0,
+                          running=0, jobs="{}", within=3.0, labels=labels, targets=targets)
+        return store.statements - before
+
+    labels = json.dumps({"hostname": "alpha", "role": "db"})
+    targets = json.dumps({"j": {"run_on": {"role": ["db"]}, "every_host": False}})
+    for host in ("plain:1:a", "labelled:2:b"):  # the first round inserts the row
+        round_(host, None, None)
+    plain = round_("plain:1:a", None, None)
+    labelled = round_("labelled:2:b", labels, targets)
+    assert labelled == plain, (plain, labelled)
+    if store.dialect.name == "postgresql":
+        assert labelled == 1
+    row = {h.id: h for h in store.hosts()}["labelled:2:b"]
+    assert json.loads(row.labels or "") == {"hostname": "alpha", "role": "db"}
+    assert json.loads(row.targets or "") == {"j": {"run_on": {"role": ["db"]},
+                                                   "every_host": False}}
