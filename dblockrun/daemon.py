@@ -611,7 +611,7 @@ class Daemon:
             new = load_jobs(self.jobs.path)
         except ConfigError as exc:
             log.error("reload failed, keeping the %d jobs loaded before: %s",
-                      len(self.jobs.jobs), exc.message)
+                      len(self.file.jobs), exc.message)
             return
         self._load(new)
         try:
