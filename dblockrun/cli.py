@@ -92,10 +92,14 @@ MAX_NAME = 200
 MAX_REASON = 1000
 
 
-def _check_name(name: str, what: str = "job name") -> str:
-    from dblockrun.jobs import JOB_NAME
+def _check_name(name: str, what: str = "job name", *, host_row: bool = False) -> str:
+    """``host_row``: an every-host job's row on one host, ``JOB@HOST``, is
+    also a name (operator commands; not ``exec``)."""
+    from dblockrun.jobs import EVERY_HOST_SEP, JOB_NAME
 
-    if not JOB_NAME.fullmatch(name) or len(name) > MAX_NAME:
+    job, sep, host = name.partition(EVERY_HOST_SEP)
+    checked = job if host_row and sep and JOB_NAME.fullmatch(host) else name
+    if not JOB_NAME.fullmatch(checked) or len(checked) > MAX_NAME:
         raise UsageError(f"bad {what} {name[:60]!r}: use letters, digits, '.', '_' and '-' "
                          f"(at most {MAX_NAME})")
     return name
@@ -248,22 +252,33 @@ def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | Non
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one object per line.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logs.")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+              help="A label of this host, for run-on: (repeatable; added to DBLOCKRUN_LABELS "
+                   "and the built-in hostname, which --label hostname=NAME replaces).")
 @global_options()
 @handle_errors
 def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
-           metrics_addr: str | None, log_format: str, verbose: bool) -> None:
+           metrics_addr: str | None, log_format: str, verbose: bool,
+           labels: tuple[str, ...]) -> None:
     """Run the scheduler on FILE (SIGHUP reloads it, SIGTERM stops).
 
     FILE defaults to -f, then DBLOCKRUN_JOBS, then /etc/dblockrun/jobs.yaml."""
+    import os
     import signal
     import threading
 
     from dblockrun.daemon import Daemon, DaemonOptions
     from dblockrun.ops import Access
+    from dblockrun.targeting import LABELS_ENV, host_labels
 
     g = _globals()
+    try:
+        host = host_labels(labels, os.environ.get(LABELS_ENV))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     _setup_logging(logging.DEBUG if g.debug or verbose else logging.INFO, log_format)
     options = DaemonOptions(
+        labels=tuple(sorted(host.items())),
         heartbeat=_duration(heartbeat, "--heartbeat"),
         lease=_duration(lease, "--lease"),
         grace=_duration(grace, "--grace", zero_ok=True),
@@ -310,7 +325,8 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
 
     within = _duration(live_within, "--live-within") or 0.0
     with _open(Access.READ, _jobs_for_db()) as store:
-        got = report(store, list(jobs) or None, within)
+        # An every-host job: its own row and every host's (JOB@HOST).
+        got = report(store, store.with_every_host(list(jobs)) or None, within)
         missing = sorted(set(jobs) - {r.lock.name for r in got.jobs})
         if missing:
             raise no_such_job(store, missing)
@@ -340,7 +356,7 @@ def disable(job: str, for_: str | None, until: str | None, reason: str | None,
 
     if for_ and until:
         raise UsageError("give --for or --until, not both")
-    _check_name(job)
+    _check_name(job, host_row=True)
     if reason is not None and len(reason) > MAX_REASON:
         raise UsageError(f"--reason is {len(reason)} characters long (at most {MAX_REASON})")
     seconds = None if for_ is None else _duration(for_, "--for")
@@ -374,7 +390,7 @@ def enable(job: str) -> None:
     """Clear a `disable` of JOB."""
     from dblockrun.ops import Access, no_such_job
 
-    _check_name(job)
+    _check_name(job, host_row=True)
     with _open(Access.WRITE, _jobs_for_db()) as store:
         if not store.enable(job):
             raise no_such_job(store, [job])
@@ -393,7 +409,7 @@ def unlock(job: str) -> None:
     next heartbeat."""
     from dblockrun.ops import Access, no_such_job
 
-    _check_name(job)
+    _check_name(job, host_row=True)
     with _open(Access.WRITE, _jobs_for_db()) as store:
         token = store.force_unlock(job)
         if token is None:
@@ -538,9 +554,9 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None,
 def run_(job: str, timeout: str, no_wait: bool) -> None:
     """Ask the fleet to run JOB now: some daemon that has it claims it, under
     the same lock, within about a second."""
-    from dblockrun.ops import Access, request_run
+    from dblockrun.ops import Access, request_runs
 
-    _check_name(job)
+    _check_name(job, host_row=True)
     wait = None if no_wait else _duration(timeout, "--timeout")
     jobs = _jobs_for_db(always=True)
     defined = jobs.job(job) if jobs is not None else None
@@ -549,12 +565,19 @@ def run_(job: str, timeout: str, no_wait: bool) -> None:
         raise UsageError(f"{job} has `enabled: false` in {jobs.path}: no daemon with that "
                          "file runs it")
     with _open(Access.WRITE, jobs) as store:
-        run = request_run(store, job, wait)
+        runs = request_runs(store, job, wait)
         where = _where(store)
-    if run is None:
+    if runs is None:
         click.echo(f"{job}: run requested in {where}")
-    else:
-        click.echo(f"{job}: run {run.id} started on {run.host} (token {run.token}) in {where}")
+        return
+    for row, run in runs:  # an every-host job: a line per host
+        if run is not None:
+            click.echo(f"{row}: run {run.id} started on {run.host} (token {run.token}) "
+                       f"in {where}")
+    late = [row for row, run in runs if run is None]
+    if late:
+        raise DblockrunError(f"no daemon started {', '.join(late)} within {wait:g}s; the "
+                             "request stays filed")
 
 
 @cli.command(name="import-crontab")

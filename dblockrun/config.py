@@ -7,7 +7,7 @@ Every problem is a :class:`~dblockrun.errors.ConfigError` rendered as
 ``defaults`` are merged under each job key by key, except ``env``, which is
 merged variable by variable. A ``null`` value unsets an optional key (``cron``,
 ``rate``, ``workdir``, ``starting-deadline``, ``items``, ``items-command``,
-``on-failure``) that ``defaults`` set.
+``on-failure``, ``run-on``) that ``defaults`` set.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import yaml
 
 from dblockrun.durations import format_duration, parse_duration
 from dblockrun.errors import ConfigError
-from dblockrun.jobs import JOB_NAME, Command, Job, JobsFile, OnFailure
+from dblockrun.jobs import JOB_NAME, Command, Job, JobsFile, OnFailure, RunOn
 from dblockrun.schedule import validate_cron, validate_timezone
+from dblockrun.targeting import check_word
 
 TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs")
 MAX_JOB_NAME = 200
@@ -96,6 +97,8 @@ class _Loader(yaml.SafeLoader):
                     key_node.start_mark,
                 ) from None
             line = key_node.start_mark.line + 1
+            if key is True and key_node.value.lower() == "on":
+                key = key_node.value  # a key `on:` (every-host jobs): the word, not YAML's true
             if id(key_node) in own:
                 if key in seen:
                     data.duplicates.append((key, line))
@@ -366,6 +369,45 @@ def _on_failure(value: Any) -> OnFailure:
     return OnFailure(**parsed)
 
 
+def _label_word(value: Any, what: str) -> str:
+    text = _word(value, what)
+    try:
+        return check_word(text, what)
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+
+
+def _run_on(value: Any) -> RunOn:
+    mapping = _mapping(value)
+    if not mapping:
+        raise _Invalid("must name at least one label, e.g. run-on: {role: db}")
+    pairs: list[tuple[str, tuple[str, ...]]] = []
+    for key, raw in mapping.items():
+        line = mapping.lines[key]
+        try:
+            name = _label_word(key, "the label name")
+            values = raw if isinstance(raw, list) else [raw]
+            if not values:
+                raise _Invalid("must list at least one value")
+            words = tuple(sorted({_label_word(v, "each value") for v in values}))
+        except _Invalid as exc:
+            raise _Invalid(exc.why, line=line, key=str(key)) from None
+        pairs.append((name, words))
+    return tuple(sorted(pairs))
+
+
+#: ``on:``: which hosts run each slot.
+ON_VALUES = ("one-host", "every-host")
+
+
+def _on(value: Any) -> bool:
+    """True for ``every-host``."""
+    if value not in ON_VALUES:
+        raise _Invalid(f"must be every-host (each matching host runs each slot) or one-host "
+                       f"(the default), got {_kind(value)}")
+    return bool(value == "every-host")
+
+
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``parse``, with ``null`` meaning unset."""
 
@@ -408,6 +450,8 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "batch": ("batch", _required(lambda v: _integer(v, 1))),
     "history-limit": ("history_limit", _required(lambda v: _integer(v, 1))),
     "user": ("user", _optional(_user)),
+    "run-on": ("run_on", lambda v: () if v is None else _run_on(v)),
+    "on": ("every_host", _required(_on)),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 
@@ -553,6 +597,10 @@ class _Parser:
         if value("items") is not None and value("items-command") is not None:
             why = "cannot be used together with items (use one)"
             raise self.error(why, keys["items-command"][1], name, "items-command")
+        if value("on") and (value("items") is not None or value("items-command") is not None):
+            why = ("every-host cannot be used with items or items-command (fan-out spreads "
+                   "items over the hosts; every-host runs the whole job on each)")
+            raise self.error(why, keys["on"][1], name, "on")
         job = Job(
             name=name,
             line=line,

@@ -3,9 +3,11 @@ claim it, run the command under a renewed lease, record the run."""
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import resource
+import socket
 import threading
 import time
 from collections import deque
@@ -30,6 +32,15 @@ from dblockrun.schedule import next_slot_at
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.engine import CLAIM_TOLERANCE
+from dblockrun.targeting import (
+    HOSTNAME,
+    describe,
+    every_host_rows,
+    loads_labels,
+    local_jobs,
+    targets_json,
+    unmatched,
+)
 from dblockrun.wakeup import Wakeup
 
 log = logging.getLogger("dblockrun")
@@ -50,6 +61,9 @@ class DaemonOptions:
     request_poll: float = 1.0
     #: Serve Prometheus metrics and /healthz on [HOST:]PORT.
     metrics_addr: str | None = None
+    #: This host's labels (``--label``, ``DBLOCKRUN_LABELS``); ``hostname``
+    #: defaults to this machine's (dblockrun/targeting.py).
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 def _raise_open_files_limit() -> None:
@@ -78,9 +92,12 @@ class Daemon:
         stop: threading.Event | None = None,
         holder: str | None = None,
     ) -> None:
-        self.jobs = jobs
         self.store = store
         self.options = options
+        #: This host's labels; ``self.jobs`` is the part of ``self.file`` it runs.
+        self.labels = {HOSTNAME: socket.gethostname(), **dict(options.labels)}
+        self._labels_json = json.dumps(self.labels, sort_keys=True)
+        self._load(jobs)
         self.stop = stop or threading.Event()
         self.holder = holder or new_holder_id()
         self.clock = DbClock()
@@ -112,7 +129,8 @@ class Daemon:
         #: Host row, clock samples, lost runs, drift: on their own timer.
         self.books = FleetBooks(store, self.holder, options.heartbeat, self.clock, self.outage,
                                 self.metrics, lambda: self.jobs, self._running_count,
-                                self._hear if self._announced else None)
+                                self._hear if self._announced else None,
+                                labels=self._labels_json, targets=lambda: self._targets)
         self.ctx = RunContext(
             store=store,
             holder=self.holder,
@@ -168,12 +186,16 @@ class Daemon:
     def run(self) -> None:
         from dblockrun.dburl import describe  # (issue 11 item 24: no repr, no "1 jobs")
 
-        count = len(self.jobs.jobs)
+        count = len(self.file.jobs)
         log.info(
             "daemon %s starting: %d %s from %s, database %s",
             self.holder, count, "job" if count == 1 else "jobs", self.jobs.path,
             describe(self.store.url, self.store.prefix),
         )
+        if len(self.labels) > 1 or self._targets is not None:
+            log.info("labels %s: %d of the %d jobs run on this host",
+                     " ".join(f"{k}={v}" for k, v in sorted(self.labels.items())),
+                     len(self.jobs.jobs), count)
         _raise_open_files_limit()
         # Every command is started by the spawn service, started now, before
         # this process has a thread of its own (nothing forks the daemon).
@@ -222,13 +244,38 @@ class Daemon:
         finally:
             self._shutdown()
 
+    def _load(self, file: JobsFile) -> None:
+        """Take ``file`` (at start, or reloaded): this host runs the jobs
+        whose ``run-on`` its labels match (dblockrun/targeting.py)."""
+        self.file = file
+        self.jobs = local_jobs(file, self.labels)
+        self._targets = targets_json(file)
+
+    def _ensure_rows(self) -> None:
+        """The lock rows of the file's jobs (a targeted job's too, so status
+        shows it unmatched), and this host's rows of its every-host jobs."""
+        self.store.ensure_jobs(j.name for j in self.file.jobs)
+        self.store.ensure_every_host(every_host_rows(self.jobs))
+
+    def _warn_unmatched(self) -> None:
+        """A warning for each job of the file no live host's labels match."""
+        if not any(j.run_on for j in self.file.jobs):
+            return  # no statement for files without run-on
+        live = [loads_labels(h.labels) for h in self.store.hosts(3 * self.options.heartbeat)
+                if h.id != self.holder]
+        for job in unmatched(self.file, [*live, self.labels]):
+            log.warning("job %s: no live host matches run-on %s (this host: %s), so it runs "
+                        "nowhere", job.name, describe(job.run_on),
+                        " ".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
+
     def _startup(self) -> bool:
         while not self._stopping():
             try:
                 self.store.ensure_schema()
-                self.store.ensure_jobs(j.name for j in self.jobs.jobs)
+                self._ensure_rows()
                 self.books.report_bad_rows()
                 self.books.round()
+                self._warn_unmatched()
                 self._publish_next_due()
                 self.outage.ok()
                 return True
@@ -564,14 +611,15 @@ class Daemon:
             new = load_jobs(self.jobs.path)
         except ConfigError as exc:
             log.error("reload failed, keeping the %d jobs loaded before: %s",
-                      len(self.jobs.jobs), exc.message)
+                      len(self.file.jobs), exc.message)
             return
+        self._load(new)
         try:
-            self.store.ensure_jobs(j.name for j in new.jobs)
+            self._ensure_rows()
             self.books.report_bad_rows()
+            self._warn_unmatched()
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
-        self.jobs = new
         self._plan_all()
         try:
             self._publish_next_due()

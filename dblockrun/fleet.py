@@ -54,7 +54,9 @@ class FleetBooks:
     def __init__(self, store: Store, holder: str, heartbeat: float, clock: DbClock,
                  outage: Outage, metrics: Metrics, jobs: Callable[[], JobsFile],
                  running: Callable[[], int],
-                 requested: Callable[[list[str]], None] | None = None) -> None:
+                 requested: Callable[[list[str]], None] | None = None, *,
+                 labels: str | None = None,
+                 targets: Callable[[], str | None] | None = None) -> None:
         self.store = store
         self.holder = holder
         self.heartbeat = heartbeat
@@ -65,6 +67,10 @@ class FleetBooks:
         self._running = running
         #: Given the jobs with a run-now request, when a round read them.
         self._requested = requested
+        #: Published with the host row: this host's labels and its file's
+        #: targeting (JSON; dblockrun/targeting.py).
+        self._labels = labels
+        self._targets = targets
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
         self._drift_seen: set[tuple[str, str]] = set()
@@ -112,6 +118,8 @@ class FleetBooks:
             running=self._running(),
             jobs=mine_json,
             within=3 * self.heartbeat,
+            labels=self._labels,
+            targets=self._targets() if self._targets is not None else None,
         )
         self.clock.add(done.sample)
         self.live_hosts = 1 + done.live_others

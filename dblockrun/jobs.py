@@ -12,6 +12,13 @@ JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
 #: A command: a string runs through the job's shell (``sh -c``), a tuple is exec'd.
 Command = str | tuple[str, ...]
 
+#: ``run-on:``: label -> the values it accepts, sorted by label (dblockrun/targeting.py).
+RunOn = tuple[tuple[str, tuple[str, ...]], ...]
+
+#: Joins an every-host job's name and a host's name into its lock row's name
+#: (``rotate-logs@web-1``); job names cannot contain it.
+EVERY_HOST_SEP = "@"
+
 
 @dataclass(frozen=True)
 class OnFailure:
@@ -52,6 +59,10 @@ class Job:
     history_limit: int = 1000
     #: Run the command as this user (the daemon must be root); None: as the daemon.
     user: str | None = None
+    #: ``run-on:``: only hosts whose labels match claim it (empty: every host may).
+    run_on: RunOn = ()
+    #: ``on: every-host``: each matching host runs each slot, under its own lock row.
+    every_host: bool = False
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -59,12 +70,20 @@ class Job:
         """One row per work item (``items`` or ``items-command``)."""
         return self.items is not None or self.items_command is not None
 
+    @property
+    def file_name(self) -> str:
+        """The name in the jobs file (an every-host job's row adds ``@HOST``)."""
+        return self.name.split(EVERY_HOST_SEP, 1)[0]
+
     def definition_hash(self) -> str:
         """A short hash of everything that defines the job (not its line)."""
         data = asdict(self)
         data.pop("line")
         if data["user"] is None:
             del data["user"]  # hashes stay those of versions without `user:`
+        for key in ("run_on", "every_host"):  # ... and without targeting
+            if not data[key]:
+                del data[key]
         import hashlib  # here: exec never hashes, and starts faster without them
         import json
 

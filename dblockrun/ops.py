@@ -99,3 +99,58 @@ def request_run(store: Store, job: str, wait: float | None) -> RunRecord | None:
         f"no daemon started {job} within {wait:g}s; the request stays filed "
         "(is a daemon with this job enabled in its jobs file running?)"
     )
+
+
+def request_runs(store: Store, job: str,
+                 wait: float | None) -> list[tuple[str, RunRecord | None]] | None:
+    """``dblockrun run JOB``: (row, the run started for it, or None if none
+    did in time) per lock row asked to run; None with no ``wait``. An
+    every-host job: its row on every live host (dblockrun/targeting.py), each
+    run there; else :func:`request_run`."""
+    from dblockrun.store.status import LIVE_WITHIN
+    from dblockrun.targeting import (
+        HOSTNAME,
+        describe,
+        loads_labels,
+        loads_targets,
+        matches,
+        row_name,
+    )
+
+    hosts = store.hosts(LIVE_WITHIN)
+    for host in hosts:  # the job's run-on, as the live hosts' files have it
+        run_on, _every = loads_targets(host.targets).get(job, ((), False))
+        if run_on and not any(matches(loads_labels(h.labels), run_on) for h in hosts):
+            raise UsageError(f"no live host matches run-on {describe(run_on)} of {job}: "
+                             "no daemon would run it")
+    rows = store.with_every_host([job])[1:]
+    if not rows:
+        run = request_run(store, job, wait)
+        return None if run is None else [(job, run)]
+
+    base = store.lock_state(job)
+    if base is not None and base.disabled_until is not None and (
+            base.disabled_until > store.db_now()):
+        raise UsageError(f"{job} is disabled; `dblockrun enable {job}` first")
+    live = {loads_labels(h.labels).get(HOSTNAME) for h in hosts}
+    rows = [row for row in rows if any(row == row_name(job, h) for h in live if h)]
+    if not rows:
+        raise DblockrunError(f"{job} runs on every host, and no live host has run it "
+                             f"(no {job}@HOST row of a live host)")
+    before = {row: store.lock_state(row) for row in rows}
+    for row in rows:
+        store.request_run(row)
+    if wait is None:
+        return None
+    started: dict[str, RunRecord] = {}
+    deadline = time.monotonic() + wait
+    while len(started) < len(rows) and time.monotonic() < deadline:
+        for row in rows:
+            state, old = store.lock_state(row), before[row]
+            if row in started or state is None or old is None or state.token <= old.token:
+                continue
+            for run in store.history(row, 5):
+                if run.job == row and run.token == state.token:
+                    started[row] = run
+        time.sleep(0.1)
+    return [(row, started.get(row)) for row in rows]

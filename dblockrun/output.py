@@ -24,8 +24,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from dblockrun.durations import format_duration
+from dblockrun.jobs import EVERY_HOST_SEP, RunOn
 from dblockrun.store import FOREVER
 from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions
+from dblockrun.targeting import describe, loads_labels, loads_targets, matches
 
 if TYPE_CHECKING:
     from rich.box import Box
@@ -39,6 +41,8 @@ JSON_VERSION = 1
 DISABLED = "disabled"
 NO_LIVE_DAEMON = "no live daemon"
 NOT_ON_LIVE_DAEMON = "no live daemon has this job"
+#: An every-host job's own row: its runs are its hosts' rows (dblockrun/targeting.py).
+EVERY_HOST = "on every host: rows {job}@HOST"
 
 
 _P = ParamSpec("_P")
@@ -169,13 +173,42 @@ class Fleet:
         #: Job names some live daemon has; None if a host did not say.
         self.known: set[str] | None = (
             set(self.defs) if all(_jobs_known(h) for h in self.hosts) else None)
+        #: Each live host's labels, and the targeting of the jobs their files
+        #: have (the first host's, if they differ: drift warns of that).
+        self.labels = {h.id: loads_labels(h.labels) for h in self.hosts}
+        self.targets: dict[str, tuple[RunOn, bool]] = {}
+        for h in self.hosts:
+            for name, spec in loads_targets(h.targets).items():
+                self.targets.setdefault(name, spec)
+
+    def target(self, name: str) -> tuple[RunOn, bool] | None:
+        """The job's ``run-on`` and every-host, as live hosts' files say
+        (a row ``JOB@HOST``: its every-host job's); None: no targeting."""
+        if name in self.targets:
+            return self.targets[name]
+        spec = self.targets.get(name.split(EVERY_HOST_SEP, 1)[0])
+        return spec if spec is not None and spec[1] else None
+
+    def unmatched(self, name: str) -> str | None:
+        """Why the job runs nowhere: live hosts there are, none matching its run-on."""
+        spec = self.targets.get(name)
+        if not self.hosts or spec is None or not spec[0]:
+            return None
+        if any(matches(labels, spec[0]) for labels in self.labels.values()):
+            return None
+        return f"no live host matches run-on {describe(spec[0])}"
 
 
 def job_view(s: JobStatus, fleet: Fleet) -> JobView:
     held = s.lock.lock_until is not None and s.lock.lock_until > s.db_now
     note: str | None = None
+    spec = fleet.targets.get(s.lock.name)
     if s.state == "disabled":
         note = DISABLED
+    elif (nowhere := fleet.unmatched(s.lock.name)) is not None:
+        note = nowhere
+    elif spec is not None and spec[1]:
+        note = EVERY_HOST.format(job=s.lock.name)
     elif s.lock.next_due is not None:
         if not fleet.hosts:
             note = NO_LIVE_DAEMON
@@ -204,6 +237,9 @@ def warnings(jobs: Sequence[JobStatus], fleet: Fleet, live_within: float) -> lis
         if len(defs) > 1 and name in names:
             where = "; ".join(f"{d} on {', '.join(h)}" for d, h in sorted(defs.items()))
             out.append(f"job {name} is defined differently: {where}")
+    for name in sorted(names):
+        if (nowhere := fleet.unmatched(name)) is not None:
+            out.append(f"job {name}: {nowhere}, so it runs nowhere")
     return out
 
 
@@ -239,6 +275,7 @@ def host_json(h: HostStatus) -> dict[str, Any]:
         "last_seen": iso(h.last_seen),
         "clock_offset": h.clock_offset,
         "running": h.running,
+        "labels": loads_labels(h.labels) if h.labels is not None else None,
     }
 
 
@@ -266,6 +303,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             "items": s.items,
             "definitions": defs.get(s.lock.name, {}),
             "drift": len(defs.get(s.lock.name, {})) > 1,
+            **_target_json(fleet.target(s.lock.name)),
         })
     return dumps({
         "version": JSON_VERSION,
@@ -275,6 +313,12 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         "hosts": [host_json(h) for h in hosts],
         "warnings": warnings(jobs, fleet, live_within),
     })
+
+
+def _target_json(spec: tuple[RunOn, bool] | None) -> dict[str, Any]:
+    """A job's ``run_on`` ({label: [values]} or null) and ``every_host``."""
+    run_on, every = spec if spec is not None else ((), False)
+    return {"run_on": {k: list(v) for k, v in run_on} or None, "every_host": every}
 
 
 @_uncollected
@@ -555,6 +599,10 @@ def _last_run_cell(run: RunRecord | None, now: float) -> str:
     return f"{run.result}{code}{took}, {_short(run.started, now)} on {run.host}"
 
 
+def _labels_cell(labels: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+
+
 def _next_run_cell(v: JobView, now: float) -> str:
     if v.next_note is not None:
         return v.next_note
@@ -584,9 +632,13 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
     within = format_duration(live_within)
     if hosts:
         page.line(f"live hosts (a heartbeat in the last {within})")
-        page.table(("host", "pid", "version", "last seen", "clock offset", "running"),
+        # Labels (host targeting), once a host publishes them.
+        labelled = any(h.labels is not None for h in hosts)
+        page.table(("host", "pid", "version", "last seen", "clock offset", "running")
+                   + (("labels",) if labelled else ()),
                    [[h.id, str(h.pid), h.version, _short(h.last_seen, db_now),
-                     clock_offset(h.clock_offset), str(h.running)] for h in hosts],
+                     clock_offset(h.clock_offset), str(h.running)]
+                    + ([_labels_cell(fleet.labels[h.id])] if labelled else []) for h in hosts],
                    ("host", "pid", "version", "clock offset", "running"))
     else:
         page.line(f"live hosts (a heartbeat in the last {within}): none")

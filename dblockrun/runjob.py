@@ -72,7 +72,7 @@ def base_env(job: Job, environ: Mapping[str, str] | None = None) -> dict[str, st
     and ``DBLOCKRUN_JOB``."""
     env = dict(os.environ if environ is None else environ)
     env.update(dict(job.env))
-    env["DBLOCKRUN_JOB"] = job.name
+    env["DBLOCKRUN_JOB"] = job.file_name  # an every-host job: its name in the file
     return env
 
 

@@ -531,11 +531,13 @@ class LockEngine:
 
     def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,
                     clock_offset: float | None, running: int, jobs: str | None,
-                    within: float) -> BooksRound:
+                    within: float, labels: str | None = None,
+                    targets: str | None = None) -> BooksRound:
         """PostgreSQL (``q.one_round``): a daemon's bookkeeping round, one
         statement when no run died (then one more per dead run)."""
         params = {"id": host_id, "hostname": hostname, "pid": pid, "version": version,
-                  "offset": clock_offset, "running": running, "jobs": jobs, "within": within}
+                  "offset": clock_offset, "running": running, "jobs": jobs, "within": within,
+                  "labels": labels, "targets": targets}
 
         def go(cur: Any) -> BooksRound:
             wall0, mono0 = time.time(), time.monotonic()

@@ -13,6 +13,12 @@ collation already merged have history under both names and one token
 sequence; splitting them would restart one job's fencing tokens, so the
 migration refuses, naming them, until an operator keeps one name.
 SQLite and PostgreSQL always compared text byte for byte: nothing to do.
+
+Version 4: the fleet features' nullable columns and tables, added by
+:func:`_new_columns` and ``create_all``:
+
+- hosts ``labels`` and ``targets``: a daemon's labels and its jobs file's
+  ``run-on``/``every-host`` (JSON), written with its host row (host targeting).
 """
 
 from __future__ import annotations

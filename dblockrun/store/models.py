@@ -96,6 +96,9 @@ class HostStatus:
     clock_offset: float | None
     running: int
     jobs: str | None
+    #: Its labels and its file's targeting, JSON (dblockrun/targeting.py).
+    labels: str | None = None
+    targets: str | None = None
 
 
 #: Per record kind: its fields, each with the number type it holds (if any).

@@ -490,7 +490,8 @@ class Queries:
     @cached_property
     def books_round(self) -> str:
         """A daemon's idle bookkeeping round in one statement: this host's
-        row written (inserted the first time), and read back in one row: the
+        row written (inserted the first time; with its labels and targeting),
+        and read back in one row: the
         database time, how many other hosts are live, the other live hosts
         whose definitions differ from this one's (JSON ``[[id, jobs]...]``),
         the jobs with a run-now request (JSON names) and the dead runs (JSON
@@ -500,11 +501,13 @@ class Queries:
         others = (f"FROM {hosts} h WHERE h.id <> {p('id')} "
                   f"AND h.last_seen >= {now} - {p('within')}")
         return (f"WITH me AS (INSERT INTO {hosts} (id, hostname, pid, version, started, "
-                f"last_seen, clock_offset, running, jobs) VALUES ({p('id')}, {p('hostname')}, "
-                f"{p('pid')}, {p('version')}, {now}, {now}, {p('offset')}, {p('running')}, "
-                f"{p('jobs')}) ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen, "
+                f"last_seen, clock_offset, running, jobs, labels, targets) VALUES ({p('id')}, "
+                f"{p('hostname')}, {p('pid')}, {p('version')}, {now}, {now}, {p('offset')}, "
+                f"{p('running')}, {p('jobs')}, {p('labels')}, {p('targets')}) "
+                "ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen, "
                 "clock_offset = EXCLUDED.clock_offset, running = EXCLUDED.running, "
-                "jobs = EXCLUDED.jobs RETURNING last_seen) "
+                "jobs = EXCLUDED.jobs, labels = EXCLUDED.labels, targets = EXCLUDED.targets "
+                "RETURNING last_seen) "
                 f"SELECT (SELECT last_seen FROM me), (SELECT count(*) {others}), "
                 f"(SELECT json_agg(json_build_array(h.id, h.jobs) ORDER BY h.hostname, h.id) "
                 f"{others} "

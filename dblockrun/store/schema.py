@@ -151,6 +151,9 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("clock_offset", sa.Double()),
         sa.Column("running", sa.Integer(), nullable=False, default=0),
         sa.Column("jobs", _Text),
+        # Schema 4: the daemon's labels, and its file's run-on/every-host (JSON).
+        sa.Column("labels", _Text),
+        sa.Column("targets", _Text),
     )
     items = sa.Table(
         f"{prefix}items",

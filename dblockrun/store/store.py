@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
 from dblockrun.errors import DatabaseError
+from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.store import models as m
 from dblockrun.store.drivers import CONNECT_OPTIONS, Driver, db_error, sqlite_setup
 from dblockrun.store.engine import (
@@ -33,7 +34,7 @@ from dblockrun.store.executor import PooledExecutor
 from dblockrun.store.items import ItemStore
 from dblockrun.store.migrate import migrate
 from dblockrun.store.queries import NOW
-from dblockrun.store.schema import SCHEMA_VERSION, Tables, build_tables
+from dblockrun.store.schema import SCHEMA_VERSION, Name, Tables, build_tables
 
 T = TypeVar("T")
 
@@ -242,6 +243,45 @@ class Store:
 
         self._run(go)
 
+    def ensure_every_host(self, rows: Sequence[tuple[str, str]]) -> None:
+        """Make sure each every-host row (``JOB@HOST``, its job) has its lock
+        row; a new one starts disabled as its job's own row is (so ``disable
+        JOB`` holds for hosts that join later). The job's row must exist."""
+        if not rows:
+            return
+        locks = self.t.locks
+        base = locks.alias("job_row")
+
+        def go(conn: Connection) -> None:
+            have = set(self._names(conn, [row for row, _job in rows]))
+            for row, job in rows:
+                if row in have:
+                    continue
+                copy = sa.select(sa.literal(row, Name(255)), sa.literal(0, sa.BigInteger()),
+                                 base.c.disabled_until, base.c.disabled_reason
+                                 ).where(base.c.name == job)
+                conn.execute(self.dialect.insert_ignore(locks).from_select(
+                    ["name", "token", "disabled_until", "disabled_reason"], copy))
+
+        self._run(go)
+
+    def with_every_host(self, names: Sequence[str]) -> list[str]:
+        """``names``, each followed by its every-host rows (``NAME@HOST``) that
+        the database has: what ``status``, ``history``, ``disable`` and
+        ``enable`` of an every-host job act on. One statement."""
+        if not names:
+            return []
+        locks = self.t.locks
+        stmt = sa.select(locks.c.name).where(sa.or_(*(
+            locks.c.name.startswith(f"{n}{EVERY_HOST_SEP}", autoescape=True) for n in names)))
+        found = sorted(str(r[0]) for r in self._run(lambda c: c.execute(stmt).all()))
+        out: list[str] = []
+        for name in names:
+            out.append(name)
+            # Exact: SQLite's LIKE ignores case.
+            out.extend(row for row in found if row.startswith(f"{name}{EVERY_HOST_SEP}"))
+        return list(dict.fromkeys(out))
+
     def claim(self, name: str, holder: str, lease: float, *, slot: float | None = None,
               rate: float | None = None, next_due: float | None = None,
               slot_tolerance: float = CLAIM_TOLERANCE) -> int | None:
@@ -372,8 +412,8 @@ class Store:
                 item: str | None = None) -> list[m.RunRecord]:
         runs = self.t.runs
         stmt = self.shown_runs().order_by(runs.c.id.desc()).limit(limit)
-        if job is not None:
-            stmt = stmt.where(runs.c.job == job)
+        if job is not None:  # an every-host job: every host's runs
+            stmt = stmt.where(runs.c.job.in_(self.with_every_host([job])))
         if item is not None:
             stmt = stmt.where(runs.c.item == item)
         return self._run(lambda c: [m.from_row(m.RunRecord, r._mapping) for r in c.execute(stmt)])
@@ -387,13 +427,15 @@ class Store:
 
     def disable(self, name: str, *, for_seconds: float | None = None, until: float | None = None,
                 reason: str | None = None) -> float:
-        """Pause a job cluster-wide; returns the database time it ends."""
+        """Pause a job cluster-wide (an every-host job: on every host);
+        returns the database time it ends."""
         self.ensure_jobs([name])
         locks = self.t.locks
         end: Any = FOREVER if until is None else until
         if for_seconds is not None:
             end = self.now + for_seconds
-        stmt = self._update_lock(name, disabled_until=end, disabled_reason=reason)
+        stmt = locks.update().where(locks.c.name.in_(self.with_every_host([name]))).values(
+            disabled_until=end, disabled_reason=reason)
         read = sa.select(locks.c.disabled_until).where(locks.c.name == name)
 
         def go(conn: Connection) -> float:
@@ -403,8 +445,11 @@ class Store:
         return self._run(go)
 
     def enable(self, name: str) -> bool:
-        stmt = self._update_lock(name, disabled_until=None, disabled_reason=None)
-        return self._run(lambda c: c.execute(stmt).rowcount == 1)
+        """Clear a disable (an every-host job: on every host); False: no such job."""
+        locks = self.t.locks
+        stmt = locks.update().where(locks.c.name.in_(self.with_every_host([name]))).values(
+            disabled_until=None, disabled_reason=None)
+        return self._run(lambda c: c.execute(stmt).rowcount >= 1)
 
     def request_run(self, name: str) -> None:
         self.ensure_jobs([name])
@@ -419,9 +464,11 @@ class Store:
     # -- hosts --------------------------------------------------------------
 
     def heartbeat_host(self, host_id: str, *, hostname: str, pid: int, version: str,
-                       clock_offset: float | None, running: int, jobs: str | None) -> None:
+                       clock_offset: float | None, running: int, jobs: str | None,
+                       labels: str | None = None, targets: str | None = None) -> None:
         hosts, now = self.t.hosts, self.now
-        values = {"last_seen": now, "clock_offset": clock_offset, "running": running, "jobs": jobs}
+        values = {"last_seen": now, "clock_offset": clock_offset, "running": running, "jobs": jobs,
+                  "labels": labels, "targets": targets}
 
         def go(conn: Connection) -> None:
             res = conn.execute(hosts.update().where(hosts.c.id == host_id).values(**values))
@@ -433,8 +480,10 @@ class Store:
 
     def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,
                     clock_offset: float | None, running: int, jobs: str | None,
-                    within: float) -> BooksRound:
-        """A daemon's bookkeeping round: write its host row, sample the clock,
+                    within: float, labels: str | None = None,
+                    targets: str | None = None) -> BooksRound:
+        """A daemon's bookkeeping round: write its host row (with its labels
+        and targeting, dblockrun/targeting.py), sample the clock,
         record dead runs lost, read the other live hosts and the run-now
         requests. PostgreSQL: one statement (store/queries.py
         ``books_round``); MySQL and SQLite: four, and no requests (their
@@ -443,10 +492,11 @@ class Store:
         if engine.q.one_round:
             return engine.books_round(host_id, hostname=hostname, pid=pid, version=version,
                                       clock_offset=clock_offset, running=running, jobs=jobs,
-                                      within=within)
+                                      within=within, labels=labels, targets=targets)
         sample = self.clock_sample()
         self.heartbeat_host(host_id, hostname=hostname, pid=pid, version=version,
-                            clock_offset=clock_offset, running=running, jobs=jobs)
+                            clock_offset=clock_offset, running=running, jobs=jobs,
+                            labels=labels, targets=targets)
         lost = self.sweep_lost()
         others = [h for h in self.hosts(seen_within=within) if h.id != host_id]
         return BooksRound(sample, len(others), [(h.id, h.jobs) for h in others
