@@ -6,6 +6,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
+from dblockrun.secreturl import SecretUrl
+
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -22,6 +24,21 @@ class OnFailure:
     def wanted(self) -> bool:
         """Whether a failure has anything to do."""
         return bool(self.disable_for) or self.command is not None
+
+
+#: What ``notify: {on: [...]}`` may name, and what it is when left out.
+NOTIFY_EVENTS = ("failure", "recovery", "timeout", "missed")
+
+
+@dataclass(frozen=True)
+class Notify:
+    """``notify:``: apprise URLs, and the events sent to them."""
+
+    urls: tuple[SecretUrl, ...]
+    on: tuple[str, ...] = NOTIFY_EVENTS
+
+    def definition(self) -> dict[str, object]:
+        return {"urls": [url.definition() for url in self.urls], "on": list(self.on)}
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,9 @@ class Job:
     history_limit: int = 1000
     #: Run the command as this user (the daemon must be root); None: as the daemon.
     user: str | None = None
+    #: Notifications (apprise) and heartbeat pings (dblockrun/notify.py).
+    notify: Notify | None = None
+    ping: SecretUrl | None = None
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -65,6 +85,12 @@ class Job:
         data.pop("line")
         if data["user"] is None:
             del data["user"]  # hashes stay those of versions without `user:`
+        for key in ("notify", "ping"):  # the same; a secret's source, not its value
+            secret = getattr(self, key)
+            if secret is None:
+                del data[key]
+            else:
+                data[key] = secret.definition()
         import hashlib  # here: exec never hashes, and starts faster without them
         import json
 
