@@ -113,13 +113,14 @@ def _read(secret: SecretUrl, folder: str) -> str:
         if value is None:
             raise ValueError(f"environment variable {secret.ref} is not set")
         return value.strip()
+    path = os.path.join(folder, secret.ref)
     try:
-        with open(os.path.join(folder, secret.ref), encoding="utf-8") as stream:
+        with open(path, encoding="utf-8") as stream:
             first = stream.readline()
     except UnicodeDecodeError:
-        raise ValueError(f"file {secret.ref}: not UTF-8 text") from None
+        raise ValueError(f"file {path}: not UTF-8 text") from None
     except OSError as exc:
-        raise ValueError(f"cannot read file {secret.ref}: {exc.strerror or exc}") from None
+        raise ValueError(f"cannot read file {path}: {exc.strerror or exc}") from None
     return first.strip()
 
 
