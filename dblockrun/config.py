@@ -386,7 +386,7 @@ def _secret_url(value: Any, key: str, line: int = 0) -> SecretUrl:
             name = _string(ref, empty=False)
         except _Invalid as exc:
             raise _Invalid(f"{source}: {exc.why}", line=value.line) from None
-        if source == ENV and ("=" in name or not name.strip() == name):
+        if source == ENV and ("=" in name or name.strip() != name):
             raise _Invalid("env: must be a variable name", line=value.line)
         return SecretUrl(source, ref=name, line=value.line, key=key)
     kind = "a string" if isinstance(value, str) else _kind(value)

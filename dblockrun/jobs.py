@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from dblockrun.secreturl import SecretUrl
+if TYPE_CHECKING:  # exec loads this module, and starts faster without it
+    from dblockrun.secreturl import SecretUrl
 
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")

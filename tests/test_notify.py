@@ -52,7 +52,8 @@ class Hit:
 
 
 class Hooks:
-    """An HTTP server recording every request; paths under /broken answer 500."""
+    """An HTTP server recording every request; paths under /broken answer
+    500, under /slow after 3 s."""
 
     def __init__(self) -> None:
         self.hits: list[Hit] = []
@@ -66,6 +67,8 @@ class Hooks:
                 with hooks.lock:
                     hooks.hits.append(Hit(parts.path, parse_qs(parts.query), body))
                 code = 500 if parts.path.startswith("/broken") else 200
+                if parts.path.startswith("/slow"):
+                    time.sleep(3)
                 self.send_response(code)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
@@ -297,6 +300,24 @@ def test_failed_sends_change_nothing_for_the_runs_and_are_counted(
     ping_lines = [ln for ln in log.splitlines() if "job works: ping" in ln]
     assert len(ping_lines) == 1, log
     assert "ping start to http://127.0.0.1/… failed: [Errno 111] Connection refused" in log
+
+
+def test_a_slow_notification_service_delays_no_start(
+    store: Store, start: Callable[..., Daemon], hooks: Hooks
+) -> None:
+    d = start(f"jobs:\n  fails:\n    cron: {EVERY_SECOND}\n    command: 'exit 1'\n"
+              f"    notify:\n      urls: ['{hooks.url('json', '/slow/hook')}']\n"
+              f"    ping: '{hooks.url('http', '/slow/ping')}'\n")
+    d.wait(lambda: len(runs(store, "fails", m.FAILED)) >= 6, 30, "six failed runs")
+    failed = runs(store, "fails", m.FAILED)
+    # Each send takes 3 s and the runs come every second: the sender is far
+    # behind, the runs are not.
+    assert len(hooks.under("/slow")) < len(failed)
+    slots = [r.slot or 0.0 for r in failed]
+    assert slots == [slots[0] + i for i in range(len(failed))]  # every slot ran
+    late = [r.started - slot for r, slot in zip(failed, slots, strict=True)]
+    assert max(late) < 0.5, late
+    d.proc.kill()
 
 
 # -- pings --------------------------------------------------------------------------------
