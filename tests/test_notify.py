@@ -320,6 +320,27 @@ def test_a_slow_notification_service_delays_no_start(
     d.proc.kill()
 
 
+def test_a_reload_reads_the_urls_again_and_a_bad_one_keeps_the_old_jobs(
+    store: Store, start: Callable[..., Daemon], hooks: Hooks
+) -> None:
+    def jobs(url: str) -> str:
+        return (f"jobs:\n  fails:\n    cron: {EVERY_SECOND}\n    command: 'exit 1'\n"
+                f"    notify:\n      urls: [{url}]\n")
+
+    d = start(jobs(f"'{hooks.url('json', '/one')}'"))
+    d.wait(lambda: len(hooks.under("/one")) >= 1, 20, "a notification to /one")
+    d.jobs.write_text(jobs("{env: NOT_SET_ANYWHERE}"))
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait(lambda: "reload failed" in d.text(), 10, "the reload to fail")
+    assert ("notify.urls[0]: environment variable NOT_SET_ANYWHERE is not set" in d.text())
+    sent = len(hooks.under("/one"))
+    d.wait(lambda: len(hooks.under("/one")) > sent, 10, "the old URL still notified")
+    d.jobs.write_text(jobs(f"'{hooks.url('json', '/two')}'"))
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait(lambda: len(hooks.under("/two")) >= 1, 10, "a notification to the new URL")
+    assert d.stop() == 0
+
+
 # -- pings --------------------------------------------------------------------------------
 
 

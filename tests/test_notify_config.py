@@ -9,11 +9,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, dblockrun_cmd
+from helpers import clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.config import load_jobs_text
 from dblockrun.errors import ConfigError
 from dblockrun.jobs import NOTIFY_EVENTS
+from dblockrun.metrics import Metrics
 from dblockrun.pings import FAIL, START, SUCCESS, ping_url, run_uuid
 from dblockrun.secreturl import ENV, FILE, LITERAL, resolve_secrets, scrub, shown
 
@@ -209,3 +210,56 @@ def test_library_messages_are_scrubbed_of_the_url() -> None:
     message = f"Failed to send to https://hooks.example.com/path/{SECRET}: error=500"
     assert SECRET not in scrub(message, url)
     assert scrub(message, url).endswith("error=500")
+
+
+# -- the sender's queue ------------------------------------------------------------------
+
+
+def test_a_full_queue_drops_the_event_and_counts_it(caplog: pytest.LogCaptureFixture) -> None:
+    """The run lifecycle never waits for the sender: with its queue full, an
+    event is dropped, logged and counted, and the rest is still sent."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from dblockrun.jobs import Job
+    from dblockrun.notify import Notifier
+    from dblockrun.secreturl import SecretUrl
+
+    release, paths = threading.Event(), []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            paths.append(self.path)
+            release.wait(10)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/p"
+        job = Job(name="j", command="x", rate=60.0, ping=SecretUrl(LITERAL, value=url))
+        metrics = Metrics()
+        notifier = Notifier(None, "h:1:x", metrics, queue_size=1)
+        notifier.run_started(job, 1)  # taken by the sender, which waits for the server
+        wait_for(lambda: len(paths) == 1, 10, what="the first ping at the server")
+        notifier.run_started(job, 2)  # waits in the queue
+        notifier.run_started(job, 3)  # the queue is full: dropped
+        assert pings_counted(metrics, "dropped") == 1
+        assert "job j: ping start dropped: 1 notifications and pings are waiting" in caplog.text
+        release.set()
+        notifier.close(10)
+        assert [p.split("rid=")[1] for p in paths] == [run_uuid("j", 1), run_uuid("j", 2)]
+        assert pings_counted(metrics, "sent") == 2
+    finally:
+        release.set()
+        server.shutdown()
+
+
+def pings_counted(metrics: Metrics, outcome: str) -> float | None:
+    labels = {"job": "j", "signal": "start", "outcome": outcome}
+    return metrics.registry.get_sample_value("dblockrun_pings_total", labels)
