@@ -117,10 +117,17 @@ def _prefix() -> str:
     return check_prefix(_globals().prefix)
 
 
-def _load(path: str) -> JobsFile:
+def _load(path: str, *, secrets: bool = False) -> JobsFile:
+    """``secrets``: read notification and ping URLs from their variables and
+    files, as the daemon does (operator commands need only ``database:``)."""
     from dblockrun.config import load_jobs
 
-    return load_jobs(path)
+    jobs = load_jobs(path)
+    if secrets:
+        from dblockrun.secreturl import resolve_secrets
+
+        jobs = resolve_secrets(jobs)
+    return jobs
 
 
 def _jobs_path(argument: str | None) -> str:
@@ -296,7 +303,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
     if stop is not None:  # every run would be stopped as unrenewed (--lease 2s --heartbeat 1s)
         raise UsageError(f"{too_short_message(lease, heartbeat, stop)}; give a longer "
                          "--lease or a shorter --heartbeat")
-    jobs = _load(_jobs_path(jobs_file))
+    jobs = _load(_jobs_path(jobs_file), secrets=True)
     store = _open(Access.CREATE, jobs)
     d = Daemon(jobs, store, options, stop=threading.Event())
     from dblockrun.signals import handling
@@ -469,7 +476,7 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
 def validate(jobs_file: str | None) -> None:
     """Check a jobs file; exit 2 with `file:line: job: key: why` if invalid."""
     path = _jobs_path(jobs_file)
-    jobs = _load(path)
+    jobs = _load(path, secrets=True)
     click.echo(f"{path}: ok, {len(jobs.jobs)} job(s)")
 
 

@@ -7,7 +7,7 @@ Every problem is a :class:`~dblockrun.errors.ConfigError` rendered as
 ``defaults`` are merged under each job key by key, except ``env``, which is
 merged variable by variable. A ``null`` value unsets an optional key (``cron``,
 ``rate``, ``workdir``, ``starting-deadline``, ``items``, ``items-command``,
-``on-failure``, ``run-on``) that ``defaults`` set.
+``on-failure``, ``run-on``, ``notify``, ``ping``) that ``defaults`` set.
 """
 
 from __future__ import annotations
@@ -23,14 +23,26 @@ import yaml
 
 from dblockrun.durations import format_duration, parse_duration
 from dblockrun.errors import ConfigError
-from dblockrun.jobs import JOB_NAME, Command, Job, JobsFile, OnFailure, RunOn
+from dblockrun.jobs import (
+    JOB_NAME,
+    NOTIFY_EVENTS,
+    Command,
+    Job,
+    JobsFile,
+    Notify,
+    OnFailure,
+    RunOn,
+)
 from dblockrun.schedule import validate_cron, validate_timezone
+from dblockrun.secreturl import ENV, FILE, LITERAL, SecretUrl, check_url
 from dblockrun.targeting import check_word
 
 TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs")
 MAX_JOB_NAME = 200
 MAX_INT = 2**31 - 1
 ON_FAILURE_KEYS = ("disable-for", "command")
+NOTIFY_KEYS = ("urls", "on")
+SECRET_SOURCES = (ENV, FILE)
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -406,6 +418,69 @@ def _on(value: Any) -> bool:
         raise _Invalid(f"must be every-host (each matching host runs each slot) or one-host "
                        f"(the default), got {_kind(value)}")
     return bool(value == "every-host")
+def _secret_url(value: Any, key: str, line: int = 0) -> SecretUrl:
+    """A URL that may hold a secret: a literal, ``{env: VAR}`` or ``{file:
+    PATH}``; the variable and file are read by
+    :func:`~dblockrun.secreturl.resolve_secrets`. Messages never show it."""
+    if isinstance(value, str):
+        why = check_url(value)
+        if why is not None:
+            raise _Invalid(f"{why}; or write {{env: VARIABLE}} or {{file: PATH}}")
+        return SecretUrl(LITERAL, value=value.strip(), line=line, key=key)
+    if isinstance(value, _Mapping):
+        if len(value) != 1 or next(iter(value)) not in SECRET_SOURCES:
+            raise _Invalid("must be a URL, {env: VARIABLE} or {file: PATH}", line=value.line)
+        source, ref = next(iter(value.items()))
+        try:
+            name = _string(ref, empty=False)
+        except _Invalid as exc:
+            raise _Invalid(f"{source}: {exc.why}", line=value.line) from None
+        if source == ENV and ("=" in name or name.strip() != name):
+            raise _Invalid("env: must be a variable name", line=value.line)
+        return SecretUrl(source, ref=name, line=value.line, key=key)
+    kind = "a string" if isinstance(value, str) else _kind(value)
+    raise _Invalid(f"must be a URL, {{env: VARIABLE}} or {{file: PATH}}, got {kind}")
+
+
+def _notify(value: Any) -> Notify | None:
+    if value is None:
+        return None
+    mapping = _mapping(value)
+    urls: tuple[SecretUrl, ...] = ()
+    on: tuple[str, ...] = NOTIFY_EVENTS
+    for written, raw in mapping.items():
+        line = mapping.lines[written]
+        # YAML 1.1 (PyYAML) reads a bare `on` key as the boolean true.
+        key = "on" if written is True else written
+        if key not in NOTIFY_KEYS:
+            raise _Invalid(_suggest(key, NOTIFY_KEYS), line=line, key=str(key))
+        if not isinstance(raw, list) or not raw:
+            kind = "an empty list" if raw == [] else _kind(raw)
+            raise _Invalid(f"must be a non-empty list, got {kind}", line=line, key=key)
+        if key == "urls":
+            parsed = []
+            for i, entry in enumerate(raw):
+                try:
+                    parsed.append(_secret_url(entry, f"notify.urls[{i}]", line))
+                except _Invalid as exc:
+                    raise _Invalid(exc.why, line=exc.line or line, key=f"urls[{i}]") from None
+            urls = tuple(parsed)
+        else:
+            for event in raw:
+                if event not in NOTIFY_EVENTS:
+                    why = (f"unknown event {_kind(event)} (known: {', '.join(NOTIFY_EVENTS)})")
+                    raise _Invalid(why, line=line, key=key)
+            on = tuple(e for e in NOTIFY_EVENTS if e in raw)
+    if not urls:
+        raise _Invalid("needs urls: a list of apprise URLs", line=mapping.line)
+    return Notify(urls=urls, on=on)
+
+
+def _ping(value: Any) -> SecretUrl:
+    url = _secret_url(value, "ping")
+    if url.source == LITERAL and not url.value.lower().startswith(("http://", "https://")):
+        raise _Invalid("must be an http:// or https:// URL")
+    return url
 
 
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -452,6 +527,8 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "user": ("user", _optional(_user)),
     "run-on": ("run_on", lambda v: () if v is None else _run_on(v)),
     "on": ("every_host", _required(_on)),
+    "notify": ("notify", _notify),
+    "ping": ("ping", _optional(_ping)),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 

@@ -9,9 +9,11 @@ The rules, as Vixie/Debian cron reads a crontab:
 * ``NAME=value`` (``NAME = "value"``, quotes optional) applies to the jobs that
   follow, as ``env:``. ``SHELL=`` sets ``shell:``; ``CRON_TZ=`` and ``TZ=`` set
   ``timezone:`` (``TZ`` also stays in ``env:``: cron passes it to commands);
-  ``MAILTO=`` / ``MAILFROM=`` draw a warning (dblockrun keeps output in
-  ``history`` and mails nothing), except an empty ``MAILTO=""``, which is what
-  dblockrun does anyway.
+  ``MAILTO=a@b,c@d`` gives the jobs that follow ``notify:`` with
+  ``mailto://localhost/a@b/c@d`` (the local mail server, as cron's
+  sendmail; ``MAILFROM=`` its ``from=``) on failure and timeout, with a
+  warning: cron mailed any output, dblockrun keeps output in ``history`` and
+  mails only failures. An empty ``MAILTO=""`` turns it off again.
 * Five schedule fields, checked with :func:`dblockrun.schedule.validate_cron`, or
   one of the macros ``@hourly @daily @midnight @weekly @monthly @yearly
   @annually`` (kept as written); ``@reboot`` is reported.
@@ -221,6 +223,8 @@ class _Translator:
     env: dict[str, str] = field(default_factory=dict)
     shell: str | None = None
     timezone: str | None = None
+    mailto: str | None = None
+    mailfrom: str | None = None
     comments: list[str] = field(default_factory=list)  # the block right above
     names: set[str] = field(default_factory=set)
 
@@ -254,12 +258,17 @@ class _Translator:
         if not name:
             raise _Skip("a variable without a name")
         if name in _MAIL:
-            if name == "MAILTO" and not value:
-                return  # no mail: dblockrun's behaviour too
-            self.warnings.append(Problem(number, (
-                f"{name}={value}: dblockrun does not mail output (`dblockrun history` keeps it); "
-                "the jobs below are translated without it"
-            )))
+            if name == "MAILFROM":
+                self.mailfrom = value or None
+            elif not value:
+                self.mailto = None  # no mail: dblockrun's behaviour too
+            else:
+                self.mailto = value
+                self.warnings.append(Problem(number, (
+                    f"MAILTO={value}: the jobs below mail it through localhost on failure and "
+                    "timeout (notify: mailto://...); cron mailed any output, `dblockrun "
+                    "history` keeps it"
+                )))
             return
         if name == "SHELL":
             if not value:
@@ -335,6 +344,9 @@ class _Translator:
                 )))
         if self.env:
             keys["env"] = dict(self.env)
+        if self.mailto is not None:
+            keys["notify"] = {"urls": [_mail_url(self.mailto, self.mailfrom)],
+                              "on": ["failure", "timeout"]}
         keys["command"] = command
         self.jobs.append(_Job(name, keys, user or None))
 
@@ -347,6 +359,16 @@ class _Translator:
             name = f"{base}-{n}"
         self.names.add(name)
         return name
+
+
+def _mail_url(mailto: str, mailfrom: str | None) -> str:
+    """An apprise URL mailing ``MAILTO``'s recipients (a bare user name is
+    ``user@localhost``, as cron's local delivery) through localhost:25."""
+    from urllib.parse import quote, urlencode
+
+    to = [r if "@" in r else f"{r}@localhost" for r in re.split(r"[,\s]+", mailto) if r]
+    url = "mailto://localhost/" + "/".join(quote(r, safe="@+") for r in to)
+    return url + ("?" + urlencode([("from", mailfrom)], safe="@") if mailfrom else "")
 
 
 def _split(text: str) -> tuple[str, str]:

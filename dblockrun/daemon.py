@@ -24,11 +24,13 @@ from dblockrun.holder import new_holder_id as new_holder_id
 from dblockrun.jobs import Job, JobsFile
 from dblockrun.listen import RequestListener
 from dblockrun.metrics import Metrics, serve
+from dblockrun.notify import Notifier
 from dblockrun.outage import Outage
 from dblockrun.planning import Agenda, catch_up, next_attempt, next_due, too_late
 from dblockrun.runjob import JobRun, RunContext
 from dblockrun.runloop import RunLoop
 from dblockrun.schedule import next_slot_at
+from dblockrun.secreturl import resolve_secrets
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.engine import CLAIM_TOLERANCE
@@ -131,6 +133,8 @@ class Daemon:
                                 self.metrics, lambda: self.jobs, self._running_count,
                                 self._hear if self._announced else None,
                                 labels=self._labels_json, targets=lambda: self._targets)
+        #: Notifications and pings, sent by a thread of its own (dblockrun/notify.py).
+        self.notifier = Notifier(store, self.holder, self.metrics)
         self.ctx = RunContext(
             store=store,
             holder=self.holder,
@@ -142,6 +146,7 @@ class Daemon:
             stop_grace=lambda: self._shutdown_deadline,
             loop=RunLoop(self.stop),
             metrics=self.metrics,
+            notifier=self.notifier,
         )
 
     # -- control from signal handlers ---------------------------------------
@@ -510,6 +515,7 @@ class Daemon:
             self.metrics.missed.labels(job.name, "missed").inc()
             log.warning("job %s: slot %s missed (%.1fs late, starting-deadline %gs)",
                         job.name, _utc(slot).isoformat(), now - slot, job.starting_deadline)
+            self.notifier.missed(job, slot, now - slot)
 
     def _plan_rate(self, job: Job) -> None:
         """Next attempt of a rate-only job: when its last start is ``rate`` old."""
@@ -608,7 +614,7 @@ class Daemon:
 
     def _do_reload(self) -> None:
         try:
-            new = load_jobs(self.jobs.path)
+            new = resolve_secrets(load_jobs(self.jobs.path))
         except ConfigError as exc:
             log.error("reload failed, keeping the %d jobs loaded before: %s",
                       len(self.file.jobs), exc.message)
@@ -642,6 +648,7 @@ class Daemon:
             self._wake.wait(0.1)  # rung by a finished run or a signal handler
         if self.listener is not None:
             self.listener.stop()
+        self.notifier.close(timeout=5.0)  # the last runs' notifications and pings
         self.books.stop()
         self.renewer.stop()
         try:

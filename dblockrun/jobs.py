@@ -5,6 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # exec loads this module, and starts faster without it
+    from dblockrun.secreturl import SecretUrl
 
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -29,6 +33,21 @@ class OnFailure:
     def wanted(self) -> bool:
         """Whether a failure has anything to do."""
         return bool(self.disable_for) or self.command is not None
+
+
+#: What ``notify: {on: [...]}`` may name, and what it is when left out.
+NOTIFY_EVENTS = ("failure", "recovery", "timeout", "missed")
+
+
+@dataclass(frozen=True)
+class Notify:
+    """``notify:``: apprise URLs, and the events sent to them."""
+
+    urls: tuple[SecretUrl, ...]
+    on: tuple[str, ...] = NOTIFY_EVENTS
+
+    def definition(self) -> dict[str, object]:
+        return {"urls": [url.definition() for url in self.urls], "on": list(self.on)}
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,9 @@ class Job:
     run_on: RunOn = ()
     #: ``on: every-host``: each matching host runs each slot, under its own lock row.
     every_host: bool = False
+    #: Notifications (apprise) and heartbeat pings (dblockrun/notify.py).
+    notify: Notify | None = None
+    ping: SecretUrl | None = None
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -84,6 +106,12 @@ class Job:
         for key in ("run_on", "every_host"):  # ... and without targeting
             if not data[key]:
                 del data[key]
+        for key in ("notify", "ping"):  # the same; a secret's source, not its value
+            secret = getattr(self, key)
+            if secret is None:
+                del data[key]
+            else:
+                data[key] = secret.definition()
         import hashlib  # here: exec never hashes, and starts faster without them
         import json
 

@@ -59,6 +59,13 @@ class Metrics:
             "seen: the database lost committed writes", ["job"], registry=r)
         self.missed = Counter("dblockrun_missed_slots", "Slots recorded missed or skipped",
                               ["job", "reason"], registry=r)
+        # (issue 13) dblockrun/notify.py: sent, failed, or dropped (its queue was full).
+        self.notifications = Counter("dblockrun_notifications", "Notifications by event and "
+                                     "outcome (sent, failed, dropped)",
+                                     ["job", "event", "outcome"], registry=r)
+        self.pings = Counter("dblockrun_pings", "Heartbeat pings by signal (start, success, "
+                             "fail) and outcome (sent, failed, dropped)",
+                             ["job", "signal", "outcome"], registry=r)
 
     def watch(self, read: Callable[[], dict[str, float | None]]) -> None:
         self.registry.register(_Live(read))

@@ -23,6 +23,7 @@ from dblockrun.store.base import Disables, RunStore
 
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
+    from dblockrun.notify import Notifier
 
 log = logging.getLogger("dblockrun")
 out_log = logging.getLogger("dblockrun.output")
@@ -46,6 +47,8 @@ class RunContext:
     #: The environment commands start from, read once: dict(os.environ)
     #: decodes every variable again, 0.5 ms a start with a few dozen.
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: Notifications and pings (the daemon's; exec sends none).
+    notifier: Notifier | None = None
 
 
 def result_of(outcome: Outcome) -> str:
@@ -145,6 +148,7 @@ class JobRun:
         self.done = threading.Event()
         self._recorded = run_id
         self._released = False
+        self._first_run_id: int | None = None
 
     def start(self) -> None:
         """Start the run; :attr:`done` is set once it is over."""
@@ -186,6 +190,10 @@ class JobRun:
                 self._end()
                 return
         self.last_run_id = run_id
+        if attempt == 1:
+            self._first_run_id = run_id
+            if ctx.notifier is not None:
+                ctx.notifier.run_started(job, run_id)
         env = command_env(job, holder=ctx.holder, run_id=run_id, token=self.token, slot=self.slot,
                           environ=ctx.environ)
         fields = {"job": job.name, "run_id": run_id, "token": self.token, "host": ctx.holder,
@@ -242,12 +250,26 @@ class JobRun:
         on_failure = not retry and result in (m.FAILED, m.TIMEOUT) and not ctx.stop.is_set()
         last = not retry and not (on_failure and job.on_failure.wanted)
         self._record_result(run_id, outcome, release=last)
+        if not retry and ctx.notifier is not None:
+            self._notify_end(run_id, outcome, result, code, took)
         if retry:
             ctx.loop.call_later(job.retry_delay, lambda: self._step(lambda: self._retry(attempt)))
         elif on_failure:
             self._on_failure(outcome)
         else:
             self._end()
+
+    def _notify_end(self, run_id: int, outcome: Outcome, result: str, code: int | None,
+                    took: float) -> None:
+        """Hand the run's end (its last attempt's) to the notifier: pings and
+        notifications, sent in the background."""
+        from dblockrun.notify import RunEnd
+
+        assert self.ctx.notifier is not None
+        self.ctx.notifier.run_ended(RunEnd(
+            job=self.job, host=self.ctx.holder, first_run_id=self._first_run_id or run_id,
+            run_id=run_id, slot=self.slot, result=result, exit_code=code, duration=took,
+            output=stored_text(outcome.tail), detail=outcome.detail))
 
     def _retry(self, attempt: int) -> None:
         """After a failed attempt's retry delay (cut short by a shutdown)."""

@@ -342,25 +342,41 @@ def test_an_unknown_timezone_is_reported_and_the_last_one_kept() -> None:
     assert job.env == (("TZ", "Mars/Olympus"),)
 
 
-def test_mailto_is_a_warning_and_the_jobs_are_translated() -> None:
+def test_mailto_becomes_a_mail_notification_on_failure() -> None:
     result = translate(
         """\
-        MAILTO=ops@example.com
+        MAILTO=ops@example.com, root
         0 0 * * * a
         MAILFROM=cron@example.com
-        MAILTO=""
         0 1 * * * b
+        MAILTO=""
+        0 2 * * * c
         """
     )
     assert result.messages == [
-        "crontab:1: warning: MAILTO=ops@example.com: dblockrun does not mail output "
-        "(`dblockrun history` keeps it); the jobs below are translated without it",
-        "crontab:3: warning: MAILFROM=cron@example.com: dblockrun does not mail output "
-        "(`dblockrun history` keeps it); the jobs below are translated without it",
+        "crontab:1: warning: MAILTO=ops@example.com, root: the jobs below mail it through "
+        "localhost on failure and timeout (notify: mailto://...); cron mailed any output, "
+        "`dblockrun history` keeps it",
     ]
     assert result.problems == ()
-    assert [job.name for job in loaded(result).jobs] == ["a", "b"]
-    assert [job.env for job in loaded(result).jobs] == [(), ()]
+    jobs = loaded(result).jobs
+    assert [job.name for job in jobs] == ["a", "b", "c"]
+    assert [job.env for job in jobs] == [(), (), ()]
+    a, b, c = (job.notify for job in jobs)
+    assert a is not None and b is not None and c is None
+    assert a.on == b.on == ("failure", "timeout")
+    assert [u.value for u in a.urls] == [
+        "mailto://localhost/ops@example.com/root@localhost"]
+    assert [u.value for u in b.urls] == [
+        "mailto://localhost/ops@example.com/root@localhost?from=cron@example.com"]
+    # apprise reads it as mail to both, from MAILFROM, through localhost:25.
+    import apprise
+
+    service = apprise.Apprise.instantiate(b.urls[0].value)
+    assert service is not None
+    rendered = service.url(privacy=True)  # type: ignore[no-untyped-call]
+    assert rendered.startswith("mailto://localhost/ops%40example.com/root%40localhost?")
+    assert "from=cron%40example.com" in rendered
 
 
 def test_an_empty_mailto_is_what_dblockrun_does_anyway() -> None:
@@ -840,8 +856,9 @@ def test_cli_reports_skipped_lines_and_exits_1(tmp_path: Path) -> None:
     result = invoke(str(crontab))
     assert result.exit_code == 1
     assert result.stderr == (
-        f"{crontab}:1: warning: MAILTO=me: dblockrun does not mail output "
-        "(`dblockrun history` keeps it); the jobs below are translated without it\n"
+        f"{crontab}:1: warning: MAILTO=me: the jobs below mail it through localhost on "
+        "failure and timeout (notify: mailto://...); cron mailed any output, `dblockrun "
+        "history` keeps it\n"
         f"{crontab}:2: cannot translate: @reboot: a fleet has no single boot "
         "(use a cron expression or rate)\n"
     )
@@ -854,8 +871,9 @@ def test_cli_a_mailto_line_is_a_warning_and_exits_0(tmp_path: Path) -> None:
     result = invoke(str(crontab))
     assert result.exit_code == 0
     assert result.stderr == (
-        f"{crontab}:1: warning: MAILTO=ops@example.com: dblockrun does not mail output "
-        "(`dblockrun history` keeps it); the jobs below are translated without it\n"
+        f"{crontab}:1: warning: MAILTO=ops@example.com: the jobs below mail it through "
+        "localhost on failure and timeout (notify: mailto://...); cron mailed any output, "
+        "`dblockrun history` keeps it\n"
     )
     assert [job.name for job in load_jobs_text(result.stdout, "x").jobs] == ["backup"]
 

@@ -22,7 +22,14 @@ import pytest
 import yaml
 
 from dblockrun.cli import cli
-from dblockrun.config import JOB_KEYS, ON_FAILURE_KEYS, TOP_LEVEL_KEYS, load_jobs, load_jobs_text
+from dblockrun.config import (
+    JOB_KEYS,
+    NOTIFY_KEYS,
+    ON_FAILURE_KEYS,
+    TOP_LEVEL_KEYS,
+    load_jobs,
+    load_jobs_text,
+)
 from dblockrun.durations import parse_duration
 from dblockrun.schedule import describe_next
 
@@ -196,9 +203,10 @@ def test_every_top_level_key_is_described() -> None:
 
 def test_every_job_key_is_described() -> None:
     described = [tag.rstrip(":") for tag in tags(section(man5(), ".SH", "JOB KEYS"))]
-    missing = [key for key in (*JOB_KEYS, *ON_FAILURE_KEYS) if key not in described]
+    nested = (*ON_FAILURE_KEYS, *NOTIFY_KEYS)
+    missing = [key for key in (*JOB_KEYS, *nested) if key not in described]
     assert not missing, f"dblockrun-jobs.5, JOB KEYS: keys not described: {missing}"
-    stale = [key for key in described if key not in JOB_KEYS and key not in ON_FAILURE_KEYS]
+    stale = [key for key in described if key not in JOB_KEYS and key not in nested]
     assert not stale, f"dblockrun-jobs.5 describes job keys that do not exist: {stale}"
 
 

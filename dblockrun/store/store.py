@@ -408,6 +408,19 @@ class Store:
         found = self._run(lambda c: c.execute(stmt).scalar())
         return None if found is None else float(found)
 
+    def previous_result(self, job: str, before_id: int) -> str | None:
+        """The result of the job's last run recorded before run ``before_id``
+        (not a missed or skipped slot; not a fan-out item), as ``history``
+        shows it, or None: there was none. A notification of recovery reads it."""
+        runs, earlier = self.t.runs, self.t.runs.alias("earlier")
+        last = (sa.select(sa.func.max(earlier.c.id))
+                .where(earlier.c.job == job, earlier.c.id < before_id, earlier.c.item.is_(None),
+                       earlier.c.result.not_in((m.MISSED, m.SKIPPED)))
+                .scalar_subquery())
+        stmt = sa.select(self.shown_runs().selected_columns.result).where(runs.c.id == last)
+        found = self._run(lambda c: c.execute(stmt).scalar())
+        return None if found is None else str(found)
+
     def history(self, job: str | None = None, limit: int = 20,
                 item: str | None = None) -> list[m.RunRecord]:
         runs = self.t.runs
