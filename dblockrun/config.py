@@ -7,7 +7,7 @@ Every problem is a :class:`~dblockrun.errors.ConfigError` rendered as
 ``defaults`` are merged under each job key by key, except ``env``, which is
 merged variable by variable. A ``null`` value unsets an optional key (``cron``,
 ``rate``, ``workdir``, ``starting-deadline``, ``items``, ``items-command``,
-``on-failure``) that ``defaults`` set.
+``on-failure``, ``catch-up-limit``) that ``defaults`` set.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import yaml
 
 from dblockrun.durations import format_duration, parse_duration
 from dblockrun.errors import ConfigError
-from dblockrun.jobs import JOB_NAME, Command, Job, JobsFile, OnFailure
+from dblockrun.jobs import CATCH_UP, JOB_NAME, Command, Job, JobsFile, OnFailure
 from dblockrun.schedule import validate_cron, validate_timezone
 
 TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs")
@@ -366,6 +366,12 @@ def _on_failure(value: Any) -> OnFailure:
     return OnFailure(**parsed)
 
 
+def _catch_up(value: Any) -> str:
+    if value not in CATCH_UP:
+        raise _Invalid(f"must be one of {', '.join(CATCH_UP)}, got {_kind(value)}")
+    return str(value)
+
+
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``parse``, with ``null`` meaning unset."""
 
@@ -408,6 +414,8 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "batch": ("batch", _required(lambda v: _integer(v, 1))),
     "history-limit": ("history_limit", _required(lambda v: _integer(v, 1))),
     "user": ("user", _optional(_user)),
+    "catch-up": ("catch_up", _required(_catch_up)),
+    "catch-up-limit": ("catch_up_limit", _optional(lambda v: _integer(v, 1))),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 
@@ -564,4 +572,7 @@ class _Parser:
                 f"lock-at-most {format_duration(job.lock_at_most)}"
             )
             raise self.error(why, keys["lock-at-least"][1], name, "lock-at-least")
+        if job.catch_up_limit is not None and job.catch_up != "all":
+            why = f"only with catch-up: all (this job's catch-up is {job.catch_up})"
+            raise self.error(why, keys["catch-up-limit"][1], name, "catch-up-limit")
         return job

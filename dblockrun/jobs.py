@@ -9,6 +9,11 @@ from functools import cached_property
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
+#: What a daemon does with the slots that came while no daemon ran the job
+#: (``catch-up:``; dblockrun/catchup.py): the newest runs, none, or up to
+#: ``catch-up-limit`` of them, oldest first.
+CATCH_UP = ("latest", "none", "all")
+
 #: A command: a string runs through the job's shell (``sh -c``), a tuple is exec'd.
 Command = str | tuple[str, ...]
 
@@ -52,6 +57,10 @@ class Job:
     history_limit: int = 1000
     #: Run the command as this user (the daemon must be root); None: as the daemon.
     user: str | None = None
+    #: After downtime (dblockrun/catchup.py): ``latest``, ``none`` or ``all``.
+    catch_up: str = "latest"
+    #: ``catch-up: all``: at most this many missed slots run (None: the default).
+    catch_up_limit: int | None = None
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -65,6 +74,8 @@ class Job:
         data.pop("line")
         if data["user"] is None:
             del data["user"]  # hashes stay those of versions without `user:`
+        if data["catch_up"] == "latest" and data["catch_up_limit"] is None:
+            del data["catch_up"], data["catch_up_limit"]  # likewise without `catch-up:`
         import hashlib  # here: exec never hashes, and starts faster without them
         import json
 
