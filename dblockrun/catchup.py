@@ -53,7 +53,7 @@ DEFAULT_LIMIT = 100
 #: newest); the older ones share one record.
 RECORDED = 10
 #: The shared record counts its slots up to this many (``more than ...``).
-COUNTED = 1000
+COUNTED = 100
 #: Seconds: a slot younger than this at start is not missed yet, whatever the policy.
 FRESH = 2.0
 

@@ -364,11 +364,11 @@ def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
         if proxy is not None:
             wait_for(lambda: notify.has("STATUS=waiting for the database: database "
                                         "unreachable"), 20, what="waiting for the database")
-            pings = len([t for t in notify.read() if t == "WATCHDOG=1"])
+            waiting = notify.read().count("WATCHDOG=1")
             assert not notify.has("READY=1")
             assert store.status(["tick"]) == []  # it has not reached the database
             proxy.restore()
-            assert pings >= 1  # the watchdog is fed while it waits for the database
+            assert waiting >= 1  # the watchdog is fed while it waits for the database
         wait_for(lambda: notify.has("READY=1"), 20, what="READY=1")
         # READY only once the start-up against the database succeeded.
         assert [s.lock.name for s in store.status(["tick"])] == ["tick"]
@@ -378,7 +378,8 @@ def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
             [t for t, x in notify.messages if x == "WATCHDOG=1" and t > ready_at]) >= 6, 10,
                  what="watchdog pings")
         pings = [t for t, x in notify.messages if x == "WATCHDOG=1" and t > ready_at]
-        assert max(b - a for a, b in zip(pings, pings[1:], strict=False)) < 0.75
+        gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
+        assert max(gaps) < 0.6  # half of WATCHDOG_USEC, and the loop's own time
         wait_for(lambda: any(r.result == m.OK for r in store.history("tick")), 10,
                  what="a run")
         ok = next(r for r in store.history("tick") if r.result == m.OK)
