@@ -101,8 +101,8 @@ def runs_allowed(job: Job) -> int:
     return job.catch_up_limit or DEFAULT_LIMIT
 
 
-def why(job: Job) -> str:
-    """Why a slot was recorded missed at start, for its record."""
+def why(job: Job, slots: str = "the slot") -> str:
+    """Why ``slots`` were recorded missed at start, for their record."""
     runs = runs_allowed(job)
     if job.catch_up == "none":
         rule = "catch-up: none runs no missed slot"
@@ -111,7 +111,7 @@ def why(job: Job) -> str:
                 + (" (the job has a rate)" if job.catch_up == "all" else ""))
     else:
         rule = f"catch-up: all runs the newest {runs} missed slots"
-    return f"missed: no daemon ran the job when the slot came; {rule}\n"
+    return f"no daemon ran the job when {slots} came; {rule}\n"
 
 
 def newest_slots(job: Job, after: float, now: float, keep: int) -> list[float]:
@@ -210,7 +210,7 @@ class CatchUp:
         self.checked_at = now
 
     def _record(self, job: Job, last_slot: float, planned: Plan) -> None:
-        text = why(job)
+        text = f"missed: {why(job)}"
         older = planned.older
         total = len(planned.missed)
         if older is not None:
@@ -220,7 +220,7 @@ class CatchUp:
                 self.store.start_run(
                     job.name, self.holder, token=None, slot=older.last, result=m.MISSED,
                     output=f"missed: {count} slots from {_utc(older.first)} to "
-                           f"{_utc(older.last)}: no daemon ran the job; {text[8:]}")
+                           f"{_utc(older.last)}: {why(job, 'they')}")
                 self.metrics.missed.labels(job.name, "missed").inc(older.count)
         for slot in planned.missed:
             if self.store.skip_slot(job.name, slot):

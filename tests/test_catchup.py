@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,10 @@ def _down_since(store: Store, name: str, seconds: int) -> float:
     return last
 
 
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
 def _start(db: TestDb, tmp: Path, text: str, n: int = 0) -> DaemonProc:
     workdir = tmp / f"d{n}"
     workdir.mkdir()
@@ -176,7 +181,7 @@ def daemons() -> Iterator[list[DaemonProc]]:
 
 def test_latest_runs_the_newest_missed_slot_and_records_the_older(
         db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc]) -> None:
-    last = _down_since(store, "tick", 6)
+    last = _down_since(store, "tick", 15)
     daemons.append(d := _start(db, tmp_path, f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
                                             "    command: 'true'\n"))
     first_ok = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK),
@@ -184,12 +189,19 @@ def test_latest_runs_the_newest_missed_slot_and_records_the_older(
     assert first_ok.slot is not None
     runs = runs_of(store, "tick")
     before = [r for r in runs if r.slot is not None and r.slot < first_ok.slot]
-    # Every slot of the outage before the newest: recorded missed once, why included.
-    assert [r.slot for r in before] == [last + k for k in range(1, int(first_ok.slot - last))]
     assert {r.result for r in before} == {m.MISSED}
-    assert all("catch-up: latest runs only the newest" in (store.run(r.id).output or "")  # type: ignore[union-attr]
-               for r in before)
-    assert len(before) >= 5  # the outage was 6 s, and the daemon started after it
+    # Every slot of the outage before the newest is recorded missed once, why
+    # included: the newest RECORDED one by one, the older ones in one record.
+    older, *each = sorted(before, key=lambda r: r.slot or 0)
+    assert [r.slot for r in each] == [first_ok.slot - k for k in range(RECORDED, 0, -1)]
+    assert all((store.run(r.id).output or "") == "missed: no daemon ran the job when the slot "  # type: ignore[union-attr]
+               "came; catch-up: latest runs only the newest missed slot\n" for r in each)
+    assert older.slot == first_ok.slot - RECORDED - 1
+    assert (store.run(older.id).output or "") == (  # type: ignore[union-attr]
+        f"missed: {int(older.slot - last)} slots from {_iso(last + 1)} to {_iso(older.slot)}: "
+        "no daemon ran the job when they came; catch-up: latest runs only the newest missed "
+        "slot\n")
+    assert older.slot - last >= 3  # the outage was 15 s, and the daemon started after it
     assert "(catch-up: latest): running the newest, the older recorded missed" in d.text()
     d.wait(lambda: sum(r.result == m.OK for r in runs_of(store, "tick")) >= 3, 10,
            what="the regular schedule after the catch-up")
