@@ -214,6 +214,7 @@ class Daemon:
 
     def _run(self) -> None:
         if not self._startup():
+            self.notify.stopping("stopped before it reached the database")
             return
         self.renewer.start()
         self.books.start()
@@ -454,8 +455,13 @@ class Daemon:
                           due_next if slot is not None else None)
             return
         try:
-            for old in passed:  # (catch-up: recorded whether or not there is a deadline)
-                self._missed(job, old, now, newer=slot)
+            if passed:  # recorded missed, deadline or not (one read spares the
+                #          skip_slot of those another host has run)
+                known = self.store.lock_state(job.name)
+                floor = known.last_slot if known is not None else None
+                for old in passed:
+                    if floor is None or old > floor:
+                        self._missed(job, old, now, newer=slot)
             if slot is not None and busy_here:
                 if self.store.skip_slot(job.name, slot):
                     self.store.start_run(job.name, self.holder, token=None, slot=slot,

@@ -409,3 +409,33 @@ def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
         notify.close()
         if proxy is not None:
             proxy.close()
+
+
+def test_a_paused_daemon_records_the_slots_it_passed_over(
+        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc]) -> None:
+    # Not downtime: a running daemon that falls behind tries the newest slot
+    # and records the older ones missed, with no starting-deadline too.
+    daemons.append(d := _start(db, tmp_path, f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
+                                            "    catch-up: all\n    command: 'true'\n"))
+    d.wait(lambda: any(r.result == m.OK for r in runs_of(store, "tick")), 20, what="a run")
+    now = time.time()  # the local servers share this host's clock
+    stop_at = math.floor(now) + (0.4 if now % 1 < 0.3 else 1.4)
+    resume_at = stop_at + 2.3
+    wait_for(lambda: time.time() >= stop_at, 3, interval=0.01, what="pause time")
+    d.send(signal.SIGSTOP)
+    try:
+        wait_for(lambda: time.time() >= resume_at, 5, interval=0.01, what="resume time")
+    finally:
+        d.send(signal.SIGCONT)
+    # The first slot run after the pause: the newest when the daemon woke.
+    after = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK
+                                 and (r.slot or 0) > stop_at), None), 10, what="a run after")
+    newest = after.slot or 0
+    assert newest >= math.floor(resume_at)
+    paused = [r for r in runs_of(store, "tick") if r.slot is not None and stop_at < r.slot < newest]
+    assert [(r.slot, r.result) for r in paused] == [
+        (float(s), m.MISSED) for s in range(math.ceil(stop_at), int(newest))]
+    assert all((store.run(r.id).output or "").startswith("missed: passed over: tried ")  # type: ignore[union-attr]
+               for r in paused)
+    assert max(_slots(runs_of(store, "tick")).values()) == 1
+    assert d.stop() == 0
