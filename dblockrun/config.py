@@ -7,7 +7,8 @@ Every problem is a :class:`~dblockrun.errors.ConfigError` rendered as
 ``defaults`` are merged under each job key by key, except ``env``, which is
 merged variable by variable. A ``null`` value unsets an optional key (``cron``,
 ``rate``, ``workdir``, ``starting-deadline``, ``items``, ``items-command``,
-``on-failure``, ``run-on``, ``notify``, ``ping``) that ``defaults`` set.
+``on-failure``, ``run-on``, ``notify``, ``ping``, ``catch-up-limit``) that ``defaults``
+set.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import yaml
 from dblockrun.durations import format_duration, parse_duration
 from dblockrun.errors import ConfigError
 from dblockrun.jobs import (
+    CATCH_UP,
     JOB_NAME,
     NOTIFY_EVENTS,
     Command,
@@ -481,6 +483,10 @@ def _ping(value: Any) -> SecretUrl:
     if url.source == LITERAL and not url.value.lower().startswith(("http://", "https://")):
         raise _Invalid("must be an http:// or https:// URL")
     return url
+def _catch_up(value: Any) -> str:
+    if value not in CATCH_UP:
+        raise _Invalid(f"must be one of {', '.join(CATCH_UP)}, got {_kind(value)}")
+    return str(value)
 
 
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -529,6 +535,8 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "on": ("every_host", _required(_on)),
     "notify": ("notify", _notify),
     "ping": ("ping", _optional(_ping)),
+    "catch-up": ("catch_up", _required(_catch_up)),
+    "catch-up-limit": ("catch_up_limit", _optional(lambda v: _integer(v, 1))),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 
@@ -689,4 +697,7 @@ class _Parser:
                 f"lock-at-most {format_duration(job.lock_at_most)}"
             )
             raise self.error(why, keys["lock-at-least"][1], name, "lock-at-least")
+        if job.catch_up_limit is not None and job.catch_up != "all":
+            why = f"only with catch-up: all (this job's catch-up is {job.catch_up})"
+            raise self.error(why, keys["catch-up-limit"][1], name, "catch-up-limit")
         return job

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dblockrun import spawn
+from dblockrun.catchup import CatchUp
 from dblockrun.config import load_jobs
 from dblockrun.errors import ConfigError, DatabaseError, DatabaseRefused, SchemaTooNew
 from dblockrun.fanout import FanOut
@@ -26,10 +27,12 @@ from dblockrun.listen import RequestListener
 from dblockrun.metrics import Metrics, serve
 from dblockrun.notify import Notifier
 from dblockrun.outage import Outage
+from dblockrun.outage import describe as describe_outage
 from dblockrun.planning import Agenda, catch_up, next_attempt, next_due, too_late
 from dblockrun.runjob import JobRun, RunContext
 from dblockrun.runloop import RunLoop
 from dblockrun.schedule import next_slot_at
+from dblockrun.sdnotify import SystemdNotifier
 from dblockrun.secreturl import resolve_secrets
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -102,6 +105,9 @@ class Daemon:
         self._load(jobs)
         self.stop = stop or threading.Event()
         self.holder = holder or new_holder_id()
+        #: systemd's notify socket, if started by it (before the environment
+        #: commands start from is read: they don't inherit its variables).
+        self.systemd = SystemdNotifier()
         self.clock = DbClock()
         self.outage = Outage()
         self.renewer = Renewer(store, options.heartbeat, self.outage)
@@ -128,6 +134,8 @@ class Daemon:
         self._finished: set[str] = set()
         #: Per job, the highest fencing token won here and the newest slot run here.
         self._seen: dict[str, tuple[int, float | None]] = {}
+        #: Missed slots after downtime: recorded at start, or run one at a time.
+        self.catchup = CatchUp(store, self.holder, self.metrics)
         #: Host row, clock samples, lost runs, drift: on their own timer.
         self.books = FleetBooks(store, self.holder, options.heartbeat, self.clock, self.outage,
                                 self.metrics, lambda: self.jobs, self._running_count,
@@ -184,7 +192,8 @@ class Daemon:
         """Sleep on the main thread; a stop request cuts it short."""
         deadline = time.monotonic() + seconds
         while not self._stopping() and (left := deadline - time.monotonic()) > 0:
-            self._wake.wait(left)
+            self.systemd.watchdog()
+            self._wake.wait(min(left, self.systemd.sleep_cap() or left))
 
     # -- main loop ------------------------------------------------------------
 
@@ -215,6 +224,7 @@ class Daemon:
             if server is not None:
                 server.shutdown()
             self._wake.close()
+            self.systemd.close()
 
     def healthy(self) -> bool:
         """The database answered within the last three heartbeats."""
@@ -231,14 +241,17 @@ class Daemon:
 
     def _run(self) -> None:
         if not self._startup():
+            self.systemd.stopping("stopped before it reached the database")
             return
         self.renewer.start()
         self.books.start()
         if self.listener is not None:
             self.listener.start()
         self._plan_all()
+        self.systemd.ready(self._describe())
         try:
             while not self._stopping():
+                self.systemd.watchdog()
                 if self._reload_requested:
                     self._reload_requested = False
                     self._do_reload()
@@ -282,13 +295,24 @@ class Daemon:
                 self.books.round()
                 self._warn_unmatched()
                 self._publish_next_due()
+                self.catchup.begin(self.jobs.jobs)
                 self.outage.ok()
                 return True
             except (DatabaseRefused, SchemaTooNew):
                 raise  # retrying cannot fix these: exit status 1 with the reason
             except DatabaseError as exc:
-                self._pause(self.outage.failed("startup", exc))
+                delay = self.outage.failed("startup", exc)
+                self.systemd.status(f"waiting for the database: {describe_outage(exc)}")
+                self._pause(delay)
         return False
+
+    def _describe(self) -> str:
+        """What the daemon runs, for systemd's STATUS= (no secret in it)."""
+        from dblockrun.dburl import describe
+
+        count = len(self.jobs.jobs)
+        return (f"{count} {'job' if count == 1 else 'jobs'} from {self.jobs.path}, database "
+                f"{describe(self.store.url, self.store.prefix)}")
 
     def _running_count(self) -> int:
         with self._running_lock:
@@ -298,10 +322,12 @@ class Daemon:
         until_poll = (self.options.heartbeat if self._announced
                       else self._next_request_poll - time.monotonic())
         next_at = self._agenda.next_at()
+        # (the watchdog's cap: the loop pings systemd at least that often)
+        longest = min(self.options.heartbeat, self.systemd.sleep_cap() or self.options.heartbeat)
         if next_at is None:
-            return max(0.0, min(self.options.heartbeat, until_poll))
+            return max(0.0, min(longest, until_poll))
         until_due = next_at - self.clock.now()
-        return max(0.0, min(self.options.heartbeat, until_due, until_poll))
+        return max(0.0, min(longest, until_due, until_poll))
 
     def _hear(self, names: list[str] | None) -> None:
         """Requests announced or read by a round (``names``), or None: read
@@ -358,9 +384,17 @@ class Daemon:
     def _plan_all(self) -> None:
         self._agenda.clear()
         now = self.clock.now()
+        # At start: from where catch-up left each job (dblockrun/catchup.py).
+        start, self.catchup.checked_at = self.catchup.checked_at or now, None
+        resume, self.catchup.resume = self.catchup.resume, {}
+        self.catchup.keep(j.name for j in self.jobs.jobs if j.enabled)
         for job in self.jobs.jobs:
             if job.enabled:
-                self._plan(job, now)
+                head = self.catchup.head(job.name)
+                if head is not None:
+                    self._push(now, job.name, head)
+                else:
+                    self._plan(job, resume.get(job.name, start))
 
     def _plan(self, job: Job, after: float) -> None:
         """Queue the job's next attempt: its next slot strictly after database
@@ -388,6 +422,9 @@ class Daemon:
                 break
             job = self.jobs.job(head.name)
             if job is None or not job.enabled:
+                continue
+            if head.slot is not None and self.catchup.head(job.name) is not None:
+                self._fire_missed(job, head.slot, now)
                 continue
             due_next = self._batchable(job, head.slot, now)
             if due_next is not None and head.slot is not None:
@@ -470,9 +507,13 @@ class Daemon:
                           due_next if slot is not None else None)
             return
         try:
-            if job.starting_deadline is not None:
+            if passed:  # recorded missed, deadline or not (one read spares the
+                #          skip_slot of those another host has run)
+                known = self.store.lock_state(job.name)
+                floor = known.last_slot if known is not None else None
                 for old in passed:
-                    self._missed(job, old, now)
+                    if floor is None or old > floor:
+                        self._missed(job, old, now, newer=slot)
             if slot is not None and busy_here:
                 if self.store.skip_slot(job.name, slot):
                     self.store.start_run(job.name, self.holder, token=None, slot=slot,
@@ -509,13 +550,80 @@ class Daemon:
         else:
             self._plan_rate(job)
 
-    def _missed(self, job: Job, slot: float, now: float) -> None:
+    def _missed(self, job: Job, slot: float, now: float, newer: float | None = None) -> None:
+        """Record ``slot`` missed, once fleet-wide: too late for the job's
+        starting-deadline, or passed over for a ``newer`` slot."""
+        if newer is None:
+            why = f"{now - slot:.1f}s late, starting-deadline {job.starting_deadline:g}s"
+        else:
+            why = (f"passed over: tried {now - slot:.1f}s late (this daemon was paused, busy "
+                   f"or without the database), so only the newest slot, "
+                   f"{_utc(newer).isoformat()}")
         if self.store.skip_slot(job.name, slot):
-            self.store.start_run(job.name, self.holder, token=None, slot=slot, result=m.MISSED)
+            self.store.start_run(job.name, self.holder, token=None, slot=slot, result=m.MISSED,
+                                 output=f"missed: {why}\n")
             self.metrics.missed.labels(job.name, "missed").inc()
-            log.warning("job %s: slot %s missed (%.1fs late, starting-deadline %gs)",
-                        job.name, _utc(slot).isoformat(), now - slot, job.starting_deadline)
+            log.warning("job %s: slot %s missed (%s)", job.name, _utc(slot).isoformat(), why)
             self.notifier.missed(job, slot, now - slot)
+
+    def _fire_missed(self, job: Job, slot: float, now: float) -> None:
+        """The oldest missed slot a catch-up still runs (dblockrun/catchup.py),
+        with the normal slot claim, so two daemons never both run it. The
+        next one is tried when this run is over, or at once when another
+        host took this one; the regular schedule resumes after the last."""
+        if slot != self.catchup.head(job.name):
+            return  # planned before the catch-up moved on
+        with self._running_lock:
+            if job.name in self._running:
+                return  # its end tries the next (_replan_finished)
+        queue = self.catchup.backlog[job.name]
+        due_next = queue[1] if len(queue) > 1 else next_due(job, slot, CLAIM_TOLERANCE)
+        try:
+            if too_late(job, slot, now):
+                self._missed(job, slot, now)
+                self.catchup.done(job.name, slot)
+                self._next_missed(job, slot)
+                return
+            sent = time.monotonic()
+            won = self.store.claim_and_record(job.name, self.holder, self.options.lease,
+                                              slot=slot, rate=job.rate, next_due=due_next)
+            lock = self.store.lock_state(job.name) if won is None else None
+            self.outage.ok()
+        except DatabaseError as exc:
+            self.metrics.claims.labels(job.name, "error").inc()
+            delay = self.outage.failed(f"claim {job.name}", exc)
+            self._push(self.clock.now() + delay, job.name, slot)
+            return
+        self.metrics.claims.labels(job.name, "won" if won is not None else "lost").inc()
+        if won is not None:
+            self.catchup.done(job.name, slot)
+            if self.catchup.head(job.name) is None:
+                self._plan(job, slot)
+            self._start(job, won.token, slot, sent, won.run_id)
+            return
+        now = self.clock.now()
+        if lock is None or (lock.last_slot is not None and lock.last_slot >= slot):
+            # Another host ran it (or recorded it): on to the next.
+            self.catchup.done(job.name, slot if lock is None else max(slot, lock.last_slot or slot))
+            self._next_missed(job, slot)
+        elif lock.lock_until is not None and lock.lock_until > now:
+            # Held: another host runs an earlier missed slot, and tries the
+            # next when it is over; try again in case it does not.
+            retry = min(now + self.options.heartbeat, lock.lock_until)
+            self._push(retry + self.clock.uncertainty, job.name, slot)
+        else:
+            log.warning("job %s: catch-up stopped at slot %s: it cannot be claimed (disabled, "
+                        "its rate, or a lock row edited by hand)", job.name,
+                        _utc(slot).isoformat())
+            self.catchup.drop(job.name)
+            self._plan(job, slot)
+
+    def _next_missed(self, job: Job, after: float) -> None:
+        head = self.catchup.head(job.name)
+        if head is not None:
+            self._push(self.clock.now(), job.name, head)
+        else:
+            self._plan(job, after)
 
     def _plan_rate(self, job: Job) -> None:
         """Next attempt of a rate-only job: when its last start is ``rate`` old."""
@@ -607,7 +715,10 @@ class Daemon:
             names, self._finished = self._finished, set()
         for name in names:
             job = self.jobs.job(name)
-            if job is not None and job.enabled and job.cron is None and not job.fan_out:
+            head = self.catchup.head(name)
+            if job is not None and job.enabled and head is not None:
+                self._push(self.clock.now(), name, head)  # the next missed slot
+            elif job is not None and job.enabled and job.cron is None and not job.fan_out:
                 self._plan_rate(job)
 
     # -- reload and shutdown --------------------------------------------------
@@ -637,6 +748,7 @@ class Daemon:
     def _shutdown(self) -> None:
         with self._running_lock:
             runs = list(self._running.values())
+        self.systemd.stopping(f"stopping: {len(runs)} running job(s) to finish or stop")
         if runs:
             log.info("stopping: waiting up to %gs for %d running job(s) "
                      "(interrupt again to stop them now)", self.options.grace, len(runs))
@@ -645,6 +757,7 @@ class Daemon:
             if self._stop_now and not told:
                 told = True
                 log.warning("interrupted again: stopping %d running job(s) now", left)
+            self.systemd.watchdog()
             self._wake.wait(0.1)  # rung by a finished run or a signal handler
         if self.listener is not None:
             self.listener.stop()

@@ -13,6 +13,11 @@ if TYPE_CHECKING:  # exec loads this module, and starts faster without it
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
+#: What a daemon does with the slots that came while no daemon ran the job
+#: (``catch-up:``; dblockrun/catchup.py): the newest runs, none, or up to
+#: ``catch-up-limit`` of them, oldest first.
+CATCH_UP = ("latest", "none", "all")
+
 #: A command: a string runs through the job's shell (``sh -c``), a tuple is exec'd.
 Command = str | tuple[str, ...]
 
@@ -85,6 +90,10 @@ class Job:
     #: Notifications (apprise) and heartbeat pings (dblockrun/notify.py).
     notify: Notify | None = None
     ping: SecretUrl | None = None
+    #: After downtime (dblockrun/catchup.py): ``latest``, ``none`` or ``all``.
+    catch_up: str = "latest"
+    #: ``catch-up: all``: at most this many missed slots run (None: the default).
+    catch_up_limit: int | None = None
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -112,6 +121,8 @@ class Job:
                 del data[key]
             else:
                 data[key] = secret.definition()
+        if data["catch_up"] == "latest" and data["catch_up_limit"] is None:
+            del data["catch_up"], data["catch_up_limit"]  # likewise without `catch-up:`
         import hashlib  # here: exec never hashes, and starts faster without them
         import json
 

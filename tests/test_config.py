@@ -357,7 +357,8 @@ def test_duplicate_key_in_defaults() -> None:
 KNOWN = (
     "cron, rate, command, lock-at-most, lock-at-least, timezone, env, workdir, shell, "
     "starting-deadline, retries, retry-delay, on-failure, jitter, description, enabled, "
-    "items, items-command, parallel, batch, history-limit, user, run-on, on, notify, ping"
+    "items, items-command, parallel, batch, history-limit, user, run-on, on, notify, ping, "
+    "catch-up, catch-up-limit"
 )
 DURATION = "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)"
 

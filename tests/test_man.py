@@ -339,7 +339,9 @@ def systemd_unit(path: Path) -> dict[str, dict[str, list[str]]]:
 def test_the_systemd_unit() -> None:
     unit = systemd_unit(EXAMPLES / "dblockrun.service")
     service = {key: values[-1] for key, values in unit["Service"].items()}
-    assert service["Type"] == "simple"
+    assert service["Type"] == "notify"  # READY=1, STOPPING=1, WATCHDOG=1 (dblockrun/sdnotify.py)
+    assert service["NotifyAccess"] == "main"
+    assert parse_duration(service["WatchdogSec"].replace("min", "m")) >= 60
     exec_start = shlex.split(service["ExecStart"])
     assert exec_start[:2] == ["/usr/local/bin/dblockrun", "daemon"]
     assert exec_start[-1] == "/etc/dblockrun/jobs.yaml"

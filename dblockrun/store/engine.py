@@ -509,6 +509,12 @@ class LockEngine:
         params = {"name": name, "slot": slot}
         return self._one_row(self.q.skip_slot, params)
 
+    def skip_range(self, name: str, after: float, slot: float) -> bool:
+        """Advance the job's last slot from exactly ``after`` to ``slot``
+        without running the slots between; True for the one host that did."""
+        params = {"name": name, "after": after, "slot": slot}
+        return self._one_row(self.q.skip_range, params)
+
     def sweep_lost(self) -> list[LostRun]:
         """Record as ``lost`` the runs whose lease ran out or was taken over,
         each ending at its lease's last renewal; returns them. One statement

@@ -437,6 +437,15 @@ class Queries:
         return (f"UPDATE {locks} SET last_slot = {p('slot')} WHERE {locks}.name = {p('name')} "
                 f"AND ({locks}.last_slot IS NULL OR {locks}.last_slot < {p('slot')})")
 
+    @cached_property
+    def skip_range(self) -> str:
+        """:attr:`skip_slot` for all the slots after ``after`` up to ``slot``
+        at once: only while the last slot is still ``after``, so the one host
+        that moved it records them (a catch-up's summary of older missed slots)."""
+        locks, p = self.locks, self.p
+        return (f"UPDATE {locks} SET last_slot = {p('slot')} WHERE {locks}.name = {p('name')} "
+                f"AND {locks}.last_slot = {p('after')} AND {locks}.last_slot < {p('slot')}")
+
     def holding(self, table: str, alive: bool) -> str:
         """The lock row (a job's, or a fan-out item's) that holds a run with
         its token; ``alive``: and its lease has not run out."""

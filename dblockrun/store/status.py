@@ -92,6 +92,13 @@ def job_status(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobSta
     return store._run(go)
 
 
+def lock_rows(store: Store, conn: Connection) -> tuple[dict[str, m.LockState], float]:
+    """Every lock row by name, and the database time (statement 1 alone)."""
+    rows = conn.execute(_jobs_statement(store, None)).mappings().all()
+    locks = {str(r["name"]): m.from_row(m.LockState, r) for r in rows if r["name"] is not None}
+    return locks, float(rows[0]["db_now"])
+
+
 def _jobs_statement(store: Store, names: list[str] | None) -> sa.Select[Any]:
     """The lock rows with the database time; one row with only ``db_now``
     when there is no job, so the time is read in any case."""

@@ -330,6 +330,7 @@ class Store:
     renew_many = on_engine(LockEngine.renew_many)
     release = on_engine(LockEngine.release)
     skip_slot = on_engine(LockEngine.skip_slot)
+    skip_range = on_engine(LockEngine.skip_range)
 
     def negative_tokens(self, names: Iterable[str]) -> list[str]:
         """Which of ``names`` have a token edited below zero (never claimed)."""
@@ -534,6 +535,13 @@ class Store:
         from dblockrun.store.status import job_status
 
         return job_status(self, names)[0]
+
+    def lock_states(self) -> tuple[dict[str, m.LockState], float]:
+        """Every job's lock row, and the database time: one statement (the
+        one `status` reads first)."""
+        from dblockrun.store.status import lock_rows
+
+        return self._run(lambda c: lock_rows(self, c))
 
     def lock_state(self, name: str) -> m.LockState | None:
         locks = self.t.locks

@@ -1,0 +1,441 @@
+"""Catch-up after downtime (``catch-up``, ``catch-up-limit``) and systemd's
+notify protocol: the keys' validation, the pure plan, and real daemon
+processes on every backend after a whole-fleet outage, read back from the
+history; a real daemon talking to a notify socket the test binds."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
+from proxy import Proxy
+from test_config import error, load, one_job
+from test_daemon import DaemonProc, runs_of
+
+from dblockrun.catchup import COUNTED, DEFAULT_LIMIT, FRESH, RECORDED, plan
+from dblockrun.jobs import Job
+from dblockrun.sdnotify import SystemdNotifier
+from dblockrun.store import Store
+from dblockrun.store import models as m
+
+EVERY_SECOND = '"* * * * * *"'
+
+# --- the keys --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("catch-up", "sometimes", "must be one of latest, none, all, got a string ('sometimes')"),
+        ("catch-up", "[all]", "must be one of latest, none, all, got a list"),
+        ("catch-up", "true", "must be one of latest, none, all, got a boolean (true)"),
+        ("catch-up", "~", "needs a value"),
+        ("catch-up-limit", "0", "must be at least 1, got 0"),
+        ("catch-up-limit", "x", "must be a whole number, got a string ('x')"),
+        ("catch-up-limit", "2.5", "must be a whole number, got a number (2.5)"),
+    ],
+)
+def test_bad_catch_up_value(key: str, value: str, message: str) -> None:
+    extra = {"catch-up": "all"} if key == "catch-up-limit" else {}
+    line = 6 if extra else 5
+    assert error(one_job(**extra, **{key: value})) == f"jobs.yaml:{line}: job 'j': {key}: {message}"
+
+
+def test_a_limit_needs_catch_up_all() -> None:
+    assert error(one_job(**{"catch-up-limit": "3"})) == (
+        "jobs.yaml:5: job 'j': catch-up-limit: only with catch-up: all "
+        "(this job's catch-up is latest)")
+    text = "defaults:\n  catch-up: none\n  catch-up-limit: 3\njobs:\n  j:\n    cron: '@daily'\n" \
+           "    command: x\n"
+    assert error(text) == ("jobs.yaml:3: job 'j': catch-up-limit: only with catch-up: all "
+                           "(this job's catch-up is none)")
+
+
+def test_both_keys_under_defaults_and_null_unsets_the_limit() -> None:
+    jobs = load("""\
+        defaults:
+          catch-up: all
+          catch-up-limit: 5
+        jobs:
+          a: {cron: '@daily', command: x}
+          b: {cron: '@daily', command: x, catch-up: latest, catch-up-limit: null}
+          c: {cron: '@daily', command: x}
+        """).jobs
+    assert [(j.catch_up, j.catch_up_limit) for j in jobs] == [
+        ("all", 5), ("latest", None), ("all", 5)]
+    # The default leaves a job's definition hash as it was before the keys existed.
+    assert Job("x", "x", cron="@daily").definition_hash() == "c67d1869302f"
+    assert (Job("x", "x", cron="@daily", catch_up="none").definition_hash()
+            != Job("x", "x", cron="@daily").definition_hash())
+
+
+# --- the plan (pure) -------------------------------------------------------------------
+
+
+def job(catch_up: str = "latest", limit: int | None = None, cron: str = "* * * * * *",
+        rate: float | None = None) -> Job:
+    return Job("j", "true", cron=cron, rate=rate, catch_up=catch_up, catch_up_limit=limit)
+
+
+NOW = 1_800_000_000.5  # half a second past a whole second
+
+
+def test_latest_runs_the_newest_and_records_the_older() -> None:
+    p = plan(job(), NOW - 5.5, NOW)  # slots NOW-4.5 .. NOW-0.5
+    assert p is not None
+    assert p.run == (NOW - 0.5,)
+    assert p.missed == (NOW - 4.5, NOW - 3.5, NOW - 2.5, NOW - 1.5)
+    assert p.older is None
+
+
+def test_none_runs_nothing_but_leaves_a_fresh_slot_to_the_schedule() -> None:
+    p = plan(job("none"), NOW - 5.5, NOW)
+    assert p is not None
+    assert p.run == ()
+    # NOW-0.5 is under FRESH old: live daemons may be claiming it; not missed.
+    assert p.missed == (NOW - 4.5, NOW - 3.5, NOW - 2.5, NOW - 1.5)
+    assert p.resume == NOW - 1.5
+    # Every 10 s: the newest, 3.5 s old, is missed.
+    later = plan(job("none", cron="*/10 * * * * *"), NOW - 40.5, NOW + 3)
+    assert later is not None and later.missed == (NOW - 30.5, NOW - 20.5, NOW - 10.5, NOW - 0.5)
+
+
+def test_all_runs_the_newest_limit_oldest_first() -> None:
+    p = plan(job("all", 3), NOW - 8.5, NOW)
+    assert p is not None
+    assert p.run == (NOW - 2.5, NOW - 1.5, NOW - 0.5)
+    assert p.missed == tuple(NOW - k - 0.5 for k in range(7, 2, -1))
+    assert plan(job("all"), NOW - 8.5, NOW).run == tuple(  # type: ignore[union-attr]
+        NOW - k - 0.5 for k in range(7, -1, -1))
+    # A cron + rate job runs one at most: the rate would refuse the others.
+    assert plan(job("all", 3, rate=1.0), NOW - 8.5, NOW).run == (NOW - 0.5,)  # type: ignore[union-attr]
+
+
+def test_nothing_missed_no_last_slot_or_no_slots() -> None:
+    assert plan(job(), NOW - 0.5, NOW) is None  # last slot is the newest
+    assert plan(job(), None, NOW) is None  # never ran: nothing was missed
+    assert plan(Job("j", "true", rate=60.0, catch_up="none"), NOW - 100, NOW) is None
+    assert plan(job(cron="0 0 1 1 *"), NOW - 3600, NOW) is None
+
+
+def test_a_week_down_is_bounded_in_records_and_time() -> None:
+    week = 7 * 86400
+    started = time.monotonic()
+    p = plan(job("all", 5), NOW - week - 0.5, NOW)
+    took = time.monotonic() - started
+    assert p is not None and p.older is not None
+    assert len(p.run) == 5 and len(p.missed) == RECORDED
+    assert p.older.first == NOW - week + 0.5 and p.older.last == p.missed[0] - 1
+    assert (p.older.count, p.older.more) == (COUNTED, True)
+    assert took < 1.0, took  # 604,800 slots, looked at from the newest end
+    small = plan(job(), NOW - 30.5, NOW)
+    assert small is not None and small.older is not None
+    # 30 slots: 1 runs, RECORDED recorded one by one, the rest counted in one record.
+    assert (small.older.count, small.older.more) == (30 - 1 - RECORDED, False)
+    assert DEFAULT_LIMIT == 100
+
+
+# --- daemons after a whole-fleet outage ----------------------------------------------
+
+
+def _down_since(store: Store, name: str, seconds: int) -> float:
+    """The job's lock row as if the fleet had stopped ``seconds`` ago: its
+    last slot that many whole seconds back (database clock). Returns it."""
+    store.ensure_jobs([name])
+    last = float(math.floor(store.db_now()) - seconds)
+    assert store.skip_slot(name, last)
+    return last
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def _start(db: TestDb, tmp: Path, text: str, n: int = 0) -> DaemonProc:
+    workdir = tmp / f"d{n}"
+    workdir.mkdir()
+    return DaemonProc(db, workdir, text, "5s")
+
+
+def _slots(runs: list[m.RunRecord]) -> Counter[float]:
+    return Counter(r.slot for r in runs if r.slot is not None)
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[DaemonProc]]:
+    started: list[DaemonProc] = []
+    yield started
+    for d in started:
+        d.kill()
+
+
+def test_latest_runs_the_newest_missed_slot_and_records_the_older(
+        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc]) -> None:
+    last = _down_since(store, "tick", 15)
+    daemons.append(d := _start(db, tmp_path, f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
+                                            "    command: 'true'\n"))
+    first_ok = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK),
+                                   None), 20, what="the catch-up run")
+    assert first_ok.slot is not None
+    runs = runs_of(store, "tick")
+    before = [r for r in runs if r.slot is not None and r.slot < first_ok.slot]
+    assert {r.result for r in before} == {m.MISSED}
+    # Every slot of the outage before the newest is recorded missed once, why
+    # included: the newest RECORDED one by one, the older ones in one record.
+    older, *each = sorted(before, key=lambda r: r.slot or 0)
+    assert [r.slot for r in each] == [first_ok.slot - k for k in range(RECORDED, 0, -1)]
+    assert all((store.run(r.id).output or "") == "missed: no daemon ran the job when the slot "  # type: ignore[union-attr]
+               "came; catch-up: latest runs only the newest missed slot\n" for r in each)
+    assert older.slot == first_ok.slot - RECORDED - 1
+    assert (store.run(older.id).output or "") == (  # type: ignore[union-attr]
+        f"missed: {int(older.slot - last)} slots from {_iso(last + 1)} to {_iso(older.slot)}: "
+        "no daemon ran the job when they came; catch-up: latest runs only the newest missed "
+        "slot\n")
+    assert older.slot - last >= 3  # the outage was 15 s, and the daemon started after it
+    assert "(catch-up: latest): running the newest, the older recorded missed" in d.text()
+    d.wait(lambda: sum(r.result == m.OK for r in runs_of(store, "tick")) >= 3, 10,
+           what="the regular schedule after the catch-up")
+    assert max(_slots(runs_of(store, "tick")).values()) == 1
+    assert d.stop() == 0
+
+
+def test_none_runs_no_missed_slot(db: TestDb, store: Store, tmp_path: Path,
+                                  daemons: list[DaemonProc]) -> None:
+    last = _down_since(store, "tick", 8)
+    t0 = store.db_now()
+    daemons.append(d := _start(db, tmp_path, f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
+                                            "    catch-up: none\n    command: 'true'\n"))
+    first_ok = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK),
+                                   None), 20, what="a regular run")
+    assert first_ok.slot is not None and first_ok.slot > t0 - FRESH
+    runs = runs_of(store, "tick")
+    before = [r for r in runs if r.slot is not None and r.slot < first_ok.slot]
+    assert [r.slot for r in before] == [last + k for k in range(1, int(first_ok.slot - last))]
+    assert {r.result for r in before} == {m.MISSED}
+    assert any("catch-up: none runs no missed slot" in (store.run(r.id).output or "")  # type: ignore[union-attr]
+               for r in before)
+    assert len(before) >= 6
+    assert max(_slots(runs).values()) == 1
+    assert d.stop() == 0
+
+
+JOB_ALL = ("jobs:\n  tick:\n    cron: " + EVERY_SECOND + "\n    catch-up: all\n"
+           "    catch-up-limit: {limit}\n    command: 'sleep 0.3'\n")
+
+
+def _catch_up_runs(store: Store, last: float, limit: int) -> tuple[list[m.RunRecord],
+                                                                    list[m.RunRecord]]:
+    """(the missed records of the start, the catch-up runs): the slots after
+    ``last`` recorded missed with the catch-up's reason, then the ``limit``
+    slots after them."""
+    runs = runs_of(store, "tick")
+    missed = [r for r in runs if r.result == m.MISSED
+              and "catch-up: all" in (store.run(r.id).output or "")]  # type: ignore[union-attr]
+    newest_missed = max((r.slot or 0.0 for r in missed), default=last)
+    ran = sorted((r for r in runs if r.slot is not None
+                  and newest_missed < r.slot <= newest_missed + limit), key=lambda r: r.slot or 0)
+    return missed, ran
+
+
+def test_all_runs_the_newest_missed_slots_one_at_a_time_oldest_first(
+        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc]) -> None:
+    last = _down_since(store, "tick", 8)
+    daemons.append(d := _start(db, tmp_path, JOB_ALL.format(limit=3)))
+
+    def caught_up() -> bool:
+        _missed, ran = _catch_up_runs(store, last, 3)
+        return len(ran) == 3 and all(r.result == m.OK for r in ran)
+
+    d.wait(caught_up, 20, what="three catch-up runs")
+    missed, ran = _catch_up_runs(store, last, 3)
+    # The older ones: each slot after the last one recorded missed, once.
+    assert sorted(r.slot or 0 for r in missed) == [
+        last + k for k in range(1, len(missed) + 1)]
+    assert len(missed) >= 5
+    # The newest three: each run, oldest first, one at a time.
+    assert [r.result for r in ran] == [m.OK] * 3
+    for a, b in zip(ran, ran[1:], strict=False):
+        assert a.finished is not None and a.finished <= b.started
+    assert ran[0].started - (ran[0].slot or 0) > 1.0  # run late: a catch-up
+    assert "running the newest 3, oldest first" in d.text()
+    assert max(_slots(runs_of(store, "tick")).values()) == 1
+    assert d.stop() == 0
+
+
+def test_two_daemons_after_downtime_run_each_missed_slot_once(
+        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc]) -> None:
+    last = _down_since(store, "tick", 8)
+    for n in range(2):
+        daemons.append(_start(db, tmp_path, JOB_ALL.format(limit=4), n))
+
+    def caught_up() -> bool:
+        _missed, ran = _catch_up_runs(store, last, 4)
+        return len(ran) == 4 and all(r.result != m.RUNNING for r in ran)
+
+    daemons[0].wait(caught_up, 30, what="the catch-up")
+    _missed, ran = _catch_up_runs(store, last, 4)
+    newest = max(r.slot or 0 for r in ran)
+    # A few regular slots after it, so both daemons had their chance at every slot.
+    daemons[0].wait(lambda: any((r.slot or 0) > newest + 2 and r.result == m.OK
+                                for r in runs_of(store, "tick")), 10, what="regular runs")
+    runs = runs_of(store, "tick")
+    assert max(_slots(runs).values()) == 1, _slots(runs)
+    assert all(r.slot is not None for r in runs)
+    # Every slot from the outage on has exactly one record: run, or missed with why.
+    assert sorted(r.slot or 0 for r in runs if (r.slot or 0) <= newest) == [
+        last + k for k in range(1, int(newest - last) + 1)]
+    oks = sorted((r for r in runs if r.result == m.OK), key=lambda r: r.started)
+    for a, b in zip(oks, oks[1:], strict=False):
+        assert a.finished is not None and a.finished <= b.started + 0.001, (a, b)
+    assert [r.result for r in ran].count(m.OK) >= 3
+    for d in daemons:
+        assert d.stop() == 0
+
+
+# --- systemd ---------------------------------------------------------------------------
+
+
+class NotifySocket:
+    """The socket systemd would listen on: messages as they come."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.1)
+        self.messages: list[tuple[float, str]] = []
+
+    def read(self) -> list[str]:
+        while True:
+            try:
+                data = self.sock.recv(4096)
+            except (TimeoutError, BlockingIOError):
+                return [text for _t, text in self.messages]
+            self.messages.append((time.monotonic(), data.decode()))
+
+    def has(self, line: str) -> bool:
+        return any(line in text.split("\n") for text in self.read())
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_notifier_speaks_to_a_path_and_the_abstract_namespace(tmp_path: Path) -> None:
+    listening = NotifySocket(tmp_path / "n")
+    env = {"NOTIFY_SOCKET": str(tmp_path / "n"), "WATCHDOG_USEC": "4000000", "OTHER": "1"}
+    n = SystemdNotifier(env)
+    assert env == {"OTHER": "1"}  # commands the daemon starts don't inherit them
+    assert n.watchdog_every == 2.0 and n.sleep_cap() == 1.0
+    n.ready("ok")
+    n.watchdog()
+    n.watchdog()  # too soon: not sent again
+    assert listening.read() == ["READY=1\nSTATUS=ok", "WATCHDOG=1"]
+    n.close()
+    listening.close()
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    name = f"dblockrun-test-{os.getpid()}"
+    abstract.bind(b"\0" + name.encode())
+    abstract.settimeout(5)
+    n = SystemdNotifier({"NOTIFY_SOCKET": f"@{name}"})
+    n.stopping("bye")
+    assert abstract.recv(100) == b"STOPPING=1\nSTATUS=bye"
+    abstract.close()
+    n.close()
+    # Another process's watchdog, or none at all: no pings.
+    assert SystemdNotifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "1000000",
+                     "WATCHDOG_PID": "1"}).watchdog_every is None
+    assert SystemdNotifier({"WATCHDOG_USEC": "1000000"}).watchdog_every is None
+
+
+def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
+        db: TestDb, store: Store, tmp_path: Path) -> None:
+    notify = NotifySocket(tmp_path / "notify")
+    proxy = Proxy(5432 if db.backend == "postgresql" else 3306) if db.backend != "sqlite" \
+        else None
+    url = proxy.url_for(db.url) if proxy is not None else db.url
+    if proxy is not None:
+        proxy.cut()  # the database is away when the daemon starts
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
+                    "    command: 'echo NOTIFY_SOCKET=${NOTIFY_SOCKET:-unset}'\n")
+    log = (tmp_path / "daemon.log").open("wb")
+    cmd = [*dblockrun_cmd(), "--db", url, "--table-prefix", db.prefix, "daemon", str(jobs),
+           "--heartbeat", "5s", "--lease", "15s"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=clean_env(
+        PYTHONUNBUFFERED="1", NOTIFY_SOCKET=str(tmp_path / "notify"), WATCHDOG_USEC="1000000"))
+    try:
+        if proxy is not None:
+            wait_for(lambda: notify.has("STATUS=waiting for the database: database "
+                                        "unreachable"), 20, what="waiting for the database")
+            waiting = notify.read().count("WATCHDOG=1")
+            assert not notify.has("READY=1")
+            assert store.status(["tick"]) == []  # it has not reached the database
+            proxy.restore()
+            assert waiting >= 1  # the watchdog is fed while it waits for the database
+        wait_for(lambda: notify.has("READY=1"), 20, what="READY=1")
+        # READY only once the start-up against the database succeeded.
+        assert [s.lock.name for s in store.status(["tick"])] == ["tick"]
+        ready_at = next(t for t, text in notify.messages if "READY=1" in text)
+        # A heartbeat of 5s, but WATCHDOG_USEC=1s: pinged at least every 0.5s.
+        wait_for(lambda: notify.read().count("WATCHDOG=1") and len(
+            [t for t, x in notify.messages if x == "WATCHDOG=1" and t > ready_at]) >= 6, 10,
+                 what="watchdog pings")
+        pings = [t for t, x in notify.messages if x == "WATCHDOG=1" and t > ready_at]
+        gaps = [b - a for a, b in zip(pings, pings[1:], strict=False)]
+        assert max(gaps) < 0.6  # half of WATCHDOG_USEC, and the loop's own time
+        wait_for(lambda: any(r.result == m.OK for r in store.history("tick")), 10,
+                 what="a run")
+        ok = next(r for r in store.history("tick") if r.result == m.OK)
+        assert (store.run(ok.id).output or "").strip() == "NOTIFY_SOCKET=unset"  # type: ignore[union-attr]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert notify.has("STOPPING=1")
+        stopping = next(t for t, text in notify.messages if "STOPPING=1" in text)
+        assert stopping > ready_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        notify.close()
+        if proxy is not None:
+            proxy.close()
+
+
+def test_a_paused_daemon_records_the_slots_it_passed_over(
+        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc]) -> None:
+    # Not downtime: a running daemon that falls behind tries the newest slot
+    # and records the older ones missed, with no starting-deadline too.
+    daemons.append(d := _start(db, tmp_path, f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
+                                            "    catch-up: all\n    command: 'true'\n"))
+    d.wait(lambda: any(r.result == m.OK for r in runs_of(store, "tick")), 20, what="a run")
+    now = time.time()  # the local servers share this host's clock
+    stop_at = math.floor(now) + (0.4 if now % 1 < 0.3 else 1.4)
+    resume_at = stop_at + 2.3
+    wait_for(lambda: time.time() >= stop_at, 3, interval=0.01, what="pause time")
+    d.send(signal.SIGSTOP)
+    try:
+        wait_for(lambda: time.time() >= resume_at, 5, interval=0.01, what="resume time")
+    finally:
+        d.send(signal.SIGCONT)
+    # The first slot run after the pause: the newest when the daemon woke.
+    after = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK
+                                 and (r.slot or 0) > stop_at), None), 10, what="a run after")
+    newest = after.slot or 0
+    assert newest >= math.floor(resume_at)
+    paused = [r for r in runs_of(store, "tick") if r.slot is not None and stop_at < r.slot < newest]
+    assert [(r.slot, r.result) for r in paused] == [
+        (float(s), m.MISSED) for s in range(math.ceil(stop_at), int(newest))]
+    assert all((store.run(r.id).output or "").startswith("missed: passed over: tried ")  # type: ignore[union-attr]
+               for r in paused)
+    assert max(_slots(runs_of(store, "tick")).values()) == 1
+    assert d.stop() == 0
