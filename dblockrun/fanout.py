@@ -24,6 +24,7 @@ from dblockrun.runjob import (
     exit_status,
     line_logger,
     result_of,
+    stored_output,
     stored_text,
 )
 from dblockrun.runner import LeaseWatch, RunAs, argv_for, run_process
@@ -191,7 +192,7 @@ class FanOut(threading.Thread):
                     "job %s: item %s %s, exit %s, %.2fs", job.name, label, result, code, took,
                     extra={"job": job.name, "run_id": run_id, "item": batch[0].item,
                            "event": result})
-            output = stored_text(outcome.tail)
+            output = stored_output(outcome)
         finally:
             ctx.renewer.remove(watch)
             ctx.outage.retry(f"record result of {job.name}",

@@ -140,7 +140,7 @@ class Renewer:
                                                     lease)
                     answered = True
                 for watch in live:
-                    self._settle(watch, watch.name in renewed, sent)
+                    self._settle(watch, renewed.get(watch.name, False), sent)
         for watch in leases:
             if watch.renew is None:
                 continue
@@ -159,9 +159,14 @@ class Renewer:
             return [w for w in watches if not w.lost and self._leases.get(id(w)) is w]
 
     @staticmethod
-    def _settle(watch: LeaseWatch, ok: bool, sent: float) -> None:
-        if ok:
+    def _settle(watch: LeaseWatch, ok: bool | str | None, sent: float) -> None:
+        """``ok``: renewed (True or None), lost (False), or renewed with a
+        kill request (who and why), which the run's watcher then applies."""
+        if ok is not False:
             watch.renewed(sent)
+            if isinstance(ok, str) and watch.killed is None:
+                watch.killed = ok
+                log.warning("job %s: killed by %s; stopping its command", watch.name, ok)
         else:
             watch.lost = True
             log.error("job %s: lock lost (token %d no longer current); stopping its command",

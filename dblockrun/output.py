@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
     from rich.table import Table
 
+    from dblockrun.store.control import AuditRecord, Pause
+
 #: Bumped only on incompatible changes to the ``--json`` shapes.
 JSON_VERSION = 1
 
@@ -242,9 +244,24 @@ def host_json(h: HostStatus) -> dict[str, Any]:
     }
 
 
+def pause_json(paused: Pause | None) -> dict[str, Any] | None:
+    if paused is None:
+        return None
+    return {"since": iso(paused.since), "until": iso(paused.ends), "by": paused.who,
+            "reason": paused.reason}
+
+
+def pause_line(paused: Pause, now: float) -> str:
+    """What ``status`` says first while the fleet is paused."""
+    until = "until resumed" if paused.ends >= FOREVER else f"until {_short(paused.ends, now)}"
+    reason = f": {paused.reason}" if paused.reason else ""
+    return (f"PAUSED {until}, by {paused.who} since {_short(paused.since, now)}{reason}; "
+            "no new run starts on any host (`dblockrun resume` ends it)")
+
+
 @_uncollected
 def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                live_within: float = 15.0) -> str:
+                live_within: float = 15.0, paused: Pause | None = None) -> str:
     fleet = Fleet(hosts)
     defs = fleet.defs
     out = []
@@ -261,6 +278,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             "next_run_note": v.next_note,
             "disabled_until": iso(s.lock.disabled_until) if s.state == "disabled" else None,
             "disabled_reason": s.lock.disabled_reason if s.state == "disabled" else None,
+            "disabled_by": s.lock.disabled_by if s.state == "disabled" else None,
             "last_run": run_json(s.last_run),
             "running": run_json(v.running),
             "items": s.items,
@@ -271,6 +289,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         "version": JSON_VERSION,
         "db_time": iso(db_now),
         "live_within": live_within,
+        "paused": pause_json(paused),
         "jobs": out,
         "hosts": [host_json(h) for h in hosts],
         "warnings": warnings(jobs, fleet, live_within),
@@ -280,6 +299,15 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
 @_uncollected
 def history_json(runs: Sequence[RunRecord]) -> str:
     return dumps({"version": JSON_VERSION, "runs": [run_json(r) for r in runs]})
+
+
+def audit_entry_json(e: AuditRecord) -> dict[str, Any]:
+    return {"id": e.id, "at": iso(e.at), "who": e.who, "action": e.action, "job": e.job,
+            "detail": e.detail, "reason": e.reason}
+
+
+def audit_json(entries: Sequence[AuditRecord]) -> str:
+    return dumps({"version": JSON_VERSION, "entries": [audit_entry_json(e) for e in entries]})
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -538,6 +566,8 @@ def _state_cell(v: JobView, now: float) -> str:
     if s.state == "disabled":
         until = _short(s.lock.disabled_until, now)
         text += " " + until if until == "until enabled" else f" until {until}"
+        if s.lock.disabled_by:
+            text += f" by {s.lock.disabled_by}"
         if s.lock.disabled_reason:
             text += f": {s.lock.disabled_reason}"
     if s.items is not None:
@@ -566,7 +596,8 @@ def _next_run_cell(v: JobView, now: float) -> str:
 
 @_uncollected
 def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                live_within: float = 15.0, width: int | None = None) -> str:
+                live_within: float = 15.0, width: int | None = None,
+                paused: Pause | None = None) -> str:
     fleet = Fleet(hosts)
     rows = []
     for s in jobs:
@@ -577,6 +608,9 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         rows.append([s.lock.name, _state_cell(v, db_now), holder, str(s.lock.token),
                      _last_run_cell(s.last_run, db_now), _next_run_cell(v, db_now)])
     page = _Page(width)
+    if paused is not None:
+        page.paragraphs([pause_line(paused, db_now)])
+        page.line()
     page.line("jobs")
     page.table(("job", "state", "holder", "token", "last run", "next run"), rows,
                ("job", "token"))
@@ -598,8 +632,8 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
 
 
 def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                 live_within: float = 15.0) -> None:
-    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width()))
+                 live_within: float = 15.0, paused: Pause | None = None) -> None:
+    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width(), paused))
 
 
 @_uncollected
@@ -621,3 +655,19 @@ def history_text(runs: Sequence[RunRecord], width: int | None = None) -> str:
 def print_history(runs: Sequence[RunRecord], db_now: float) -> None:
     del db_now  # history shows absolute times
     sys.stdout.write(history_text(runs, terminal_width()))
+
+
+@_uncollected
+def audit_text(entries: Sequence[AuditRecord], width: int | None = None) -> str:
+    rows = [[str(e.id), _stamp(e.at), e.who, e.action, e.job or "-",
+             "; ".join(part for part in (e.detail, e.reason) if part) or "-"]
+            for e in entries]
+    page = _Page(width)
+    page.line("operator actions")
+    page.table(("id", "at", "who", "action", "job", "detail"), rows,
+               ("id", "who", "action", "job"))
+    return page.text()
+
+
+def print_audit(entries: Sequence[AuditRecord]) -> None:
+    sys.stdout.write(audit_text(entries, terminal_width()))

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("dblockrun")
 out_log = logging.getLogger("dblockrun.output")
 
-_RESULT = {"timeout": m.TIMEOUT, "fenced": m.KILLED, "stopped": m.KILLED, "error": m.FAILED}
+_RESULT = {"timeout": m.TIMEOUT, "fenced": m.KILLED, "stopped": m.KILLED, "killed": m.KILLED,
+           "error": m.FAILED}
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,15 @@ def stored_text(data: bytes) -> str:
     """Command output as the runs table keeps it: UTF-8 with bad bytes
     replaced, and NUL (which PostgreSQL text cannot hold) as U+FFFD."""
     return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+def stored_output(outcome: Outcome) -> str:
+    """The output tail a run is recorded with; a command that could not start,
+    or that an operator killed, ends with why (``killed by alice@web-1: ...``)."""
+    output = stored_text(outcome.tail)
+    if outcome.reason in ("error", "killed"):
+        output = (output + outcome.detail + "\n")[-65536:]
+    return output
 
 
 def base_env(job: Job, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -282,9 +292,7 @@ class JobRun:
         job, ctx = self.job, self.ctx
         result = result_of(outcome)
         code = exit_status(outcome.exit_code)
-        output = stored_text(outcome.tail)
-        if outcome.reason == "error":
-            output = (output + outcome.detail + "\n")[-65536:]
+        output = stored_output(outcome)
         store, what, until = ctx.store, f"record result of {job.name}", time.monotonic() + 60
         written: bool | None
         if release:

@@ -13,6 +13,11 @@ collation already merged have history under both names and one token
 sequence; splitting them would restart one job's fencing tokens, so the
 migration refuses, naming them, until an operator keeps one name.
 SQLite and PostgreSQL always compared text byte for byte: nothing to do.
+
+Version 4: the fleet features, as new nullable columns and new tables (made
+by ``create_all``), nothing converted. Kill, pause, audit: ``kill_token`` and
+``kill_by`` on the locks and the items, ``disabled_by`` on the locks, tables
+``pause`` (the fleet-wide pause) and ``audit`` (operator actions).
 """
 
 from __future__ import annotations
