@@ -449,12 +449,13 @@ def kill(job: str | None, run_id: int | None, item: str | None, reason: str | No
         raise UsageError("--item goes with JOB")
     if job is not None:
         _check_name(job)
+    _reason(reason)
     wait = None if no_wait else _duration(timeout, "--timeout")
     from dblockrun.who import operator_id
 
     with _open(Access.WRITE, _jobs_for_db()) as store:
         runs = kill_runs(store, operator_id(), job=job, item=item, run_id=run_id,
-                         reason=_reason(reason), wait=wait)
+                         reason=reason, wait=wait)
         where = _where(store)
     for run in runs:
         what = f"{run.job}: run {run.id}" + (f" (item {run.item})" if run.item else "")

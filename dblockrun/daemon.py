@@ -455,7 +455,7 @@ class Daemon:
         if slot is not None:
             self._plan(job, slot)
         else:
-            self._plan_rate(job)
+            self._plan_rate(job, refused=won is None)
 
     def _missed(self, job: Job, slot: float, now: float) -> None:
         if self.store.skip_slot(job.name, slot):
@@ -464,8 +464,10 @@ class Daemon:
             log.warning("job %s: slot %s missed (%.1fs late, starting-deadline %gs)",
                         job.name, _utc(slot).isoformat(), now - slot, job.starting_deadline)
 
-    def _plan_rate(self, job: Job) -> None:
-        """Next attempt of a rate-only job: when its last start is ``rate`` old."""
+    def _plan_rate(self, job: Job, refused: bool = False) -> None:
+        """Next attempt of a rate-only job: when its last start is ``rate`` old.
+        ``refused``: its claim was just lost though it looked due (the fleet
+        paused, the job disabled): not again before a heartbeat (or its rate)."""
         assert job.rate is not None
         now = self.clock.now()
         try:
@@ -480,6 +482,8 @@ class Daemon:
             due = min(lock.last_start, now) + job.rate
             if lock.lock_until is not None and lock.lock_until > due:
                 due = lock.lock_until
+        if refused:
+            due = max(due, now + min(job.rate, self.options.heartbeat))
         self._push(max(due, now + 0.05) + self.clock.uncertainty, job.name, None)
 
     def _went_back(self, job: Job, token: int, slot: float | None,

@@ -41,6 +41,7 @@ JSON_VERSION = 1
 DISABLED = "disabled"
 NO_LIVE_DAEMON = "no live daemon"
 NOT_ON_LIVE_DAEMON = "no live daemon has this job"
+PAUSED = "fleet paused"
 
 
 _P = ParamSpec("_P")
@@ -165,8 +166,10 @@ class JobView:
 class Fleet:
     """The live hosts as the job views need them, worked out once."""
 
-    def __init__(self, hosts: Sequence[HostStatus]) -> None:
+    def __init__(self, hosts: Sequence[HostStatus], paused: Pause | None = None) -> None:
         self.hosts = list(hosts)
+        #: The fleet-wide pause in effect: no job's next run comes while it lasts.
+        self.paused = paused
         self.defs = definitions(self.hosts)
         #: Job names some live daemon has; None if a host did not say.
         self.known: set[str] | None = (
@@ -178,6 +181,8 @@ def job_view(s: JobStatus, fleet: Fleet) -> JobView:
     note: str | None = None
     if s.state == "disabled":
         note = DISABLED
+    elif fleet.paused is not None and s.lock.next_due is not None:
+        note = PAUSED
     elif s.lock.next_due is not None:
         if not fleet.hosts:
             note = NO_LIVE_DAEMON
@@ -262,7 +267,7 @@ def pause_line(paused: Pause, now: float) -> str:
 @_uncollected
 def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
                 live_within: float = 15.0, paused: Pause | None = None) -> str:
-    fleet = Fleet(hosts)
+    fleet = Fleet(hosts, paused)
     defs = fleet.defs
     out = []
     for s in jobs:
@@ -598,7 +603,7 @@ def _next_run_cell(v: JobView, now: float) -> str:
 def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
                 live_within: float = 15.0, width: int | None = None,
                 paused: Pause | None = None) -> str:
-    fleet = Fleet(hosts)
+    fleet = Fleet(hosts, paused)
     rows = []
     for s in jobs:
         v = job_view(s, fleet)
