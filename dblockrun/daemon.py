@@ -104,7 +104,8 @@ class Daemon:
         self._heard: set[str] = set()
         self._heard_all = False
         self._heard_lock = threading.Lock()
-        self.listener = (RequestListener(store, self._hear, options.heartbeat)
+        self.listener = (RequestListener(store, self._hear, options.heartbeat,
+                                         killed=self.renewer.renew_now)
                          if self._announced else None)
         self._finished: set[str] = set()
         #: Per job, the highest fencing token won here and the newest slot run here.

@@ -84,6 +84,11 @@ class Renewer:
         self._kick.set()
         self._thread.join(timeout=30)
 
+    def renew_now(self) -> None:
+        """Renew at once (a kill was announced: the renewal reads it), then
+        every heartbeat from then on."""
+        self._kick.set()
+
     def add(self, watch: LeaseWatch) -> None:
         with self._lock:
             self._leases[id(watch)] = watch

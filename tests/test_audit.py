@@ -5,10 +5,13 @@ job."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import socket
 from datetime import datetime
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 from helpers import TestDb
 
@@ -106,3 +109,15 @@ def test_status_shows_who_disabled_a_job(db: TestDb, store: Store) -> None:
     # Enabled: nobody disabled it any more.
     ok(db, "enable", "backup")
     assert store.status(["backup"])[0].lock.disabled_by is None
+
+
+def test_who_is_the_user_behind_sudo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "ops-1")
+    monkeypatch.setattr(getpass, "getuser", lambda: "root")
+    monkeypatch.setenv("SUDO_USER", "alice")
+    assert operator_id() == "alice@ops-1"
+    monkeypatch.delenv("SUDO_USER")
+    assert operator_id() == "root@ops-1"
+    monkeypatch.setattr(getpass, "getuser", lambda: "bob")
+    monkeypatch.setenv("SUDO_USER", "alice")  # bob's own shell, sudo's variable left over
+    assert operator_id() == "bob@ops-1"

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
@@ -41,11 +42,12 @@ def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @contextmanager
-def daemon(db: TestDb, jobs: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def daemon(db: TestDb, jobs: Path, log: Path,
+           heartbeat: float = HEARTBEAT) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-             "--heartbeat", f"{HEARTBEAT:g}s", "--lease", "3s"],
+             "--heartbeat", f"{heartbeat:g}s", "--lease", f"{3 * heartbeat:g}s"],
             stdout=subprocess.DEVNULL, stderr=out, env=clean_env(), cwd=REPO)
     try:
         yield proc
@@ -108,6 +110,30 @@ def test_kill_stops_a_daemon_job_and_its_background_child(db: TestDb, store: Sto
         again = run_cli(db, "kill", "slow")
         assert (again.returncode, again.stdout) == (1, "")
         assert again.stderr == f"dblockrun: slow is not running in {where(db)}\n"
+
+
+def test_kill_is_announced_on_postgresql(db: TestDb, store: Store, tmp_path: Path) -> None:
+    """PostgreSQL: the request is NOTIFYed; a listening daemon renews at
+    once and so stops the command long before its next heartbeat."""
+    if db.backend != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  slow:\n    rate: 1h\n    command: sleep 300\n")
+    log = tmp_path / "daemon.log"
+    listening = ("SELECT count(*) FROM pg_stat_activity WHERE query = "
+                 f"'LISTEN \"{db.prefix}kill\"'")
+    with daemon(db, jobs, log, heartbeat=10.0):
+        (run,) = wait_for(lambda: store.control.running("slow") or None, 30, what="its run")
+        with store.engine.connect() as conn:
+            wait_for(lambda: conn.exec_driver_sql(listening).scalar() == 1, 10,
+                     what="the daemon listening")
+        done = run_cli(db, "kill", "slow")
+        assert done.returncode == 0, log.read_text()
+    ended = store.run(run.id)
+    assert ended is not None and ended.result == m.KILLED and ended.finished is not None
+    took = ended.finished - killed_at(store, run.id)
+    print(f"\nkill on PostgreSQL, heartbeat 10s: run ended {took:.3f}s after the request")
+    assert took <= 1.0, took
 
 
 def test_kill_by_run_id_stops_an_exec_holder(db: TestDb, store: Store) -> None:

@@ -6,7 +6,8 @@ A kill request is written on the row that holds the run (the job's lock, or
 a fan-out item's row) with the run's fencing token (``kill_token``) and who
 asked (``kill_by``); the holder reads it with its next lease renewal
 (``Queries.kill_of``), so a request for a run that has ended since is never
-applied to the next one. The pause is one row of the ``pause`` table, which
+applied to the next one. On PostgreSQL the request is also announced (``NOTIFY``), and daemons
+that listen renew at once. The pause is one row of the ``pause`` table, which
 ``Queries.claimable`` consults: no claim on any path wins while it lasts.
 """
 
@@ -189,6 +190,10 @@ class ControlStore:
                 if conn.execute(stmt.values(kill_token=run.token, kill_by=by)).rowcount == 1:
                     asked.append(run)
                     self.record(conn, Audit(who, "kill", run.job, _run_detail(run), reason))
+            if asked and self.s.dialect.name == "postgresql":
+                # Delivered at commit: listening daemons renew now (listen.py).
+                channel = self.s.lock.q.kill_channel
+                conn.execute(sa.select(sa.func.pg_notify(channel, asked[0].job)))
             return asked
 
         def steps(conn: Connection) -> list[m.RunRecord]:

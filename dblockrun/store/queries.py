@@ -83,6 +83,9 @@ class Queries:
         self.pause = self.quote(f"{prefix}pause")
         #: Where ``dblockrun run`` announces a request (PostgreSQL; payload: the job).
         self.channel = f"{prefix}run"
+        #: Where ``dblockrun kill`` announces a request (PostgreSQL; payload: the job):
+        #: its holder renews at once, and so reads it, instead of at its next heartbeat.
+        self.kill_channel = f"{prefix}kill"
 
     # -- spelling -------------------------------------------------------------
 
