@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
+import dblockrun
 from dblockrun.cli import cli
 from dblockrun.dburl import describe
 from dblockrun.runner import group_running
@@ -220,6 +221,11 @@ def test_a_kill_request_holds_for_its_run_only(db: TestDb, store: Store) -> None
     (run,) = store.control.running("fan", "x")
     assert store.control.kill([run], "bob@ops-2", None) == [run]
     assert store.items.renew("fan", "h:1:a", [item], 30) == "bob@ops-2"
+    # A Python API holder is not interrupted: its lease reads lost.
+    with dblockrun.lock("api", db=store, heartbeat="0.2s") as lease:
+        (run,) = store.control.running("api")
+        assert not lease.lost and store.control.kill([run], "carol@ops-3", None) == [run]
+        wait_for(lambda: lease.lost, 5, what="lease.lost after the kill")
 
 
 def test_kill_of_a_job_not_running(sqlite_db: TestDb) -> None:
