@@ -246,6 +246,7 @@ class JobRun:
             extra={**fields, "event": result},
         )
         retry = (result == m.FAILED and attempt <= job.retries and not self.watch.lost
+                 and self.watch.killed is None  # an operator's kill ends the run, retries too
                  and not ctx.stop.is_set() and time.monotonic() + 0.1 < self.deadline)
         # A command that failed or ran into lock-at-most triggers on-failure;
         # one stopped by a shutdown or fencing does not.
