@@ -173,7 +173,8 @@ class Lease:
     def lost(self) -> bool:
         """True once the lease is no longer certainly ours; it stays True.
 
-        Set when a renewal found the token no longer current, when no renewal
+        Set when a renewal found the token no longer current or a kill
+        request (``dblockrun kill``; the lease is still held), when no renewal
         succeeded for long enough that the lease may have expired (measured on
         the local monotonic clock from the last successful renewal), or when
         ``lock_at_most`` was reached.
@@ -181,7 +182,7 @@ class Lease:
         if not self._lost:
             watch = self._watch
             may_have_expired = watch.last_ok + watch.full_lease - self._margin
-            if watch.lost or time.monotonic() >= may_have_expired:
+            if watch.lost or watch.killed is not None or time.monotonic() >= may_have_expired:
                 self._lost = True
         return self._lost
 

@@ -140,8 +140,10 @@ def newest_slots(job: Job, after: float, now: float, keep: int) -> list[float]:
 def plan(job: Job, last_slot: float | None, now: float) -> Plan | None:
     """What to do with the job's slots after ``last_slot`` up to ``now``
     (database clock); None when there are none, or the job has no slots to
-    catch up (rate-only, fan-out, or never run: nothing was missed)."""
-    if job.cron is None or job.fan_out or last_slot is None:
+    catch up (rate-only, fan-out, or never run: nothing was missed), or
+    its last slot is not in the past (a row edited by hand; `dblockrun
+    unlock` repairs it)."""
+    if job.cron is None or job.fan_out or last_slot is None or last_slot >= now:
         return None
     runs = runs_allowed(job)
     keep = runs + RECORDED + 1

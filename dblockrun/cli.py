@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from dblockrun.jobs import JobsFile
     from dblockrun.ops import Access
     from dblockrun.store import Store
+    from dblockrun.store.control import Audit
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -339,10 +340,10 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
             raise no_such_job(store, missing)
         where = _where(store)
     if as_json:
-        click.echo(output.status_json(got.jobs, got.hosts, got.db_now, within))
+        click.echo(output.status_json(got.jobs, got.hosts, got.db_now, within, got.paused))
     else:
         click.echo(f"database: {where}")
-        output.print_status(got.jobs, got.hosts, got.db_now, within)
+        output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused)
 
 
 @cli.command()
@@ -364,16 +365,37 @@ def disable(job: str, for_: str | None, until: str | None, reason: str | None,
     if for_ and until:
         raise UsageError("give --for or --until, not both")
     _check_name(job, host_row=True)
-    if reason is not None and len(reason) > MAX_REASON:
-        raise UsageError(f"--reason is {len(reason)} characters long (at most {MAX_REASON})")
+    _reason(reason)
     seconds = None if for_ is None else _duration(for_, "--for")
     until_ts = _parse_time(until) if until is not None else None
     with _open(Access.CREATE if create else Access.WRITE, _jobs_for_db()) as store:
         if not create:
             require_job(store, job, " (--create to disable it before a daemon has loaded it)")
-        end = store.disable(job, for_seconds=seconds, until=until_ts, reason=reason)
+        end = store.disable(job, for_seconds=seconds, until=until_ts, reason=reason,
+                            audit=_audit("disable", job, reason=reason,
+                                         detail=_for_until(for_, until)))
         where = _where(store)
     click.echo(f"{job} disabled until {iso(end)} in {where}")
+
+
+def _audit(action: str, job: str | None = None, *, reason: str | None = None,
+           detail: str | None = None) -> Audit:
+    """The audit record of an operator's action, naming the operator."""
+    from dblockrun.store.control import Audit
+    from dblockrun.who import operator_id
+
+    return Audit(operator_id(), action, job, detail, reason)
+
+
+def _for_until(for_: str | None, until: str | None) -> str:
+    """An action's duration as the operator gave it."""
+    return f"for {for_}" if for_ else f"until {until}" if until else "until enabled"
+
+
+def _reason(reason: str | None) -> str | None:
+    if reason is not None and len(reason) > MAX_REASON:
+        raise UsageError(f"--reason is {len(reason)} characters long (at most {MAX_REASON})")
+    return reason
 
 
 def _parse_time(text: str) -> float:
@@ -399,7 +421,7 @@ def enable(job: str) -> None:
 
     _check_name(job, host_row=True)
     with _open(Access.WRITE, _jobs_for_db()) as store:
-        if not store.enable(job):
+        if not store.enable(job, _audit("enable", job)):
             raise no_such_job(store, [job])
         where = _where(store)
     click.echo(f"{job} enabled in {where}")
@@ -418,11 +440,121 @@ def unlock(job: str) -> None:
 
     _check_name(job, host_row=True)
     with _open(Access.WRITE, _jobs_for_db()) as store:
-        token = store.force_unlock(job)
+        token = store.force_unlock(job, _audit("unlock", job))
         if token is None:
             raise no_such_job(store, [job])
         where = _where(store)
     click.echo(f"{job} unlocked (token now {token}) in {where}")
+
+
+@cli.command()
+@click.argument("job", required=False)
+@click.option("--run", "run_id", type=click.IntRange(1), metavar="ID",
+              help="Kill this run (an id from `history`) instead of JOB's runs.")
+@click.option("--item", metavar="ITEM", help="Only this item's run (fan-out jobs).")
+@click.option("--reason", metavar="TEXT", help="Recorded with the run and in the audit trail.")
+@click.option("--timeout", default="30s", show_default=True, metavar="DURATION",
+              help="How long to wait for the runs to end.")
+@click.option("--no-wait", is_flag=True, help="Only file the request.")
+@global_options()
+@handle_errors
+def kill(job: str | None, run_id: int | None, item: str | None, reason: str | None,
+         timeout: str, no_wait: bool) -> None:
+    """Stop JOB's running command (or run ID's) on whichever host runs it:
+    its holder reads the request with its next lease renewal, stops the
+    command's process group, records the run `killed` and frees the lock."""
+    from dblockrun.kill import kill as kill_runs
+    from dblockrun.ops import Access
+
+    if (job is None) == (run_id is None):
+        raise UsageError("give JOB or --run ID")
+    if item is not None and job is None:
+        raise UsageError("--item goes with JOB")
+    if job is not None:
+        _check_name(job)
+    _reason(reason)
+    wait = None if no_wait else _duration(timeout, "--timeout")
+    from dblockrun.who import operator_id
+
+    with _open(Access.WRITE, _jobs_for_db()) as store:
+        runs = kill_runs(store, operator_id(), job=job, item=item, run_id=run_id,
+                         reason=reason, wait=wait)
+        where = _where(store)
+    for run in runs:
+        what = f"{run.job}: run {run.id}" + (f" (item {run.item})" if run.item else "")
+        if wait is None:
+            click.echo(f"{what} on {run.host}: kill requested in {where}")
+        elif run.result == "killed":
+            click.echo(f"{what} on {run.host} killed in {where}")
+        else:
+            click.echo(f"{what} on {run.host} ended {run.result} before the kill reached it "
+                       f"in {where}")
+
+
+@cli.command()
+@click.option("--for", "for_", metavar="DURATION", help="How long, e.g. 1h (default: until "
+              "`resume`).")
+@click.option("--reason", metavar="TEXT", help="Shown in status and the audit trail.")
+@global_options()
+@handle_errors
+def pause(for_: str | None, reason: str | None) -> None:
+    """Pause the whole fleet: no new run starts on any host (running ones
+    finish) until `resume`, or for a while."""
+    from dblockrun.ops import Access
+    from dblockrun.output import iso
+
+    seconds = None if for_ is None else _duration(for_, "--for")
+    entry = _audit("pause", reason=_reason(reason), detail=f"for {for_}" if for_ else None)
+    with _open(Access.WRITE, _jobs_for_db()) as store:
+        paused = store.control.pause(entry, seconds)
+        where = _where(store)
+    until = "until resumed" if paused.ends >= _forever() else f"until {iso(paused.ends)}"
+    click.echo(f"fleet paused {until} in {where}: no new run starts; running ones finish")
+
+
+@cli.command()
+@global_options()
+@handle_errors
+def resume() -> None:
+    """End a `pause`: slots that come due from now on run again."""
+    from dblockrun.ops import Access
+
+    with _open(Access.WRITE, _jobs_for_db()) as store:
+        was = store.control.resume(_audit("resume"))
+        where = _where(store)
+    if was is None:
+        click.echo(f"fleet was not paused in {where}")
+    else:
+        click.echo(f"fleet resumed in {where} (paused by {was.who})")
+
+
+@cli.command()
+@click.argument("job", required=False)
+@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 100000),
+              metavar="N", help="How many entries, newest first.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@global_options()
+@handle_errors
+def audit(job: str | None, limit: int, as_json: bool) -> None:
+    """Operator actions (disable, enable, run, kill, unlock, pause, resume),
+    newest first: when, who, what and why."""
+    from dblockrun import output
+    from dblockrun.ops import Access, require_job
+
+    with _open(Access.READ, _jobs_for_db()) as store:
+        if job is not None:
+            require_job(store, job)
+        entries = store.control.entries(job, limit)
+    if as_json:
+        click.echo(output.audit_json(entries))
+    else:
+        output.print_audit(entries)
+
+
+def _forever() -> float:
+    from dblockrun.store import FOREVER
+
+    return FOREVER
 
 
 # Options end at the command's first word: in `exec -n x grep -v foo`, `-v` is grep's.
@@ -572,7 +704,7 @@ def run_(job: str, timeout: str, no_wait: bool) -> None:
         raise UsageError(f"{job} has `enabled: false` in {jobs.path}: no daemon with that "
                          "file runs it")
     with _open(Access.WRITE, jobs) as store:
-        runs = request_runs(store, job, wait)
+        runs = request_runs(store, job, wait, _audit("run", job))
         where = _where(store)
     if runs is None:
         click.echo(f"{job}: run requested in {where}")

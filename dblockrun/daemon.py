@@ -129,7 +129,8 @@ class Daemon:
         self._heard: set[str] = set()
         self._heard_all = False
         self._heard_lock = threading.Lock()
-        self.listener = (RequestListener(store, self._hear, options.heartbeat)
+        self.listener = (RequestListener(store, self._hear, options.heartbeat,
+                                         killed=self.renewer.renew_now)
                          if self._announced else None)
         self._finished: set[str] = set()
         #: Per job, the highest fencing token won here and the newest slot run here.
@@ -548,7 +549,7 @@ class Daemon:
         if slot is not None:
             self._plan(job, slot)
         else:
-            self._plan_rate(job)
+            self._plan_rate(job, refused=won is None)
 
     def _missed(self, job: Job, slot: float, now: float, newer: float | None = None) -> None:
         """Record ``slot`` missed, once fleet-wide: too late for the job's
@@ -625,8 +626,10 @@ class Daemon:
         else:
             self._plan(job, after)
 
-    def _plan_rate(self, job: Job) -> None:
-        """Next attempt of a rate-only job: when its last start is ``rate`` old."""
+    def _plan_rate(self, job: Job, refused: bool = False) -> None:
+        """Next attempt of a rate-only job: when its last start is ``rate`` old.
+        ``refused``: its claim was just lost though it looked due (the fleet
+        paused, the job disabled): not again before a heartbeat (or its rate)."""
         assert job.rate is not None
         now = self.clock.now()
         try:
@@ -641,6 +644,8 @@ class Daemon:
             due = min(lock.last_start, now) + job.rate
             if lock.lock_until is not None and lock.lock_until > due:
                 due = lock.lock_until
+        if refused:
+            due = max(due, now + min(job.rate, self.options.heartbeat))
         self._push(max(due, now + 0.05) + self.clock.uncertainty, job.name, None)
 
     def _went_back(self, job: Job, token: int, slot: float | None,

@@ -134,6 +134,11 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
     won = target.claim(opts.name, holder, opts.lease)
     if won is None:
         if opts.verbose:
+            paused = target.store().control.paused()
+            if paused is not None:
+                log.warning("lock %s: the fleet is paused (by %s%s); not running", opts.name,
+                            paused.who, f": {paused.reason}" if paused.reason else "")
+                return opts.busy_exit_code
             lock = target.store().lock_state(opts.name)
             if lock is not None and lock.token < 0:
                 log.warning("lock %s is unusable: its fencing token is negative (a row edited "

@@ -24,6 +24,7 @@ from dblockrun.runjob import (
     exit_status,
     line_logger,
     result_of,
+    stored_output,
     stored_text,
 )
 from dblockrun.runner import LeaseWatch, RunAs, argv_for, run_process
@@ -188,10 +189,11 @@ class FanOut(threading.Thread):
             if ctx.metrics is not None:
                 ctx.metrics.run_finished(job.name, result, took)
             log.log(logging.INFO if result == m.OK else logging.WARNING,
-                    "job %s: item %s %s, exit %s, %.2fs", job.name, label, result, code, took,
+                    "job %s: item %s %s, exit %s, %.2fs%s", job.name, label, result, code, took,
+                    f" ({outcome.detail})" if outcome.detail else "",
                     extra={"job": job.name, "run_id": run_id, "item": batch[0].item,
                            "event": result})
-            output = stored_text(outcome.tail)
+            output = stored_output(outcome)
         finally:
             ctx.renewer.remove(watch)
             ctx.outage.retry(f"record result of {job.name}",

@@ -84,6 +84,11 @@ class Renewer:
         self._kick.set()
         self._thread.join(timeout=30)
 
+    def renew_now(self) -> None:
+        """Renew at once (a kill was announced: the renewal reads it), then
+        every heartbeat from then on."""
+        self._kick.set()
+
     def add(self, watch: LeaseWatch) -> None:
         with self._lock:
             self._leases[id(watch)] = watch
@@ -140,7 +145,7 @@ class Renewer:
                                                     lease)
                     answered = True
                 for watch in live:
-                    self._settle(watch, watch.name in renewed, sent)
+                    self._settle(watch, renewed.get(watch.name, False), sent)
         for watch in leases:
             if watch.renew is None:
                 continue
@@ -159,9 +164,14 @@ class Renewer:
             return [w for w in watches if not w.lost and self._leases.get(id(w)) is w]
 
     @staticmethod
-    def _settle(watch: LeaseWatch, ok: bool, sent: float) -> None:
-        if ok:
+    def _settle(watch: LeaseWatch, ok: bool | str | None, sent: float) -> None:
+        """``ok``: renewed (True or None), lost (False), or renewed with a
+        kill request (who and why), which the run's watcher then applies."""
+        if ok is not False:
             watch.renewed(sent)
+            if isinstance(ok, str) and watch.killed is None:
+                watch.killed = ok
+                log.warning("job %s: killed by %s; stopping its command", watch.name, ok)
         else:
             watch.lost = True
             log.error("job %s: lock lost (token %d no longer current); stopping its command",

@@ -1,4 +1,6 @@
-"""PostgreSQL: hear ``dblockrun run`` requests as they are filed.
+"""PostgreSQL: hear ``dblockrun run`` requests as they are filed, and
+``dblockrun kill`` requests (the daemon then renews its leases at once, and
+the renewal hands it the request).
 
 `dblockrun run JOB` files its request and sends ``NOTIFY`` in the same
 statement (store/queries.py ``request_run``). Each daemon on PostgreSQL
@@ -30,11 +32,13 @@ class RequestListener:
     ``heard(None)`` (read all requests) once listening, after each connect."""
 
     def __init__(self, store: Store, heard: Callable[[list[str] | None], None],
-                 retry: float) -> None:
+                 retry: float, killed: Callable[[], None] | None = None) -> None:
         self.store = store
         self.heard = heard
         self.retry = retry
+        self.killed = killed
         self.channel = store.lock.q.channel
+        self.kill_channel = store.lock.q.kill_channel
         self._stop = threading.Event()
         self._conn: Any = None
         self._thread = threading.Thread(target=self._loop, name="run-requests", daemon=True)
@@ -70,12 +74,16 @@ class RequestListener:
         pooled.detach()  # ours for good: closed here, not returned to the pool
         # The prefix is letters, digits and _ (validated): a quoted identifier.
         conn.execute(f'LISTEN "{self.channel}"')
+        if self.killed is not None:
+            conn.execute(f'LISTEN "{self.kill_channel}"')
         log.debug("run requests: listening on %s", self.channel)
         self.heard(None)
         while not self._stop.is_set():
             for note in conn.notifies(timeout=WAIT):
                 if note.channel == self.channel and note.payload:
                     self.heard([note.payload])
+                elif note.channel == self.kill_channel and self.killed is not None:
+                    self.killed()
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None

@@ -1,10 +1,11 @@
 """Operator actions: which database they act on, and those that take more
 than one store call.
 
-Operator commands never create a database by accident: ``status`` and
-``history`` (READ) never create a file or a table, and ``disable``,
-``enable``, ``run`` and ``unlock`` (WRITE) act only on a database that has
-dblockrun's tables and only on jobs it knows. Only ``init-db``, ``disable
+Operator commands never create a database by accident: ``status``,
+``history`` and ``audit`` (READ) never create a file or a table, and
+``disable``, ``enable``, ``run``, ``unlock``, ``kill``, ``pause`` and
+``resume`` (WRITE) act only on a database that has dblockrun's tables and
+only on jobs it knows. Only ``init-db``, ``disable
 --create``, ``exec`` and the daemon (CREATE) create what is missing.
 """
 
@@ -16,6 +17,7 @@ import time
 from dblockrun.dburl import default_url, describe, missing_sqlite_file
 from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.store import Store
+from dblockrun.store.control import Audit
 from dblockrun.store.models import RunRecord
 
 
@@ -76,15 +78,17 @@ def require_job(store: Store, job: str, hint: str = "") -> None:
         raise no_such_job(store, [job], hint)
 
 
-def request_run(store: Store, job: str, wait: float | None) -> RunRecord | None:
-    """File a run-now request for ``job``; with ``wait``, return the run a
-    daemon started for it, or raise if none did in time."""
+def request_run(store: Store, job: str, wait: float | None,
+                audit: Audit | None = None) -> RunRecord | None:
+    """File a run-now request for ``job`` (recording the operator's
+    ``audit``); with ``wait``, return the run a daemon started for it, or
+    raise if none did in time."""
     before = store.lock_state(job)
     if before is None:
         raise no_such_job(store, [job], " (has a daemon loaded it?)")
     if before.disabled_until is not None and before.disabled_until > store.db_now():
         raise UsageError(f"{job} is disabled; `dblockrun enable {job}` first")
-    store.request_run(job)
+    store.request_run(job, audit)
     if wait is None:
         return None
     deadline = time.monotonic() + wait
@@ -101,8 +105,8 @@ def request_run(store: Store, job: str, wait: float | None) -> RunRecord | None:
     )
 
 
-def request_runs(store: Store, job: str,
-                 wait: float | None) -> list[tuple[str, RunRecord | None]] | None:
+def request_runs(store: Store, job: str, wait: float | None,
+                 audit: Audit | None = None) -> list[tuple[str, RunRecord | None]] | None:
     """``dblockrun run JOB``: (row, the run started for it, or None if none
     did in time) per lock row asked to run; None with no ``wait``. An
     every-host job: its row on every live host (dblockrun/targeting.py), each
@@ -125,7 +129,7 @@ def request_runs(store: Store, job: str,
                              "no daemon would run it")
     rows = store.with_every_host([job])[1:]
     if not rows:
-        run = request_run(store, job, wait)
+        run = request_run(store, job, wait, audit)
         return None if run is None else [(job, run)]
 
     base = store.lock_state(job)
@@ -138,8 +142,8 @@ def request_runs(store: Store, job: str,
         raise DblockrunError(f"{job} runs on every host, and no live host has run it "
                              f"(no {job}@HOST row of a live host)")
     before = {row: store.lock_state(row) for row in rows}
-    for row in rows:
-        store.request_run(row)
+    for i, row in enumerate(rows):  # the operator's action is recorded once
+        store.request_run(row, audit if i == 0 else None)
     if wait is None:
         return None
     started: dict[str, RunRecord] = {}

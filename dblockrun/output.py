@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
     from rich.table import Table
 
+    from dblockrun.store.control import AuditRecord, Pause
+
 #: Bumped only on incompatible changes to the ``--json`` shapes.
 JSON_VERSION = 1
 
@@ -43,6 +45,7 @@ NO_LIVE_DAEMON = "no live daemon"
 NOT_ON_LIVE_DAEMON = "no live daemon has this job"
 #: An every-host job's own row: its runs are its hosts' rows (dblockrun/targeting.py).
 EVERY_HOST = "on every host: rows {job}@HOST"
+PAUSED = "fleet paused"
 
 
 _P = ParamSpec("_P")
@@ -167,8 +170,10 @@ class JobView:
 class Fleet:
     """The live hosts as the job views need them, worked out once."""
 
-    def __init__(self, hosts: Sequence[HostStatus]) -> None:
+    def __init__(self, hosts: Sequence[HostStatus], paused: Pause | None = None) -> None:
         self.hosts = list(hosts)
+        #: The fleet-wide pause in effect: no job's next run comes while it lasts.
+        self.paused = paused
         self.defs = definitions(self.hosts)
         #: Job names some live daemon has; None if a host did not say.
         self.known: set[str] | None = (
@@ -209,6 +214,8 @@ def job_view(s: JobStatus, fleet: Fleet) -> JobView:
         note = nowhere
     elif spec is not None and spec[1]:
         note = EVERY_HOST.format(job=s.lock.name)
+    elif fleet.paused is not None and s.lock.next_due is not None:
+        note = PAUSED
     elif s.lock.next_due is not None:
         if not fleet.hosts:
             note = NO_LIVE_DAEMON
@@ -279,10 +286,25 @@ def host_json(h: HostStatus) -> dict[str, Any]:
     }
 
 
+def pause_json(paused: Pause | None) -> dict[str, Any] | None:
+    if paused is None:
+        return None
+    return {"since": iso(paused.since), "until": iso(paused.ends), "by": paused.who,
+            "reason": paused.reason}
+
+
+def pause_line(paused: Pause, now: float) -> str:
+    """What ``status`` says first while the fleet is paused."""
+    until = "until resumed" if paused.ends >= FOREVER else f"until {_short(paused.ends, now)}"
+    reason = f": {paused.reason}" if paused.reason else ""
+    return (f"PAUSED {until}, by {paused.who} since {_short(paused.since, now)}{reason}; "
+            "no new run starts on any host (`dblockrun resume` ends it)")
+
+
 @_uncollected
 def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                live_within: float = 15.0) -> str:
-    fleet = Fleet(hosts)
+                live_within: float = 15.0, paused: Pause | None = None) -> str:
+    fleet = Fleet(hosts, paused)
     defs = fleet.defs
     out = []
     for s in jobs:
@@ -298,6 +320,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             "next_run_note": v.next_note,
             "disabled_until": iso(s.lock.disabled_until) if s.state == "disabled" else None,
             "disabled_reason": s.lock.disabled_reason if s.state == "disabled" else None,
+            "disabled_by": s.lock.disabled_by if s.state == "disabled" else None,
             "last_run": run_json(s.last_run),
             "running": run_json(v.running),
             "items": s.items,
@@ -309,6 +332,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         "version": JSON_VERSION,
         "db_time": iso(db_now),
         "live_within": live_within,
+        "paused": pause_json(paused),
         "jobs": out,
         "hosts": [host_json(h) for h in hosts],
         "warnings": warnings(jobs, fleet, live_within),
@@ -324,6 +348,15 @@ def _target_json(spec: tuple[RunOn, bool] | None) -> dict[str, Any]:
 @_uncollected
 def history_json(runs: Sequence[RunRecord]) -> str:
     return dumps({"version": JSON_VERSION, "runs": [run_json(r) for r in runs]})
+
+
+def audit_entry_json(e: AuditRecord) -> dict[str, Any]:
+    return {"id": e.id, "at": iso(e.at), "who": e.who, "action": e.action, "job": e.job,
+            "detail": e.detail, "reason": e.reason}
+
+
+def audit_json(entries: Sequence[AuditRecord]) -> str:
+    return dumps({"version": JSON_VERSION, "entries": [audit_entry_json(e) for e in entries]})
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -582,6 +615,8 @@ def _state_cell(v: JobView, now: float) -> str:
     if s.state == "disabled":
         until = _short(s.lock.disabled_until, now)
         text += " " + until if until == "until enabled" else f" until {until}"
+        if s.lock.disabled_by:
+            text += f" by {s.lock.disabled_by}"
         if s.lock.disabled_reason:
             text += f": {s.lock.disabled_reason}"
     if s.items is not None:
@@ -614,8 +649,9 @@ def _next_run_cell(v: JobView, now: float) -> str:
 
 @_uncollected
 def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                live_within: float = 15.0, width: int | None = None) -> str:
-    fleet = Fleet(hosts)
+                live_within: float = 15.0, width: int | None = None,
+                paused: Pause | None = None) -> str:
+    fleet = Fleet(hosts, paused)
     rows = []
     for s in jobs:
         v = job_view(s, fleet)
@@ -625,6 +661,9 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         rows.append([s.lock.name, _state_cell(v, db_now), holder, str(s.lock.token),
                      _last_run_cell(s.last_run, db_now), _next_run_cell(v, db_now)])
     page = _Page(width)
+    if paused is not None:
+        page.paragraphs([pause_line(paused, db_now)])
+        page.line()
     page.line("jobs")
     page.table(("job", "state", "holder", "token", "last run", "next run"), rows,
                ("job", "token"))
@@ -650,8 +689,8 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
 
 
 def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                 live_within: float = 15.0) -> None:
-    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width()))
+                 live_within: float = 15.0, paused: Pause | None = None) -> None:
+    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width(), paused))
 
 
 @_uncollected
@@ -673,3 +712,19 @@ def history_text(runs: Sequence[RunRecord], width: int | None = None) -> str:
 def print_history(runs: Sequence[RunRecord], db_now: float) -> None:
     del db_now  # history shows absolute times
     sys.stdout.write(history_text(runs, terminal_width()))
+
+
+@_uncollected
+def audit_text(entries: Sequence[AuditRecord], width: int | None = None) -> str:
+    rows = [[str(e.id), _stamp(e.at), e.who, e.action, e.job or "-",
+             "; ".join(part for part in (e.detail, e.reason) if part) or "-"]
+            for e in entries]
+    page = _Page(width)
+    page.line("operator actions")
+    page.table(("id", "at", "who", "action", "job", "detail"), rows,
+               ("id", "who", "action", "job"))
+    return page.text()
+
+
+def print_audit(entries: Sequence[AuditRecord]) -> None:
+    sys.stdout.write(audit_text(entries, terminal_width()))

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("dblockrun")
 out_log = logging.getLogger("dblockrun.output")
 
-_RESULT = {"timeout": m.TIMEOUT, "fenced": m.KILLED, "stopped": m.KILLED, "error": m.FAILED}
+_RESULT = {"timeout": m.TIMEOUT, "fenced": m.KILLED, "stopped": m.KILLED, "killed": m.KILLED,
+           "error": m.FAILED}
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,15 @@ def stored_text(data: bytes) -> str:
     """Command output as the runs table keeps it: UTF-8 with bad bytes
     replaced, and NUL (which PostgreSQL text cannot hold) as U+FFFD."""
     return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+def stored_output(outcome: Outcome) -> str:
+    """The output tail a run is recorded with; a command that could not start,
+    or that an operator killed, ends with why (``killed by alice@web-1: ...``)."""
+    output = stored_text(outcome.tail)
+    if outcome.reason in ("error", "killed"):
+        output = (output + outcome.detail + "\n")[-65536:]
+    return output
 
 
 def base_env(job: Job, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -244,6 +254,7 @@ class JobRun:
             extra={**fields, "event": result},
         )
         retry = (result == m.FAILED and attempt <= job.retries and not self.watch.lost
+                 and self.watch.killed is None  # an operator's kill ends the run, retries too
                  and not ctx.stop.is_set() and time.monotonic() + 0.1 < self.deadline)
         # A command that failed or ran into lock-at-most triggers on-failure;
         # one stopped by a shutdown or fencing does not.
@@ -304,9 +315,7 @@ class JobRun:
         job, ctx = self.job, self.ctx
         result = result_of(outcome)
         code = exit_status(outcome.exit_code)
-        output = stored_text(outcome.tail)
-        if outcome.reason == "error":
-            output = (output + outcome.detail + "\n")[-65536:]
+        output = stored_output(outcome)
         store, what, until = ctx.store, f"record result of {job.name}", time.monotonic() + 60
         written: bool | None
         if release:

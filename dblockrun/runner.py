@@ -2,7 +2,8 @@
 
 The command is stopped (SIGTERM to its process group, SIGKILL after a grace)
 when it reaches lock-at-most, when its lease could not be renewed for long
-enough that it might expire, when its lease was taken over, or on shutdown.
+enough that it might expire, when its lease was taken over, when an operator
+killed it (``dblockrun kill``, learnt with a renewal), or on shutdown.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ class LeaseWatch:
     lost: bool = False
     pipe: Lifeline | None = None
     #: Renews the lease (True) or finds it lost (False); default: the job's lock row.
-    renew: Callable[[], bool] | None = None
+    #: A string: renewed, and an operator asked to kill the run (who and why).
+    renew: Callable[[], bool | str] | None = None
+    #: ``dblockrun kill``: who asked and why, learnt with a renewal.
+    killed: str | None = None
 
     def renewed(self, sent: float) -> None:
         self.last_ok = sent
@@ -56,7 +60,7 @@ class LeaseWatch:
 @dataclass(frozen=True)
 class Outcome:
     exit_code: int | None
-    reason: str  # "exit", "timeout", "fenced", "stopped", "error"
+    reason: str  # "exit", "timeout", "fenced", "stopped", "killed", "error"
     tail: bytes
     detail: str = ""
 
@@ -322,7 +326,7 @@ class Process:
         return self.proc.wait(timeout)
 
     def check(self, now: float) -> float:
-        """Apply the stops due at monotonic ``now``: lock-at-most, a lease
+        """Apply the stops due at monotonic ``now``: lock-at-most, a kill, a lease
         taken over, the fence, the shutdown grace. Seconds until the next look."""
         proc, watch, deadline = self.proc, self.watch, self.deadline
         assert proc is not None
@@ -336,6 +340,8 @@ class Process:
                 return LOOK_EVERY if self._kill_at is None else self._kill_at - now
             if deadline is not None and now >= deadline:
                 self.reason, self.detail = "timeout", "reached lock-at-most"
+            elif watch is not None and watch.killed is not None:
+                self.reason, self.detail = "killed", f"killed by {watch.killed}"
             elif watch is not None and watch.lost:
                 self.reason, self.detail = "fenced", "lock was taken over (fencing token changed)"
                 self.term_grace = 0.0

@@ -23,6 +23,7 @@ from dblockrun.cli import cli
 from dblockrun.dburl import redact
 from dblockrun.errors import UsageError
 from dblockrun.store import Store
+from dblockrun.who import operator_id
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -240,7 +241,9 @@ def test_status_json_shape(sqlite_db: TestDb) -> None:
         token = store.claim("a", "other-host", 30)
     assert token == 1
     doc = status_doc(sqlite_db)
-    assert set(doc) == {"version", "db_time", "live_within", "jobs", "hosts", "warnings"}
+    assert set(doc) == {"version", "db_time", "live_within", "paused", "jobs", "hosts",
+                        "warnings"}
+    assert doc["paused"] is None
     assert doc["version"] == 1
     assert isinstance(doc["hosts"], list)
     assert [j["name"] for j in doc["jobs"]] == ["a", "b"]
@@ -270,7 +273,8 @@ def test_status_table_shows_disabled_reason(
     result = invoke(sqlite_db, "status")
     assert result.exit_code == 0
     assert "backup" in result.stdout
-    assert "until enabled: disk full" in result.stdout
+    # Who disabled it, as the audit trail names them.
+    assert f"until enabled by {operator_id()}: disk full" in result.stdout
 
 
 # -- where the database is ----------------------------------------------------------

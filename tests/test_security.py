@@ -381,7 +381,7 @@ def test_unlock_fences_a_running_holder(db: TestDb, tmp_path: Path) -> None:
 
 
 def _tables(prefix: str) -> list[str]:
-    return [f"{prefix}{t}" for t in ("meta", "locks", "runs", "hosts", "items")]
+    return [f"{prefix}{t}" for t in ("meta", "locks", "runs", "hosts", "items", "pause", "audit")]
 
 
 @pytest.fixture
@@ -404,8 +404,9 @@ def dml_only_url(db: TestDb) -> Iterator[str]:
             for table in _tables(db.prefix):
                 conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
                     sql.Identifier(table), sql.Identifier(role)))
-            conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(
-                sql.Identifier(f"{db.prefix}runs_id_seq"), sql.Identifier(role)))
+            for sequence in ("runs_id_seq", "audit_id_seq"):
+                conn.execute(sql.SQL("GRANT USAGE ON SEQUENCE {} TO {}").format(
+                    sql.Identifier(f"{db.prefix}{sequence}"), sql.Identifier(role)))
         try:
             yield f"postgresql://{role}:pw@{PG_HOST}:{PG_PORT}/{database}"
         finally:
@@ -442,7 +443,7 @@ def test_daemon_and_exec_without_ddl(db: TestDb, dml_only_url: str, tmp_path: Pa
         wait_for(lambda: len(runs_of(db, "j")) >= 2 and len(runs_of(db, "f")) >= 2, 30,
                  what="runs as the DML-only role")
         for args in (["status"], ["history"], ["disable", "j", "--for", "1h"], ["enable", "j"],
-                     ["unlock", "j"]):
+                     ["unlock", "j"], ["pause", "--for", "1h"], ["resume"], ["audit"]):
             proc = cli("--db", url, "--table-prefix", db.prefix, *args)
             assert proc.returncode == 0, (args, proc.stderr)
     finally:

@@ -382,12 +382,22 @@ class LockEngine:
         return params
 
     def renew_items(self, job: str, holder: str, items: Sequence[ClaimedItem],
-                    lease: float) -> bool:
-        """Extend a batch's leases; False if any token is no longer current."""
+                    lease: float) -> bool | str:
+        """Extend a batch's leases; False if any token is no longer current,
+        else True, or the kill request of one of its items (who and why)."""
         sql = self._text("items_renew", len(items))
         params = self._items_params(job, holder, items, lease=lease)
-        return self.x.run(
-            lambda cur: bool(self.x.send(cur, sql, params).rowcount == len(items)))
+
+        def go(cur: Any) -> bool | str:
+            self.x.send(cur, sql, params)
+            if self.dialect == "mysql":
+                cur.nextset()
+            rows = cur.fetchall()
+            if len(rows) != len(items):
+                return False
+            return next((str(kill) for _key, kill in rows if kill is not None), True)
+
+        return self.x.run(go)
 
     def finish_and_release_items(self, job: str, holder: str, items: Sequence[ClaimedItem],
                                  result: str, exit_code: int | None, output: str | None,
@@ -419,21 +429,23 @@ class LockEngine:
         return name in self.renew_many(holder, [(name, token)], lease)
 
     def renew_many(self, holder: str, held: Sequence[tuple[str, int]],
-                   lease: float) -> set[str]:
+                   lease: float) -> dict[str, str | None]:
         """Extend all of ``holder``'s leases ``held`` ((name, token) pairs) in
-        one statement; returns the names renewed (the others are lost)."""
+        one statement; returns the names renewed (the others are lost), each
+        with its kill request (who and why; None: none)."""
         if not held:
-            return set()
+            return {}
         sql = self._text("renew_many", len(held))
         params: dict[str, Any] = {"holder": holder, "lease": lease}
         for i, (name, token) in enumerate(held):
             params[f"n{i}"], params[f"t{i}"] = name, token
 
-        def go(cur: Any) -> set[str]:
+        def go(cur: Any) -> dict[str, str | None]:
             self.x.send(cur, sql, params)
             if self.dialect == "mysql":
                 cur.nextset()
-            return {str(r[0]) for r in cur.fetchall()}
+            return {str(name): None if kill is None else str(kill)
+                    for name, kill in cur.fetchall()}
 
         return self.x.run(go)
 

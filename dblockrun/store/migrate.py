@@ -19,6 +19,9 @@ Version 4: the fleet features' nullable columns and tables, added by
 
 - hosts ``labels`` and ``targets``: a daemon's labels and its jobs file's
   ``run-on``/``every-host`` (JSON), written with its host row (host targeting).
+- kill, pause, audit: ``kill_token`` and ``kill_by`` on the locks and the
+  items, ``disabled_by`` on the locks, tables ``pause`` (the fleet-wide
+  pause) and ``audit`` (operator actions). Nothing is converted.
 """
 
 from __future__ import annotations

@@ -64,6 +64,8 @@ class LockState:
     next_due: float | None
     disabled_until: float | None
     disabled_reason: str | None
+    #: Who disabled it (``user@host``; None: on-failure, or before schema 4).
+    disabled_by: str | None = None
 
 
 @dataclass(frozen=True)

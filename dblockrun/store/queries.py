@@ -79,8 +79,13 @@ class Queries:
             self.quote(f"{prefix}{table}")
             for table in ("locks", "runs", "items", "meta", "hosts"))
         self.now = NOW[self.dialect]
+        #: The fleet-wide pause (``dblockrun pause``): no claim wins while it lasts.
+        self.pause = self.quote(f"{prefix}pause")
         #: Where ``dblockrun run`` announces a request (PostgreSQL; payload: the job).
         self.channel = f"{prefix}run"
+        #: Where ``dblockrun kill`` announces a request (PostgreSQL; payload: the job):
+        #: its holder renews at once, and so reads it, instead of at its next heartbeat.
+        self.kill_channel = f"{prefix}kill"
 
     # -- spelling -------------------------------------------------------------
 
@@ -143,6 +148,9 @@ class Queries:
         # LAST_INSERT_ID(expr) could not even hand it back); `unlock` repairs it.
         conds = [f"{table}.token >= 0",
                  f"({table}.lock_until IS NULL OR {table}.lock_until <= {now})"]
+        # Not while the fleet is paused (another table: MySQL cannot read the
+        # UPDATE's own in a subquery).
+        conds.append(f"NOT EXISTS (SELECT 1 FROM {self.pause} WHERE {self.pause}.ends > {now})")
         if table == locks:
             conds.append(f"({locks}.disabled_until IS NULL OR {locks}.disabled_until <= {now})")
         else:  # an item: its job must not be disabled
@@ -362,7 +370,10 @@ class Queries:
         return f"{items}.job = {self.p('job')} AND {self.held(items, 'item_key', 'k', count)}"
 
     def items_renew(self, count: int) -> str:
-        return f"UPDATE {self.items} SET {self.lease} WHERE {self.items_mine(count)}"
+        """Rows: each item renewed, with its kill request (:meth:`kill_of`)."""
+        items = self.items
+        return (f"UPDATE {items} SET {self.lease} WHERE {self.items_mine(count)}"
+                + self.returning(f"{items}.item_key, {self.kill_of(items)}"))
 
     def items_release(self, count: int) -> str:
         items = self.items
@@ -383,12 +394,19 @@ class Queries:
 
     # -- while it runs, and its end ---------------------------------------------
 
+    @staticmethod
+    def kill_of(table: str) -> str:
+        """A held row's kill request (``dblockrun kill``: who and why), NULL
+        if none was made for the run holding it now (its token)."""
+        return f"CASE WHEN {table}.kill_token = {table}.token THEN {table}.kill_by END"
+
     def renew_many(self, count: int) -> str:
         """Renew ``count`` leases of one holder (``n0``/``t0``...); rows: the
-        names renewed (a lease whose token moved on is not among them)."""
+        names renewed (a lease whose token moved on is not among them), each
+        with its kill request: a holder learns of a kill with its renewal."""
         locks = self.locks
         return (f"UPDATE {locks} SET {self.lease} WHERE {self.held(locks, 'name', 'n', count)} "
-                f"RETURNING {locks}.name")
+                f"RETURNING {locks}.name, {self.kill_of(locks)}")
 
     @cached_property
     def release(self) -> str:
@@ -575,7 +593,13 @@ class MysqlQueries(Queries):
         """The UPDATE, then the names it renewed, in one round trip."""
         locks, mine = self.locks, self.held(self.locks, "name", "n", count)
         return (f"UPDATE {locks} SET {self.lease} WHERE {mine}; "
-                f"SELECT {locks}.name FROM {locks} WHERE {mine}")
+                f"SELECT {locks}.name, {self.kill_of(locks)} FROM {locks} WHERE {mine}")
+
+    def items_renew(self, count: int) -> str:
+        """The UPDATE, then the items it renewed with their kill requests."""
+        items, mine = self.items, self.items_mine(count)
+        return (f"UPDATE {items} SET {self.lease} WHERE {mine}; "
+                f"SELECT {items}.item_key, {self.kill_of(items)} FROM {items} WHERE {mine}")
 
     @cached_property
     def finish_and_release(self) -> str:

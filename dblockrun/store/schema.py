@@ -81,6 +81,8 @@ class Tables:
     runs: sa.Table
     hosts: sa.Table
     items: sa.Table
+    pause: sa.Table
+    audit: sa.Table
 
 
 def _lease_columns() -> list[sa.Column[Any]]:
@@ -99,6 +101,10 @@ def _lease_columns() -> list[sa.Column[Any]]:
         # The previous holder's last renewal, kept by the claim that took the
         # lease over: where that holder's run ended if it died.
         sa.Column("prev_renewed_at", sa.Double()),
+        # `dblockrun kill` (schema 4): the token of the run to stop, and who
+        # asked and why; its holder reads it with its next renewal.
+        sa.Column("kill_token", sa.BigInteger()),
+        sa.Column("kill_by", sa.String(1000)),
     ]
 
 
@@ -119,6 +125,7 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("disabled_until", sa.Double()),
         sa.Column("disabled_reason", sa.String(1000)),
         sa.Column("run_requested", sa.Double()),
+        sa.Column("disabled_by", sa.String(255)),  # user@host of `disable` (schema 4)
     )
     runs = sa.Table(
         f"{prefix}runs",
@@ -166,4 +173,29 @@ def build_tables(prefix: str) -> Tables:
         *_lease_columns(),
         sa.Column("last_result", sa.String(16)),
     )
-    return Tables(md, meta, locks, runs, hosts, items)
+    # `dblockrun pause` (schema 4): at most one row (id 'fleet'); while its
+    # end is ahead of the database clock no claim wins (Queries.claimable).
+    pause = sa.Table(
+        f"{prefix}pause",
+        md,
+        sa.Column("id", Name(16), primary_key=True),
+        sa.Column("ends", sa.Double(), nullable=False),
+        sa.Column("since", sa.Double(), nullable=False),
+        sa.Column("who", sa.String(255), nullable=False),
+        sa.Column("reason", sa.String(1000)),
+    )
+    # Every operator action (schema 4): who, when (database clock), what, why.
+    audit = sa.Table(
+        f"{prefix}audit",
+        md,
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
+                  autoincrement=True),
+        sa.Column("at", sa.Double(), nullable=False),
+        sa.Column("who", sa.String(255), nullable=False),
+        sa.Column("action", sa.String(16), nullable=False),
+        sa.Column("job", Name(255)),
+        sa.Column("detail", sa.String(1000)),
+        sa.Column("reason", sa.String(1000)),
+        sa.Index(f"{prefix}audit_job", "job", "id"),
+    )
+    return Tables(md, meta, locks, runs, hosts, items, pause, audit)

@@ -5,7 +5,8 @@ number of jobs.
 2. each job's last finished run and its current run (UNION ALL of a
    correlated ``ORDER BY id DESC LIMIT 1`` and a join on the token);
 3. each fan-out job's item counts (GROUP BY job);
-4. the live hosts (:meth:`Store.hosts`), for :func:`report` only.
+4. the live hosts (:meth:`Store.hosts`), for :func:`report` only;
+5. the fleet-wide pause (store/control.py), for :func:`report` only.
 
 ``Store.status`` delegates to :func:`job_status` (statements 1 to 3).
 """
@@ -20,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dblockrun.store import models as m
+from dblockrun.store.control import Pause
 
 if TYPE_CHECKING:
     from dblockrun.store.store import Store
@@ -35,7 +37,7 @@ _ITEM_COUNTS = ("total", "done", "running", "waiting", "failed")
 #: Lock columns status shows (a LockState; not the lease bookkeeping): on
 #: MariaDB, PyMySQL decodes every value in Python.
 _LOCK_COLUMNS = ("name", "holder", "lock_until", "locked_at", "token", "last_slot",
-                 "last_start", "next_due", "disabled_until", "disabled_reason")
+                 "last_start", "next_due", "disabled_until", "disabled_reason", "disabled_by")
 
 
 @dataclass(frozen=True)
@@ -47,14 +49,17 @@ class StatusReport:
     hosts: list[m.HostStatus]
     db_now: float
     live_within: float
+    #: The fleet-wide pause in effect (``dblockrun pause``), if any.
+    paused: Pause | None = None
 
 
 def report(store: Store, names: Sequence[str] | None = None,
            live_within: float = LIVE_WITHIN) -> StatusReport:
-    """Jobs (all, or ``names``) and live hosts: four statements."""
+    """Jobs (all, or ``names``), live hosts and the pause: five statements."""
     jobs, db_now = job_status(store, names)
     hosts = store.hosts(seen_within=live_within)
-    return StatusReport(jobs=jobs, hosts=hosts, db_now=db_now, live_within=live_within)
+    return StatusReport(jobs=jobs, hosts=hosts, db_now=db_now, live_within=live_within,
+                        paused=store.control.paused())
 
 
 def job_status(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobStatus], float]:

@@ -20,6 +20,7 @@ from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.store import models as m
+from dblockrun.store.control import Audit, ControlStore
 from dblockrun.store.drivers import CONNECT_OPTIONS, Driver, db_error, sqlite_setup
 from dblockrun.store.engine import (
     CLAIM_TOLERANCE,
@@ -97,6 +98,7 @@ class Store:
         self._schema_lock = threading.Lock()
         self._create = create
         self._items: ItemStore | None = None
+        self._control: ControlStore | None = None
 
     # -- plumbing ---------------------------------------------------------
 
@@ -150,6 +152,13 @@ class Store:
         if self._items is None:
             self._items = ItemStore(self)
         return self._items
+
+    @property
+    def control(self) -> ControlStore:
+        """Kill requests, the fleet-wide pause, the audit trail (store/control.py)."""
+        if self._control is None:
+            self._control = ControlStore(self)
+        return self._control
 
     # -- schema -------------------------------------------------------------
 
@@ -344,7 +353,7 @@ class Store:
         return [str(r[0]) for chunk in _chunks(names, 500) for r in conn.execute(
             sa.select(locks.c.name).where(locks.c.name.in_(chunk), *where))]
 
-    def force_unlock(self, name: str) -> int | None:
+    def force_unlock(self, name: str, audit: Audit | None = None) -> int | None:
         """Free the lock whoever holds it and bump the token (fencing the holder);
         forget a last slot or start in the future, which would hold the job back;
         a negative token restarts at 1.
@@ -369,7 +378,7 @@ class Store:
                 return None
             return int(conn.execute(read).scalar_one())
 
-        return self._run(go)
+        return self.control.audited(go, audit)
 
     def _update_lock(self, name: str, **values: Any) -> sa.Update:
         locks = self.t.locks
@@ -440,34 +449,38 @@ class Store:
     # -- flags --------------------------------------------------------------
 
     def disable(self, name: str, *, for_seconds: float | None = None, until: float | None = None,
-                reason: str | None = None) -> float:
+                reason: str | None = None, audit: Audit | None = None) -> float:
         """Pause a job cluster-wide (an every-host job: on every host);
-        returns the database time it ends."""
+        returns the database time it ends. An operator's ``audit`` is
+        recorded with it, and names who disabled it."""
         self.ensure_jobs([name])
         locks = self.t.locks
         end: Any = FOREVER if until is None else until
         if for_seconds is not None:
             end = self.now + for_seconds
         stmt = locks.update().where(locks.c.name.in_(self.with_every_host([name]))).values(
-            disabled_until=end, disabled_reason=reason)
+            disabled_until=end, disabled_reason=reason,
+            disabled_by=audit.who if audit else None)
         read = sa.select(locks.c.disabled_until).where(locks.c.name == name)
 
         def go(conn: Connection) -> float:
             conn.execute(stmt)
             return float(conn.execute(read).scalar_one())
 
-        return self._run(go)
+        return self.control.audited(go, audit)
 
-    def enable(self, name: str) -> bool:
+    def enable(self, name: str, audit: Audit | None = None) -> bool:
         """Clear a disable (an every-host job: on every host); False: no such job."""
         locks = self.t.locks
         stmt = locks.update().where(locks.c.name.in_(self.with_every_host([name]))).values(
-            disabled_until=None, disabled_reason=None)
-        return self._run(lambda c: c.execute(stmt).rowcount >= 1)
+            disabled_until=None, disabled_reason=None, disabled_by=None)
+        return self.control.audited(lambda c: c.execute(stmt).rowcount >= 1, audit)
 
-    def request_run(self, name: str) -> None:
+    def request_run(self, name: str, audit: Audit | None = None) -> None:
         self.ensure_jobs([name])
         self.lock_engine().request_run(name)
+        if audit is not None:  # the request is the lock engine's statement: then its record
+            self._run(lambda c: self.control.record(c, audit))
 
     def requested(self) -> list[str]:
         """Jobs an operator asked to run now (one statement, whatever the job count)."""

@@ -1,0 +1,208 @@
+"""SQL of the operators' fleet controls (SQLAlchemy Core, cold): kill
+requests, the fleet-wide pause, and the audit trail every operator action
+writes in the same transaction as the action.
+
+A kill request is written on the row that holds the run (the job's lock, or
+a fan-out item's row) with the run's fencing token (``kill_token``) and who
+asked (``kill_by``); the holder reads it with its next lease renewal
+(``Queries.kill_of``), so a request for a run that has ended since is never
+applied to the next one. On PostgreSQL the request is also announced (``NOTIFY``), and daemons
+that listen renew at once. The pause is one row of the ``pause`` table, which
+``Queries.claimable`` consults: no claim on any path wins while it lasts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from dblockrun.store import models as m
+from dblockrun.store.engine import in_transaction
+
+if TYPE_CHECKING:
+    from dblockrun.store.store import Store
+
+T = TypeVar("T")
+
+#: The pause row's id: one pause for the whole fleet (the table prefix's).
+FLEET = "fleet"
+
+
+@dataclass(frozen=True)
+class Audit:
+    """An operator action to record: who (``user@host``), what, on which job
+    (None: the whole fleet), details and the operator's reason."""
+
+    who: str
+    action: str
+    job: str | None = None
+    detail: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    id: int
+    at: float  # the database clock
+    who: str
+    action: str
+    job: str | None
+    detail: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Pause:
+    """The fleet-wide pause: from ``since`` until ``ends`` (database clock;
+    :data:`~dblockrun.store.store.FOREVER`: until resumed)."""
+
+    ends: float
+    since: float
+    who: str
+    reason: str | None
+
+
+class ControlStore:
+    def __init__(self, store: Store) -> None:
+        self.s = store
+
+    # -- the audit trail ------------------------------------------------------------
+
+    def record(self, conn: Connection, entry: Audit) -> None:
+        """Write ``entry`` (in the caller's transaction), at the database time."""
+        conn.execute(self.s.t.audit.insert().values(
+            at=self.s.now, who=entry.who, action=entry.action, job=entry.job,
+            detail=entry.detail, reason=entry.reason))
+
+    def audited(self, go: Callable[[Connection], T], entry: Audit | None) -> T:
+        """``go`` and, when it acted (a result other than None or False), the
+        audit row ``entry``, in one transaction; without ``entry``, ``go`` alone."""
+        if entry is None:
+            return self.s._run(go)
+
+        def both(conn: Connection) -> T:
+            def steps() -> T:
+                result = go(conn)
+                if result is not None and result is not False:
+                    self.record(conn, entry)
+                return result
+
+            return in_transaction(self.s.dialect.name, conn.exec_driver_sql, steps)
+
+        return self.s._run(both)
+
+    def entries(self, job: str | None = None, limit: int = 20) -> list[AuditRecord]:
+        """The newest ``limit`` entries (of ``job``), newest first."""
+        audit = self.s.t.audit
+        stmt = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
+        if job is not None:
+            stmt = stmt.where(audit.c.job == job)
+        return self.s._run(
+            lambda c: [m.from_row(AuditRecord, r._mapping) for r in c.execute(stmt)])
+
+    # -- the fleet-wide pause ---------------------------------------------------------
+
+    def pause(self, entry: Audit, for_seconds: float | None) -> Pause:
+        """Pause the fleet (a pause already there is replaced) for
+        ``for_seconds`` of the database clock, or until resumed."""
+        from dblockrun.store.store import FOREVER
+
+        pause, now = self.s.t.pause, self.s.now
+        ends: Any = FOREVER if for_seconds is None else now + for_seconds
+
+        def go(conn: Connection) -> Pause:
+            conn.execute(pause.delete().where(pause.c.id == FLEET))
+            conn.execute(pause.insert().values(id=FLEET, ends=ends, since=now, who=entry.who,
+                                               reason=entry.reason))
+            found = self._read(conn)
+            assert found is not None
+            return found
+
+        return self.audited(go, entry)
+
+    def resume(self, entry: Audit) -> Pause | None:
+        """End the pause; the pause that was in effect (None: none was)."""
+        pause = self.s.t.pause
+
+        def go(conn: Connection) -> Pause | None:
+            was = self._read(conn, current=True)
+            conn.execute(pause.delete().where(pause.c.id == FLEET))
+            return was
+
+        return self.audited(go, entry)
+
+    def paused(self) -> Pause | None:
+        """The pause in effect now, if any (one statement)."""
+        return self.s._run(lambda c: self._read(c, current=True))
+
+    def _read(self, conn: Connection, *, current: bool = False) -> Pause | None:
+        pause = self.s.t.pause
+        stmt = sa.select(pause).where(pause.c.id == FLEET)
+        if current:
+            stmt = stmt.where(pause.c.ends > self.s.now)
+        row = conn.execute(stmt).first()
+        return None if row is None else m.from_row(Pause, row._mapping)
+
+    # -- kill requests ------------------------------------------------------------------
+
+    def running(self, job: str | None = None, item: str | None = None,
+                run_id: int | None = None) -> list[m.RunRecord]:
+        """The runs still running under a live lease: of ``job`` (and
+        ``item``), or the run ``run_id``."""
+        runs, q = self.s.t.runs, self.s.lock.q
+        held = sa.literal_column(
+            f"(EXISTS (SELECT 1 FROM {q.locks} WHERE {q.holding(q.locks, True)}) "
+            f"OR EXISTS (SELECT 1 FROM {q.items} WHERE {q.holding(q.items, True)}))",
+            sa.Boolean())
+        stmt = sa.select(runs).where(runs.c.result == m.RUNNING, held).order_by(runs.c.id)
+        if run_id is not None:
+            stmt = stmt.where(runs.c.id == run_id)
+        if job is not None:
+            stmt = stmt.where(runs.c.job == job)
+        if item is not None:
+            stmt = stmt.where(runs.c.item == item)
+        return self.s._run(
+            lambda c: [m.from_row(m.RunRecord, r._mapping) for r in c.execute(stmt)])
+
+    def kill(self, runs: list[m.RunRecord], who: str,
+             reason: str | None) -> list[m.RunRecord]:
+        """Ask the holders of ``runs`` to stop them: a request on each
+        holding row, only while it still holds that run (its token, a live
+        lease), and an audit row per run, in one transaction. The runs asked."""
+        locks, items, now = self.s.t.locks, self.s.t.items, self.s.now
+        by = (who if not reason else f"{who}: {reason}")[:1000]  # the column's size
+
+        def go(conn: Connection) -> list[m.RunRecord] | None:
+            asked: list[m.RunRecord] = []
+            for run in runs:
+                if run.item is None:
+                    where = sa.and_(locks.c.name == run.job, locks.c.token == run.token,
+                                    locks.c.lock_until > now)
+                    stmt = locks.update().where(where)
+                else:
+                    where = sa.and_(items.c.job == run.job, items.c.item == run.item,
+                                    items.c.token == run.token, items.c.lock_until > now)
+                    stmt = items.update().where(where)
+                if conn.execute(stmt.values(kill_token=run.token, kill_by=by)).rowcount == 1:
+                    asked.append(run)
+                    self.record(conn, Audit(who, "kill", run.job, _run_detail(run), reason))
+            if asked and self.s.dialect.name == "postgresql":
+                # Delivered at commit: listening daemons renew now (listen.py).
+                channel = self.s.lock.q.kill_channel
+                conn.execute(sa.select(sa.func.pg_notify(channel, asked[0].job)))
+            return asked
+
+        def steps(conn: Connection) -> list[m.RunRecord]:
+            return in_transaction(self.s.dialect.name, conn.exec_driver_sql,
+                                  lambda: go(conn)) or []
+
+        return self.s._run(steps)
+
+
+def _run_detail(run: m.RunRecord) -> str:
+    item = f", item {run.item}" if run.item is not None else ""
+    return f"run {run.id}{item} on {run.host} (token {run.token})"
