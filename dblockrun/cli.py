@@ -245,13 +245,17 @@ def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | Non
                    "stop them at once).")
 @click.option("--metrics", "metrics_addr", metavar="[HOST:]PORT",
               help="Serve Prometheus /metrics and /healthz here.")
+@click.option("--max-running", type=click.IntRange(min=1), metavar="N",
+              help="Run at most N commands at once on this host; at the limit, slots are "
+                   "left to other hosts (recorded skipped if none takes them).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one object per line.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logs.")
 @global_options()
 @handle_errors
 def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
-           metrics_addr: str | None, log_format: str, verbose: bool) -> None:
+           metrics_addr: str | None, log_format: str, verbose: bool,
+           max_running: int | None) -> None:
     """Run the scheduler on FILE (SIGHUP reloads it, SIGTERM stops).
 
     FILE defaults to -f, then DBLOCKRUN_JOBS, then /etc/dblockrun/jobs.yaml."""
@@ -268,6 +272,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
         lease=_duration(lease, "--lease"),
         grace=_duration(grace, "--grace", zero_ok=True),
         metrics_addr=metrics_addr,
+        max_running=max_running,
     )
     if metrics_addr:
         from dblockrun.metrics import parse_addr

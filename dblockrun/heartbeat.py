@@ -136,11 +136,12 @@ class Renewer:
                     if not live:
                         continue
                     sent = time.monotonic()
-                    renewed = self.store.renew_many(holder, [(w.name, w.token) for w in live],
+                    # A grouped run's seat is renewed with its lock, in the same statement.
+                    renewed = self.store.renew_many(holder, [r for w in live for r in w.rows()],
                                                     lease)
                     answered = True
                 for watch in live:
-                    self._settle(watch, watch.name in renewed, sent)
+                    self._settle(watch, all(n in renewed for n, _ in watch.rows()), sent)
         for watch in leases:
             if watch.renew is None:
                 continue

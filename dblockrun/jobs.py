@@ -52,6 +52,8 @@ class Job:
     history_limit: int = 1000
     #: Run the command as this user (the daemon must be root); None: as the daemon.
     user: str | None = None
+    #: The fleet-wide limit group (``groups:`` at the top) the job runs in.
+    group: str | None = None
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -65,6 +67,8 @@ class Job:
         data.pop("line")
         if data["user"] is None:
             del data["user"]  # hashes stay those of versions without `user:`
+        if data["group"] is None:
+            del data["group"]  # nor `group:`
         import hashlib  # here: exec never hashes, and starts faster without them
         import json
 
@@ -79,6 +83,8 @@ class JobsFile:
     jobs: tuple[Job, ...]
     #: ``database-file:``, relative to the jobs file's folder.
     database_file: str | None = None
+    #: ``groups:``: (group, at most this many of its jobs at once in the fleet).
+    groups: tuple[tuple[str, int], ...] = ()
 
     def job(self, name: str) -> Job | None:
         return self._by_name.get(name)

@@ -122,15 +122,19 @@ class JobRun:
         on_start: Callable[[int], None] | None = None,
         run_id: int | None = None,
         err_sink: Callable[[bytes], None] | None = None,
+        seat: tuple[str, int] | None = None,
     ) -> None:
         """``run_id``: the first attempt's run record, when the claim made it.
         ``line_sink``: the command's output lines (default: logged);
-        ``err_sink``: its stderr lines apart (default: with the output)."""
+        ``err_sink``: its stderr lines apart (default: with the output);
+        ``seat``: the group seat the run holds (dblockrun/limits.py), renewed
+        with its lease and released at its end."""
         self.ctx = ctx
         self.job = job
         self.token = token
         self.slot = slot
-        self.watch = LeaseWatch(job.name, ctx.holder, token, ctx.lease, last_ok=claimed_mono)
+        self.watch = LeaseWatch(job.name, ctx.holder, token, ctx.lease, last_ok=claimed_mono,
+                                seat=seat)
         # The lease counts from the claim's request (it may have expired by
         # then); lock-at-most from its answer, a few ms before the command
         # starts: a slow claim (exec's first, making the schema: 0.3 s) must
@@ -271,6 +275,8 @@ class JobRun:
             self.ctx.renewer.remove(self.watch)
             if not self._released:
                 self._release()
+            if self.watch.seat is not None:
+                self._release_seat(self.watch.seat)
         finally:
             self.done.set()
             if self.on_done is not None:
@@ -310,6 +316,13 @@ class JobRun:
                                                    job.lock_at_least),
                          time.monotonic() + 30)
         self._prune()
+
+    def _release_seat(self, seat: tuple[str, int]) -> None:
+        """Free the group seat the run held (its lock-at-least holds the job, not the seat)."""
+        ctx, (name, token) = self.ctx, seat
+        ctx.outage.retry(f"release {name}",
+                         lambda: ctx.store.release(name, ctx.holder, token),
+                         time.monotonic() + 30)
 
     def _prune(self) -> None:
         job, ctx = self.job, self.ctx

@@ -42,6 +42,13 @@ class LeaseWatch:
     pipe: Lifeline | None = None
     #: Renews the lease (True) or finds it lost (False); default: the job's lock row.
     renew: Callable[[], bool] | None = None
+    #: A group's seat held with the lock (dblockrun/limits.py): (row, token),
+    #: renewed with it; the lease is lost if either is.
+    seat: tuple[str, int] | None = None
+
+    def rows(self) -> list[tuple[str, int]]:
+        """The lock rows this lease renews: (name, token) each."""
+        return [(self.name, self.token)] + ([self.seat] if self.seat is not None else [])
 
     def renewed(self, sent: float) -> None:
         self.last_ok = sent

@@ -334,6 +334,32 @@ class LockEngine:
 
         return in_transaction(self.dialect, lambda sql: send(cur, sql), steps)
 
+    # -- a group's seats ---------------------------------------------------------------
+
+    def claim_seat(self, seats: Sequence[str], holder: str, lease: float,
+                   job: str) -> tuple[str, int] | None:
+        """Take one free seat of ``seats`` (a group's seat rows) for ``job``,
+        with the lease and fencing of a job's lock: one statement (one round
+        trip). (seat, token), or None when every seat is held."""
+        sql = self._text("seat_claim", len(seats))
+        params: dict[str, Any] = {"holder": holder, "lease": lease, "job": job, "limit": 1}
+        if self.q.arrays:
+            params["names"] = list(seats)
+        else:
+            params.update({f"n{i}": name for i, name in enumerate(seats)})
+
+        def go(cur: Any) -> tuple[str, int] | None:
+            self.x.send(cur, sql, params)
+            if self.dialect == "mysql":
+                won, token = cur.rowcount == 1, int(cur.lastrowid or 0)
+                cur.nextset()
+                row = cur.fetchone()
+                return (str(row[0]), token) if won and row is not None else None
+            row = cur.fetchone()
+            return None if row is None else (str(row[0]), int(row[1]))
+
+        return self.x.run(go)
+
     # -- fan-out items ----------------------------------------------------------------
 
     def claim_items(self, job: str, holder: str, lease: float, claim: Claim,

@@ -13,6 +13,10 @@ collation already merged have history under both names and one token
 sequence; splitting them would restart one job's fencing tokens, so the
 migration refuses, naming them, until an operator keeps one name.
 SQLite and PostgreSQL always compared text byte for byte: nothing to do.
+
+Version 4: the fleet features' nullable columns and tables, added as they
+are missing. ``locks.held_for``: the job a group seat row (``group:NAME:N``,
+:mod:`dblockrun.limits`) is held for.
 """
 
 from __future__ import annotations

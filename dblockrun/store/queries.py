@@ -51,6 +51,7 @@ class ClaimShape:
     #                       run before it lost if its holder died)
     requested: bool = False  # an operator's run-now request (``dblockrun run``)
     check: bool = False  # also read the row's token and the schema version (exec, API)
+    seat: bool = False  # a group's seat (dblockrun/limits.py): note the job it is held for
 
     @property
     def cleans(self) -> bool:
@@ -58,6 +59,10 @@ class ClaimShape:
         exec and the API, which have no daemon's bookkeeping to do it (a
         daemon's bookkeeping records it, with the slots it blocked)."""
         return self.record and self.check
+
+
+#: The claim of a group's seat.
+SEAT = ClaimShape(seat=True)
 
 
 class Queries:
@@ -178,6 +183,8 @@ class Queries:
                 sets.append(f"next_due = {now} + {p('rate')}")
         if shape.slot:
             sets.append(f"last_slot = {p('slot')}")
+        if shape.seat:
+            sets.append(f"held_for = {p('job')}")
         if table != self.locks:
             sets.append(f"last_result = '{RUNNING}'")
         return (f"UPDATE {table} SET {', '.join(sets)}{join} "
@@ -314,6 +321,18 @@ class Queries:
                 f"WHERE {locks}.name IN ({self.listed('c', count)}) "
                 f"AND {locks}.holder = {p('holder')} "
                 f"AND {runs}.attempt = 1 AND {runs}.finished IS NULL")
+
+    # -- a group's seats (dblockrun/limits.py) ----------------------------------------
+
+    def seat_claim(self, count: int) -> str:
+        """Take one free seat of a group for the job ``job``: the same
+        conditional write as a job's claim, of the first of the ``count``
+        seat rows that no other claim is taking at this moment. Row: (name,
+        token) when won."""
+        locks = self.locks
+        pick = self.batch_pick(SEAT, count)
+        return (self.claim_write(locks, SEAT, f"{locks}.name = ({pick})")
+                + self.returning(f"{locks}.name, {locks}.token"))
 
     # -- fan-out items ---------------------------------------------------------------
 
@@ -558,6 +577,19 @@ class MysqlQueries(Queries):
         if shape.check:
             parts.append(self.known_row)
         return "; ".join(parts)
+
+    def seat_claim(self, count: int) -> str:
+        """No subquery on the UPDATE's own table: the UPDATE takes the first
+        free seat itself (``ORDER BY ... LIMIT 1``; the token comes back in
+        the OK packet), then names it, in one round trip. Of two seats this
+        holder has with that token, the newest claim is this one."""
+        locks, p = self.locks, self.p
+        names = f"{locks}.name IN ({self.listed('n', count)})"
+        update = self.claim_write(locks, SEAT, names, token=self.token_expr())
+        return (f"{update} ORDER BY {locks}.name LIMIT 1; "
+                f"SELECT {locks}.name FROM {locks} WHERE {names} "
+                f"AND {locks}.holder = {p('holder')} AND {locks}.token = LAST_INSERT_ID() "
+                f"ORDER BY {locks}.locked_at DESC LIMIT 1")
 
     def renew_many(self, count: int) -> str:
         """The UPDATE, then the names it renewed, in one round trip."""

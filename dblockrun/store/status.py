@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from dblockrun.limits import SEAT_PREFIX
 from dblockrun.store import models as m
 
 if TYPE_CHECKING:
@@ -96,7 +97,8 @@ def _jobs_statement(store: Store, names: list[str] | None) -> sa.Select[Any]:
     """The lock rows with the database time; one row with only ``db_now``
     when there is no job, so the time is read in any case."""
     locks = store.t.locks
-    on = locks.c.name.in_(names) if names else sa.literal(1) == 1
+    # A group's seat rows (group:NAME:N) are not jobs.
+    on = locks.c.name.in_(names) if names else locks.c.name.not_like(f"{SEAT_PREFIX}%")
     one = sa.select(sa.literal(1).label("one")).subquery("one_row")
     return (sa.select(store.now.label("db_now"), *(locks.c[c] for c in _LOCK_COLUMNS))
             .select_from(one.outerjoin(locks, on)).order_by(locks.c.name))
