@@ -558,6 +558,10 @@ def run_(job: str, timeout: str, no_wait: bool) -> None:
         where = _where(store)
     if run is None:
         click.echo(f"{job}: run requested in {where}")
+    elif run.result == "skipped":  # its group was at its limit (dblockrun/limits.py)
+        why = (run.output or "skipped").strip().removeprefix("skipped: ")
+        click.echo(f"dblockrun: {job}: run {run.id} not started on {run.host}: {why}", err=True)
+        sys.exit(EXIT_RUNTIME)
     else:
         click.echo(f"{job}: run {run.id} started on {run.host} (token {run.token}) in {where}")
 

@@ -255,6 +255,12 @@ def test_a_seat_held_by_a_killed_daemon_is_taken_over_after_its_lease(
         assert record is not None and record.output is not None
         assert record.output.startswith("skipped: group backups at its limit (1): held by long")
         assert not [r for r in store.history("short") if r.result == "ok"]
+        # Run now: it takes a seat like any run, and says why it could not.
+        asked = subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
+                                "run", "short"], capture_output=True, text=True, timeout=30)
+        assert asked.returncode == 1, asked
+        assert "not started on" in asked.stderr
+        assert "group backups at its limit (1): held by long on" in asked.stderr
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=10)
         killed = store.db_now()
