@@ -421,11 +421,12 @@ class Daemon:
                 taken = {c.name for c in won}
                 pending = [name for name in pending if name not in taken]
             deferred = set(pending) if capped else set()
+            look_again = self.clock.now() + max(0.0, first + _SHARE_WAIT - time.monotonic())
             for name in pending:
                 if name in deferred:
                     # Left to the other hosts: looked at once more (_at_limit).
                     self._deferred[name] = slot
-                    self._push(first + _SHARE_WAIT, name, slot)
+                    self._push(look_again, name, slot)
                 else:
                     self.metrics.claims.labels(name, "lost").inc()
             for job in jobs:

@@ -67,4 +67,13 @@ def take_seat(store: Store, jobs: JobsFile, job: Job, holder: str,
     got = store.claim_seat(seats, holder, lease, job.name)
     if got is not None:
         return got
-    return group_reason(job.group, limit, store.seat_holders(seats))
+    holders = store.seat_holders(seats)
+    if not holders:
+        # No seat held, none taken: its rows are missing (a reload that could
+        # not make them, rows deleted by hand). Make them and try once more.
+        store.ensure_jobs(seats)
+        got = store.claim_seat(seats, holder, lease, job.name)
+        if got is not None:
+            return got
+        holders = store.seat_holders(seats)
+    return group_reason(job.group, limit, holders)

@@ -238,7 +238,8 @@ NEEDS_JOBS = "a jobs file needs a jobs: mapping of job names to jobs (see dblock
         ),
         (
             "jobs: {}\nzzz: 1\n",
-            "jobs.yaml:2: zzz: unknown key (known: database, database-file, defaults, jobs, groups)",
+            "jobs.yaml:2: zzz: unknown key "
+            "(known: database, database-file, defaults, jobs, groups)",
         ),
         ("database: 5\njobs: {}\n", "jobs.yaml:1: database: must be a string, got a number (5)"),
         ("database: ''\njobs: {}\n", "jobs.yaml:1: database: must not be empty"),
