@@ -149,6 +149,7 @@ class JobRun:
         self.done = threading.Event()
         self._recorded = run_id
         self._released = False
+        self._seat_released = False
 
     def start(self) -> None:
         """Start the run; :attr:`done` is set once it is over."""
@@ -275,7 +276,7 @@ class JobRun:
             self.ctx.renewer.remove(self.watch)
             if not self._released:
                 self._release()
-            if self.watch.seat is not None:
+            if self.watch.seat is not None and not self._seat_released:
                 self._release_seat(self.watch.seat)
         finally:
             self.done.set()
@@ -297,9 +298,9 @@ class JobRun:
             ctx.renewer.remove(self.watch)
             both = ctx.outage.retry(what, lambda: store.finish_and_release(
                 run_id, job.name, ctx.holder, self.token, result, code, output,
-                job.lock_at_least), until)
+                job.lock_at_least, seat=self.watch.seat), until)
             written = None if both is None else both[0]
-            self._released = both is not None
+            self._released = self._seat_released = both is not None
             if self._released:
                 self._prune()
         else:
@@ -319,9 +320,9 @@ class JobRun:
 
     def _release_seat(self, seat: tuple[str, int]) -> None:
         """Free the group seat the run held (its lock-at-least holds the job, not the seat)."""
-        ctx, (name, token) = self.ctx, seat
-        ctx.outage.retry(f"release {name}",
-                         lambda: ctx.store.release(name, ctx.holder, token),
+        ctx = self.ctx
+        ctx.outage.retry(f"release {seat[0]}",
+                         lambda: ctx.store.release_seat(seat, ctx.holder),
                          time.monotonic() + 30)
 
     def _prune(self) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from dblockrun.cli import cli
 from dblockrun.config import load_jobs_text
 from dblockrun.errors import ConfigError
 from dblockrun.jobs import JobsFile
+from dblockrun.limits import seat_names
 from dblockrun.store import Store
+from dblockrun.store import models as m
 from dblockrun.store.models import RunRecord
 
 FILE = "jobs.yaml"
@@ -86,6 +89,81 @@ def test_max_running_must_be_at_least_one() -> None:
     result = CliRunner().invoke(cli, ["daemon", "--max-running", "0", FILE])
     assert result.exit_code == 2
     assert "--max-running" in result.output and "0 is not in the range x>=1" in result.output
+
+
+# --- seats in the store -----------------------------------------------------------------
+
+
+def test_seats_are_taken_renewed_and_freed_with_the_run(store: Store, backend: str) -> None:
+    store.ensure_schema()
+    seats = seat_names("backups", 2)
+    store.ensure_jobs(["a", "b", "c", *seats])
+    warm = store.claim("c", "warm", 30)  # schema check and connection out of the way
+    assert warm is not None and store.release("c", "warm", warm)
+    slot = store.db_now()
+    before = store.statements
+    won = store.claim_and_record("a", "h1", 30, slot=slot)
+    assert won is not None and won.run_id is not None
+    seat = store.claim_seat(seats, "h1", 30, "a")
+    assert seat == (seats[0], 1)
+    assert store.finish_and_release(won.run_id, "a", "h1", won.token, m.OK, 0, "",
+                                    seat=seat) == (True, True)
+    # One round trip more than a job without a group (2), at the claim; the
+    # seat is freed with the result. SQLite sends each statement on its own.
+    assert store.statements - before == (6 if backend == "sqlite" else 3)
+    # Freed: both seats are taken (the first one's token moves on), then none.
+    first = store.claim_seat(seats, "h1", 30, "a")
+    second = store.claim_seat(seats, "h2", 30, "b")
+    assert first is not None and second is not None
+    assert sorted([first, second]) == [(seats[0], 2), (seats[1], 1)]
+    assert store.claim_seat(seats, "h3", 30, "c") is None
+    assert sorted(store.seat_holders(seats)) == [("a", "h1"), ("b", "h2")]
+    # Renewed with the holder's leases, in the one statement.
+    before = store.statements
+    assert store.renew_many("h1", [first, second], 60) == {first[0]}
+    assert store.statements - before == 1
+    # The seat rows are not jobs.
+    assert [s.lock.name for s in store.status()] == ["a", "b", "c"]
+
+
+def test_a_seat_whose_lease_ran_out_is_taken_over_and_fences_the_old_holder(
+        store: Store) -> None:
+    store.ensure_schema()
+    seats = seat_names("g", 1)
+    store.ensure_jobs(seats)
+    dead = store.claim_seat(seats, "dead", 0.3, "a")
+    assert dead == (seats[0], 1)
+    assert store.claim_seat(seats, "h2", 30, "b") is None
+    taken = wait_for(lambda: store.claim_seat(seats, "h2", 30, "b"), 10, what="the takeover")
+    assert taken == (seats[0], 2)
+    assert store.renew_many("dead", [dead], 30) == set()
+    assert not store.release_seat(dead, "dead")
+    assert store.seat_holders(seats) == [("b", "h2")]
+
+
+def test_concurrent_claims_take_each_seat_once(store: Store) -> None:
+    store.ensure_schema()
+    seats = seat_names("g", 3)
+    store.ensure_jobs(seats)
+    got: dict[str, tuple[str, int] | None] = {}
+    errors: list[BaseException] = []
+    go = threading.Barrier(6)
+
+    def host(h: str) -> None:
+        try:
+            go.wait()
+            got[h] = store.claim_seat(seats, h, 30, "job")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=host, args=(f"h{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    won = [seat for seat in got.values() if seat is not None]
+    assert sorted(won) == [(seat, 1) for seat in seats]
 
 
 # --- real daemons ---------------------------------------------------------------------

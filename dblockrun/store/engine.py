@@ -491,22 +491,33 @@ class LockEngine:
 
     def finish_and_release(self, run_id: int, job: str, holder: str, token: int, result: str,
                            exit_code: int | None, output: str | None,
-                           lock_at_least: float = 0.0) -> tuple[bool, bool]:
+                           lock_at_least: float = 0.0,
+                           seat: tuple[str, int] | None = None) -> tuple[bool, bool]:
         """:meth:`finish_run` and :meth:`release` in one round trip:
-        (result written, released)."""
+        (result written, released); ``seat``: also free the group seat the
+        run held (dblockrun/limits.py), in the same round trip."""
         if self.dialect == "sqlite":  # embedded: two statements, no round trip
-            return (self.finish_run(run_id, job, token, result, exit_code, output),
+            done = (self.finish_run(run_id, job, token, result, exit_code, output),
                     self.release(job, holder, token, lock_at_least))
-        params = {"run_id": run_id, "name": job, "holder": holder, "token": token,
-                  "result": result, "code": exit_code, "output": output,
-                  "least": float(lock_at_least)}
+            if seat is not None:
+                self.release_seat(seat, holder)
+            return done
+        params: dict[str, Any] = {
+            "run_id": run_id, "name": job, "holder": holder, "token": token, "result": result,
+            "code": exit_code, "output": output, "least": float(lock_at_least)}
+        sql = self.q.finish_and_release
+        if seat is not None:
+            sql = self.q.finish_release_seat
+            params.update(seat=seat[0], seat_token=seat[1])
 
         def go(cur: Any) -> tuple[bool, bool]:
-            self.x.send(cur, self.q.finish_and_release, params)
+            self.x.send(cur, sql, params)
             if self.dialect == "postgresql":
                 written, released = cur.fetchone()
                 return int(written) == 1, int(released) == 1
             both = cur.rowcount == 2
+            if seat is not None:
+                cur.nextset()  # past the seat's release
             return both, both
 
         written, released = self.x.run(go)
@@ -514,6 +525,11 @@ class LockEngine:
             # No run row to join (pruned by hand?): the release alone decides.
             released = self.release(job, holder, token, lock_at_least)
         return written, released
+
+    def release_seat(self, seat: tuple[str, int], holder: str) -> bool:
+        """Free a group seat (its row, the token it was taken with)."""
+        params = {"seat": seat[0], "seat_token": seat[1], "holder": holder}
+        return self._one_row(self.q.seat_release, params)
 
     # -- bookkeeping ---------------------------------------------------------------
 

@@ -435,6 +435,22 @@ class Queries:
         return self.counted(f"{self.finish_run(True)} RETURNING {self.runs}.id",
                             f"{self.release} RETURNING {self.locks}.name")
 
+    @cached_property
+    def seat_release(self) -> str:
+        """Free the group seat ``seat`` a run held with token ``seat_token``."""
+        locks, p = self.locks, self.p
+        return (f"UPDATE {locks} SET lock_until = {self.now} WHERE {locks}.name = {p('seat')} "
+                f"AND {locks}.holder = {p('holder')} AND {locks}.token = {p('seat_token')}")
+
+    @cached_property
+    def finish_release_seat(self) -> str:
+        """:attr:`finish_and_release` and the run's seat freed, in one statement."""
+        locks, runs = self.locks, self.runs
+        return (f"WITH r AS ({self.finish_run(True)} RETURNING {runs}.id), "
+                f"l AS ({self.release} RETURNING {locks}.name), "
+                f"s AS ({self.seat_release} RETURNING {locks}.name) "
+                "SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM l)")
+
     def start_run(self, running: bool) -> str:
         p = self.p
         finished = "NULL" if running else self.now
@@ -604,6 +620,12 @@ class MysqlQueries(Queries):
         return (f"UPDATE {runs} r JOIN {locks} l ON l.name = {p('name')} "
                 f"AND l.holder = {p('holder')} AND l.token = {p('token')} "
                 f"SET {self.run_result('r')}, l.{self.released('l')} WHERE r.id = {p('run_id')}")
+
+    @cached_property
+    def finish_release_seat(self) -> str:
+        """The result with the release, then the seat's release: two results
+        of one round trip."""
+        return f"{self.finish_and_release}; {self.seat_release}"
 
     def items_finish_and_release(self, count: int) -> str:
         """The result, then the release: two results of one round trip."""

@@ -291,6 +291,7 @@ class Store:
     release = on_engine(LockEngine.release)
     skip_slot = on_engine(LockEngine.skip_slot)
     claim_seat = on_engine(LockEngine.claim_seat)
+    release_seat = on_engine(LockEngine.release_seat)
 
     def seat_holders(self, seats: Sequence[str]) -> list[tuple[str, str]]:
         """The (job, host) holding each seat of ``seats`` whose lease holds."""
