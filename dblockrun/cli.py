@@ -321,10 +321,10 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
             raise no_such_job(store, missing)
         where = _where(store)
     if as_json:
-        click.echo(output.status_json(got.jobs, got.hosts, got.db_now, within))
+        click.echo(output.status_json(got.jobs, got.hosts, got.db_now, within, got.groups))
     else:
         click.echo(f"database: {where}")
-        output.print_status(got.jobs, got.hosts, got.db_now, within)
+        output.print_status(got.jobs, got.hosts, got.db_now, within, got.groups)
 
 
 @cli.command()

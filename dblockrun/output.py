@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
     from rich.table import Table
 
+    from dblockrun.limits import GroupUsage
+
 #: Bumped only on incompatible changes to the ``--json`` shapes.
 JSON_VERSION = 1
 
@@ -244,7 +246,7 @@ def host_json(h: HostStatus) -> dict[str, Any]:
 
 @_uncollected
 def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                live_within: float = 15.0) -> str:
+                live_within: float = 15.0, groups: Sequence[GroupUsage] = ()) -> str:
     fleet = Fleet(hosts)
     defs = fleet.defs
     out = []
@@ -273,6 +275,8 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         "live_within": live_within,
         "jobs": out,
         "hosts": [host_json(h) for h in hosts],
+        "groups": [{"name": g.group, "seats": g.seats, "held": len(g.held),
+                    "holders": [{"job": j, "host": h} for j, h in g.held]} for g in groups],
         "warnings": warnings(jobs, fleet, live_within),
     })
 
@@ -566,7 +570,8 @@ def _next_run_cell(v: JobView, now: float) -> str:
 
 @_uncollected
 def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                live_within: float = 15.0, width: int | None = None) -> str:
+                live_within: float = 15.0, width: int | None = None,
+                groups: Sequence[GroupUsage] = ()) -> str:
     fleet = Fleet(hosts)
     rows = []
     for s in jobs:
@@ -590,6 +595,13 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
                    ("host", "pid", "version", "clock offset", "running"))
     else:
         page.line(f"live hosts (a heartbeat in the last {within}): none")
+    if groups:  # dblockrun/limits.py
+        page.line()
+        page.line("groups")
+        page.table(("group", "in use", "held by"),
+                   [[g.group, f"{len(g.held)}/{g.seats}",
+                     ", ".join(f"{j} on {h}" for j, h in g.held) or "-"] for g in groups],
+                   ("group", "in use"))
     found = warnings(jobs, fleet, live_within)
     if found:
         page.line()
@@ -598,8 +610,8 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
 
 
 def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                 live_within: float = 15.0) -> None:
-    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width()))
+                 live_within: float = 15.0, groups: Sequence[GroupUsage] = ()) -> None:
+    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width(), groups))
 
 
 @_uncollected

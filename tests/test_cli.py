@@ -240,7 +240,8 @@ def test_status_json_shape(sqlite_db: TestDb) -> None:
         token = store.claim("a", "other-host", 30)
     assert token == 1
     doc = status_doc(sqlite_db)
-    assert set(doc) == {"version", "db_time", "live_within", "jobs", "hosts", "warnings"}
+    assert set(doc) == {"version", "db_time", "live_within", "jobs", "hosts", "groups",
+                        "warnings"}
     assert doc["version"] == 1
     assert isinstance(doc["hosts"], list)
     assert [j["name"] for j in doc["jobs"]] == ["a", "b"]

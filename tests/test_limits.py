@@ -3,6 +3,7 @@ with real `dblockrun daemon` processes on every database."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import TestDb, dblockrun_cmd, wait_for
 
+from dblockrun import output
 from dblockrun.cli import cli
 from dblockrun.config import load_jobs_text
 from dblockrun.errors import ConfigError
@@ -22,6 +24,7 @@ from dblockrun.limits import seat_names
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.models import RunRecord
+from dblockrun.store.status import report
 
 FILE = "jobs.yaml"
 
@@ -122,8 +125,18 @@ def test_seats_are_taken_renewed_and_freed_with_the_run(store: Store, backend: s
     before = store.statements
     assert store.renew_many("h1", [first, second], 60) == {first[0]}
     assert store.statements - before == 1
-    # The seat rows are not jobs.
+    # The seat rows are not jobs; status shows them as the group's use.
     assert [s.lock.name for s in store.status()] == ["a", "b", "c"]
+    got = report(store)
+    assert [j.lock.name for j in got.jobs] == ["a", "b", "c"]
+    assert [(g.group, g.seats, sorted(g.held)) for g in got.groups] == [
+        ("backups", 2, [("a", "h1"), ("b", "h2")])]
+    text = output.status_text(got.jobs, got.hosts, got.db_now, 15.0, None, got.groups)
+    assert "groups\ngroup    in use  held by\n" in text
+    assert "backups  2/2     " in text
+    doc = json.loads(output.status_json(got.jobs, got.hosts, got.db_now, 15.0, got.groups))
+    assert doc["groups"][0]["name"] == "backups"
+    assert (doc["groups"][0]["seats"], doc["groups"][0]["held"]) == (2, 2)
 
 
 def test_a_seat_whose_lease_ran_out_is_taken_over_and_fences_the_old_holder(
