@@ -282,6 +282,49 @@ def test_a_full_host_alone_records_the_slot_skipped_with_the_reason(db: TestDb,
     store.close()
 
 
+@pytest.mark.slow
+def test_a_slot_due_while_the_host_is_full_is_skipped_not_run_late(db: TestDb,
+                                                                   tmp_path: Path) -> None:
+    """A job due alone while the host's one run goes on (the single claim,
+    not a batch): recorded skipped with the reason, never started late; the
+    slots after the run ends run."""
+    jobs = jobs_file(tmp_path / "jobs.yaml", {
+        "busy": """\
+            cron: "*/4 * * * * *"
+            command: sleep 2.5
+            """,
+        "tick": """\
+            cron: "1-59/2 * * * * *"
+            command: "true"
+            """})
+    proc = start_daemon(db, jobs, tmp_path / "d.log", "--max-running", "1")
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        first = store.db_now() + 1
+
+        def ticks() -> list[RunRecord] | None:
+            runs = [r for r in store.history("tick", 100) if r.slot and r.slot >= first]
+            return runs if {r.result for r in runs} >= {"ok", "skipped"} and len(runs) >= 4 \
+                else None
+
+        runs = wait_for(ticks, 30, interval=0.2, what="tick's slots run and skipped")
+    finally:
+        codes = stop_all([proc])
+    assert codes == [0]
+    assert len({r.slot for r in runs}) == len(runs)  # one record per slot
+    for run in runs:
+        assert run.result in ("ok", "skipped")
+        if run.result == "skipped":
+            record = store.run(run.id)
+            assert record is not None and record.output is not None
+            assert "at its --max-running limit (1)" in record.output
+        else:  # started on time, not when the busy run ended
+            assert run.slot is not None and run.started - run.slot < 0.5
+    assert all(r.result == "ok" for r in store.history("busy", 100) if r.finished)
+    store.close()
+
+
 GROUPS = "groups:\n  backups: 1"
 GROUPED = {name: """\
     cron: "*/2 * * * * *"
