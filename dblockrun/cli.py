@@ -257,6 +257,9 @@ def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | Non
                    "stop them at once).")
 @click.option("--metrics", "metrics_addr", metavar="[HOST:]PORT",
               help="Serve Prometheus /metrics and /healthz here.")
+@click.option("--max-running", type=click.IntRange(min=1), metavar="N",
+              help="Run at most N commands at once on this host; at the limit, slots are "
+                   "left to other hosts (recorded skipped if none takes them).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one object per line.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logs.")
@@ -267,7 +270,7 @@ def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | Non
 @handle_errors
 def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
            metrics_addr: str | None, log_format: str, verbose: bool,
-           labels: tuple[str, ...]) -> None:
+           labels: tuple[str, ...], max_running: int | None) -> None:
     """Run the scheduler on FILE (SIGHUP reloads it, SIGTERM stops).
 
     FILE defaults to -f, then DBLOCKRUN_JOBS, then /etc/dblockrun/jobs.yaml."""
@@ -291,6 +294,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
         lease=_duration(lease, "--lease"),
         grace=_duration(grace, "--grace", zero_ok=True),
         metrics_addr=metrics_addr,
+        max_running=max_running,
     )
     if metrics_addr:
         from dblockrun.metrics import parse_addr
@@ -340,10 +344,11 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
             raise no_such_job(store, missing)
         where = _where(store)
     if as_json:
-        click.echo(output.status_json(got.jobs, got.hosts, got.db_now, within, got.paused))
+        click.echo(output.status_json(got.jobs, got.hosts, got.db_now, within, got.paused,
+                                      got.groups))
     else:
         click.echo(f"database: {where}")
-        output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused)
+        output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused, got.groups)
 
 
 @cli.command()
@@ -709,14 +714,24 @@ def run_(job: str, timeout: str, no_wait: bool) -> None:
     if runs is None:
         click.echo(f"{job}: run requested in {where}")
         return
+    skipped = False
     for row, run in runs:  # an every-host job: a line per host
-        if run is not None:
+        if run is None:
+            continue
+        if run.result == "skipped":  # its group was at its limit (dblockrun/limits.py)
+            why = (run.output or "skipped").strip().removeprefix("skipped: ")
+            click.echo(f"dblockrun: {row}: run {run.id} not started on {run.host}: {why}",
+                       err=True)
+            skipped = True
+        else:
             click.echo(f"{row}: run {run.id} started on {run.host} (token {run.token}) "
                        f"in {where}")
     late = [row for row, run in runs if run is None]
     if late:
         raise DblockrunError(f"no daemon started {', '.join(late)} within {wait:g}s; the "
                              "request stays filed")
+    if skipped:
+        sys.exit(EXIT_RUNTIME)
 
 
 @cli.command(name="import-crontab")

@@ -39,9 +39,12 @@ from dblockrun.schedule import validate_cron, validate_timezone
 from dblockrun.secreturl import ENV, FILE, LITERAL, SecretUrl, check_url
 from dblockrun.targeting import check_word
 
-TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs")
+TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups")
 MAX_JOB_NAME = 200
 MAX_INT = 2**31 - 1
+#: A group's seats are lock rows named ``group:NAME:N`` (dblockrun/limits.py).
+MAX_GROUP_NAME = 100
+MAX_GROUP_LIMIT = 1000
 ON_FAILURE_KEYS = ("disable-for", "command")
 NOTIFY_KEYS = ("urls", "on")
 SECRET_SOURCES = (ENV, FILE)
@@ -537,6 +540,7 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "ping": ("ping", _optional(_ping)),
     "catch-up": ("catch_up", _required(_catch_up)),
     "catch-up-limit": ("catch_up_limit", _optional(lambda v: _integer(v, 1))),
+    "group": ("group", _optional(lambda v: _string(v, empty=False))),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 
@@ -551,6 +555,7 @@ _NEEDS_JOBS = ("a jobs file needs a jobs: mapping of job names to jobs "
 class _Parser:
     def __init__(self, path: str) -> None:
         self.path = path
+        self.groups: dict[str, int] = {}
 
     def error(
         self, why: str, line: int | None, job: str | None = None, key: str | None = None
@@ -584,10 +589,12 @@ class _Parser:
             # Relative to the jobs file, like any path a reader of the file would follow.
             database_file = os.path.join(os.path.dirname(self.path), database_file)
         defaults = self.parse_defaults(data)
+        self.groups = self.parse_groups(data)
+        groups = tuple(sorted(self.groups.items()))
         jobs = data["jobs"]
         if jobs is None:
             return JobsFile(path=self.path, database=database, jobs=(),
-                            database_file=database_file)
+                            database_file=database_file, groups=groups)
         if not isinstance(jobs, _Mapping):
             why = f"must be a mapping of job names to jobs, got {_kind(jobs)}"
             raise self.error(why, data.lines["jobs"], key="jobs")
@@ -595,7 +602,34 @@ class _Parser:
             self.parse_job(name, body, jobs.lines[name], defaults) for name, body in jobs.items()
         )
         return JobsFile(path=self.path, database=database, jobs=parsed,
-                        database_file=database_file)
+                        database_file=database_file, groups=groups)
+
+    def parse_groups(self, data: _Mapping) -> dict[str, int]:
+        """``groups:``: each group's fleet-wide limit (jobs of it at once)."""
+        raw = data.get("groups")
+        if raw is None:
+            return {}
+        if not isinstance(raw, _Mapping):
+            why = f"must be a mapping of group names to limits, got {_kind(raw)}"
+            raise self.error(why, data.lines["groups"], key="groups")
+        groups: dict[str, int] = {}
+        for name, value in raw.items():
+            line = raw.lines[name]
+            key = f"groups.{name}"
+            if not isinstance(name, str) or not JOB_NAME.fullmatch(name):
+                why = "bad group name: use letters, digits, '.', '_' and '-'"
+                raise self.error(why, line, key=key)
+            if len(name) > MAX_GROUP_NAME:
+                why = f"group name is {len(name)} characters long (at most {MAX_GROUP_NAME})"
+                raise self.error(why, line, key=key)
+            try:
+                groups[name] = _integer(value, 1)
+            except _Invalid as exc:
+                raise self.error(exc.why, line, key=key) from None
+            if groups[name] > MAX_GROUP_LIMIT:
+                why = f"must be at most {MAX_GROUP_LIMIT}, got {value}"
+                raise self.error(why, line, key=key)
+        return groups
 
     def check_duplicates(self, data: _Mapping) -> None:
         """Reject a key written twice in any mapping of the file."""
@@ -700,4 +734,15 @@ class _Parser:
         if job.catch_up_limit is not None and job.catch_up != "all":
             why = f"only with catch-up: all (this job's catch-up is {job.catch_up})"
             raise self.error(why, keys["catch-up-limit"][1], name, "catch-up-limit")
+        if job.group is not None:
+            where = keys["group"][1]
+            if job.group not in self.groups:
+                known = ", ".join(sorted(self.groups))
+                why = (f"unknown group {job.group!r} (groups: {known})" if known else
+                       f"unknown group {job.group!r}: define it under groups: at the top "
+                       "(groups: {" + job.group + ": 1})")
+                raise self.error(why, where, name, "group")
+            if job.fan_out:
+                why = "a fan-out job (items, items-command) cannot be in a group"
+                raise self.error(why, where, name, "group")
         return job

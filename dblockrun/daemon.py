@@ -23,6 +23,7 @@ from dblockrun.fleet import FleetBooks
 from dblockrun.heartbeat import DbClock, Renewer
 from dblockrun.holder import new_holder_id as new_holder_id
 from dblockrun.jobs import Job, JobsFile
+from dblockrun.limits import Seat, all_seats, full_reason, take_seat
 from dblockrun.listen import RequestListener
 from dblockrun.metrics import Metrics, serve
 from dblockrun.notify import Notifier
@@ -69,6 +70,9 @@ class DaemonOptions:
     #: This host's labels (``--label``, ``DBLOCKRUN_LABELS``); ``hostname``
     #: defaults to this machine's (dblockrun/targeting.py).
     labels: tuple[tuple[str, str], ...] = ()
+    #: Commands at once on this host (None: no limit); at it, the host leaves
+    #: slots to the others (dblockrun/limits.py).
+    max_running: int | None = None
 
 
 def _raise_open_files_limit() -> None:
@@ -133,6 +137,9 @@ class Daemon:
                                          killed=self.renewer.renew_now)
                          if self._announced else None)
         self._finished: set[str] = set()
+        #: Slots left to other hosts because this one was at --max-running,
+        #: per job: looked at again once, _SHARE_WAIT later.
+        self._deferred: dict[str, float] = {}
         #: Per job, the highest fencing token won here and the newest slot run here.
         self._seen: dict[str, tuple[int, float | None]] = {}
         #: Missed slots after downtime: recorded at start, or run one at a time.
@@ -273,7 +280,7 @@ class Daemon:
     def _ensure_rows(self) -> None:
         """The lock rows of the file's jobs (a targeted job's too, so status
         shows it unmatched), and this host's rows of its every-host jobs."""
-        self.store.ensure_jobs(j.name for j in self.file.jobs)
+        self.store.ensure_jobs([*(j.name for j in self.file.jobs), *all_seats(self.file)])
         self.store.ensure_every_host(every_host_rows(self.jobs))
 
     def _warn_unmatched(self) -> None:
@@ -318,6 +325,11 @@ class Daemon:
     def _running_count(self) -> int:
         with self._running_lock:
             return len(self._running)
+
+    def _free(self) -> int | None:
+        """How many more runs this host may start (None: no --max-running)."""
+        cap = self.options.max_running
+        return None if cap is None else max(0, cap - self._running_count())
 
     def _sleep_time(self) -> float:
         until_poll = (self.options.heartbeat if self._announced
@@ -368,6 +380,8 @@ class Daemon:
                 with self._running_lock:
                     if name in self._running:
                         continue
+                if self._free() == 0:
+                    continue  # at --max-running: the request stays for a host with room
                 sent = time.monotonic()
                 token = self.store.claim_requested(name, self.holder, self.options.lease)
                 if token is not None:
@@ -440,7 +454,7 @@ class Daemon:
     def _batchable(self, job: Job, slot: float | None, now: float) -> float | None:
         """The next slot after ``slot`` when this attempt is a plain claim of
         the newest slot (what a batch claim does), else None."""
-        if slot is None or job.cron is None or job.fan_out:
+        if slot is None or job.cron is None or job.fan_out or job.name in self._deferred:
             return None
         if too_late(job, slot, now):
             return None
@@ -465,16 +479,22 @@ class Daemon:
             hosts = self.books.live_hosts
             share = len(pending) if len(pending) < 4 * hosts else -(-len(pending) // hosts)
             first = time.monotonic()
+            capped = False  # --max-running held this host back in the last pass
             for limit in (share, len(pending)):
                 if not pending or self._stopping():
                     break
                 if limit != share:
                     self._pause(first + _SHARE_WAIT - time.monotonic())
+                free = self._free()
+                take = limit if free is None else min(limit, free)
+                capped = take < limit
+                if take <= 0:
+                    continue
                 sent = time.monotonic()
                 try:
                     won = self.store.claim_batch(pending, self.holder, self.options.lease,
                                                  slot=slot, next_due=due_next, rate=rate,
-                                                 limit=limit)
+                                                 limit=take)
                     self.outage.ok()
                 except DatabaseError as exc:
                     delay = self.outage.failed(f"claim {len(pending)} jobs", exc)
@@ -489,10 +509,18 @@ class Daemon:
                                 claimed.run_id)
                 taken = {c.name for c in won}
                 pending = [name for name in pending if name not in taken]
+            deferred = set(pending) if capped else set()
+            look_again = self.clock.now() + max(0.0, first + _SHARE_WAIT - time.monotonic())
             for name in pending:
-                self.metrics.claims.labels(name, "lost").inc()
+                if name in deferred:
+                    # Left to the other hosts: looked at once more (_at_limit).
+                    self._deferred[name] = slot
+                    self._push(look_again, name, slot)
+                else:
+                    self.metrics.claims.labels(name, "lost").inc()
             for job in jobs:
-                self._plan(job, slot)
+                if job.name not in deferred:
+                    self._plan(job, slot)
 
     def _fire(self, job: Job, slot: float | None, now: float) -> None:
         passed: deque[float] = deque()
@@ -532,6 +560,10 @@ class Daemon:
                 self._missed(job, slot, now)
                 self._plan(job, slot)
                 return
+            if self._free() == 0:
+                self._at_limit(job, slot)
+                return
+            self._deferred.pop(job.name, None)
             sent = time.monotonic()
             won = self.store.claim_and_record(
                 job.name, self.holder, self.options.lease, slot=slot, rate=job.rate,
@@ -550,6 +582,30 @@ class Daemon:
             self._plan(job, slot)
         else:
             self._plan_rate(job, refused=won is None)
+
+    def _at_limit(self, job: Job, slot: float | None) -> None:
+        """This host already runs ``--max-running`` commands: it does not
+        claim, and leaves the slot to the other hosts. Looked at again
+        ``_SHARE_WAIT`` later, a slot still unclaimed is recorded skipped
+        (by one host: the conditional skip), saying why."""
+        if slot is None:  # a rate job: tried again soon, here or on a host with room
+            self._push(self.clock.now() + 1.0, job.name, None)
+            return
+        if self._deferred.get(job.name) != slot:
+            self._deferred[job.name] = slot
+            self._push(self.clock.now() + _SHARE_WAIT, job.name, slot)
+            return  # the next slot is planned after the second look
+        del self._deferred[job.name]
+        limit = self.options.max_running or 0
+        if self.store.skip_slot(job.name, slot):
+            self.store.start_run(job.name, self.holder, token=None, slot=slot,
+                                 result=m.SKIPPED,
+                                 output=full_reason(self.holder, limit, _SHARE_WAIT))
+            self.metrics.missed.labels(job.name, "max-running").inc()
+            log.warning("job %s: slot %s skipped: this host is at its --max-running limit "
+                        "(%d) and no other host took it", job.name, _utc(slot).isoformat(),
+                        limit)
+        self._plan(job, slot)
 
     def _missed(self, job: Job, slot: float, now: float, newer: float | None = None) -> None:
         """Record ``slot`` missed, once fleet-wide: too late for the job's
@@ -684,16 +740,52 @@ class Daemon:
                run_id: int | None = None) -> None:
         if self._went_back(job, token, slot, run_id):
             return
-        run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self._done, run_id=run_id)
+        seat = None
+        if job.group is not None:
+            seat = self._seat(job, token, slot, run_id)
+            if seat is None:
+                return
+        run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self._done, run_id=run_id,
+                     seat=seat)
         with self._running_lock:
             self._running[job.name] = run
         run.start()
+
+    def _seat(self, job: Job, token: int, slot: float | None,
+              run_id: int | None) -> Seat | None:
+        """A grouped job's claim won: take a seat of its group too (one more
+        round trip). With none free (or the database failing), the claim is
+        released and the run recorded skipped with the reason: its slot is
+        taken, so no host runs it late."""
+        try:
+            got = take_seat(self.store, self.jobs, job, self.holder, self.options.lease)
+            self.outage.ok()
+        except DatabaseError as exc:
+            self.outage.failed(f"claim a seat of group {job.group}", exc)
+            got = f"skipped: could not take a seat of group {job.group}: database error\n"
+        if not isinstance(got, str):
+            return got
+        self.metrics.missed.labels(job.name, "group").inc()
+        log.warning("job %s: %s", job.name, got.strip())
+        try:
+            if run_id is not None:
+                self.store.finish_and_release(run_id, job.name, self.holder, token, m.SKIPPED,
+                                              None, got)
+            else:
+                self.store.release(job.name, self.holder, token)
+                self.store.start_run(job.name, self.holder, token=token, slot=slot,
+                                     result=m.SKIPPED, output=got)
+        except DatabaseError as exc:  # its lease runs out; the run is recorded lost
+            self.outage.failed(f"release {job.name}", exc)
+        return None
 
     def _fan_out(self, job: Job, slot: float | None, busy_here: bool,
                  next_due: float | None) -> None:
         """Work through the job's items (in a thread) unless still at it."""
         if busy_here:
             log.info("job %s: still working through the items of the previous slot", job.name)
+        elif self._free() == 0:
+            log.info("job %s: at --max-running: its items are left to the other hosts", job.name)
         else:
             worker = FanOut(self.ctx, job, slot, on_done=self._done, next_due=next_due)
             with self._running_lock:

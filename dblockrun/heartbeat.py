@@ -141,11 +141,14 @@ class Renewer:
                     if not live:
                         continue
                     sent = time.monotonic()
-                    renewed = self.store.renew_many(holder, [(w.name, w.token) for w in live],
+                    # A grouped run's seat is renewed with its lock, in the same statement.
+                    renewed = self.store.renew_many(holder, [r for w in live for r in w.rows()],
                                                     lease)
                     answered = True
                 for watch in live:
-                    self._settle(watch, renewed.get(watch.name, False), sent)
+                    # Lost if the lock or its seat is; a kill request is on the lock.
+                    held = all(n in renewed for n, _ in watch.rows())
+                    self._settle(watch, renewed.get(watch.name, False) if held else False, sent)
         for watch in leases:
             if watch.renew is None:
                 continue

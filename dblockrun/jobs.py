@@ -94,6 +94,8 @@ class Job:
     catch_up: str = "latest"
     #: ``catch-up: all``: at most this many missed slots run (None: the default).
     catch_up_limit: int | None = None
+    #: The fleet-wide limit group (``groups:`` at the top) the job runs in.
+    group: str | None = None
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -123,6 +125,8 @@ class Job:
                 data[key] = secret.definition()
         if data["catch_up"] == "latest" and data["catch_up_limit"] is None:
             del data["catch_up"], data["catch_up_limit"]  # likewise without `catch-up:`
+        if data["group"] is None:
+            del data["group"]  # nor `group:`
         import hashlib  # here: exec never hashes, and starts faster without them
         import json
 
@@ -137,6 +141,8 @@ class JobsFile:
     jobs: tuple[Job, ...]
     #: ``database-file:``, relative to the jobs file's folder.
     database_file: str | None = None
+    #: ``groups:``: (group, at most this many of its jobs at once in the fleet).
+    groups: tuple[tuple[str, int], ...] = ()
 
     def job(self, name: str) -> Job | None:
         return self._by_name.get(name)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
     from rich.table import Table
 
+    from dblockrun.limits import GroupUsage
     from dblockrun.store.control import AuditRecord, Pause
 
 #: Bumped only on incompatible changes to the ``--json`` shapes.
@@ -303,7 +304,8 @@ def pause_line(paused: Pause, now: float) -> str:
 
 @_uncollected
 def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                live_within: float = 15.0, paused: Pause | None = None) -> str:
+                live_within: float = 15.0, paused: Pause | None = None,
+                groups: Sequence[GroupUsage] = ()) -> str:
     fleet = Fleet(hosts, paused)
     defs = fleet.defs
     out = []
@@ -335,6 +337,8 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         "paused": pause_json(paused),
         "jobs": out,
         "hosts": [host_json(h) for h in hosts],
+        "groups": [{"name": g.group, "seats": g.seats, "held": len(g.held),
+                    "holders": [{"job": j, "host": h} for j, h in g.held]} for g in groups],
         "warnings": warnings(jobs, fleet, live_within),
     })
 
@@ -650,7 +654,7 @@ def _next_run_cell(v: JobView, now: float) -> str:
 @_uncollected
 def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
                 live_within: float = 15.0, width: int | None = None,
-                paused: Pause | None = None) -> str:
+                paused: Pause | None = None, groups: Sequence[GroupUsage] = ()) -> str:
     fleet = Fleet(hosts, paused)
     rows = []
     for s in jobs:
@@ -681,6 +685,13 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
                    ("host", "pid", "version", "clock offset", "running"))
     else:
         page.line(f"live hosts (a heartbeat in the last {within}): none")
+    if groups:  # dblockrun/limits.py
+        page.line()
+        page.line("groups")
+        page.table(("group", "in use", "held by"),
+                   [[g.group, f"{len(g.held)}/{g.seats}",
+                     ", ".join(f"{j} on {h}" for j, h in g.held) or "-"] for g in groups],
+                   ("group", "in use"))
     found = warnings(jobs, fleet, live_within)
     if found:
         page.line()
@@ -689,8 +700,10 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
 
 
 def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                 live_within: float = 15.0, paused: Pause | None = None) -> None:
-    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width(), paused))
+                 live_within: float = 15.0, paused: Pause | None = None,
+                 groups: Sequence[GroupUsage] = ()) -> None:
+    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width(), paused,
+                                 groups))
 
 
 @_uncollected

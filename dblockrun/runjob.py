@@ -135,15 +135,19 @@ class JobRun:
         on_start: Callable[[int], None] | None = None,
         run_id: int | None = None,
         err_sink: Callable[[bytes], None] | None = None,
+        seat: tuple[str, int] | None = None,
     ) -> None:
         """``run_id``: the first attempt's run record, when the claim made it.
         ``line_sink``: the command's output lines (default: logged);
-        ``err_sink``: its stderr lines apart (default: with the output)."""
+        ``err_sink``: its stderr lines apart (default: with the output);
+        ``seat``: the group seat the run holds (dblockrun/limits.py), renewed
+        with its lease and released at its end."""
         self.ctx = ctx
         self.job = job
         self.token = token
         self.slot = slot
-        self.watch = LeaseWatch(job.name, ctx.holder, token, ctx.lease, last_ok=claimed_mono)
+        self.watch = LeaseWatch(job.name, ctx.holder, token, ctx.lease, last_ok=claimed_mono,
+                                seat=seat)
         # The lease counts from the claim's request (it may have expired by
         # then); lock-at-most from its answer, a few ms before the command
         # starts: a slow claim (exec's first, making the schema: 0.3 s) must
@@ -159,6 +163,7 @@ class JobRun:
         self._recorded = run_id
         self._released = False
         self._first_run_id: int | None = None
+        self._seat_released = False
 
     def start(self) -> None:
         """Start the run; :attr:`done` is set once it is over."""
@@ -304,6 +309,8 @@ class JobRun:
             self.ctx.renewer.remove(self.watch)
             if not self._released:
                 self._release()
+            if self.watch.seat is not None and not self._seat_released:
+                self._release_seat(self.watch.seat)
         finally:
             self.done.set()
             if self.on_done is not None:
@@ -322,9 +329,9 @@ class JobRun:
             ctx.renewer.remove(self.watch)
             both = ctx.outage.retry(what, lambda: store.finish_and_release(
                 run_id, job.name, ctx.holder, self.token, result, code, output,
-                job.lock_at_least), until)
+                job.lock_at_least, seat=self.watch.seat), until)
             written = None if both is None else both[0]
-            self._released = both is not None
+            self._released = self._seat_released = both is not None
             if self._released:
                 self._prune()
         else:
@@ -341,6 +348,13 @@ class JobRun:
                                                    job.lock_at_least),
                          time.monotonic() + 30)
         self._prune()
+
+    def _release_seat(self, seat: tuple[str, int]) -> None:
+        """Free the group seat the run held (its lock-at-least holds the job, not the seat)."""
+        ctx = self.ctx
+        ctx.outage.retry(f"release {seat[0]}",
+                         lambda: ctx.store.release_seat(seat, ctx.holder),
+                         time.monotonic() + 30)
 
     def _prune(self) -> None:
         job, ctx = self.job, self.ctx

@@ -46,6 +46,13 @@ class LeaseWatch:
     renew: Callable[[], bool | str] | None = None
     #: ``dblockrun kill``: who asked and why, learnt with a renewal.
     killed: str | None = None
+    #: A group's seat held with the lock (dblockrun/limits.py): (row, token),
+    #: renewed with it; the lease is lost if either is.
+    seat: tuple[str, int] | None = None
+
+    def rows(self) -> list[tuple[str, int]]:
+        """The lock rows this lease renews: (name, token) each."""
+        return [(self.name, self.token)] + ([self.seat] if self.seat is not None else [])
 
     def renewed(self, sent: float) -> None:
         self.last_ok = sent

@@ -238,7 +238,8 @@ NEEDS_JOBS = "a jobs file needs a jobs: mapping of job names to jobs (see dblock
         ),
         (
             "jobs: {}\nzzz: 1\n",
-            "jobs.yaml:2: zzz: unknown key (known: database, database-file, defaults, jobs)",
+            "jobs.yaml:2: zzz: unknown key "
+            "(known: database, database-file, defaults, jobs, groups)",
         ),
         ("database: 5\njobs: {}\n", "jobs.yaml:1: database: must be a string, got a number (5)"),
         ("database: ''\njobs: {}\n", "jobs.yaml:1: database: must not be empty"),
@@ -358,7 +359,7 @@ KNOWN = (
     "cron, rate, command, lock-at-most, lock-at-least, timezone, env, workdir, shell, "
     "starting-deadline, retries, retry-delay, on-failure, jitter, description, enabled, "
     "items, items-command, parallel, batch, history-limit, user, run-on, on, notify, ping, "
-    "catch-up, catch-up-limit"
+    "catch-up, catch-up-limit, group"
 )
 DURATION = "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)"
 

@@ -334,6 +334,32 @@ class LockEngine:
 
         return in_transaction(self.dialect, lambda sql: send(cur, sql), steps)
 
+    # -- a group's seats ---------------------------------------------------------------
+
+    def claim_seat(self, seats: Sequence[str], holder: str, lease: float,
+                   job: str) -> tuple[str, int] | None:
+        """Take one free seat of ``seats`` (a group's seat rows) for ``job``,
+        with the lease and fencing of a job's lock: one statement (one round
+        trip). (seat, token), or None when every seat is held."""
+        sql = self._text("seat_claim", len(seats))
+        params: dict[str, Any] = {"holder": holder, "lease": lease, "job": job, "limit": 1}
+        if self.q.arrays:
+            params["names"] = list(seats)
+        else:
+            params.update({f"n{i}": name for i, name in enumerate(seats)})
+
+        def go(cur: Any) -> tuple[str, int] | None:
+            self.x.send(cur, sql, params)
+            if self.dialect == "mysql":
+                won, token = cur.rowcount == 1, int(cur.lastrowid or 0)
+                cur.nextset()
+                row = cur.fetchone()
+                return (str(row[0]), token) if won and row is not None else None
+            row = cur.fetchone()
+            return None if row is None else (str(row[0]), int(row[1]))
+
+        return self.x.run(go)
+
     # -- fan-out items ----------------------------------------------------------------
 
     def claim_items(self, job: str, holder: str, lease: float, claim: Claim,
@@ -477,22 +503,33 @@ class LockEngine:
 
     def finish_and_release(self, run_id: int, job: str, holder: str, token: int, result: str,
                            exit_code: int | None, output: str | None,
-                           lock_at_least: float = 0.0) -> tuple[bool, bool]:
+                           lock_at_least: float = 0.0,
+                           seat: tuple[str, int] | None = None) -> tuple[bool, bool]:
         """:meth:`finish_run` and :meth:`release` in one round trip:
-        (result written, released)."""
+        (result written, released); ``seat``: also free the group seat the
+        run held (dblockrun/limits.py), in the same round trip."""
         if self.dialect == "sqlite":  # embedded: two statements, no round trip
-            return (self.finish_run(run_id, job, token, result, exit_code, output),
+            done = (self.finish_run(run_id, job, token, result, exit_code, output),
                     self.release(job, holder, token, lock_at_least))
-        params = {"run_id": run_id, "name": job, "holder": holder, "token": token,
-                  "result": result, "code": exit_code, "output": output,
-                  "least": float(lock_at_least)}
+            if seat is not None:
+                self.release_seat(seat, holder)
+            return done
+        params: dict[str, Any] = {
+            "run_id": run_id, "name": job, "holder": holder, "token": token, "result": result,
+            "code": exit_code, "output": output, "least": float(lock_at_least)}
+        sql = self.q.finish_and_release
+        if seat is not None:
+            sql = self.q.finish_release_seat
+            params.update(seat=seat[0], seat_token=seat[1])
 
         def go(cur: Any) -> tuple[bool, bool]:
-            self.x.send(cur, self.q.finish_and_release, params)
+            self.x.send(cur, sql, params)
             if self.dialect == "postgresql":
                 written, released = cur.fetchone()
                 return int(written) == 1, int(released) == 1
             both = cur.rowcount == 2
+            if seat is not None:
+                cur.nextset()  # past the seat's release
             return both, both
 
         written, released = self.x.run(go)
@@ -500,6 +537,11 @@ class LockEngine:
             # No run row to join (pruned by hand?): the release alone decides.
             released = self.release(job, holder, token, lock_at_least)
         return written, released
+
+    def release_seat(self, seat: tuple[str, int], holder: str) -> bool:
+        """Free a group seat (its row, the token it was taken with)."""
+        params = {"seat": seat[0], "seat_token": seat[1], "holder": holder}
+        return self._one_row(self.q.seat_release, params)
 
     # -- bookkeeping ---------------------------------------------------------------
 

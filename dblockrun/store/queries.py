@@ -51,6 +51,7 @@ class ClaimShape:
     #                       run before it lost if its holder died)
     requested: bool = False  # an operator's run-now request (``dblockrun run``)
     check: bool = False  # also read the row's token and the schema version (exec, API)
+    seat: bool = False  # a group's seat (dblockrun/limits.py): note the job it is held for
 
     @property
     def cleans(self) -> bool:
@@ -58,6 +59,10 @@ class ClaimShape:
         exec and the API, which have no daemon's bookkeeping to do it (a
         daemon's bookkeeping records it, with the slots it blocked)."""
         return self.record and self.check
+
+
+#: The claim of a group's seat.
+SEAT = ClaimShape(seat=True)
 
 
 class Queries:
@@ -186,6 +191,8 @@ class Queries:
                 sets.append(f"next_due = {now} + {p('rate')}")
         if shape.slot:
             sets.append(f"last_slot = {p('slot')}")
+        if shape.seat:
+            sets.append(f"held_for = {p('job')}")
         if table != self.locks:
             sets.append(f"last_result = '{RUNNING}'")
         return (f"UPDATE {table} SET {', '.join(sets)}{join} "
@@ -323,6 +330,18 @@ class Queries:
                 f"AND {locks}.holder = {p('holder')} "
                 f"AND {runs}.attempt = 1 AND {runs}.finished IS NULL")
 
+    # -- a group's seats (dblockrun/limits.py) ----------------------------------------
+
+    def seat_claim(self, count: int) -> str:
+        """Take one free seat of a group for the job ``job``: the same
+        conditional write as a job's claim, of the first of the ``count``
+        seat rows that no other claim is taking at this moment. Row: (name,
+        token) when won."""
+        locks = self.locks
+        pick = self.batch_pick(SEAT, count)
+        return (self.claim_write(locks, SEAT, f"{locks}.name = ({pick})")
+                + self.returning(f"{locks}.name, {locks}.token"))
+
     # -- fan-out items ---------------------------------------------------------------
 
     def items_pick(self, shape: ClaimShape, *, lock: bool = True) -> str:
@@ -433,6 +452,22 @@ class Queries:
         """The result and the release in one statement; row: (written, released)."""
         return self.counted(f"{self.finish_run(True)} RETURNING {self.runs}.id",
                             f"{self.release} RETURNING {self.locks}.name")
+
+    @cached_property
+    def seat_release(self) -> str:
+        """Free the group seat ``seat`` a run held with token ``seat_token``."""
+        locks, p = self.locks, self.p
+        return (f"UPDATE {locks} SET lock_until = {self.now} WHERE {locks}.name = {p('seat')} "
+                f"AND {locks}.holder = {p('holder')} AND {locks}.token = {p('seat_token')}")
+
+    @cached_property
+    def finish_release_seat(self) -> str:
+        """:attr:`finish_and_release` and the run's seat freed, in one statement."""
+        locks, runs = self.locks, self.runs
+        return (f"WITH r AS ({self.finish_run(True)} RETURNING {runs}.id), "
+                f"l AS ({self.release} RETURNING {locks}.name), "
+                f"s AS ({self.seat_release} RETURNING {locks}.name) "
+                "SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM l)")
 
     def start_run(self, running: bool) -> str:
         p = self.p
@@ -589,6 +624,19 @@ class MysqlQueries(Queries):
             parts.append(self.known_row)
         return "; ".join(parts)
 
+    def seat_claim(self, count: int) -> str:
+        """No subquery on the UPDATE's own table: the UPDATE takes the first
+        free seat itself (``ORDER BY ... LIMIT 1``; the token comes back in
+        the OK packet), then names it, in one round trip. Of two seats this
+        holder has with that token, the newest claim is this one."""
+        locks, p = self.locks, self.p
+        names = f"{locks}.name IN ({self.listed('n', count)})"
+        update = self.claim_write(locks, SEAT, names, token=self.token_expr())
+        return (f"{update} ORDER BY {locks}.name LIMIT 1; "
+                f"SELECT {locks}.name FROM {locks} WHERE {names} "
+                f"AND {locks}.holder = {p('holder')} AND {locks}.token = LAST_INSERT_ID() "
+                f"ORDER BY {locks}.locked_at DESC LIMIT 1")
+
     def renew_many(self, count: int) -> str:
         """The UPDATE, then the names it renewed, in one round trip."""
         locks, mine = self.locks, self.held(self.locks, "name", "n", count)
@@ -608,6 +656,12 @@ class MysqlQueries(Queries):
         return (f"UPDATE {runs} r JOIN {locks} l ON l.name = {p('name')} "
                 f"AND l.holder = {p('holder')} AND l.token = {p('token')} "
                 f"SET {self.run_result('r')}, l.{self.released('l')} WHERE r.id = {p('run_id')}")
+
+    @cached_property
+    def finish_release_seat(self) -> str:
+        """The result with the release, then the seat's release: two results
+        of one round trip."""
+        return f"{self.finish_and_release}; {self.seat_release}"
 
     def items_finish_and_release(self, count: int) -> str:
         """The result, then the release: two results of one round trip."""

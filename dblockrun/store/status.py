@@ -1,7 +1,8 @@
 """What ``dblockrun status`` reads: a fixed number of statements, whatever the
 number of jobs.
 
-1. the lock rows, with the database clock;
+1. the lock rows, with the database clock (and the groups' seat rows,
+   dblockrun/limits.py, which are not jobs);
 2. each job's last finished run and its current run (UNION ALL of a
    correlated ``ORDER BY id DESC LIMIT 1`` and a join on the token);
 3. each fan-out job's item counts (GROUP BY job);
@@ -14,12 +15,13 @@ number of jobs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from dblockrun.limits import SEAT_PREFIX, GroupUsage, SeatRow, usage
 from dblockrun.store import models as m
 from dblockrun.store.control import Pause
 
@@ -37,7 +39,8 @@ _ITEM_COUNTS = ("total", "done", "running", "waiting", "failed")
 #: Lock columns status shows (a LockState; not the lease bookkeeping): on
 #: MariaDB, PyMySQL decodes every value in Python.
 _LOCK_COLUMNS = ("name", "holder", "lock_until", "locked_at", "token", "last_slot",
-                 "last_start", "next_due", "disabled_until", "disabled_reason", "disabled_by")
+                 "last_start", "next_due", "disabled_until", "disabled_reason", "disabled_by",
+                 "held_for")
 
 
 @dataclass(frozen=True)
@@ -51,29 +54,43 @@ class StatusReport:
     live_within: float
     #: The fleet-wide pause in effect (``dblockrun pause``), if any.
     paused: Pause | None = None
+    #: The groups' seats in use (all jobs shown only).
+    groups: list[GroupUsage] = field(default_factory=list)
 
 
 def report(store: Store, names: Sequence[str] | None = None,
            live_within: float = LIVE_WITHIN) -> StatusReport:
-    """Jobs (all, or ``names``), live hosts and the pause: five statements."""
-    jobs, db_now = job_status(store, names)
+    """Jobs (all, or ``names``), live hosts, the groups' seats (read with the
+    jobs) and the pause: five statements."""
+    jobs, seats, db_now = _read(store, names)
     hosts = store.hosts(seen_within=live_within)
     return StatusReport(jobs=jobs, hosts=hosts, db_now=db_now, live_within=live_within,
-                        paused=store.control.paused())
+                        paused=store.control.paused(), groups=usage(seats, db_now))
 
 
 def job_status(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobStatus], float]:
     """The jobs (all, or ``names``), ordered by name, and the database time:
     three statements."""
+    jobs, _seats, db_now = _read(store, names)
+    return jobs, db_now
+
+
+def _read(store: Store, names: Sequence[str] | None
+          ) -> tuple[list[m.JobStatus], list[SeatRow], float]:
+    """:func:`job_status`, and the seat rows the first statement read."""
     wanted = list(dict.fromkeys(names)) if names else None
     jobs_stmt = _jobs_statement(store, wanted)
     runs_stmt = _runs_statement(store, wanted)
     items_stmt = _items_statement(store, wanted)
 
-    def go(conn: Connection) -> tuple[list[m.JobStatus], float]:
+    def go(conn: Connection) -> tuple[list[m.JobStatus], list[SeatRow], float]:
         rows = conn.execute(jobs_stmt).mappings().all()
         db_now = float(rows[0]["db_now"])
-        locks = [r for r in rows if r["name"] is not None]
+        seats = [SeatRow(str(r["name"]), r["held_for"], r["holder"],
+                         None if r["lock_until"] is None else float(r["lock_until"]))
+                 for r in rows if r["name"] is not None and r["name"].startswith(SEAT_PREFIX)]
+        locks = [r for r in rows
+                 if r["name"] is not None and not r["name"].startswith(SEAT_PREFIX)]
         last: dict[str, m.RunRecord] = {}
         running: dict[str, m.RunRecord] = {}
         counts: dict[str, dict[str, int]] = {}
@@ -92,7 +109,7 @@ def job_status(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobSta
             out.append(m.JobStatus(lock=lock, last_run=last.get(lock.name),
                                    running=running.get(lock.name), db_now=db_now,
                                    items=counts.get(lock.name)))
-        return out, db_now
+        return out, seats, db_now
 
     return store._run(go)
 

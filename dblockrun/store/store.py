@@ -340,6 +340,17 @@ class Store:
     release = on_engine(LockEngine.release)
     skip_slot = on_engine(LockEngine.skip_slot)
     skip_range = on_engine(LockEngine.skip_range)
+    claim_seat = on_engine(LockEngine.claim_seat)
+    release_seat = on_engine(LockEngine.release_seat)
+
+    def seat_holders(self, seats: Sequence[str]) -> list[tuple[str, str]]:
+        """The (job, host) holding each seat of ``seats`` whose lease holds."""
+        locks = self.t.locks
+        stmt = (sa.select(locks.c.held_for, locks.c.holder)
+                .where(locks.c.name.in_(list(seats)), locks.c.lock_until > self.now,
+                       locks.c.holder.is_not(None))
+                .order_by(locks.c.name))
+        return self._run(lambda c: [(str(j), str(h)) for j, h in c.execute(stmt)])
 
     def negative_tokens(self, names: Iterable[str]) -> list[str]:
         """Which of ``names`` have a token edited below zero (never claimed)."""
