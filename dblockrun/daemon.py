@@ -37,7 +37,7 @@ from dblockrun.sdnotify import SystemdNotifier
 from dblockrun.secreturl import resolve_secrets
 from dblockrun.store import Store
 from dblockrun.store import models as m
-from dblockrun.store.engine import CLAIM_TOLERANCE
+from dblockrun.store.engine import CLAIM_TOLERANCE, Claimed
 from dblockrun.targeting import (
     HOSTNAME,
     describe,
@@ -563,25 +563,44 @@ class Daemon:
             if self._free() == 0:
                 self._at_limit(job, slot)
                 return
-            self._deferred.pop(job.name, None)
-            sent = time.monotonic()
-            won = self.store.claim_and_record(
-                job.name, self.holder, self.options.lease, slot=slot, rate=job.rate,
-                next_due=due_next if slot is not None else None,
-            )
-            self.outage.ok()
         except DatabaseError as exc:
-            self.metrics.claims.labels(job.name, "error").inc()
-            delay = self.outage.failed(f"claim {job.name}", exc)
-            self._push(self.clock.now() + delay, job.name, slot)
+            self._claim_failed(job, slot, exc)
             return
-        self.metrics.claims.labels(job.name, "won" if won is not None else "lost").inc()
+        self._deferred.pop(job.name, None)
+        claimed = self._claim(job, slot, due_next if slot is not None else None)
+        if claimed is None:
+            return
+        won, sent = claimed
         if won is not None:
             self._start(job, won.token, slot, sent, won.run_id)
         if slot is not None:
             self._plan(job, slot)
         else:
             self._plan_rate(job, refused=won is None)
+
+    def _claim(self, job: Job, slot: float | None,
+               due_next: float | None) -> tuple[Claimed | None, float] | None:
+        """Claim the job's ``slot`` (None: a rate-only job's turn) with its
+        first attempt's record, counted in the metrics: (what was won, when
+        the claim was sent), or None after a database error (tried again
+        after the outage's backoff)."""
+        sent = time.monotonic()
+        try:
+            won = self.store.claim_and_record(job.name, self.holder, self.options.lease,
+                                              slot=slot, rate=job.rate, next_due=due_next)
+            self.outage.ok()
+        except DatabaseError as exc:
+            self._claim_failed(job, slot, exc)
+            return None
+        self.metrics.claims.labels(job.name, "won" if won is not None else "lost").inc()
+        return won, sent
+
+    def _claim_failed(self, job: Job, slot: float | None, exc: DatabaseError) -> None:
+        """An attempt the database failed: counted, and tried again after
+        the outage's backoff."""
+        self.metrics.claims.labels(job.name, "error").inc()
+        delay = self.outage.failed(f"claim {job.name}", exc)
+        self._push(self.clock.now() + delay, job.name, slot)
 
     def _at_limit(self, job: Job, slot: float | None) -> None:
         """This host already runs ``--max-running`` commands: it does not
@@ -621,7 +640,9 @@ class Daemon:
                                  output=f"missed: {why}\n")
             self.metrics.missed.labels(job.name, "missed").inc()
             log.warning("job %s: slot %s missed (%s)", job.name, _utc(slot).isoformat(), why)
-            self.notifier.missed(job, slot, now - slot)
+            rule = (f"starting-deadline {job.starting_deadline:g}s" if newer is None else
+                    f"passed over for the newer slot {_utc(newer).isoformat()}")
+            self.notifier.missed(job, slot, now - slot, rule)
 
     def _fire_missed(self, job: Job, slot: float, now: float) -> None:
         """The oldest missed slot a catch-up still runs (dblockrun/catchup.py),
@@ -641,22 +662,24 @@ class Daemon:
                 self.catchup.done(job.name, slot)
                 self._next_missed(job, slot)
                 return
-            sent = time.monotonic()
-            won = self.store.claim_and_record(job.name, self.holder, self.options.lease,
-                                              slot=slot, rate=job.rate, next_due=due_next)
-            lock = self.store.lock_state(job.name) if won is None else None
-            self.outage.ok()
         except DatabaseError as exc:
-            self.metrics.claims.labels(job.name, "error").inc()
-            delay = self.outage.failed(f"claim {job.name}", exc)
-            self._push(self.clock.now() + delay, job.name, slot)
+            self._claim_failed(job, slot, exc)
             return
-        self.metrics.claims.labels(job.name, "won" if won is not None else "lost").inc()
+        claimed = self._claim(job, slot, due_next)
+        if claimed is None:
+            return
+        won, sent = claimed
         if won is not None:
             self.catchup.done(job.name, slot)
             if self.catchup.head(job.name) is None:
                 self._plan(job, slot)
             self._start(job, won.token, slot, sent, won.run_id)
+            return
+        try:
+            lock = self.store.lock_state(job.name)
+        except DatabaseError as exc:
+            self._push(self.clock.now() + self.outage.failed(f"read {job.name}", exc),
+                       job.name, slot)
             return
         now = self.clock.now()
         if lock is None or (lock.last_slot is not None and lock.last_slot >= slot):

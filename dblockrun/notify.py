@@ -102,16 +102,18 @@ def run_message(end: RunEnd, event: str, previous: str | None = None) -> tuple[s
     return title, "\n".join(lines)
 
 
-def missed_message(job: Job, host: str, slot: float, late: float) -> tuple[str, str]:
+def missed_message(job: Job, host: str, slot: float, late: float,
+                   rule: str) -> tuple[str, str]:
+    """``rule``: why the slot was not run (its starting-deadline, or passed
+    over for a newer slot)."""
     title = f"dblockrun: job {job.name} missed a slot ({_hostname(host)})"
-    deadline = job.starting_deadline or 0.0
     body = "\n".join([
         f"job: {job.name}",
         f"event: {MISSED}",
         "result: missed",
         f"host: {host}",
         f"slot: {_utc(slot)}",
-        f"late: {late:.1f}s (starting-deadline {deadline:g}s)",
+        f"late: {late:.1f}s ({rule})",
     ])
     return title, body
 
@@ -171,9 +173,9 @@ class Notifier:
         elif end.result == m.OK and RECOVERY in notify.on and self.store is not None:
             self._put(job.name, "notify", RECOVERY, lambda: self._recovery(end))
 
-    def missed(self, job: Job, slot: float, late: float) -> None:
+    def missed(self, job: Job, slot: float, late: float, rule: str) -> None:
         if job.notify is not None and MISSED in job.notify.on:
-            title, body = missed_message(job, self.holder, slot, late)
+            title, body = missed_message(job, self.holder, slot, late, rule)
             self._put(job.name, "notify", MISSED,
                       lambda: self._notify(job, MISSED, title, body, "warning"))
 
