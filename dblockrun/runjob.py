@@ -266,7 +266,7 @@ class JobRun:
         on_failure = not retry and result in (m.FAILED, m.TIMEOUT) and not ctx.stop.is_set()
         last = not retry and not (on_failure and job.on_failure.wanted)
         self._record_result(run_id, outcome, release=last)
-        if not retry and ctx.notifier is not None:
+        if not retry and ctx.notifier is not None and (job.notify or job.ping):
             self._notify_end(run_id, outcome, result, code, took)
         if retry:
             ctx.loop.call_later(job.retry_delay, lambda: self._step(lambda: self._retry(attempt)))
