@@ -42,6 +42,7 @@ from dblockrun.targeting import (
     HOSTNAME,
     describe,
     every_host_rows,
+    label_text,
     loads_labels,
     local_jobs,
     targets_json,
@@ -216,7 +217,7 @@ class Daemon:
         )
         if len(self.labels) > 1 or self._targets is not None:
             log.info("labels %s: %d of the %d jobs run on this host",
-                     " ".join(f"{k}={v}" for k, v in sorted(self.labels.items())),
+                     label_text(self.labels),
                      len(self.jobs.jobs), count)
         _raise_open_files_limit()
         # Every command is started by the spawn service, started now, before
@@ -292,7 +293,7 @@ class Daemon:
         for job in unmatched(self.file, [*live, self.labels]):
             log.warning("job %s: no live host matches run-on %s (this host: %s), so it runs "
                         "nowhere", job.name, describe(job.run_on),
-                        " ".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
+                        label_text(self.labels))
 
     def _startup(self) -> bool:
         while not self._stopping():

@@ -27,7 +27,7 @@ from dblockrun.durations import format_duration
 from dblockrun.jobs import EVERY_HOST_SEP, RunOn
 from dblockrun.store import FOREVER
 from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions
-from dblockrun.targeting import describe, loads_labels, loads_targets, matches
+from dblockrun.targeting import describe, label_text, loads_labels, loads_targets, matches
 
 if TYPE_CHECKING:
     from rich.box import Box
@@ -639,7 +639,7 @@ def _last_run_cell(run: RunRecord | None, now: float) -> str:
 
 
 def _labels_cell(labels: dict[str, str]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+    return label_text(labels) or "-"
 
 
 def _next_run_cell(v: JobView, now: float) -> str:

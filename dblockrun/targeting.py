@@ -95,6 +95,11 @@ def describe(run_on: RunOn) -> str:
     return " ".join(f"{key}={'|'.join(values)}" for key, values in run_on)
 
 
+def label_text(labels: Labels) -> str:
+    """``hostname=web1 role=db``, as messages and ``status`` show a host's labels."""
+    return " ".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
 def row_name(job: str, hostname: str) -> str:
     """The lock row of an every-host job on the host ``hostname``."""
     return f"{job}{EVERY_HOST_SEP}{hostname}"
