@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -90,3 +92,20 @@ def fail_next_run_inserts(store: Store, times: int) -> None:
             f"UPDATE `{runs}_fail` SET n = n - 1; "
             f"SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213, "
             f"MESSAGE_TEXT = 'Deadlock found (forced by the test)'; END IF; END")
+
+
+def stop_across_slots(send: Callable[[signal.Signals], None]) -> tuple[float, float]:
+    """Stop a daemon (``send`` signals its process) mid-second, with no
+    run of a per-second job going, and let it go on 2.3 s later, 0.7 s
+    past a slot, so slots pass while it sleeps; (stop, resume) times.
+    The local servers share this host's clock."""
+    now = time.time()
+    stop_at = math.floor(now) + (0.4 if now % 1 < 0.3 else 1.4)
+    resume_at = stop_at + 2.3
+    wait_for(lambda: time.time() >= stop_at, 3, interval=0.01, what="pause time")
+    send(signal.SIGSTOP)
+    try:
+        wait_for(lambda: time.time() >= resume_at, 5, interval=0.01, what="resume time")
+    finally:
+        send(signal.SIGCONT)
+    return stop_at, resume_at

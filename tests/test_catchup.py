@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import TestDb, clean_env, dblockrun_cmd, stop_across_slots, wait_for
 from proxy import Proxy
 from test_config import error, load, one_job
 from test_daemon import DaemonProc, runs_of
@@ -422,15 +422,7 @@ def test_a_paused_daemon_records_the_slots_it_passed_over(
     daemons.append(d := _start(db, tmp_path, f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
                                             "    catch-up: all\n    command: 'true'\n"))
     d.wait(lambda: any(r.result == m.OK for r in runs_of(store, "tick")), 20, what="a run")
-    now = time.time()  # the local servers share this host's clock
-    stop_at = math.floor(now) + (0.4 if now % 1 < 0.3 else 1.4)
-    resume_at = stop_at + 2.3
-    wait_for(lambda: time.time() >= stop_at, 3, interval=0.01, what="pause time")
-    d.send(signal.SIGSTOP)
-    try:
-        wait_for(lambda: time.time() >= resume_at, 5, interval=0.01, what="resume time")
-    finally:
-        d.send(signal.SIGCONT)
+    stop_at, resume_at = stop_across_slots(d.send)
     # The first slot run after the pause: the newest when the daemon woke.
     after = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK
                                  and (r.slot or 0) > stop_at), None), 10, what="a run after")

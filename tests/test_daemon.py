@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from helpers import TestDb, clean_env, dblockrun_cmd, fail_next_run_inserts, wait_for
+from helpers import (
+    TestDb,
+    clean_env,
+    dblockrun_cmd,
+    fail_next_run_inserts,
+    stop_across_slots,
+    wait_for,
+)
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -262,15 +269,7 @@ def test_starting_deadline_records_a_late_slot_as_missed(
     # The local servers share this host's clock. Pause the daemon mid-second
     # (no run going), resume 0.6s past a slot: that slot is 0.6s late, over
     # the 300ms deadline.
-    now = time.time()
-    stop_at = math.floor(now) + (0.4 if now % 1 < 0.3 else 1.4)
-    resume_at = stop_at + 2.3
-    wait_for(lambda: time.time() >= stop_at, 3, interval=0.01, what="pause time")
-    d.send(signal.SIGSTOP)
-    try:
-        wait_for(lambda: time.time() >= resume_at, 5, interval=0.01, what="resume time")
-    finally:
-        d.send(signal.SIGCONT)
+    stop_at, resume_at = stop_across_slots(d.send)
     late_slot = math.floor(resume_at)
     d.wait(lambda: any(r.slot == late_slot for r in with_result(store, "punctual", m.MISSED)),
            10, what="the late slot recorded missed")

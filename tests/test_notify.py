@@ -7,7 +7,6 @@ to the run, a log line and a metric); that secrets are never printed.
 from __future__ import annotations
 
 import json
-import math
 import signal
 import socket
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import TestDb, clean_env, dblockrun_cmd, stop_across_slots, wait_for
 
 from dblockrun.pings import run_uuid
 from dblockrun.store import Store
@@ -243,15 +242,8 @@ def test_a_missed_slot_is_notified(
               "    starting-deadline: 300ms\n    command: 'true'\n"
               f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n")
     d.wait(lambda: len(runs(store, "punctual", m.OK)) > 0, 20, "a first run")
-    # As tests/test_daemon.py does it: pause the daemon past a few slots.
-    now = time.time()
-    stop_at = math.floor(now) + (0.4 if now % 1 < 0.3 else 1.4)
-    wait_for(lambda: time.time() >= stop_at, 3, interval=0.01, what="pause time")
-    d.proc.send_signal(signal.SIGSTOP)
-    try:
-        wait_for(lambda: time.time() >= stop_at + 2.3, 5, interval=0.01, what="resume time")
-    finally:
-        d.proc.send_signal(signal.SIGCONT)
+    # Pause the daemon past a few slots.
+    stop_across_slots(d.proc.send_signal)
     d.wait(lambda: len(runs(store, "punctual", m.MISSED)) > 0, 10, "a missed slot")
     assert d.stop() == 0
     missed = runs(store, "punctual", m.MISSED)
