@@ -19,33 +19,29 @@ import logging
 import os
 import socket
 import threading
-from collections import deque
 from collections.abc import Callable
-from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from dblockrun import __version__
 from dblockrun.errors import DatabaseError
 from dblockrun.heartbeat import DbClock
-from dblockrun.jobs import JobsFile
+from dblockrun.jobs import Job, JobsFile
 from dblockrun.metrics import Metrics
 from dblockrun.outage import Outage
-from dblockrun.schedule import next_slot_at
+from dblockrun.planner import Cause, passed
 from dblockrun.store import Store
-from dblockrun.store import models as m
 from dblockrun.store.engine import LostRun
+from dblockrun.timetext import utc
+
+if TYPE_CHECKING:
+    from dblockrun.slotbook import SlotBook
 
 log = logging.getLogger("dblockrun")
 
-#: At most this many slots blocked by one dead holder are recorded skipped.
-MAX_BLOCKED = 100
 #: A round every 1.2 heartbeats: 12 s by default, 5 rounds a minute, and a
 #: host row at most 12 s old, inside the 15 s within which ``status`` calls
 #: a host live (store/status.py ``LIVE_WITHIN``).
 ROUND_EVERY = 1.2
-
-
-def _utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 class FleetBooks:
@@ -56,7 +52,8 @@ class FleetBooks:
                  running: Callable[[], int],
                  requested: Callable[[list[str]], None] | None = None, *,
                  labels: str | None = None,
-                 targets: Callable[[], str | None] | None = None) -> None:
+                 targets: Callable[[], str | None] | None = None,
+                 book: SlotBook | None = None) -> None:
         self.store = store
         self.holder = holder
         self.heartbeat = heartbeat
@@ -71,6 +68,8 @@ class FleetBooks:
         #: targeting (JSON; dblockrun/targeting.py).
         self._labels = labels
         self._targets = targets
+        #: Records the slots a dead holder blocked (dblockrun/slotbook.py).
+        self._book = book
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
         self._drift_seen: set[tuple[str, str]] = set()
@@ -137,37 +136,35 @@ class FleetBooks:
     def _blocked_slots(self, lost: LostRun) -> None:
         """A run this host recorded lost (its holder stopped renewing). The
         slots that came after its last renewal and before the job could be
-        claimed again started nowhere: record them skipped, saying why (the
-        newest ``MAX_BLOCKED``). The one host whose sweep recorded the loss
-        does this, so each slot is recorded once."""
+        claimed again started nowhere: recorded skipped through the slot
+        book, saying why. The one host whose sweep recorded the loss does
+        this, so each slot is recorded once."""
         log.warning("job %s: run %d on %s lost: its lease was last renewed at %s",
-                    lost.job, lost.id, lost.host, _utc(lost.ended))
+                    lost.job, lost.id, lost.host, utc(lost.ended))
         job = self._jobs().job(lost.job)
-        if lost.item is not None or job is None or job.cron is None:
+        if lost.item is not None or job is None or job.cron is None or self._book is None:
             return
+        after = max(lost.ended, lost.slot or 0.0)
         if lost.lock_until is not None:
             # Nobody has claimed it since: the slots up to the lease's end,
-            # each taken off the job (skip_slot) so no late claim runs it.
-            limit, inclusive = lost.lock_until, True
-            why_end = f"its lease ran out at {_utc(lost.lock_until)}"
-        else:
-            # Claimed since: the slots before the first one that ran again.
-            nxt = self.store.next_run_slot(job.name, lost.id)
-            if nxt is None:
+            # taken off the job (the conditional write) so no late claim runs one.
+            why_end = f"its lease ran out at {utc(lost.lock_until)}"
+            if self._record_blocked(job, lost, after, lost.lock_until, why_end, True):
                 return
-            limit, inclusive, why_end = nxt, False, "until another host claimed it"
-        blocked: deque[float] = deque(maxlen=MAX_BLOCKED)
-        slot = next_slot_at(job.cron, job.timezone, max(lost.ended, lost.slot or 0.0))
-        while slot < limit or (inclusive and slot == limit):
-            blocked.append(slot)
-            slot = next_slot_at(job.cron, job.timezone, slot)
-        why = (f"skipped: {lost.host} held the lock and stopped renewing it at "
-               f"{_utc(lost.ended)} (run {lost.id}, lost), {why_end}\n")
-        for slot in blocked:
-            if lost.lock_until is None or self.store.skip_slot(job.name, slot):
-                self.store.start_run(job.name, self.holder, token=None, slot=slot,
-                                     result=m.SKIPPED, output=why)
-                self.metrics.missed.labels(job.name, "skipped").inc()
+        # Claimed since: the slots before the first one that ran again.
+        nxt = self.store.next_run_slot(job.name, lost.id)
+        if nxt is not None:
+            self._record_blocked(job, lost, after, nxt - 0.001,
+                                 "until another host claimed it", False)
+
+    def _record_blocked(self, job: Job, lost: LostRun, after: float, upto: float,
+                        why_end: str, conditional: bool) -> bool:
+        reason = (f"{lost.host} held the lock and stopped renewing it at {utc(lost.ended)} "
+                  f"(run {lost.id}, lost), {why_end}")
+        now = self.clock.now()
+        plan = passed(job, after, now, Cause.DEAD_HOLDER, upto=upto, reason=reason)
+        assert self._book is not None
+        return plan is None or self._book.record(job, plan, now, conditional=conditional)
 
     def _definitions(self) -> tuple[dict[str, str], str]:
         """Each job's definition hash (and as JSON), once per jobs file: an idle

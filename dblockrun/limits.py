@@ -78,15 +78,14 @@ def all_seats(jobs: JobsFile) -> list[str]:
 
 def full_reason(holder: str, limit: int, waited: float) -> str:
     """Why a slot was skipped by a host at its ``--max-running`` limit."""
-    return (f"skipped: {holder} was at its --max-running limit ({limit}) and no other host "
-            f"took the slot within {waited:g}s\n")
+    return (f"{holder} was at its --max-running limit ({limit}) and no other host "
+            f"took the slot within {waited:g}s")
 
 
 def group_reason(group: str, limit: int, holders: Sequence[tuple[str, str]]) -> str:
     """Why a grouped job's slot was skipped: every seat of its group held."""
     held = ", ".join(f"{job} on {host}" for job, host in holders)
-    return (f"skipped: group {group} at its limit ({limit})"
-            + (f": held by {held}" if held else "") + "\n")
+    return f"group {group} at its limit ({limit})" + (f": held by {held}" if held else "")
 
 
 def take_seat(store: Store, jobs: JobsFile, job: Job, holder: str,

@@ -170,3 +170,24 @@ def loads_targets(text: str | None) -> dict[str, tuple[RunOn, bool]]:
                               if isinstance(v, list))) if isinstance(raw, dict) else ()
         out[str(name)] = (run_on, bool(spec.get("every_host")))
     return out
+
+
+class LocalJobs:
+    """A daemon's jobs file and the part of it this host runs (its labels
+    matched against each job's ``run-on``), taken anew at each reload."""
+
+    def __init__(self, file: JobsFile, labels: Mapping[str, str]) -> None:
+        #: This host's labels; ``hostname`` defaults to this machine's.
+        self.labels = {HOSTNAME: socket.gethostname(), **dict(labels)}
+        self.labels_json = json.dumps(self.labels, sort_keys=True)
+        self.load(file)
+
+    def load(self, file: JobsFile) -> None:
+        self.file = file
+        self.jobs = local_jobs(file, self.labels)
+        self.targets = targets_json(file)
+
+    @property
+    def targeted(self) -> bool:
+        """Whether the host's labels or the file's targeting matter here."""
+        return len(self.labels) > 1 or self.targets is not None

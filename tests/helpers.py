@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from dblockrun.store import Store
+    from dblockrun.store import models as m
 
 T = TypeVar("T")
 
@@ -109,3 +113,42 @@ def stop_across_slots(send: Callable[[signal.Signals], None]) -> tuple[float, fl
     finally:
         send(signal.SIGCONT)
     return stop_at, resume_at
+
+
+def set_last_slot(store: Store, name: str, slot: float) -> None:
+    """The job's lock row as a fleet would have left it: its last slot
+    ``slot`` (made if missing), with no run record."""
+    store.ensure_jobs([name])
+    locks = store.t.locks
+    with store.engine.begin() as conn:
+        conn.execute(locks.update().where(locks.c.name == name).values(last_slot=slot))
+
+
+#: A summary record's output: ``missed: 19 slots from A to B: why``.
+SUMMARY = re.compile(r"^\w+: (?:more than )?(\d+) slots from (\S+) to (\S+):")
+
+
+def output_of(store: Store, record: m.RunRecord) -> str:
+    full = store.run(record.id)
+    return (full.output if full is not None else None) or ""
+
+
+def coverage(records: list[m.RunRecord], store: Store, step: float) -> Counter[float]:
+    """How many records stand for each slot of a job every ``step`` seconds:
+    one each, a summary record for every slot of its range."""
+    count: Counter[float] = Counter()
+    for r in records:
+        if r.slot is None:
+            continue
+        found = SUMMARY.match(output_of(store, r)) if r.result in ("missed", "skipped") else None
+        if found is None:
+            count[r.slot] += 1
+            continue
+        first = datetime.fromisoformat(found.group(2)).timestamp()
+        last = datetime.fromisoformat(found.group(3)).timestamp()
+        assert last == r.slot, found.group(0)
+        slot = first
+        while slot <= last:
+            count[slot] += 1
+            slot += step
+    return count

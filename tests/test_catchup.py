@@ -17,13 +17,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from helpers import TestDb, clean_env, dblockrun_cmd, stop_across_slots, wait_for
+from helpers import (
+    TestDb,
+    clean_env,
+    coverage,
+    dblockrun_cmd,
+    set_last_slot,
+    stop_across_slots,
+    wait_for,
+)
 from proxy import Proxy
 from test_config import error, load, one_job
 from test_daemon import DaemonProc, runs_of
 
-from dblockrun.catchup import COUNTED, DEFAULT_LIMIT, FRESH, RECORDED, plan
 from dblockrun.jobs import Job
+from dblockrun.planner import FRESH, RECORDED
 from dblockrun.sdnotify import SystemdNotifier
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -79,85 +87,14 @@ def test_both_keys_under_defaults_and_null_unsets_the_limit() -> None:
             != Job("x", "x", cron="@daily").definition_hash())
 
 
-# --- the plan (pure) -------------------------------------------------------------------
-
-
-def job(catch_up: str = "latest", limit: int | None = None, cron: str = "* * * * * *",
-        rate: float | None = None) -> Job:
-    return Job("j", "true", cron=cron, rate=rate, catch_up=catch_up, catch_up_limit=limit)
-
-
-NOW = 1_800_000_000.5  # half a second past a whole second
-
-
-def test_latest_runs_the_newest_and_records_the_older() -> None:
-    p = plan(job(), NOW - 5.5, NOW)  # slots NOW-4.5 .. NOW-0.5
-    assert p is not None
-    assert p.run == (NOW - 0.5,)
-    assert p.missed == (NOW - 4.5, NOW - 3.5, NOW - 2.5, NOW - 1.5)
-    assert p.older is None
-
-
-def test_none_runs_nothing_but_leaves_a_fresh_slot_to_the_schedule() -> None:
-    p = plan(job("none"), NOW - 5.5, NOW)
-    assert p is not None
-    assert p.run == ()
-    # NOW-0.5 is under FRESH old: live daemons may be claiming it; not missed.
-    assert p.missed == (NOW - 4.5, NOW - 3.5, NOW - 2.5, NOW - 1.5)
-    assert p.resume == NOW - 1.5
-    # Every 10 s: the newest, 3.5 s old, is missed.
-    later = plan(job("none", cron="*/10 * * * * *"), NOW - 40.5, NOW + 3)
-    assert later is not None and later.missed == (NOW - 30.5, NOW - 20.5, NOW - 10.5, NOW - 0.5)
-
-
-def test_all_runs_the_newest_limit_oldest_first() -> None:
-    p = plan(job("all", 3), NOW - 8.5, NOW)
-    assert p is not None
-    assert p.run == (NOW - 2.5, NOW - 1.5, NOW - 0.5)
-    assert p.missed == tuple(NOW - k - 0.5 for k in range(7, 2, -1))
-    assert plan(job("all"), NOW - 8.5, NOW).run == tuple(  # type: ignore[union-attr]
-        NOW - k - 0.5 for k in range(7, -1, -1))
-    # A cron + rate job runs one at most: the rate would refuse the others.
-    assert plan(job("all", 3, rate=1.0), NOW - 8.5, NOW).run == (NOW - 0.5,)  # type: ignore[union-attr]
-
-
-def test_nothing_missed_no_last_slot_or_no_slots() -> None:
-    assert plan(job(), NOW - 0.5, NOW) is None  # last slot is the newest
-    assert plan(job(), None, NOW) is None  # never ran: nothing was missed
-    assert plan(Job("j", "true", rate=60.0, catch_up="none"), NOW - 100, NOW) is None
-    assert plan(job(cron="0 0 1 1 *"), NOW - 3600, NOW) is None
-    # A last slot in the future (a row edited by hand) misses nothing, beyond
-    # any year a schedule reaches too.
-    assert plan(job(), NOW + 60, NOW) is None
-    assert plan(job(), 253402300799.0 * 4, NOW) is None
-
-
-def test_a_week_down_is_bounded_in_records_and_time() -> None:
-    week = 7 * 86400
-    started = time.monotonic()
-    p = plan(job("all", 5), NOW - week - 0.5, NOW)
-    took = time.monotonic() - started
-    assert p is not None and p.older is not None
-    assert len(p.run) == 5 and len(p.missed) == RECORDED
-    assert p.older.first == NOW - week + 0.5 and p.older.last == p.missed[0] - 1
-    assert (p.older.count, p.older.more) == (COUNTED, True)
-    assert took < 1.0, took  # 604,800 slots, looked at from the newest end
-    small = plan(job(), NOW - 30.5, NOW)
-    assert small is not None and small.older is not None
-    # 30 slots: 1 runs, RECORDED recorded one by one, the rest counted in one record.
-    assert (small.older.count, small.older.more) == (30 - 1 - RECORDED, False)
-    assert DEFAULT_LIMIT == 100
-
-
 # --- daemons after a whole-fleet outage ----------------------------------------------
 
 
 def _down_since(store: Store, name: str, seconds: int) -> float:
     """The job's lock row as if the fleet had stopped ``seconds`` ago: its
     last slot that many whole seconds back (database clock). Returns it."""
-    store.ensure_jobs([name])
     last = float(math.floor(store.db_now()) - seconds)
-    assert store.skip_slot(name, last)
+    set_last_slot(store, name, last)
     return last
 
 
@@ -198,15 +135,15 @@ def test_latest_runs_the_newest_missed_slot_and_records_the_older(
     # included: the newest RECORDED one by one, the older ones in one record.
     older, *each = sorted(before, key=lambda r: r.slot or 0)
     assert [r.slot for r in each] == [first_ok.slot - k for k in range(RECORDED, 0, -1)]
-    assert all((store.run(r.id).output or "") == "missed: no daemon ran the job when the slot "  # type: ignore[union-attr]
-               "came; catch-up: latest runs only the newest missed slot\n" for r in each)
+    assert all((store.run(r.id).output or "") == "missed: no daemon was running the job; "  # type: ignore[union-attr]
+               "catch-up: latest runs only the newest missed slot\n" for r in each)
     assert older.slot == first_ok.slot - RECORDED - 1
     assert (store.run(older.id).output or "") == (  # type: ignore[union-attr]
         f"missed: {int(older.slot - last)} slots from {_iso(last + 1)} to {_iso(older.slot)}: "
-        "no daemon ran the job when they came; catch-up: latest runs only the newest missed "
-        "slot\n")
+        "no daemon was running the job; catch-up: latest runs only the newest missed slot\n")
     assert older.slot - last >= 3  # the outage was 15 s, and the daemon started after it
-    assert "(catch-up: latest): running the newest, the older recorded missed" in d.text()
+    assert ("missed: no daemon was running the job; catch-up: latest runs only the newest "
+            "missed slot; running the newest") in d.text()
     d.wait(lambda: sum(r.result == m.OK for r in runs_of(store, "tick")) >= 3, 10,
            what="the regular schedule after the catch-up")
     assert max(_slots(runs_of(store, "tick")).values()) == 1
@@ -224,11 +161,15 @@ def test_none_runs_no_missed_slot(db: TestDb, store: Store, tmp_path: Path,
     assert first_ok.slot is not None and first_ok.slot > t0 - FRESH
     runs = runs_of(store, "tick")
     before = [r for r in runs if r.slot is not None and r.slot < first_ok.slot]
-    assert [r.slot for r in before] == [last + k for k in range(1, int(first_ok.slot - last))]
+    # Each slot of the downtime has one record (a slow start may put the
+    # oldest in one summary record).
+    count = coverage(before, store, 1.0)
+    assert sorted(count) == [last + k for k in range(1, int(first_ok.slot - last))]
+    assert set(count.values()) == {1}
     assert {r.result for r in before} == {m.MISSED}
     assert any("catch-up: none runs no missed slot" in (store.run(r.id).output or "")  # type: ignore[union-attr]
                for r in before)
-    assert len(before) >= 6
+    assert len(count) >= 6
     assert max(_slots(runs).values()) == 1
     assert d.stop() == 0
 
@@ -263,9 +204,9 @@ def test_all_runs_the_newest_missed_slots_one_at_a_time_oldest_first(
     d.wait(caught_up, 20, what="three catch-up runs")
     missed, ran = _catch_up_runs(store, last, 3)
     # The older ones: each slot after the last one recorded missed, once.
-    assert sorted(r.slot or 0 for r in missed) == [
-        last + k for k in range(1, len(missed) + 1)]
-    assert len(missed) >= 5
+    count = coverage(missed, store, 1.0)
+    assert sorted(count) == [last + k for k in range(1, len(count) + 1)]
+    assert set(count.values()) == {1} and len(count) >= 5
     # The newest three: each run, oldest first, one at a time.
     assert [r.result for r in ran] == [m.OK] * 3
     for a, b in zip(ran, ran[1:], strict=False):
@@ -295,9 +236,11 @@ def test_two_daemons_after_downtime_run_each_missed_slot_once(
     runs = runs_of(store, "tick")
     assert max(_slots(runs).values()) == 1, _slots(runs)
     assert all(r.slot is not None for r in runs)
-    # Every slot from the outage on has exactly one record: run, or missed with why.
-    assert sorted(r.slot or 0 for r in runs if (r.slot or 0) <= newest) == [
-        last + k for k in range(1, int(newest - last) + 1)]
+    # Every slot from the outage on has exactly one record: run, or missed
+    # with why (a slow start may put the oldest in one summary record).
+    count = coverage([r for r in runs if (r.slot or 0) <= newest], store, 1.0)
+    assert sorted(count) == [last + k for k in range(1, int(newest - last) + 1)]
+    assert set(count.values()) == {1}
     oks = sorted((r for r in runs if r.result == m.OK), key=lambda r: r.started)
     for a, b in zip(oks, oks[1:], strict=False):
         assert a.finished is not None and a.finished <= b.started + 0.001, (a, b)
@@ -415,23 +358,30 @@ def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
             proxy.close()
 
 
-def test_a_paused_daemon_records_the_slots_it_passed_over(
-        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc]) -> None:
-    # Not downtime: a running daemon that falls behind tries the newest slot
-    # and records the older ones missed, with no starting-deadline too.
+@pytest.mark.parametrize("catch_up", ["latest", "all"])
+def test_a_paused_daemon_applies_catch_up_to_the_slots_it_passed(
+        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc],
+        catch_up: str) -> None:
+    # Not downtime, the same policy: a running daemon that falls behind runs
+    # the newest slot (latest) or each one, oldest first (all), and records
+    # the others missed, saying why.
     daemons.append(d := _start(db, tmp_path, f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
-                                            "    catch-up: all\n    command: 'true'\n"))
+                                            f"    catch-up: {catch_up}\n    command: 'true'\n"))
     d.wait(lambda: any(r.result == m.OK for r in runs_of(store, "tick")), 20, what="a run")
     stop_at, resume_at = stop_across_slots(d.send)
-    # The first slot run after the pause: the newest when the daemon woke.
+    # The first run after the pause of a slot at least as new as the wake-up.
     after = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK
-                                 and (r.slot or 0) > stop_at), None), 10, what="a run after")
+                                 and (r.slot or 0) >= math.floor(resume_at)), None), 10,
+                   what="a run after")
     newest = after.slot or 0
-    assert newest >= math.floor(resume_at)
     paused = [r for r in runs_of(store, "tick") if r.slot is not None and stop_at < r.slot < newest]
-    assert [(r.slot, r.result) for r in paused] == [
-        (float(s), m.MISSED) for s in range(math.ceil(stop_at), int(newest))]
-    assert all((store.run(r.id).output or "").startswith("missed: passed over: tried ")  # type: ignore[union-attr]
-               for r in paused)
+    expected = [float(s) for s in range(math.ceil(stop_at), int(newest))]
+    assert [r.slot for r in paused] == expected
+    if catch_up == "latest":
+        assert {r.result for r in paused} == {m.MISSED}
+        assert all((store.run(r.id).output or "").startswith(  # type: ignore[union-attr]
+            "missed: this daemon woke late") for r in paused)
+    else:
+        assert {r.result for r in paused} == {m.OK}
     assert max(_slots(runs_of(store, "tick")).values()) == 1
     assert d.stop() == 0

@@ -557,17 +557,28 @@ class LockEngine:
 
         self.x.run(go)
 
-    def skip_slot(self, name: str, slot: float) -> bool:
-        """Advance the job's last slot without running it; True for the one
-        host that advanced it (which then records why)."""
-        params = {"name": name, "slot": slot}
-        return self._one_row(self.q.skip_slot, params)
+    def record_slots(self, name: str, host: str, result: str,
+                     rows: Sequence[tuple[float, str]], *, first: float | None) -> bool:
+        """Record slots that ran nowhere (``rows``: slot, output): with
+        ``first``, only while the job's last slot is still before it,
+        advancing it to the newest of ``rows`` (True for the one host that
+        did); without, unconditionally (a dead holder's blocked slots, whose
+        loss this host alone recorded). Two statements at most, whatever
+        the number of rows."""
+        insert = self._text("passed_runs", len(rows))
+        params: dict[str, Any] = {"job": name, "host": host, "result": result}
+        for i, (slot, text) in enumerate(rows):
+            params[f"slot{i}"], params[f"out{i}"] = slot, text
+        advance = {"name": name, "first": first, "slot": max(slot for slot, _ in rows)}
 
-    def skip_range(self, name: str, after: float, slot: float) -> bool:
-        """Advance the job's last slot from exactly ``after`` to ``slot``
-        without running the slots between; True for the one host that did."""
-        params = {"name": name, "after": after, "slot": slot}
-        return self._one_row(self.q.skip_range, params)
+        def go(cur: Any) -> bool:
+            if first is not None and self.x.send(cur, self.q.pass_slots,
+                                                 advance).rowcount != 1:
+                return False
+            self.x.send(cur, insert, params)
+            return True
+
+        return self.x.run(go)
 
     def sweep_lost(self) -> list[LostRun]:
         """Record as ``lost`` the runs whose lease ran out or was taken over,

@@ -485,19 +485,23 @@ class Queries:
         return f"{insert} {self.locks} (name, token) VALUES ({self.p('name')}, 0){ignore}"
 
     @cached_property
-    def skip_slot(self) -> str:
+    def pass_slots(self) -> str:
+        """Advance the job's last slot to ``slot`` without running the slots
+        from ``first`` up to it: only while none of them is handled yet (the
+        last slot still before ``first``), so one host records them
+        (dblockrun/slotbook.py)."""
         locks, p = self.locks, self.p
         return (f"UPDATE {locks} SET last_slot = {p('slot')} WHERE {locks}.name = {p('name')} "
-                f"AND ({locks}.last_slot IS NULL OR {locks}.last_slot < {p('slot')})")
+                f"AND ({locks}.last_slot IS NULL OR {locks}.last_slot < {p('first')})")
 
-    @cached_property
-    def skip_range(self) -> str:
-        """:attr:`skip_slot` for all the slots after ``after`` up to ``slot``
-        at once: only while the last slot is still ``after``, so the one host
-        that moved it records them (a catch-up's summary of older missed slots)."""
-        locks, p = self.locks, self.p
-        return (f"UPDATE {locks} SET last_slot = {p('slot')} WHERE {locks}.name = {p('name')} "
-                f"AND {locks}.last_slot = {p('after')} AND {locks}.last_slot < {p('slot')}")
+    def passed_runs(self, count: int) -> str:
+        """The records of ``count`` passed slots in one statement (``slotN``,
+        ``outN``; they ran nowhere: no token, started and finished now)."""
+        p, now = self.p, self.now
+        rows = ", ".join(
+            f"({p('job')}, NULL, {p('host')}, {p(f'slot{i}')}, NULL, 1, {now}, {now}, "
+            f"{p('result')}, {p(f'out{i}')})" for i in range(count))
+        return f"INSERT INTO {self.runs} ({RUN_COLUMNS}, output) VALUES {rows}"
 
     def holding(self, table: str, alive: bool) -> str:
         """The lock row (a job's, or a fan-out item's) that holds a run with

@@ -338,8 +338,7 @@ class Store:
     renew = on_engine(LockEngine.renew)
     renew_many = on_engine(LockEngine.renew_many)
     release = on_engine(LockEngine.release)
-    skip_slot = on_engine(LockEngine.skip_slot)
-    skip_range = on_engine(LockEngine.skip_range)
+    record_slots = on_engine(LockEngine.record_slots)
     claim_seat = on_engine(LockEngine.claim_seat)
     release_seat = on_engine(LockEngine.release_seat)
 

@@ -1,0 +1,67 @@
+"""The runs going on a daemon's host, by job: what ``busy`` and
+``--max-running`` count, and the jobs whose run just ended (to plan again)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from dblockrun.jobs import Job
+
+
+class Run(Protocol):
+    """A run the registry holds (dblockrun/runjob.py, dblockrun/fanout.py)."""
+
+    @property
+    def job(self) -> Job: ...
+
+    def is_alive(self) -> bool: ...
+
+
+class Runs:
+    def __init__(self, cap: int | None, ended: Callable[[], None]) -> None:
+        #: ``--max-running`` (None: no limit).
+        self.cap = cap
+        #: Called (from a run's thread) when a run ends: wakes the main loop.
+        self._ended = ended
+        self._running: dict[str, Run] = {}
+        self._finished: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, run: Run) -> None:
+        with self._lock:
+            self._running[run.job.name] = run
+
+    def done(self, run: Run) -> None:
+        """``run`` is over (its lifecycle's last step, any thread)."""
+        with self._lock:
+            if self._running.get(run.job.name) is run:
+                del self._running[run.job.name]
+            self._finished.add(run.job.name)
+        self._ended()
+
+    def busy(self, name: str) -> bool:
+        with self._lock:
+            return name in self._running
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def free(self) -> int | None:
+        """How many more runs this host may start (None: no limit)."""
+        return None if self.cap is None else max(0, self.cap - self.count())
+
+    def full(self) -> bool:
+        return self.free() == 0
+
+    def finished(self) -> set[str]:
+        """The jobs whose run ended since the last call."""
+        with self._lock:
+            names, self._finished = self._finished, set()
+        return names
+
+    def all(self) -> list[Run]:
+        with self._lock:
+            return list(self._running.values())

@@ -1,0 +1,269 @@
+"""The slot planner, pure: no database, no clock (times are passed in).
+
+One policy for every passed slot, whatever passed it; one plan per job on
+the agenda; each due attempt decided in one place."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from dblockrun.jobs import Job
+from dblockrun.planner import (
+    COUNTED,
+    DEFAULT_LIMIT,
+    RECORDED,
+    Act,
+    Agenda,
+    Cause,
+    Due,
+    Planner,
+    next_attempt,
+    next_due,
+    passed,
+    rate_due,
+    record_texts,
+)
+
+NOW = 1_800_000_000.5  # half a second past a whole second
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def job(catch_up: str = "latest", limit: int | None = None, cron: str | None = "* * * * * *",
+        rate: float | None = None, deadline: float | None = None) -> Job:
+    return Job("j", "true", cron=cron, rate=rate, catch_up=catch_up, catch_up_limit=limit,
+               starting_deadline=deadline)
+
+
+# --- the policy ------------------------------------------------------------------------
+
+
+def test_latest_runs_the_newest_and_records_the_older() -> None:
+    p = passed(job(), NOW - 5.5, NOW, Cause.DOWN)  # slots NOW-4.5 .. NOW-0.5
+    assert p is not None
+    assert p.run == (NOW - 0.5,)
+    assert p.records == (NOW - 4.5, NOW - 3.5, NOW - 2.5, NOW - 1.5)
+    assert p.summary is None and p.result == "missed"
+    assert p.resume == NOW - 0.5
+
+
+def test_none_runs_only_a_slot_not_yet_passed() -> None:
+    p = passed(job("none"), NOW - 5.5, NOW, Cause.OUTAGE)
+    assert p is not None
+    # NOW-0.5 is under FRESH old: live daemons may be claiming it; it runs.
+    assert p.run == (NOW - 0.5,)
+    assert p.records == (NOW - 4.5, NOW - 3.5, NOW - 2.5, NOW - 1.5)
+    # Every 10 s: the newest, 3.5 s old, is passed too.
+    later = passed(job("none", cron="*/10 * * * * *"), NOW - 40.5, NOW + 3, Cause.LATE)
+    assert later is not None and later.run == ()
+    assert later.records == (NOW - 30.5, NOW - 20.5, NOW - 10.5, NOW - 0.5)
+
+
+def test_all_runs_the_newest_limit_oldest_first() -> None:
+    p = passed(job("all", 3), NOW - 8.5, NOW, Cause.DOWN)
+    assert p is not None
+    assert p.run == (NOW - 2.5, NOW - 1.5, NOW - 0.5)
+    assert p.records == tuple(NOW - k - 0.5 for k in range(7, 2, -1))
+    unlimited = passed(job("all"), NOW - 8.5, NOW, Cause.DOWN)
+    assert unlimited is not None
+    assert unlimited.run == tuple(NOW - k - 0.5 for k in range(7, -1, -1))
+    # A cron + rate job runs one at most: the rate would refuse the others.
+    with_rate = passed(job("all", 3, rate=1.0), NOW - 8.5, NOW, Cause.DOWN)
+    assert with_rate is not None and with_rate.run == (NOW - 0.5,)
+
+
+@pytest.mark.parametrize("cause", [Cause.DOWN, Cause.OUTAGE, Cause.LATE])
+def test_one_policy_whatever_passed_the_slots(cause: Cause) -> None:
+    """An outage and a late wake-up follow catch-up as a downtime does."""
+    p = passed(job("all", 2), NOW - 5.5, NOW, cause)
+    assert p is not None and p.run == (NOW - 1.5, NOW - 0.5) and len(p.records) == 3
+    assert p.result == "missed"
+
+
+@pytest.mark.parametrize("cause", [Cause.BUSY, Cause.HOST_FULL, Cause.GROUP_FULL,
+                                   Cause.DEAD_HOLDER])
+def test_causes_that_run_nothing_record_every_slot_skipped(cause: Cause) -> None:
+    p = passed(job("all"), NOW - 5.5, NOW, cause, reason="why")
+    assert p is not None and p.run == () and p.result == "skipped"
+    assert p.records == tuple(NOW - k - 0.5 for k in range(4, -1, -1))
+    assert [text for _, text, _ in record_texts(p)] == ["skipped: why\n"] * 5
+
+
+def test_the_starting_deadline_bounds_every_start() -> None:
+    p = passed(job("all", 5, deadline=2.0), NOW - 5.5, NOW, Cause.DOWN)
+    assert p is not None
+    # Only the slots at most 2 s old may start; the older are recorded missed.
+    assert p.run == (NOW - 1.5, NOW - 0.5)
+    assert p.records == (NOW - 4.5, NOW - 3.5, NOW - 2.5)
+    assert "starting-deadline 2s" in p.reason
+
+
+def test_a_dead_holders_slots_end_at_its_lease() -> None:
+    p = passed(job(), NOW - 10.5, NOW, Cause.DEAD_HOLDER, upto=NOW - 6.5, reason="dead")
+    assert p is not None and p.records == (NOW - 9.5, NOW - 8.5, NOW - 7.5, NOW - 6.5)
+
+
+def test_nothing_passed_no_last_slot_or_no_slots() -> None:
+    assert passed(job(), NOW - 0.5, NOW, Cause.DOWN) is None  # last slot is the newest
+    assert passed(job(), None, NOW, Cause.DOWN) is None  # never ran: nothing was passed
+    assert passed(job(cron=None, rate=60.0), NOW - 100, NOW, Cause.DOWN) is None
+    assert passed(job(cron="0 0 1 1 *"), NOW - 3600, NOW, Cause.DOWN) is None
+    # A last slot in the future (a row edited by hand) passes nothing, beyond
+    # any year a schedule reaches too.
+    assert passed(job(), NOW + 60, NOW, Cause.DOWN) is None
+    assert passed(job(), 253402300799.0 * 4, NOW, Cause.DOWN) is None
+
+
+def test_a_week_passed_is_bounded_in_records_and_time() -> None:
+    week = 7 * 86400
+    started = time.monotonic()
+    p = passed(job("all", 5), NOW - week - 0.5, NOW, Cause.OUTAGE)
+    took = time.monotonic() - started
+    assert p is not None and p.summary is not None
+    assert len(p.run) == 5 and len(p.records) == RECORDED
+    assert p.summary.first == NOW - week + 0.5 and p.summary.last == p.records[0] - 1
+    assert (p.summary.count, p.summary.more) == (COUNTED, True)
+    assert took < 1.0, took  # 604,800 slots, looked at from the newest end
+    small = passed(job(), NOW - 30.5, NOW, Cause.DOWN)
+    assert small is not None and small.summary is not None
+    # 30 slots: 1 runs, RECORDED recorded one by one, the rest counted in one record.
+    assert (small.summary.count, small.summary.more) == (30 - 1 - RECORDED, False)
+    assert small.count == 29 and small.first == NOW - 29.5 and small.last == NOW - 1.5
+    texts = record_texts(small)
+    assert len(texts) == RECORDED + 1
+    iso = [datetime.fromtimestamp(t, UTC).isoformat() for t in (NOW - 29.5, NOW - 11.5)]
+    assert texts[0] == (NOW - 11.5, f"missed: 19 slots from {iso[0]} to {iso[1]}: "
+                                    f"{small.reason}\n", 19)
+    assert DEFAULT_LIMIT == 100
+
+
+# --- when next --------------------------------------------------------------------------
+
+
+def test_the_agenda_gives_due_attempts_soonest_first() -> None:
+    agenda = Agenda()
+    agenda.push(30.0, "c", 30.0)
+    agenda.push(10.0, "a", 10.0)
+    agenda.push(20.0, "b", 20.0)
+    assert agenda.next_at() == 10.0
+    assert agenda.pop_due(5.0) is None  # nothing due yet
+    due = [agenda.pop_due(25.0), agenda.pop_due(25.0), agenda.pop_due(25.0)]
+    assert [(d.name, d.slot) if d else None for d in due] == [("a", 10.0), ("b", 20.0), None]
+    assert agenda.next_at() == 30.0
+
+
+def test_a_job_has_one_plan_at_a_time() -> None:
+    agenda = Agenda()
+    agenda.push(10.0, "j", 10.0)
+    agenda.push(12.0, "j", None)  # re-planned: replaces the 10.0 attempt
+    assert agenda.next_at() == 12.0 and agenda.planned("j")
+    d = agenda.pop_due(100.0)
+    assert d is not None and d.fire_at == 12.0
+    assert agenda.pop_due(100.0) is None and not agenda.planned("j")
+
+
+def test_the_next_attempt_of_a_cron_job_is_its_next_slot_plus_margin() -> None:
+    j = job(cron="*/5 * * * *")
+    fire_at, slot = next_attempt(j, at("2026-11-22T10:02:00"), 0.01, 0.5)
+    assert slot == at("2026-11-22T10:05:00")
+    assert fire_at == slot + 0.51
+    # Strictly after: a slot is never planned twice.
+    assert next_attempt(j, at("2026-11-22T10:05:00"), 0, 0)[1] == at("2026-11-22T10:10:00")
+    assert next_attempt(job(cron=None, rate=60.0), 100.0, 0.5, 0) == (100.5, None)
+
+
+def test_next_due_of_a_cron_and_rate_job_is_the_first_slot_a_rate_later() -> None:
+    j = job(cron="*/5 * * * *", rate=1800.0)
+    slot = at("2026-11-22T10:05:00")
+    assert next_due(j, slot, 0.5) == at("2026-11-22T10:35:00")
+    assert next_due(job(cron="*/5 * * * *"), slot, 0.5) == at("2026-11-22T10:10:00")
+
+
+def test_a_rate_job_is_due_a_rate_after_its_last_start() -> None:
+    j = job(cron=None, rate=60.0)
+    assert rate_due(j, 1000.0, 990.0, None, False, 10.0) == 1050.0
+    assert rate_due(j, 1000.0, 990.0, 1070.0, False, 10.0) == 1070.0  # a lease still held
+    assert rate_due(j, 1000.0, 5000.0, None, False, 10.0) == 1060.0  # a start in the future
+    assert rate_due(j, 1000.0, 900.0, None, True, 10.0) == 1010.0  # refused: a heartbeat
+
+
+# --- the decisions ------------------------------------------------------------------------
+
+
+def due(slot: float | None, resync: Cause | None = None) -> Due:
+    return Due(0.0, 0, "j", slot, resync)
+
+
+def test_a_late_wake_up_reads_the_last_slot_first() -> None:
+    planner = Planner(10.0, 0.5)
+    d = planner.decide(job(), due(NOW - 5.5), NOW, busy=False, full=False)
+    assert (d.act, d.cause, d.slot) == (Act.RESYNC, Cause.LATE, NOW - 5.5)
+    # On time: a plain claim of the newest slot, fit for a batch.
+    d = planner.decide(job(), due(NOW - 0.5), NOW, busy=False, full=False)
+    assert (d.act, d.batch, d.due_next) == (Act.CLAIM, True, NOW + 0.5)
+
+
+def test_a_slot_of_a_busy_job_is_recorded_skipped() -> None:
+    d = Planner(10.0, 0.5).decide(job(), due(NOW - 0.5), NOW, busy=True, full=False)
+    assert d.act is Act.RECORD and d.plan is not None
+    assert (d.plan.cause, d.plan.records, d.plan.result) == (Cause.BUSY, (NOW - 0.5,), "skipped")
+
+
+def test_a_full_host_leaves_the_slot_once_then_records_it() -> None:
+    planner = Planner(10.0, 0.5)
+    first = planner.decide(job(), due(NOW - 0.5), NOW, busy=False, full=True)
+    assert first.act is Act.DEFER
+    planner.defer(job(), NOW - 0.5, NOW + 0.25)
+    second = planner.decide(job(), due(NOW - 0.5), NOW + 0.25, busy=False, full=True)
+    assert second.act is Act.RECORD and second.plan is not None
+    assert second.plan.cause is Cause.HOST_FULL
+    # Room again at the second look: a claim of its own, not in a batch.
+    planner.defer(job(), NOW - 0.5, NOW + 0.25)
+    third = planner.decide(job(), due(NOW - 0.5), NOW + 0.25, busy=False, full=False)
+    assert (third.act, third.batch) == (Act.CLAIM, False)
+
+
+def test_a_slot_past_its_deadline_is_recorded_missed() -> None:
+    d = Planner(10.0, 0.5).decide(job(deadline=0.2), due(NOW - 0.5), NOW, busy=False,
+                                  full=False)
+    assert d.act is Act.RECORD and d.plan is not None and d.plan.cause is Cause.DEADLINE
+    assert d.plan.reason == "0.5s late, starting-deadline 0.2s"
+
+
+def test_after_an_outage_the_plan_starts_at_the_slot_it_was_trying() -> None:
+    """A job that never ran, its first slot passed in an outage: recorded
+    from the slot the daemon was trying, not forgotten."""
+    planner = Planner(10.0, 0.5)
+    plan = planner.resynced(job(), None, NOW, Cause.OUTAGE, since=NOW - 5.5, margin=0.01)
+    assert plan is not None
+    assert plan.records == (NOW - 5.5, NOW - 4.5, NOW - 3.5, NOW - 2.5, NOW - 1.5)
+    assert plan.run == (NOW - 0.5,) and planner.head("j") == NOW - 0.5
+    d = planner.agenda.pop_due(NOW)
+    assert d is not None and d.slot == NOW - 0.5
+    claim = planner.decide(job(), d, NOW, busy=False, full=False)
+    assert (claim.act, claim.slot, claim.batch) == (Act.CLAIM, NOW - 0.5, False)
+    # The database's newer last slot wins: what others ran is not passed.
+    again = Planner(10.0, 0.5)
+    assert again.resynced(job(), NOW - 0.5, NOW, Cause.OUTAGE, NOW - 5.5, 0.01) is None
+    nxt = again.agenda.pop_due(NOW + 10)
+    assert nxt is not None and nxt.slot == NOW + 0.5
+
+
+def test_a_backlog_runs_one_slot_at_a_time_oldest_first() -> None:
+    planner = Planner(10.0, 0.5)
+    plan = planner.resynced(job("all", 3), NOW - 5.5, NOW, Cause.DOWN, None, 0.01)
+    assert plan is not None and plan.run == (NOW - 2.5, NOW - 1.5, NOW - 0.5)
+    d = planner.agenda.pop_due(NOW)
+    assert d is not None
+    first = planner.decide(job("all", 3), d, NOW, busy=False, full=False)
+    assert (first.act, first.slot, first.due_next) == (Act.CLAIM, NOW - 2.5, NOW - 1.5)
+    planner.done("j", NOW - 2.5)
+    waiting = planner.decide(job("all", 3), d, NOW, busy=True, full=False)
+    assert waiting.act is Act.WAIT  # its end tries the next
+    nxt = planner.decide(job("all", 3), d, NOW, busy=False, full=False)
+    assert (nxt.act, nxt.slot) == (Act.CLAIM, NOW - 1.5)
