@@ -324,8 +324,10 @@ class Daemon:
                 f"{describe(self.store.url, self.store.prefix)}")
 
     def _running_count(self) -> int:
+        """Commands running here: a fan-out counts each of its own."""
         with self._running_lock:
-            return len(self._running)
+            return sum(run.commands if isinstance(run, FanOut) else 1
+                       for run in self._running.values())
 
     def _free(self) -> int | None:
         """How many more runs this host may start (None: no --max-running)."""
@@ -805,13 +807,14 @@ class Daemon:
 
     def _fan_out(self, job: Job, slot: float | None, busy_here: bool,
                  next_due: float | None) -> None:
-        """Work through the job's items (in a thread) unless still at it."""
+        """Work through the job's items (on the run loop) unless still at it."""
         if busy_here:
             log.info("job %s: still working through the items of the previous slot", job.name)
         elif self._free() == 0:
             log.info("job %s: at --max-running: its items are left to the other hosts", job.name)
         else:
-            worker = FanOut(self.ctx, job, slot, on_done=self._done, next_due=next_due)
+            worker = FanOut(self.ctx, job, slot, on_done=self._done, next_due=next_due,
+                            room=self._free)
             with self._running_lock:
                 self._running[job.name] = worker
             worker.start()
