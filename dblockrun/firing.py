@@ -410,7 +410,8 @@ class Firing:
             log.info("job %s: at --max-running: its items are left to the other hosts", job.name)
             outcome = Outcome.AT_LIMIT
         else:
-            worker = FanOut(self.ctx, job, slot, on_done=self.runs.done, next_due=due_next)
+            worker = FanOut(self.ctx, job, slot, on_done=self.runs.done, next_due=due_next,
+                            room=self.runs.free)
             self.runs.add(worker)
             worker.start()
             outcome = Outcome.STARTED

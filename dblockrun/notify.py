@@ -64,6 +64,8 @@ class RunEnd:
     duration: float
     output: str
     detail: str = ""
+    #: A fan-out run's item (a batch's first).
+    item: str | None = None
 
 
 def _utc(ts: float | None) -> str:
@@ -83,6 +85,7 @@ def run_message(end: RunEnd, event: str, previous: str | None = None) -> tuple[s
     title = f"dblockrun: job {job} {what} on {_hostname(end.host)}"
     lines = [
         f"job: {job}",
+        *([f"item: {end.item}"] if end.item is not None else []),
         f"event: {event}",
         f"result: {end.result}",
         f"exit status: {'-' if end.exit_code is None else end.exit_code}",

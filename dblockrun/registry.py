@@ -19,6 +19,11 @@ class Run(Protocol):
     def is_alive(self) -> bool: ...
 
 
+def commands(run: Run) -> int:
+    """The commands a run has going: a fan-out counts each of its own."""
+    return int(getattr(run, "commands", 1))
+
+
 class Runs:
     def __init__(self, cap: int | None, ended: Callable[[], None]) -> None:
         #: ``--max-running`` (None: no limit).
@@ -46,8 +51,9 @@ class Runs:
             return name in self._running
 
     def count(self) -> int:
+        """Commands running here (what --max-running counts)."""
         with self._lock:
-            return len(self._running)
+            return sum(commands(run) for run in self._running.values())
 
     def free(self) -> int | None:
         """How many more runs this host may start (None: no limit)."""

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from dblockrun.errors import DatabaseError
 from dblockrun.heartbeat import Renewer
@@ -117,6 +117,36 @@ def line_logger(prefix: str, **fields: object) -> Callable[[bytes], None]:
     return on_line
 
 
+class ItemHook(Protocol):
+    """What a run of fan-out items (dblockrun/fanout.py) holds instead of
+    the job's lock row: a batch of claimed items, each with its own lease,
+    token and run record. Its attempts are recorded, finished and released
+    through it; the rest of the lifecycle is the same as a job's."""
+
+    #: The batch's first item, and how logs name the batch (``a +2``).
+    item: str
+    label: str
+
+    def env(self) -> dict[str, str]:
+        """``DBLOCKRUN_ITEM`` (a batch of one) and ``DBLOCKRUN_ITEMS``."""
+
+    def renew(self) -> bool | str:
+        """Extend the items' leases (as :attr:`LeaseWatch.renew`)."""
+
+    def record(self, attempt: int) -> int:
+        """Record attempt ``attempt`` (above 1) of each item; its first run's id."""
+
+    def finish(self, result: str, code: int | None, output: str) -> bool:
+        """An attempt's result, the items still held."""
+
+    def finish_and_release(self, result: str, code: int | None, output: str,
+                           lock_at_least: float) -> tuple[bool, bool]:
+        """The last attempt's result and the items' release."""
+
+    def release(self, lock_at_least: float) -> bool:
+        """Free the items (their result already recorded)."""
+
+
 class JobRun:
     """One claimed run, without a thread of its own: each step (start,
     result, retry, on-failure) is taken on the context's run loop, whose
@@ -136,18 +166,23 @@ class JobRun:
         run_id: int | None = None,
         err_sink: Callable[[bytes], None] | None = None,
         seat: tuple[str, int] | None = None,
+        item: ItemHook | None = None,
     ) -> None:
         """``run_id``: the first attempt's run record, when the claim made it.
         ``line_sink``: the command's output lines (default: logged);
         ``err_sink``: its stderr lines apart (default: with the output);
         ``seat``: the group seat the run holds (dblockrun/limits.py), renewed
-        with its lease and released at its end."""
+        with its lease and released at its end; ``item``: a run of fan-out
+        items, which it records, renews and releases."""
         self.ctx = ctx
         self.job = job
         self.token = token
         self.slot = slot
+        self.item = item
+        #: The job, or the job and its items, as logs name the run.
+        self.label = job.name if item is None else f"{job.name}:{item.label}"
         self.watch = LeaseWatch(job.name, ctx.holder, token, ctx.lease, last_ok=claimed_mono,
-                                seat=seat)
+                                seat=seat, renew=item.renew if item is not None else None)
         # The lease counts from the claim's request (it may have expired by
         # then); lock-at-most from its answer, a few ms before the command
         # starts: a slow claim (exec's first, making the schema: 0.3 s) must
@@ -194,9 +229,11 @@ class JobRun:
         """Record the attempt (unless the claim did) and start the command."""
         job, ctx = self.job, self.ctx
         run_id = self._recorded if attempt == 1 else None
+        item = self.item
         if run_id is None:
             run_id = ctx.outage.retry(
                 f"record run of {job.name}",
+                (lambda: item.record(attempt)) if item is not None else
                 lambda: ctx.store.start_run(job.name, ctx.holder, token=self.token,
                                             slot=self.slot, attempt=attempt),
                 self.watch.fence_at(ctx.kill_grace + 1))
@@ -209,17 +246,17 @@ class JobRun:
             self._first_run_id = run_id
             if ctx.notifier is not None:
                 ctx.notifier.run_started(job, run_id)
-        env = command_env(job, holder=ctx.holder, run_id=run_id, token=self.token, slot=self.slot,
-                          environ=ctx.environ)
+        env = self._env(run_id)
         fields = {"job": job.name, "run_id": run_id, "token": self.token, "host": ctx.holder,
-                  "slot": env.get("DBLOCKRUN_SLOT")}
-        log.info("job %s: run %d started (token %d, attempt %d)", job.name, run_id, self.token,
+                  "slot": env.get("DBLOCKRUN_SLOT"), "item": item.item if item else None}
+        log.info("job %s: run %d started (token %d, attempt %d)", self.label, run_id, self.token,
                  attempt, extra={**fields, "event": "start"})
         process = Process(
             argv_for(job.command, job.shell),
             env=env,
             cwd=job.workdir,
-            on_line=self.line_sink or line_logger(f"[{job.name}] ", job=job.name, run_id=run_id),
+            on_line=self.line_sink or line_logger(f"[{self.label}] ", job=job.name, run_id=run_id,
+                                                  item=item.item if item else None),
             deadline=self.deadline,
             watch=self.watch,
             stop=ctx.stop,
@@ -241,6 +278,14 @@ class JobRun:
         else:
             ctx.loop.watch(process)
 
+    def _env(self, run_id: int) -> dict[str, str]:
+        """The environment of the run's commands (its items' too)."""
+        env = command_env(self.job, holder=self.ctx.holder, run_id=run_id, token=self.token,
+                          slot=self.slot, environ=self.ctx.environ)
+        if self.item is not None:
+            env.update(self.item.env())
+        return env
+
     def _ended(self, attempt: int, run_id: int, outcome: Outcome, started: float,
                fields: dict[str, object]) -> None:
         """An attempt's command ended: log and record it, then retry, apply
@@ -255,7 +300,7 @@ class JobRun:
         extra = f" ({outcome.detail})" if outcome.detail else ""
         log.log(
             logging.INFO if result == m.OK else logging.WARNING,
-            "job %s: run %d %s, exit %s, %.2fs%s", job.name, run_id, result, code, took, extra,
+            "job %s: run %d %s, exit %s, %.2fs%s", self.label, run_id, result, code, took, extra,
             extra={**fields, "event": result},
         )
         retry = (result == m.FAILED and attempt <= job.retries and not self.watch.lost
@@ -285,7 +330,8 @@ class JobRun:
         self.ctx.notifier.run_ended(RunEnd(
             job=self.job, host=self.ctx.holder, first_run_id=self._first_run_id or run_id,
             run_id=run_id, slot=self.slot, result=result, exit_code=code, duration=took,
-            output=stored_text(outcome.tail), detail=outcome.detail))
+            output=stored_text(outcome.tail), detail=outcome.detail,
+            item=self.item.item if self.item is not None else None))
 
     def _retry(self, attempt: int) -> None:
         """After a failed attempt's retry delay (cut short by a shutdown)."""
@@ -325,9 +371,12 @@ class JobRun:
         output = stored_output(outcome)
         store, what, until = ctx.store, f"record result of {job.name}", time.monotonic() + 60
         written: bool | None
+        item = self.item
         if release:
             ctx.renewer.remove(self.watch)
-            both = ctx.outage.retry(what, lambda: store.finish_and_release(
+            both = ctx.outage.retry(what, (lambda: item.finish_and_release(
+                result, code, output, job.lock_at_least)) if item is not None else
+                lambda: store.finish_and_release(
                 run_id, job.name, ctx.holder, self.token, result, code, output,
                 job.lock_at_least, seat=self.watch.seat), until)
             written = None if both is None else both[0]
@@ -335,15 +384,17 @@ class JobRun:
             if self._released:
                 self._prune()
         else:
-            written = ctx.outage.retry(what, lambda: store.finish_run(
+            written = ctx.outage.retry(what, (lambda: item.finish(result, code, output))
+                                       if item is not None else lambda: store.finish_run(
                 run_id, job.name, self.token, result, code, output), until)
         if written is False:
             log.warning("job %s: run %d result not recorded: token %d is no longer current",
                         job.name, run_id, self.token)
 
     def _release(self) -> None:
-        job, ctx = self.job, self.ctx
+        job, ctx, item = self.job, self.ctx, self.item
         ctx.outage.retry(f"release {job.name}",
+                         (lambda: item.release(job.lock_at_least)) if item is not None else
                          lambda: ctx.store.release(job.name, ctx.holder, self.token,
                                                    job.lock_at_least),
                          time.monotonic() + 30)
@@ -381,8 +432,7 @@ class JobRun:
         if job.on_failure.command is None:
             self._end()
             return
-        env = command_env(job, holder=ctx.holder, run_id=self.last_run_id or 0,
-                          token=self.token, slot=self.slot, environ=ctx.environ)
+        env = self._env(self.last_run_id or 0)
         env["DBLOCKRUN_EXIT_CODE"] = str(exit_status(outcome.exit_code))
         process = Process(
             argv_for(job.on_failure.command, job.shell), env=env, cwd=job.workdir,

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import ServerDatabases, new_prefix, selected_backends
 from helpers import TestDb, dblockrun_cmd, wait_for
 
 from dblockrun.store import Store
@@ -163,3 +164,196 @@ def test_failing_items_command_is_a_failed_run(sqlite_db: TestDb, tmp_path: Path
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         store.close()
+
+
+def start_daemon(db: TestDb, jobs: Path, log: Path, *more: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
+         "--heartbeat", "1s", "--lease", "3s", *more],
+        stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+
+
+def stop_daemons(*procs: subprocess.Popen[bytes]) -> list[int]:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    return [p.wait(timeout=30) for p in procs]
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie left for init to reap does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
+
+
+@pytest.mark.slow
+def test_items_command_timeout_stops_its_whole_group(sqlite_db: TestDb, tmp_path: Path) -> None:
+    db = sqlite_db
+    pid_file = tmp_path / "child.pid"
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"""\
+jobs:
+  listing:
+    rate: 1h
+    lock-at-most: 2s
+    items-command: |
+      sleep 300 &
+      echo $! > {pid_file}
+      echo item-a
+      sleep 300
+    command: echo never
+""")
+    store = Store(db.url, db.prefix)
+    store.ensure_schema()
+    proc = start_daemon(db, jobs, tmp_path / "d.log")
+    try:
+        child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 20,
+                             what="the background child's pid"))
+        assert running(child)
+        run = wait_for(lambda: next((r for r in store.history("listing")
+                                     if r.finished is not None), None), 20,
+                       what="the listing run's end")
+        # Stopped at its timeout (lock-at-most), its background child with it.
+        wait_for(lambda: not running(child), 5, what="the background child to be stopped")
+        assert run.result == "timeout"
+        assert run.output is not None and run.output.endswith(
+            "items-command stopped at its timeout (2s)\n")
+        assert run.finished - run.started < 10  # type: ignore[operator]
+        assert store.items.states("listing") == []  # nothing listed from a stopped command
+    finally:
+        assert stop_daemons(proc) == [0]
+        store.close()
+
+
+@pytest.mark.slow
+def test_a_failing_item_is_retried(sqlite_db: TestDb, tmp_path: Path) -> None:
+    db = sqlite_db
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    jobs = tmp_path / "jobs.yaml"
+    # Each item fails its first attempt, and does its work on the retry.
+    jobs.write_text(f"""\
+jobs:
+  flaky:
+    rate: 1h
+    items: [a, b]
+    retries: 2
+    retry-delay: 0.2s
+    command: |
+      mkdir "{marks}/$DBLOCKRUN_ITEM" 2>/dev/null && {{ echo "first try $DBLOCKRUN_ITEM"; exit 1; }}
+      echo "done $DBLOCKRUN_ITEM"
+""")
+    store = Store(db.url, db.prefix)
+    store.ensure_schema()
+    proc = start_daemon(db, jobs, tmp_path / "d.log")
+    try:
+        def settled() -> bool:
+            states = store.items.states("flaky")
+            return len(states) == 2 and all(s.last_result == "ok" for s in states)
+
+        wait_for(settled, 30, what="both items to end ok")
+        for item in ("a", "b"):
+            runs = sorted(store.history("flaky", item=item), key=lambda r: r.attempt)
+            assert [(r.attempt, r.result, r.exit_code, r.output) for r in runs] == [
+                (1, "failed", 1, f"first try {item}\n"), (2, "ok", 0, f"done {item}\n")]
+            assert runs[0].token == runs[1].token  # one claim of the item, two attempts
+    finally:
+        assert stop_daemons(proc) == [0]
+        store.close()
+
+
+@pytest.mark.slow
+def test_max_running_counts_running_items(sqlite_db: TestDb, tmp_path: Path) -> None:
+    db = sqlite_db
+    now_running, counts, done = tmp_path / "running", tmp_path / "counts", tmp_path / "done"
+    now_running.mkdir()
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"""\
+jobs:
+  wide:
+    rate: 1h
+    parallel: 4
+    items: [i1, i2, i3, i4, i5, i6]
+    command: |
+      touch "{now_running}/$DBLOCKRUN_ITEM"
+      ls "{now_running}" | wc -l >> "{counts}"
+      sleep 0.5
+      rm "{now_running}/$DBLOCKRUN_ITEM"
+      echo "$DBLOCKRUN_ITEM" >> "{done}"
+""")
+    proc = start_daemon(db, jobs, tmp_path / "d.log", "--max-running", "2")
+    try:
+        wait_for(lambda: done.exists() and len(done.read_text().split()) == 6, 40,
+                 what="all six items")
+    finally:
+        assert stop_daemons(proc) == [0]
+    assert sorted(done.read_text().split()) == [f"i{i}" for i in range(1, 7)]
+    # parallel: 4, but this host runs at most 2 commands at once.
+    assert max(int(n) for n in counts.read_text().split()) <= 2
+
+
+RETRIED_JOBS = """\
+jobs:
+  sites:
+    cron: "*/5 * * * * *"
+    lock-at-most: 4s
+    parallel: 2
+    retries: 1
+    retry-delay: 0s
+    items: [{items}]
+    env:
+      LOG: {log}
+      MARKS: {marks}
+    command: |
+      mkdir "$MARKS/$DBLOCKRUN_SLOT-$DBLOCKRUN_ITEM" 2>/dev/null && exit 1
+      echo "$DBLOCKRUN_SLOT $DBLOCKRUN_ITEM $DBLOCKRUN_HOST_ID" >> "$LOG"
+      sleep 0.1
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["postgresql", "mariadb"])
+def test_two_daemons_run_each_item_once_per_slot_with_retries(
+        server: str, server_databases: ServerDatabases, request: pytest.FixtureRequest,
+        tmp_path: Path) -> None:
+    """Each item's first attempt in a slot fails and its retry logs it: an
+    item run twice in a slot (by either daemon) would log it twice."""
+    if server not in selected_backends(request.config):
+        pytest.skip(f"{server} is not among the selected backends")
+    db = TestDb(server, server_databases.url(server), new_prefix())
+    names = [f"site-{i:02d}" for i in range(1, 17)]
+    log, marks = tmp_path / "items.log", tmp_path / "marks"
+    marks.mkdir()
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(RETRIED_JOBS.format(items=", ".join(names), log=log, marks=marks))
+    procs = [start_daemon(db, jobs, tmp_path / f"d{i}.log") for i in range(2)]
+
+    def slots() -> dict[str, list[tuple[str, str]]]:
+        out: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
+        if log.exists():
+            for line in log.read_text().splitlines():
+                slot, item, host = line.split()
+                out[slot].append((item, host))
+        return out
+
+    try:
+        wait_for(lambda: len(slots()) >= 3, 45, interval=0.5, what="three slots of items")
+    finally:
+        codes = stop_daemons(*procs)
+    assert codes == [0, 0]
+    hosts: collections.Counter[str] = collections.Counter()
+    for slot, runs in sorted(slots().items())[:2]:
+        assert sorted(item for item, _host in runs) == names, f"slot {slot}"
+        hosts.update(host for _item, host in runs)
+    assert len(hosts) == 2, "both daemons took part"
+    store = Store(db.url, db.prefix)
+    try:
+        records = store.history("sites", limit=1000)
+    finally:
+        store.close()
+    first_slot = min(r.slot for r in records if r.slot is not None)
+    attempts = collections.Counter((r.item, r.attempt, r.result) for r in records
+                                   if r.slot == first_slot)
+    assert attempts == {**{(n, 1, "failed"): 1 for n in names}, **{(n, 2, "ok"): 1 for n in names}}

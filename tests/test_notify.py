@@ -194,6 +194,28 @@ def test_a_failed_run_is_notified_once_by_the_host_that_ran_it(
         assert doc["message"].endswith(f"line-1\nout-{run.id}")
 
 
+def test_fan_out_items_are_notified_and_pinged_as_runs(
+    store: Store, start: Callable[..., Daemon], hooks: Hooks
+) -> None:
+    d = start("jobs:\n  fan:\n    rate: 1h\n    items: [good, bad]\n    parallel: 2\n"
+              "    command: 'echo out-$DBLOCKRUN_ITEM; [ $DBLOCKRUN_ITEM = good ]'\n"
+              f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
+              f"    ping: '{hooks.url('http', '/ping')}'\n")
+    d.wait(lambda: len(hooks.under("/ping")) == 4 and len(hooks.under("/hook")) == 1, 20,
+           "the items' pings and the failure's notification")
+    assert d.stop() == 0
+    good, bad = (next(r for r in runs(store, "fan") if r.item == item) for item in ("good", "bad"))
+    (hit,) = hooks.under("/hook")
+    assert (hit.field("job"), hit.field("item"), hit.field("run")) == ("fan", "bad", str(bad.id))
+    assert hit.json()["message"].endswith("out-bad")
+    pinged = sorted((h.path, h.query["rid"][0], h.body) for h in hooks.under("/ping"))
+    assert pinged == sorted([
+        ("/ping/start", run_uuid("fan", good.id), b""), ("/ping", run_uuid("fan", good.id),
+                                                         b"out-good\n"),
+        ("/ping/start", run_uuid("fan", bad.id), b""), ("/ping/fail", run_uuid("fan", bad.id),
+                                                        b"out-bad\n")])
+
+
 def test_recovery_is_notified_after_a_failure_and_not_after_a_success(
     store: Store, start: Callable[..., Daemon], hooks: Hooks
 ) -> None:

@@ -425,6 +425,23 @@ class LockEngine:
 
         return self.x.run(go)
 
+    def finish_items(self, job: str, holder: str, items: Sequence[ClaimedItem], result: str,
+                     exit_code: int | None, output: str | None) -> bool:
+        """An attempt's result for the batch's runs (``run_id`` of each), only
+        while every token is ours; the items stay held (a retry follows)."""
+        params = self._items_params(job, holder, items, result=result, code=exit_code,
+                                    output=output)
+        return self.x.run(lambda cur: int(self.x.send(
+            cur, self.q.items_finish(len(items)), params).rowcount) == len(items))
+
+    def release_items(self, job: str, holder: str, items: Sequence[ClaimedItem], result: str,
+                      lock_at_least: float) -> bool:
+        """Free the batch's items (those still ours), ``result`` their last."""
+        params = self._items_params(job, holder, items, result=result,
+                                    least=float(lock_at_least))
+        return self.x.run(lambda cur: int(self.x.send(
+            cur, self.q.items_release(len(items)), params).rowcount) == len(items))
+
     def finish_and_release_items(self, job: str, holder: str, items: Sequence[ClaimedItem],
                                  result: str, exit_code: int | None, output: str | None,
                                  lock_at_least: float) -> tuple[bool, bool]:

@@ -87,6 +87,8 @@ class ItemStore:
         return self.s.lock_engine()
 
     renew = on_engine(LockEngine.renew_items)
+    finish = on_engine(LockEngine.finish_items)
+    release = on_engine(LockEngine.release_items)
     finish_and_release = on_engine(LockEngine.finish_and_release_items)
 
     def states(self, job: str) -> list[ItemState]:
