@@ -3,8 +3,8 @@
 Order: ``--db``, ``--db-file``, ``DBLOCKRUN_DB``, ``DBLOCKRUN_DB_FILE``,
 ``database:`` in the jobs file, ``database-file:`` in the jobs file, then the
 embedded SQLite file under ``$XDG_STATE_HOME/dblockrun/``. A file holds the
-URL on its first line (a secret mounted by systemd or Kubernetes); its content
-is never shown, not even in errors.
+URL on its first line (a secret mounted by systemd or Kubernetes; read by
+:mod:`dblockrun.secretfile`); its content is never shown, not even in errors.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 from typing import TYPE_CHECKING
 
 from dblockrun.errors import UsageError
+from dblockrun.secretfile import first_line
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -115,15 +116,12 @@ def url_needs_jobs_file(cli_db: str | None, cli_db_file: str | None) -> bool:
 
 
 def read_url_file(path: str) -> str:
-    """The URL on the first line of ``path``; errors name the file, never its content."""
+    """The URL on the first line of ``path`` (a regular file: dblockrun/secretfile.py);
+    errors name the file, never its content."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            first = stream.readline(64 * 1024)
-    except UnicodeDecodeError:
-        raise UsageError(f"database file {path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read database file {path}: {exc.strerror or exc}") from None
-    url = first.strip()
+        url = first_line(path, "database file")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if not url:
         raise UsageError(f"database file {path}: the first line is empty (want a database URL)")
     if not _URL.match(url):

@@ -1,12 +1,13 @@
 """URLs that carry secrets: notification URLs (apprise) and ping URLs.
 
 A jobs file names such a URL as a literal, ``{env: VAR}`` (an environment
-variable of the daemon) or ``{file: PATH}`` (the first line of a file,
-relative to the jobs file). :mod:`dblockrun.config` records where it comes
-from; :func:`resolve_secrets` reads the variables and files when the daemon
-(or ``validate``) loads the file, so operator commands that only read the
-file's ``database:`` need neither. A URL's value is never printed:
-:func:`shown` renders one with everything after its host hidden.
+variable of the daemon) or ``{file: PATH}`` (the first line of a regular
+file, relative to the jobs file: :mod:`dblockrun.secretfile`).
+:mod:`dblockrun.config` records where it comes from; :func:`resolve_secrets`
+reads the variables and files when the daemon (or ``validate``) loads the
+file, so operator commands that only read the file's ``database:`` need
+neither. A URL's value is never printed: :func:`shown` renders one with
+everything after its host hidden.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from dblockrun.errors import ConfigError
+from dblockrun.secretfile import first_line
 
 if TYPE_CHECKING:
     from dblockrun.jobs import Job, JobsFile
@@ -113,15 +115,7 @@ def _read(secret: SecretUrl, folder: str) -> str:
         if value is None:
             raise ValueError(f"environment variable {secret.ref} is not set")
         return value.strip()
-    path = os.path.join(folder, secret.ref)
-    try:
-        with open(path, encoding="utf-8") as stream:
-            first = stream.readline()
-    except UnicodeDecodeError:
-        raise ValueError(f"file {path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read file {path}: {exc.strerror or exc}") from None
-    return first.strip()
+    return first_line(os.path.join(folder, secret.ref))
 
 
 def resolve(secret: SecretUrl, check: str = "", folder: str = "") -> SecretUrl:
