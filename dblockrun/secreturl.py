@@ -14,49 +14,15 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from dblockrun.errors import ConfigError
+from dblockrun.jobs import ENV, LITERAL, Job, JobsFile, SecretUrl
 from dblockrun.secretfile import first_line
-
-if TYPE_CHECKING:
-    from dblockrun.jobs import Job, JobsFile
-
-#: Where a secret URL comes from.
-LITERAL, ENV, FILE = "literal", "env", "file"
 
 #: A URL's scheme, as apprise and urllib read it.
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-@dataclass(frozen=True)
-class SecretUrl:
-    """A URL and where it comes from; ``value`` is empty until resolved
-    (a literal's is its text)."""
-
-    source: str  # LITERAL, ENV or FILE
-    #: The variable's name, or the file's path (relative to the jobs file's folder).
-    ref: str = ""
-    value: str = field(default="", repr=False)
-    #: Where it was written, for messages.
-    line: int = field(default=0, compare=False)
-    key: str = field(default="", compare=False)
-
-    def describe(self) -> str:
-        """Where the URL comes from, for messages and the definition hash:
-        never its value."""
-        if self.source == ENV:
-            return f"env {self.ref}"
-        if self.source == FILE:
-            return f"file {self.ref}"
-        return "literal"
-
-    def definition(self) -> str:
-        """What defines it across hosts: a variable's or file's name (each
-        host may hold its own value), a literal's text (hashed, never shown)."""
-        return self.value if self.source == LITERAL else self.describe()
 
 
 def shown(url: str) -> str:
