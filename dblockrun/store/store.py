@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
+from dblockrun.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file, redact
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.store import models as m
@@ -88,6 +88,11 @@ class Store:
         )
         if self.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", lambda conn, _record: sqlite_setup(conn))
+        nodes = mysql_nodes(url)
+        if nodes is not None:
+            from dblockrun.mysqlhosts import connect_in_order
+
+            connect_in_order(self.engine, nodes)
         self.t: Tables = build_tables(prefix)
         #: Raw driver connections from the pool, under the one retry policy.
         self.x = PooledExecutor(Driver(self.dialect.name), self.engine)
