@@ -6,10 +6,8 @@ number of jobs.
 2. each job's last finished run and its current run (UNION ALL of a
    correlated ``ORDER BY id DESC LIMIT 1`` and a join on the token);
 3. each fan-out job's item counts (GROUP BY job);
-4. the live hosts (:meth:`Store.hosts`), for :func:`report` only;
-5. the fleet-wide pause (store/control.py), for :func:`report` only.
-
-``Store.status`` delegates to :func:`job_status` (statements 1 to 3).
+4. the live hosts (:meth:`Store.hosts`);
+5. the fleet-wide pause (store/control.py).
 """
 
 from __future__ import annotations
@@ -80,16 +78,10 @@ def _group_usage(rows: Sequence[SeatRow], db_now: float) -> list[GroupUsage]:
     return [groups[g] for g in sorted(groups)]
 
 
-def job_status(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobStatus], float]:
-    """The jobs (all, or ``names``), ordered by name, and the database time:
-    three statements."""
-    jobs, _seats, db_now = _read(store, names)
-    return jobs, db_now
-
-
 def _read(store: Store, names: Sequence[str] | None
           ) -> tuple[list[m.JobStatus], list[SeatRow], float]:
-    """:func:`job_status`, and the seat rows the first statement read."""
+    """The jobs (all, or ``names``), ordered by name, the seat rows and the
+    database time: statements 1 to 3."""
     wanted = list(dict.fromkeys(names)) if names else None
     jobs_stmt = _jobs_statement(store, wanted)
     runs_stmt = _runs_statement(store, wanted)

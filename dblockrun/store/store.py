@@ -558,13 +558,6 @@ class Store:
 
     # -- status -------------------------------------------------------------
 
-    def status(self, names: Sequence[str] | None = None) -> list[m.JobStatus]:
-        """The jobs (all, or ``names``): three statements whatever their number
-        (store/status.py)."""
-        from dblockrun.store.status import job_status
-
-        return job_status(self, names)[0]
-
     def lock_states(self) -> tuple[dict[str, m.LockState], float]:
         """Every job's lock row, and the database time: one statement (the
         one `status` reads first)."""
