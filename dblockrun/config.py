@@ -26,7 +26,10 @@ from dblockrun.durations import format_duration, parse_duration
 from dblockrun.errors import ConfigError
 from dblockrun.jobs import (
     CATCH_UP,
+    ENV,
+    FILE,
     JOB_NAME,
+    LITERAL,
     NOTIFY_EVENTS,
     Command,
     Job,
@@ -34,9 +37,10 @@ from dblockrun.jobs import (
     Notify,
     OnFailure,
     RunOn,
+    SecretUrl,
 )
 from dblockrun.schedule import validate_cron, validate_timezone
-from dblockrun.secreturl import ENV, FILE, LITERAL, SecretUrl, check_url
+from dblockrun.secreturl import check_url
 from dblockrun.targeting import check_word
 
 TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups")

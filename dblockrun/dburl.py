@@ -3,8 +3,8 @@
 Order: ``--db``, ``--db-file``, ``DBLOCKRUN_DB``, ``DBLOCKRUN_DB_FILE``,
 ``database:`` in the jobs file, ``database-file:`` in the jobs file, then the
 embedded SQLite file under ``$XDG_STATE_HOME/dblockrun/``. A file holds the
-URL on its first line (a secret mounted by systemd or Kubernetes); its content
-is never shown, not even in errors.
+URL on its first line (a secret mounted by systemd or Kubernetes; read by
+:mod:`dblockrun.secretfile`); its content is never shown, not even in errors.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 from typing import TYPE_CHECKING
 
 from dblockrun.errors import UsageError
+from dblockrun.secretfile import first_line
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -115,15 +116,12 @@ def url_needs_jobs_file(cli_db: str | None, cli_db_file: str | None) -> bool:
 
 
 def read_url_file(path: str) -> str:
-    """The URL on the first line of ``path``; errors name the file, never its content."""
+    """The URL on the first line of ``path`` (a regular file: dblockrun/secretfile.py);
+    errors name the file, never its content."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            first = stream.readline(64 * 1024)
-    except UnicodeDecodeError:
-        raise UsageError(f"database file {path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read database file {path}: {exc.strerror or exc}") from None
-    url = first.strip()
+        url = first_line(path, "database file")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if not url:
         raise UsageError(f"database file {path}: the first line is empty (want a database URL)")
     if not _URL.match(url):
@@ -145,7 +143,7 @@ def driver_url(url: str) -> str:
         raise UsageError(f"database URL scheme {scheme!r} is not supported (use {known})")
     result = f"{DRIVERS[scheme]}://{match.group('rest')}"
     if DRIVERS[scheme] == "mysql+pymysql":
-        result = _several_hosts(url, match.group("rest")) or result
+        result = _first_mysql_host(url, match.group("rest")) or result
     if DRIVERS[scheme] == "postgresql+psycopg":
         result = _pg_several_hosts(url, match.group("rest")) or result
     # SQLAlchemy parses the URL only when the engine is made; a bad port or
@@ -168,11 +166,14 @@ _MYSQL_PARTS = re.compile(r"^(?P<user>(?:[^:/@]*:[^@]*|[^:/@]*)@)?(?P<hosts>[^/?
                           re.S)
 
 
-def _several_hosts(url: str, rest: str) -> str | None:
-    """``mysql://u@h1:3401,h2:3402/db`` (a Galera cluster's nodes, tried in
-    order on each connect) as the URL of dblockrun's multi-host dialect; None
-    for a URL with one host."""
-    parts = _MYSQL_PARTS.match(rest)
+def mysql_nodes(url: str) -> list[tuple[str, int]] | None:
+    """The hosts of a MySQL/MariaDB URL with several,
+    ``mysql://u@h1:3401,h2:3402/db`` (a Galera cluster's nodes, tried in
+    order on each connect: dblockrun/mysqlhosts.py); None for any other URL."""
+    match = _URL.match(url)
+    if not match or DRIVERS.get(match.group("scheme").lower()) != "mysql+pymysql":
+        return None
+    parts = _MYSQL_PARTS.match(match.group("rest"))
     if parts is None or "," not in parts.group("hosts"):
         return None
     from dblockrun.store.drivers import mysql_hosts
@@ -180,13 +181,18 @@ def _several_hosts(url: str, rest: str) -> str | None:
     hosts = mysql_hosts(parts.group("hosts"))
     if hosts is None or any(h.startswith("[") for h, _ in hosts):
         raise UsageError(f"database URL {redact(url)!r}: bad host list (want host:port,host:port)")
-    database, _, query = parts.group("tail").partition("?")
-    given = "&".join(f"host={h}:{p}" for h, p in hosts)
-    from dblockrun import mysqlhosts
+    return hosts
 
-    mysqlhosts.register()
-    return (f"mysql+{mysqlhosts.NAME}://{parts.group('user') or ''}{database or '/'}"
-            f"?{given}{'&' + query if query else ''}")
+
+def _first_mysql_host(url: str, rest: str) -> str | None:
+    """A URL with several hosts as the PyMySQL URL of its first (the pooled
+    engine tries the others: dblockrun/mysqlhosts.py); None for one host."""
+    hosts = mysql_nodes(url)
+    parts = _MYSQL_PARTS.match(rest)
+    if hosts is None or parts is None:
+        return None
+    host, port = hosts[0]
+    return f"mysql+pymysql://{parts.group('user') or ''}{host}:{port}{parts.group('tail')}"
 
 
 _PG_HOST = re.compile(r"[A-Za-z0-9._-]+(?::[0-9]+)?")

@@ -83,7 +83,3 @@ class SchemaTooNew(DatabaseError):
     """The database schema is newer than this dblockrun knows; upgrade dblockrun."""
 
     kind = "schema"
-
-
-class UnknownJob(UsageError):
-    """No such job."""

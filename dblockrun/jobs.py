@@ -5,10 +5,6 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # exec loads this module, and starts faster without it
-    from dblockrun.secreturl import SecretUrl
 
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -38,6 +34,39 @@ class OnFailure:
     def wanted(self) -> bool:
         """Whether a failure has anything to do."""
         return bool(self.disable_for) or self.command is not None
+
+
+#: Where a secret URL (``notify:``, ``ping:``) comes from: written in the
+#: jobs file, ``{env: VAR}`` or ``{file: PATH}`` (read by dblockrun/secreturl.py).
+LITERAL, ENV, FILE = "literal", "env", "file"
+
+
+@dataclass(frozen=True)
+class SecretUrl:
+    """A URL and where it comes from; ``value`` is empty until resolved
+    (a literal's is its text)."""
+
+    source: str  # LITERAL, ENV or FILE
+    #: The variable's name, or the file's path (relative to the jobs file's folder).
+    ref: str = ""
+    value: str = field(default="", repr=False)
+    #: Where it was written, for messages.
+    line: int = field(default=0, compare=False)
+    key: str = field(default="", compare=False)
+
+    def describe(self) -> str:
+        """Where the URL comes from, for messages and the definition hash:
+        never its value."""
+        if self.source == ENV:
+            return f"env {self.ref}"
+        if self.source == FILE:
+            return f"file {self.ref}"
+        return "literal"
+
+    def definition(self) -> str:
+        """What defines it across hosts: a variable's or file's name (each
+        host may hold its own value), a literal's text (hashed, never shown)."""
+        return self.value if self.source == LITERAL else self.describe()
 
 
 #: What ``notify: {on: [...]}`` may name, and what it is when left out.

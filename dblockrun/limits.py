@@ -20,50 +20,16 @@ skipped, with the holders named.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from dblockrun.jobs import Job, JobsFile
+from dblockrun.store.models import SEAT_PREFIX
 
 if TYPE_CHECKING:
     from dblockrun.store import Store
 
-#: Seat rows are named ``group:NAME:N``.
-SEAT_PREFIX = "group:"
-
 #: A seat held: (its row's name, its fencing token).
 Seat = tuple[str, int]
-
-
-class SeatRow(NamedTuple):
-    """A seat's lock row as ``status`` reads it."""
-
-    name: str
-    held_for: str | None
-    holder: str | None
-    lock_until: float | None
-
-
-@dataclass(frozen=True)
-class GroupUsage:
-    """A group's seats (its rows: the highest limit the daemons have had)
-    and the (job, host) holding each seat in use."""
-
-    group: str
-    seats: int
-    held: list[tuple[str, str]]
-
-
-def usage(rows: Sequence[SeatRow], db_now: float) -> list[GroupUsage]:
-    """Each group's seats in use at ``db_now``, by group name."""
-    groups: dict[str, GroupUsage] = {}
-    for row in sorted(rows, key=lambda r: r.name):
-        group = row.name[len(SEAT_PREFIX):].rpartition(":")[0]
-        got = groups.setdefault(group, GroupUsage(group, 0, []))
-        groups[group] = got = GroupUsage(group, got.seats + 1, got.held)
-        if row.holder is not None and row.lock_until is not None and row.lock_until > db_now:
-            got.held.append((row.held_for or "?", row.holder))
-    return [groups[g] for g in sorted(groups)]
 
 
 def seat_names(group: str, limit: int) -> list[str]:

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from dblockrun import pings
 from dblockrun.errors import DatabaseError
-from dblockrun.jobs import Job
-from dblockrun.secreturl import SecretUrl, quiet_apprise, scrub, shown
+from dblockrun.jobs import Job, SecretUrl
+from dblockrun.secreturl import quiet_apprise, scrub, shown
 from dblockrun.store import models as m
 
 if TYPE_CHECKING:

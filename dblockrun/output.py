@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
     from rich.table import Table
 
-    from dblockrun.limits import GroupUsage
     from dblockrun.store.control import AuditRecord, Pause
+    from dblockrun.store.models import GroupUsage
 
 #: Bumped only on incompatible changes to the ``--json`` shapes.
 JSON_VERSION = 1

@@ -1,60 +1,28 @@
 """URLs that carry secrets: notification URLs (apprise) and ping URLs.
 
 A jobs file names such a URL as a literal, ``{env: VAR}`` (an environment
-variable of the daemon) or ``{file: PATH}`` (the first line of a file,
-relative to the jobs file). :mod:`dblockrun.config` records where it comes
-from; :func:`resolve_secrets` reads the variables and files when the daemon
-(or ``validate``) loads the file, so operator commands that only read the
-file's ``database:`` need neither. A URL's value is never printed:
-:func:`shown` renders one with everything after its host hidden.
+variable of the daemon) or ``{file: PATH}`` (the first line of a regular
+file, relative to the jobs file: :mod:`dblockrun.secretfile`).
+:mod:`dblockrun.config` records where it comes from; :func:`resolve_secrets`
+reads the variables and files when the daemon (or ``validate``) loads the
+file, so operator commands that only read the file's ``database:`` need
+neither. A URL's value is never printed: :func:`shown` renders one with
+everything after its host hidden.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from dblockrun.errors import ConfigError
-
-if TYPE_CHECKING:
-    from dblockrun.jobs import Job, JobsFile
-
-#: Where a secret URL comes from.
-LITERAL, ENV, FILE = "literal", "env", "file"
+from dblockrun.jobs import ENV, LITERAL, Job, JobsFile, SecretUrl
+from dblockrun.secretfile import first_line
 
 #: A URL's scheme, as apprise and urllib read it.
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-@dataclass(frozen=True)
-class SecretUrl:
-    """A URL and where it comes from; ``value`` is empty until resolved
-    (a literal's is its text)."""
-
-    source: str  # LITERAL, ENV or FILE
-    #: The variable's name, or the file's path (relative to the jobs file's folder).
-    ref: str = ""
-    value: str = field(default="", repr=False)
-    #: Where it was written, for messages.
-    line: int = field(default=0, compare=False)
-    key: str = field(default="", compare=False)
-
-    def describe(self) -> str:
-        """Where the URL comes from, for messages and the definition hash:
-        never its value."""
-        if self.source == ENV:
-            return f"env {self.ref}"
-        if self.source == FILE:
-            return f"file {self.ref}"
-        return "literal"
-
-    def definition(self) -> str:
-        """What defines it across hosts: a variable's or file's name (each
-        host may hold its own value), a literal's text (hashed, never shown)."""
-        return self.value if self.source == LITERAL else self.describe()
 
 
 def shown(url: str) -> str:
@@ -113,15 +81,7 @@ def _read(secret: SecretUrl, folder: str) -> str:
         if value is None:
             raise ValueError(f"environment variable {secret.ref} is not set")
         return value.strip()
-    path = os.path.join(folder, secret.ref)
-    try:
-        with open(path, encoding="utf-8") as stream:
-            first = stream.readline()
-    except UnicodeDecodeError:
-        raise ValueError(f"file {path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read file {path}: {exc.strerror or exc}") from None
-    return first.strip()
+    return first_line(os.path.join(folder, secret.ref))
 
 
 def resolve(secret: SecretUrl, check: str = "", folder: str = "") -> SecretUrl:

@@ -17,6 +17,7 @@ from helpers import TestDb
 
 from dblockrun.cli import cli
 from dblockrun.store import Store
+from dblockrun.store.status import report
 from dblockrun.who import operator_id
 
 
@@ -108,7 +109,7 @@ def test_status_shows_who_disabled_a_job(db: TestDb, store: Store) -> None:
     assert f"disabled until enabled by {operator_id()}: disk full" in line[0]
     # Enabled: nobody disabled it any more.
     ok(db, "enable", "backup")
-    assert store.status(["backup"])[0].lock.disabled_by is None
+    assert report(store, ["backup"]).jobs[0].lock.disabled_by is None
 
 
 def test_who_is_the_user_behind_sudo(monkeypatch: pytest.MonkeyPatch) -> None:

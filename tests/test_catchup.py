@@ -35,6 +35,7 @@ from dblockrun.planner import FRESH, RECORDED
 from dblockrun.sdnotify import SystemdNotifier
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.status import report
 
 EVERY_SECOND = '"* * * * * *"'
 
@@ -325,12 +326,12 @@ def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
                                         "unreachable"), 20, what="waiting for the database")
             waiting = notify.read().count("WATCHDOG=1")
             assert not notify.has("READY=1")
-            assert store.status(["tick"]) == []  # it has not reached the database
+            assert report(store, ["tick"]).jobs == []  # it has not reached the database
             proxy.restore()
             assert waiting >= 1  # the watchdog is fed while it waits for the database
         wait_for(lambda: notify.has("READY=1"), 20, what="READY=1")
         # READY only once the start-up against the database succeeded.
-        assert [s.lock.name for s in store.status(["tick"])] == ["tick"]
+        assert [s.lock.name for s in report(store, ["tick"]).jobs] == ["tick"]
         ready_at = next(t for t, text in notify.messages if "READY=1" in text)
         # A heartbeat of 5s, but WATCHDOG_USEC=1s: pinged at least every 0.5s.
         wait_for(lambda: notify.read().count("WATCHDOG=1") and len(

@@ -29,6 +29,7 @@ from helpers import (
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.status import report
 
 pytestmark = pytest.mark.slow
 
@@ -363,7 +364,7 @@ def test_on_failure_disables_the_job(store: Store, start_daemon: StartDaemon) ->
     assert failed.exit_code == 1
 
     def disabled() -> m.JobStatus | None:
-        st = store.status(["broken"])[0]
+        st = report(store, ["broken"]).jobs[0]
         return st if st.state == "disabled" else None
 
     st = d.wait(disabled, 5, what="job disabled")

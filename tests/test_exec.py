@@ -16,6 +16,7 @@ from helpers import REPO, TestDb, clean_env, dblockrun_cmd, fail_next_run_insert
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.status import report
 
 
 def exec_args(db: TestDb, *args: str) -> list[str]:
@@ -63,7 +64,7 @@ class Background:
 
 def wait_running(store: Store, name: str, timeout: float = 30) -> m.JobStatus:
     def running() -> m.JobStatus | None:
-        rows = store.status([name])
+        rows = report(store, [name]).jobs
         return rows[0] if rows and rows[0].state == "running" else None
 
     return wait_for(running, timeout, what=f"job {name} running")

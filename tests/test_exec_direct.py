@@ -14,12 +14,15 @@ import psycopg
 import pymysql
 import pytest
 from helpers import TestDb, dblockrun_cmd, wait_for
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy.engine import make_url
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.execlock import ExecTarget
 from dblockrun.store import Store
 from dblockrun.store import models as m
-from dblockrun.store.drivers import direct_driver
+from dblockrun.store.drivers import direct_driver, split_url
 from dblockrun.store.engine import Claim, LockEngine
 from dblockrun.store.executor import DirectExecutor
 
@@ -55,6 +58,50 @@ def test_direct_only_for_a_plain_url_and_prefix(db: TestDb, store: Store) -> Non
         assert odd.engine is odd.store().lock  # a prefix that needs quoting: through Store
     finally:
         odd.close()
+
+
+def same_as_sqlalchemy(url: str) -> bool:
+    """``url`` split as the pooled engine's SQLAlchemy reads it (one host),
+    or left to the pooled engine (None)."""
+    from urllib.parse import unquote
+
+    parts = split_url(url)
+    if parts is None or "," in parts.hosts:
+        return True
+    try:
+        want = make_url(url)
+    except ValueError:
+        return True  # a port that is not a number: the direct path declines it too
+    got = (parts.scheme,
+           None if parts.user is None else unquote(parts.user),
+           None if parts.password is None else unquote(parts.password),
+           parts.host, None if parts.port is None else int(parts.port),
+           None if parts.database is None else unquote(parts.database))
+    return got == (want.drivername, want.username, want.password, want.host, want.port,
+                   want.database)
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://u:p@h:5432/db", "postgresql://u:ab/cd@h/db", "mysql://u:p%40ss@h/db",
+    "mysql://u:p?x@h/db", "mysql://u?x@h/db", "mysql://u@h", "mysql://h:3306/db?charset=x",
+    "postgresql://[::1]:5432/db", "postgresql://u@/db", "postgresql://u@h/d%2Fb",
+    "postgresql://:5432/db", "sqlite:///rel/x.db", "sqlite:////abs/x.db", "sqlite://",
+    "sqlite:///:memory:", "postgresql://h/db?target_session_attrs=read-write",
+])
+def test_a_url_is_read_as_sqlalchemy_reads_it(url: str) -> None:
+    assert split_url(url) is not None
+    assert same_as_sqlalchemy(url)
+
+
+@given(st.text(alphabet="ab:/@?%=&[]1.,", max_size=24))
+def test_any_url_is_read_as_sqlalchemy_reads_it_or_left_to_it(rest: str) -> None:
+    assert same_as_sqlalchemy(f"postgresql://{rest}")
+
+
+def test_ambiguous_user_information_is_left_to_the_pooled_engine() -> None:
+    assert split_url("mysql://u:p@ss@h/db") is None  # which '@'? (write %40)
+    assert split_url("sqlite:///data/a@b.db") is None
+    assert split_url("not a url") is None
 
 
 def test_a_missing_schema_is_created_then_claimed(db: TestDb) -> None:

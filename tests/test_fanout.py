@@ -14,6 +14,7 @@ from helpers import TestDb, dblockrun_cmd, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store.items import ClaimedItem
+from dblockrun.store.status import report
 
 
 @pytest.fixture
@@ -80,7 +81,7 @@ def test_item_lease_token_and_rate(store: Store) -> None:
     store.items.finish_and_release("job", "h2", [second], "failed", 1, "", 0)
     assert store.items.claim("job", "h2", 30, slot=None, rate=3600, limit=5) == []
     store.ensure_jobs(["job"])  # status lists a job by its lock row
-    progress = store.status(["job"])[0].items
+    progress = report(store, ["job"]).jobs[0].items
     assert progress == {"total": 2, "done": 1, "running": 0, "waiting": 0, "failed": 1}
 
 

@@ -16,6 +16,7 @@ from helpers import TestDb, dblockrun_cmd, wait_for
 from proxy import Proxy
 
 from dblockrun.store import Store
+from dblockrun.store.status import report
 
 LONG_JOB = """\
 jobs:
@@ -90,7 +91,7 @@ class Fleet:
         return (self.tmp / f"daemon{i}.log").read_text()
 
     def running(self) -> tuple[str, int] | None:
-        rows = self.store.status(["long"])
+        rows = report(self.store, ["long"]).jobs
         if not rows:
             return None
         status = rows[0]

@@ -23,6 +23,7 @@ from dblockrun.dburl import describe
 from dblockrun.runner import group_running
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.status import report
 from dblockrun.who import operator_id
 
 HEARTBEAT = 1.0
@@ -105,7 +106,7 @@ def test_kill_stops_a_daemon_job_and_its_background_child(db: TestDb, store: Sto
         assert ended.output is not None
         assert ended.output.endswith(f"killed by {operator_id()}: stuck on a lock\n")
         # The lock was released as after any run, and the daemon said why.
-        assert store.status(["slow"])[0].state == "idle"
+        assert report(store, ["slow"]).jobs[0].state == "idle"
         assert f"job slow: killed by {operator_id()}: stuck on a lock" in log.read_text()
         # Nothing runs any more: a second kill has nothing to stop.
         again = run_cli(db, "kill", "slow")

@@ -126,7 +126,7 @@ def test_seats_are_taken_renewed_and_freed_with_the_run(store: Store, backend: s
     assert store.renew_many("h1", [first, second], 60) == {first[0]: None}
     assert store.statements - before == 1
     # The seat rows are not jobs; status shows them as the group's use.
-    assert [s.lock.name for s in store.status()] == ["a", "b", "c"]
+    assert [s.lock.name for s in report(store).jobs] == ["a", "b", "c"]
     got = report(store)
     assert [j.lock.name for j in got.jobs] == ["a", "b", "c"]
     assert [(g.group, g.seats, sorted(g.held)) for g in got.groups] == [
@@ -348,7 +348,7 @@ def test_a_group_runs_one_job_at_a_time_across_the_fleet(db: TestDb, tmp_path: P
         slots = wait_for(lambda: slots_done(store, {"db-dump", "files"}, first, 3), 30,
                          interval=0.2, what="3 slots of both jobs")
         # The seat rows are not jobs.
-        assert sorted(s.lock.name for s in store.status()) == ["db-dump", "files"]
+        assert sorted(s.lock.name for s in report(store).jobs) == ["db-dump", "files"]
     finally:
         codes = stop_all(procs)
     assert codes == [0, 0]

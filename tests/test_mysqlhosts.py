@@ -10,7 +10,7 @@ import pytest
 from conftest import ServerDatabases, new_prefix, selected_backends
 from sqlalchemy.engine import make_url
 
-from dblockrun.dburl import dialect_of, driver_url, redact
+from dblockrun.dburl import dialect_of, driver_url, mysql_nodes, redact
 from dblockrun.errors import UsageError
 from dblockrun.store import Store
 from dblockrun.store.drivers import connect_first, direct_driver, mysql_hosts
@@ -22,17 +22,20 @@ def test_host_lists_parse_with_default_ports() -> None:
     assert mysql_hosts("a,,b") is None
 
 
-def test_a_url_with_several_hosts_names_the_multi_host_dialect() -> None:
+def test_a_url_with_several_hosts_is_the_first_hosts_url_and_its_host_list() -> None:
     url = "mysql://u:p/w@h1:3401,h2/ops?charset=utf8mb4"
     parsed = make_url(driver_url(url))
-    assert parsed.drivername == "mysql+dblockrun_hosts"
-    assert parsed.query["host"] == ("h1:3401", "h2:3306")
-    assert parsed.query["charset"] == "utf8mb4"
+    assert parsed.drivername == "mysql+pymysql"  # SQLAlchemy's own dialect
+    assert (parsed.host, parsed.port) == ("h1", 3401)
+    assert parsed.query == {"charset": "utf8mb4"}
     assert (parsed.username, parsed.password, parsed.database) == ("u", "p/w", "ops")
+    assert mysql_nodes(url) == [("h1", 3401), ("h2", 3306)]
     assert dialect_of(url) == "mysql"
     assert redact(url) == "mysql://u:***@h1:3401,h2/ops?charset=utf8mb4"
     # One host: the plain PyMySQL dialect, as before.
     assert driver_url("mariadb://u@h1:3401/ops") == "mysql+pymysql://u@h1:3401/ops"
+    assert mysql_nodes("mariadb://u@h1:3401/ops") is None
+    assert mysql_nodes("postgresql://u@h1:5432,h2/ops") is None
     with pytest.raises(UsageError, match="bad host list"):
         driver_url("mysql://u@h1:x,h2/ops")
 

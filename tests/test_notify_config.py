@@ -13,10 +13,10 @@ from helpers import clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.config import load_jobs_text
 from dblockrun.errors import ConfigError
-from dblockrun.jobs import NOTIFY_EVENTS
+from dblockrun.jobs import ENV, FILE, LITERAL, NOTIFY_EVENTS
 from dblockrun.metrics import Metrics
 from dblockrun.pings import FAIL, START, SUCCESS, ping_url, run_uuid
-from dblockrun.secreturl import ENV, FILE, LITERAL, resolve_secrets, scrub, shown
+from dblockrun.secreturl import resolve_secrets, scrub, shown
 
 SECRET = "xoxb-s3cr3t-T0KEN"
 
@@ -221,9 +221,8 @@ def test_a_full_queue_drops_the_event_and_counts_it(caplog: pytest.LogCaptureFix
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from dblockrun.jobs import Job
+    from dblockrun.jobs import Job, SecretUrl
     from dblockrun.notify import Notifier
-    from dblockrun.secreturl import SecretUrl
 
     release, paths = threading.Event(), []
 

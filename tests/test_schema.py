@@ -18,6 +18,7 @@ from dblockrun.store import models as m
 from dblockrun.store.migrate import NamesCollide
 from dblockrun.store.queries import SCHEMA_VERSION
 from dblockrun.store.schema import name_columns
+from dblockrun.store.status import report
 
 #: Names the jobs file, ``exec --name`` and the API keep apart.
 NAMES = ["Backup", "backup", "BACKUP", "report", "report ", "Ärger", "ärger"]
@@ -59,7 +60,7 @@ def test_names_differing_in_case_or_trailing_spaces_are_different_locks(store: S
     for name in NAMES:
         assert [(r.job, r.item) for r in store.history(name)] == [(name, name)]
         assert [r.item for r in store.history(item=name)] == [name]
-    assert sorted(s.lock.name for s in store.status()) == sorted(NAMES)
+    assert sorted(s.lock.name for s in report(store).jobs) == sorted(NAMES)
 
 
 def test_items_and_hosts_differing_in_case_are_different_rows(store: Store) -> None:

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from dblockrun.dburl import resolve_url
 from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
+from dblockrun.store.status import report
 
 SECRET = "s3cr3t-Pw"
 
@@ -161,7 +162,7 @@ def test_url_from_files_cli_env_and_jobs_file(tmp_path: Path, sqlite_db: TestDb)
     ok = cli(*prefix, "exec", "-f", str(jobs), "-n", "via-jobs-file", "--", "true")
     assert ok.returncode == 0, ok.stderr
     with Store(sqlite_db.url, sqlite_db.prefix) as store:
-        names = {row.lock.name for row in store.status()}
+        names = {row.lock.name for row in report(store).jobs}
     assert {"via-cli-file", "via-env-file", "via-jobs-file"} <= names
     bad = write_jobs(tmp_path / "bad.yaml", "database-file: [x]\njobs: {}\n")
     one_clear_line(cli("validate", str(bad)), 2, f"{bad}:1: database-file: must be a string")
@@ -484,7 +485,7 @@ def test_strings_round_trip(fuzz_store: Store, name: str, reason: str, items: li
     job = f"{secrets.token_hex(4)}{name}"
     store.ensure_jobs([job])
     store.disable(job, for_seconds=60, reason=reason)
-    [row] = store.status([job])
+    [row] = report(store, [job]).jobs
     assert (row.lock.name, row.lock.disabled_reason) == (job, reason)
     store.items.sync(job, items)
     assert sorted(s.item for s in store.items.states(job)) == sorted(items)
@@ -518,7 +519,7 @@ def test_cli_refuses_names_and_reasons_the_table_cannot_hold(sqlite_db: TestDb) 
                "it's 100% \"done\"; DROP TABLE x;\nok")
     assert proc.returncode == 0, proc.stderr
     with Store(sqlite_db.url, sqlite_db.prefix) as store:
-        assert store.status(["j"])[0].lock.disabled_reason == (
+        assert report(store, ["j"]).jobs[0].lock.disabled_reason == (
             "it's 100% \"done\"; DROP TABLE x;\nok")
 
 

@@ -444,14 +444,13 @@ def statements_of(store: Store, call: Any) -> int:
 
 def test_status_sends_the_same_statements_for_1_job_and_for_60(store: Store) -> None:
     fill(store, "one-", 1)
-    store.status()  # the schema is checked once per store, before
-    one = statements_of(store, store.status)
-    one_report = statements_of(store, lambda: report(store))
+    report(store)  # the schema is checked once per store, before
+    one = statements_of(store, lambda: report(store))
     fill(store, "many-", 59)
-    assert len(store.status()) == 60
-    many = statements_of(store, store.status)
-    many_report = statements_of(store, lambda: report(store))
-    assert (one, many, one_report, many_report) == (3, 3, 5, 5)  # report: hosts, pause
+    assert len(report(store).jobs) == 60
+    many = statements_of(store, lambda: report(store))
+    # The jobs with their runs and items (3), the hosts and the pause.
+    assert (one, many) == (5, 5)
 
 
 def test_status_reads_last_and_running_runs_and_item_counts(store: Store) -> None:
@@ -479,7 +478,7 @@ def test_status_reads_last_and_running_runs_and_item_counts(store: Store) -> Non
             conn.execute(items.update().where(items.c.job == "fan", items.c.item == item)
                          .values(**values))
         conn.execute(sa.text("SELECT 1"))
-    a, b, fan = store.status()
+    a, b, fan = report(store).jobs
     assert a.last_run is not None and a.running is not None
     assert (a.state, a.last_run.id, a.last_run.result, a.last_run.exit_code) == (
         "running", first.run_id, "failed", 2)
@@ -489,4 +488,4 @@ def test_status_reads_last_and_running_runs_and_item_counts(store: Store) -> Non
         "idle", None, "h:3:c", "ok")
     assert (a.items, b.items) == (None, None)
     assert fan.items == {"total": 4, "done": 1, "running": 1, "waiting": 1, "failed": 1}
-    assert [s.lock.name for s in store.status(["fan", "a"])] == ["a", "fan"]
+    assert [s.lock.name for s in report(store, ["fan", "a"]).jobs] == ["a", "fan"]

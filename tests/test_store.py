@@ -11,6 +11,7 @@ from helpers import TestDb, wait_for
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.status import report
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ def test_disable_for_until_and_enable(store: Store) -> None:
     end = store.disable("job", for_seconds=3 * 3600, reason="maintenance; 'quoted' %s")
     assert end == pytest.approx(store.db_now() + 3 * 3600, abs=5)
     assert store.claim("job", "h1", 30) is None
-    status = store.status(["job"])[0]
+    status = report(store, ["job"]).jobs[0]
     assert status.state == "disabled"
     assert status.lock.disabled_reason == "maintenance; 'quoted' %s"
     assert store.enable("job")
@@ -144,7 +145,7 @@ def test_runs_and_history(store: Store) -> None:
     token = store.claim("job", "h1", 30, slot=store.db_now() - 1)
     assert token is not None
     run = store.start_run("job", "h1", token=token, slot=100.0)
-    status = store.status(["job"])[0]
+    status = report(store, ["job"]).jobs[0]
     assert status.state == "running" and status.running is not None
     assert store.finish_run(run, "job", token, m.FAILED, 3, "out\n")
     rec = store.run(run)
@@ -215,7 +216,7 @@ def test_names_and_reasons_are_bound_parameters(store: Store) -> None:
     name = "x'; DROP TABLE t; --%s"
     store.ensure_jobs([name])
     store.disable(name, reason="it's 100% \"bad\"; --")
-    (status,) = store.status([name])
+    (status,) = report(store, [name]).jobs
     assert status.lock.name == name
     assert status.lock.disabled_reason == "it's 100% \"bad\"; --"
     with store.engine.connect() as conn:

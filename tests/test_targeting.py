@@ -20,6 +20,7 @@ from dblockrun.errors import ConfigError
 from dblockrun.output import status_json, status_text
 from dblockrun.store import Store
 from dblockrun.store.models import HostStatus, JobStatus, LockState
+from dblockrun.store.status import report
 from dblockrun.targeting import host_labels, local_jobs, matches
 
 FILE = "jobs.yaml"
@@ -278,7 +279,7 @@ def test_run_on_and_every_host_across_two_daemons(db: TestDb, tmp_path: Path) ->
     assert set(ran("alpha")) & set(ran("beta")), "the same slots ran on both hosts"
     lines = out.read_text().splitlines()
     assert {line.split()[0] for line in lines} == {"dbonly", "rotate"}  # DBLOCKRUN_JOB
-    rows = {s.lock.name: s.lock for s in store.status()}
+    rows = {s.lock.name: s.lock for s in report(store).jobs}
     assert {"rotate", "rotate@alpha", "rotate@beta"} <= set(rows)
     assert rows["rotate"].token == 0  # the job's own row is never claimed
     assert rows["rotate@alpha"].token > 0 and rows["rotate@beta"].token > 0

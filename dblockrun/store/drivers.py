@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from dblockrun.errors import DatabaseError, DatabaseRefused
 
@@ -47,27 +47,66 @@ _SCHEMES = {"postgresql": "postgresql", "postgres": "postgresql",
             "postgresql+psycopg": "postgresql", "mysql": "mysql", "mariadb": "mysql",
             "mysql+pymysql": "mysql", "mariadb+pymysql": "mysql", "sqlite": "sqlite"}
 
-# SQLAlchemy's own URL pattern (sqlalchemy.engine.url._parse_url), so that a
-# direct connection reads a URL exactly as the pooled engine does.
-_URL = re.compile(
-    r"""
-        (?P<name>[\w\+]+)://
-        (?:
-            (?P<username>[^:/]*)
-            (?::(?P<password>[^@]*))?
-        @)?
-        (?:
-            (?:
-                \[(?P<ipv6host>[^/\?]+)\] |
-                (?P<ipv4host>[^/:\?]+)
-            )?
-            (?::(?P<port>[^/\?]*))?
-        )?
-        (?:/(?P<database>[^\?]*))?
-        (?:\?(?P<query>.*))?
-        """,
-    re.X,
-)
+
+class UrlParts(NamedTuple):
+    """A database URL's parts, ``scheme://user:password@hosts/database?query``,
+    as the pooled engine's SQLAlchemy reads them (tests/test_exec_direct.py
+    holds the two to each other); user, password and database still quoted."""
+
+    scheme: str
+    user: str | None
+    password: str | None
+    #: ``host``, ``host:port``, ``[v6]:port`` or a list, ``h1:5441,h2``.
+    hosts: str
+    #: One host's name and port (None for a list).
+    host: str | None
+    port: str | None
+    database: str | None
+    query: str | None
+
+
+def split_url(url: str) -> UrlParts | None:
+    """``url``'s parts, or None for a URL that a direct connection leaves to
+    the pooled engine: no ``://``, user information that could be read two
+    ways (more than one ``@``, a ``/`` in the user name: write ``%40``,
+    ``%2F``), or a malformed host or port. The password runs from the
+    user's first ``:`` to the ``@`` and may hold ``/`` and ``?``
+    (``u:ab/cd@host``), as SQLAlchemy reads it."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or rest.count("@") > 1:
+        return None
+    user = password = None
+    if "@" in rest:
+        userinfo, _, rest = rest.partition("@")
+        user, colon, secret = userinfo.partition(":")
+        if "/" in user:
+            return None
+        password = secret if colon else None
+    before, mark, query = rest.partition("?")
+    hosts, slash, database = before.partition("/")
+    host = port = None
+    if "," not in hosts:
+        single = _host_port(hosts)
+        if single is None:
+            return None
+        host, port = single
+    return UrlParts(scheme, user, password, hosts, host, port, database if slash else None,
+                    query if mark else None)
+
+
+def _host_port(hosts: str) -> tuple[str | None, str | None] | None:
+    """One host's name and port (``host:5432``, ``[::1]:5432``, ``host``);
+    None when malformed (a port that is not a number)."""
+    if hosts.startswith("["):
+        host, bracket, after = hosts[1:].partition("]")
+        if not host or not bracket or (after and not after.startswith(":")):
+            return None
+        port = after[1:]
+    else:
+        host, _, port = hosts.partition(":")
+    if port and not (port.isascii() and port.isdigit()):
+        return None
+    return host or None, port or None
 
 
 def _unquote(text: str) -> str:
@@ -121,20 +160,19 @@ def direct_driver(url: str) -> Driver | None:
     """A driver that connects without SQLAlchemy for a plain URL (no query
     options but PostgreSQL's ``target_session_attrs``, an existing SQLite
     file), else None: the pooled engine serves it."""
-    match = _URL.match(url)
-    if match is None:
+    parts = split_url(url)
+    if parts is None:
         return None
-    dialect = _SCHEMES.get(match.group("name").lower())
+    dialect = _SCHEMES.get(parts.scheme.lower())
     if dialect is None:
         return None
-    options = _libpq_options(match.group("query")) if dialect == "postgresql" else {}
-    if options is None or options == {} and match.group("query") is not None:
+    options = _libpq_options(parts.query) if dialect == "postgresql" else {}
+    if options is None or options == {} and parts.query is not None:
         return None
-    user, password = match.group("username"), match.group("password")
-    host = match.group("ipv4host") or match.group("ipv6host")
-    port, database = match.group("port"), match.group("database")
+    user, password, database = parts.user, parts.password, parts.database
+    host, port = parts.host, parts.port
     if dialect == "sqlite":
-        if user is not None or host or port or not database or database == ":memory:":
+        if user is not None or parts.hosts or not database or database == ":memory:":
             return None
         path = os.path.abspath(_unquote(database))
         if not os.path.isfile(path):
@@ -142,19 +180,18 @@ def direct_driver(url: str) -> Driver | None:
         return Driver(dialect, lambda: connect_sqlite(path))
     kw: dict[str, Any] = dict(CONNECT_OPTIONS[dialect])
     kw.update(options)
-    if dialect == "postgresql" and "," in f"{host}{port}":
-        # libpq's host list (a primary and its standbys): psycopg tries each.
-        several = libpq_hosts(f"{host or ''}:{port}" if port else host or "")
-        if several is None:
-            return None
-        kw["host"], kw["port"] = several
-        host = port = None
     if user:
         kw["user"] = _unquote(user)
     if password:
         kw["password"] = _unquote(password)
-    if dialect == "mysql" and "," in f"{host}{port}":
-        hosts = mysql_hosts(f"{host or ''}:{port}" if port else host or "")
+    if dialect == "postgresql" and "," in parts.hosts:
+        # libpq's host list (a primary and its standbys): psycopg tries each.
+        several = libpq_hosts(parts.hosts)
+        if several is None:
+            return None
+        kw["host"], kw["port"] = several
+    if dialect == "mysql" and "," in parts.hosts:
+        hosts = mysql_hosts(parts.hosts)
         if hosts is None:
             return None
         if database:
@@ -163,8 +200,6 @@ def direct_driver(url: str) -> Driver | None:
     if host:
         kw["host"] = host
     if port:
-        if not port.isdigit():
-            return None
         kw["port"] = int(port)
     if dialect == "postgresql":
         if database:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -106,6 +106,30 @@ class HostStatus:
 #: Per record kind: its fields, each with the number type it holds (if any).
 _FIELDS: dict[type, tuple[tuple[str, type[int] | type[float] | None], ...]] = {}
 _NUMBER = {"int": int, "int | None": int, "float": float, "float | None": float}
+
+
+#: The seat rows of a limit group (dblockrun/limits.py) in the locks table
+#: are named ``group:NAME:N``; no job can be (a job name has no ``:``).
+SEAT_PREFIX = "group:"
+
+
+class SeatRow(NamedTuple):
+    """A seat's lock row as ``status`` reads it."""
+
+    name: str
+    held_for: str | None
+    holder: str | None
+    lock_until: float | None
+
+
+@dataclass(frozen=True)
+class GroupUsage:
+    """A group's seats (its rows: the highest limit the daemons have had)
+    and the (job, host) holding each seat in use."""
+
+    group: str
+    seats: int
+    held: list[tuple[str, str]]
 
 
 def from_row(kind: type[R], row: Mapping[Any, Any]) -> R:

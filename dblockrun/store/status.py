@@ -6,10 +6,8 @@ number of jobs.
 2. each job's last finished run and its current run (UNION ALL of a
    correlated ``ORDER BY id DESC LIMIT 1`` and a join on the token);
 3. each fan-out job's item counts (GROUP BY job);
-4. the live hosts (:meth:`Store.hosts`), for :func:`report` only;
-5. the fleet-wide pause (store/control.py), for :func:`report` only.
-
-``Store.status`` delegates to :func:`job_status` (statements 1 to 3).
+4. the live hosts (:meth:`Store.hosts`);
+5. the fleet-wide pause (store/control.py).
 """
 
 from __future__ import annotations
@@ -21,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dblockrun.limits import SEAT_PREFIX, GroupUsage, SeatRow, usage
 from dblockrun.store import models as m
 from dblockrun.store.control import Pause
+from dblockrun.store.models import SEAT_PREFIX, GroupUsage, SeatRow
 
 if TYPE_CHECKING:
     from dblockrun.store.store import Store
@@ -65,19 +63,25 @@ def report(store: Store, names: Sequence[str] | None = None,
     jobs, seats, db_now = _read(store, names)
     hosts = store.hosts(seen_within=live_within)
     return StatusReport(jobs=jobs, hosts=hosts, db_now=db_now, live_within=live_within,
-                        paused=store.control.paused(), groups=usage(seats, db_now))
+                        paused=store.control.paused(), groups=_group_usage(seats, db_now))
 
 
-def job_status(store: Store, names: Sequence[str] | None) -> tuple[list[m.JobStatus], float]:
-    """The jobs (all, or ``names``), ordered by name, and the database time:
-    three statements."""
-    jobs, _seats, db_now = _read(store, names)
-    return jobs, db_now
+def _group_usage(rows: Sequence[SeatRow], db_now: float) -> list[GroupUsage]:
+    """Each group's seats in use at ``db_now``, by group name."""
+    groups: dict[str, GroupUsage] = {}
+    for row in sorted(rows, key=lambda r: r.name):
+        group = row.name[len(SEAT_PREFIX):].rpartition(":")[0]
+        got = groups.setdefault(group, GroupUsage(group, 0, []))
+        groups[group] = got = GroupUsage(group, got.seats + 1, got.held)
+        if row.holder is not None and row.lock_until is not None and row.lock_until > db_now:
+            got.held.append((row.held_for or "?", row.holder))
+    return [groups[g] for g in sorted(groups)]
 
 
 def _read(store: Store, names: Sequence[str] | None
           ) -> tuple[list[m.JobStatus], list[SeatRow], float]:
-    """:func:`job_status`, and the seat rows the first statement read."""
+    """The jobs (all, or ``names``), ordered by name, the seat rows and the
+    database time: statements 1 to 3."""
     wanted = list(dict.fromkeys(names)) if names else None
     jobs_stmt = _jobs_statement(store, wanted)
     runs_stmt = _runs_statement(store, wanted)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from dblockrun.dburl import dialect_of, driver_url, prepare_sqlite_file, redact
+from dblockrun.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file, redact
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.store import models as m
@@ -88,6 +88,11 @@ class Store:
         )
         if self.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", lambda conn, _record: sqlite_setup(conn))
+        nodes = mysql_nodes(url)
+        if nodes is not None:
+            from dblockrun.mysqlhosts import connect_in_order
+
+            connect_in_order(self.engine, nodes)
         self.t: Tables = build_tables(prefix)
         #: Raw driver connections from the pool, under the one retry policy.
         self.x = PooledExecutor(Driver(self.dialect.name), self.engine)
@@ -551,13 +556,6 @@ class Store:
         return self._run(lambda c: [m.from_row(m.HostStatus, r._mapping) for r in c.execute(stmt)])
 
     # -- status -------------------------------------------------------------
-
-    def status(self, names: Sequence[str] | None = None) -> list[m.JobStatus]:
-        """The jobs (all, or ``names``): three statements whatever their number
-        (store/status.py)."""
-        from dblockrun.store.status import job_status
-
-        return job_status(self, names)[0]
 
     def lock_states(self) -> tuple[dict[str, m.LockState], float]:
         """Every job's lock row, and the database time: one statement (the

@@ -1,4 +1,4 @@
-"""The hot path's combined statements on every backend: a claim with its run
+"""A run's combined statements on every backend: a claim with its run
 record, a result with the release, and many jobs of one slot in one batch."""
 
 from __future__ import annotations

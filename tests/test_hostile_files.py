@@ -1,0 +1,158 @@
+"""Secret files that are not what they should be (issue 25 item 5).
+
+``{file: PATH}`` (a notification or ping URL) and ``--db-file`` (the
+database URL) read the first line of a regular file, at most 64 KiB of it
+(dblockrun/secretfile.py). A FIFO once froze a daemon's reload (no job ran,
+SIGTERM was ignored) and ``validate``; ``/dev/zero`` or a large file without
+a newline was read without bound. Real `dblockrun` processes, on SQLite:
+nothing here depends on the database.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+
+from dblockrun.secretfile import LIMIT, first_line
+
+#: A process that would hang is stopped (and the test failed) after this.
+PROMPTLY = 30.0
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "hook-url.fifo"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Path:
+    """8 MiB without a newline (the old code read it all, then called it no URL)."""
+    path = tmp_path / "big"
+    path.write_bytes(b"json://" + b"a" * (8 << 20))
+    return path
+
+
+def hostile(name: str, fifo: Path, big: Path) -> tuple[Path, str]:
+    """The file, and what the message says of it."""
+    return {"fifo": (fifo, "not a regular file (a named pipe)"),
+            "zero": (Path("/dev/zero"), "not a regular file (a character device)"),
+            "big": (big, "the first line is longer than 64 KiB")}[name]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*dblockrun_cmd(), *args], capture_output=True, text=True,
+                          env=clean_env(), cwd=REPO, timeout=PROMPTLY)
+
+
+def jobs_text(ping: str, ticks: Path = Path("/dev/null")) -> str:
+    return ("jobs:\n"
+            "  tick:\n"
+            '    cron: "* * * * * *"\n'
+            f"    command: echo x >> {ticks}\n"
+            f"    ping: {ping}\n")
+
+
+@pytest.mark.parametrize("name", ["fifo", "zero", "big"])
+def test_validate_refuses_a_file_secret_that_is_not_a_plain_small_file(
+        name: str, fifo: Path, big: Path, tmp_path: Path) -> None:
+    path, why = hostile(name, fifo, big)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(jobs_text(f"{{file: {path}}}"))
+    result = run("validate", str(jobs))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"dblockrun: {jobs}:5: job 'tick': ping: file {path}: {why}\n"
+
+
+@pytest.mark.parametrize("name", ["fifo", "zero", "big"])
+def test_db_file_refuses_a_file_that_is_not_a_plain_small_file(
+        name: str, fifo: Path, big: Path, tmp_path: Path) -> None:
+    path, why = hostile(name, fifo, big)
+    expected = f"dblockrun: database file {path}: {why}\n"
+    status = run("--db-file", str(path), "status")
+    assert (status.returncode, status.stdout, status.stderr) == (2, "", expected)
+    # exec's own fast start reads it too, and so does database-file: in a jobs file.
+    exec_ = run("--db-file", str(path), "exec", "-n", "j", "--", "true")
+    assert (exec_.returncode, exec_.stdout, exec_.stderr) == (2, "", expected)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"database-file: {path}\njobs: {{}}\n")
+    from_jobs = run("-f", str(jobs), "status")
+    assert (from_jobs.returncode, from_jobs.stderr) == (2, expected)
+
+
+def test_the_first_line_is_read_up_to_the_limit(tmp_path: Path) -> None:
+    path = tmp_path / "url"
+    url = "json://hooks.example.com/"
+    path.write_bytes((url + "a" * (LIMIT - len(url))).encode() + b"\nsecond line")
+    assert first_line(str(path)) == url + "a" * (LIMIT - len(url))
+    path.write_bytes((url + "a" * (LIMIT - len(url))).encode())  # no newline: the whole file
+    assert len(first_line(str(path))) == LIMIT
+    path.write_bytes((url + "a" * (LIMIT + 1 - len(url))).encode())
+    with pytest.raises(ValueError, match="longer than 64 KiB"):
+        first_line(str(path))
+
+
+class Daemon:
+    """`dblockrun daemon` over a jobs file in ``folder``, its log in a file."""
+
+    def __init__(self, db: TestDb, folder: Path, ping: str) -> None:
+        self.ticks_file = folder / "ticks"
+        self.jobs = folder / "jobs.yaml"
+        self.write(ping)
+        self.log = folder / "daemon.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon",
+                 str(self.jobs), "--heartbeat", "1s", "--lease", "3s", "--grace", "2s"],
+                stdout=subprocess.DEVNULL, stderr=log, env=clean_env(PYTHONUNBUFFERED="1"),
+                cwd=REPO)
+
+    def write(self, ping: str) -> None:
+        self.jobs.write_text(jobs_text(ping, self.ticks_file))
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def ticks(self) -> int:
+        ticks = self.ticks_file
+        return len(ticks.read_text().splitlines()) if ticks.exists() else 0
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    started: list[Daemon] = []
+    yield started
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("name", ["fifo", "zero"])
+def test_a_reload_with_such_a_file_keeps_the_old_jobs_and_still_stops(
+        name: str, fifo: Path, big: Path, tmp_path: Path, sqlite_db: TestDb,
+        daemons: list[Daemon]) -> None:
+    path, why = hostile(name, fifo, big)
+    folder = tmp_path / "daemon"
+    folder.mkdir()
+    d = Daemon(sqlite_db, folder, "'https://hc.invalid/ping'")
+    daemons.append(d)
+    wait_for(lambda: d.ticks() >= 1 or d.proc.poll() is not None, 20, what="a first run")
+    assert d.proc.poll() is None, d.text()
+    d.write(f"{{file: {path}}}")
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload failed" in d.text(), 10, what="the reload to fail")
+    assert (f"reload failed, keeping the 1 jobs loaded before: {d.jobs}:5: job 'tick': "
+            f"ping: file {path}: {why}") in d.text()
+    ran = d.ticks()
+    wait_for(lambda: d.ticks() >= ran + 2, 10, what="the old job still running")
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=15) == 0
+    assert "stopped" in d.text()
