@@ -17,7 +17,13 @@ from datetime import UTC, datetime
 from dblockrun import spawn
 from dblockrun.catchup import CatchUp
 from dblockrun.config import load_jobs
-from dblockrun.errors import ConfigError, DatabaseError, DatabaseRefused, SchemaTooNew
+from dblockrun.errors import (
+    ConfigError,
+    DatabaseError,
+    DatabaseRefused,
+    SchemaTooNew,
+    ThreadCrashed,
+)
 from dblockrun.fanout import FanOut
 from dblockrun.fleet import FleetBooks
 from dblockrun.heartbeat import DbClock, Renewer
@@ -38,6 +44,7 @@ from dblockrun.secreturl import resolve_secrets
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.engine import CLAIM_TOLERANCE, Claimed
+from dblockrun.supervise import Threads
 from dblockrun.targeting import (
     HOSTNAME,
     describe,
@@ -110,14 +117,18 @@ class Daemon:
         self._load(jobs)
         self.stop = stop or threading.Event()
         self.holder = holder or new_holder_id()
+        #: The background threads' supervision (dblockrun/supervise.py): a
+        #: crashed one fails /healthz and stops the watchdog pings.
+        self.threads = Threads()
         #: systemd's notify socket, if started by it (before the environment
         #: commands start from is read: they don't inherit its variables).
-        self.systemd = SystemdNotifier()
+        self.systemd = SystemdNotifier(alive=lambda: self.threads.problem() is None)
         self.clock = DbClock()
         self.outage = Outage()
-        self.renewer = Renewer(store, options.heartbeat, self.outage)
+        self.renewer = Renewer(store, options.heartbeat, self.outage, self.threads)
         self.metrics = Metrics()
         self.metrics.watch(self._live_metrics)
+        self.metrics.watch_threads(self.threads)
         self._wake = Wakeup()
         # Set from signal handlers, so plain flags: acted on by the main loop.
         self._stop_requested = False
@@ -135,7 +146,7 @@ class Daemon:
         self._heard_all = False
         self._heard_lock = threading.Lock()
         self.listener = (RequestListener(store, self._hear, options.heartbeat,
-                                         killed=self.renewer.renew_now)
+                                         killed=self.renewer.renew_now, threads=self.threads)
                          if self._announced else None)
         self._finished: set[str] = set()
         #: Slots left to other hosts because this one was at --max-running,
@@ -149,9 +160,10 @@ class Daemon:
         self.books = FleetBooks(store, self.holder, options.heartbeat, self.clock, self.outage,
                                 self.metrics, lambda: self.jobs, self._running_count,
                                 self._hear if self._announced else None,
-                                labels=self._labels_json, targets=lambda: self._targets)
+                                labels=self._labels_json, targets=lambda: self._targets,
+                                threads=self.threads)
         #: Notifications and pings, sent by a thread of its own (dblockrun/notify.py).
-        self.notifier = Notifier(store, self.holder, self.metrics)
+        self.notifier = Notifier(store, self.holder, self.metrics, threads=self.threads)
         self.ctx = RunContext(
             store=store,
             holder=self.holder,
@@ -161,7 +173,7 @@ class Daemon:
             outage=self.outage,
             stop=self.stop,
             stop_grace=lambda: self._shutdown_deadline,
-            loop=RunLoop(self.stop),
+            loop=RunLoop(self.stop, threads=self.threads),
             metrics=self.metrics,
             notifier=self.notifier,
         )
@@ -193,6 +205,8 @@ class Daemon:
 
     def _stopping(self) -> bool:
         """Whether to stop; passes a requested stop on to the run threads."""
+        if self.threads.fatal is not None and not self._stop_requested:
+            self.request_stop()  # a thread gave up (dblockrun/supervise.py): exit status 1
         if self._stop_requested and not self.stop.is_set():
             self.stop.set()
         return self.stop.is_set()
@@ -225,7 +239,7 @@ class Daemon:
         spawn.start()
         server = None
         if self.options.metrics_addr:
-            server = serve(self.metrics, self.options.metrics_addr, self.healthy)
+            server = serve(self.metrics, self.options.metrics_addr, self.problem, self.threads)
             log.info("metrics on http://%s/metrics", self.options.metrics_addr)
         try:
             self._run()
@@ -234,8 +248,21 @@ class Daemon:
                 server.shutdown()
             self._wake.close()
             self.systemd.close()
+        if self.threads.fatal is not None:
+            raise ThreadCrashed(f"{self.threads.fatal}: stopped")
 
     def healthy(self) -> bool:
+        """What /healthz answers: no problem (see :meth:`problem`)."""
+        return self.problem() is None
+
+    def problem(self) -> str | None:
+        """Why this daemon is unhealthy: a background thread crashed (and
+        has not completed a round since), or the database did not answer
+        within the last three heartbeats; None: healthy."""
+        return self.threads.problem() or (None if self._database_up()
+                                          else "database unreachable")
+
+    def _database_up(self) -> bool:
         """The database answered within the last three heartbeats."""
         return (not self.outage.down
                 and time.monotonic() - self.outage.last_ok < 3 * self.options.heartbeat)
@@ -245,7 +272,7 @@ class Daemon:
             "running": self.renewer.count,
             "db_errors": self.outage.errors,
             "clock_offset": self.clock.offset,
-            "db_up": 1.0 if self.healthy() else 0.0,
+            "db_up": 1.0 if self._database_up() else 0.0,
         }
 
     def _run(self) -> None:

@@ -85,5 +85,9 @@ class SchemaTooNew(DatabaseError):
     kind = "schema"
 
 
+class ThreadCrashed(DblockrunError):
+    """A background thread of the daemon kept crashing; the daemon stopped."""
+
+
 class UnknownJob(UsageError):
     """No such job."""
