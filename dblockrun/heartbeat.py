@@ -62,9 +62,9 @@ class Renewer:
 
     Supervised (dblockrun/supervise.py): a crash is retried after a backoff
     of at most a heartbeat (the round then comes at once), so a one-off
-    costs no lease; one that keeps coming for three heartbeats (by then the
-    leases it holds have run out: a lease is at least two) stops the daemon,
-    exit status 1, rather than have it win claims it cannot keep."""
+    costs no lease; one that keeps coming for three heartbeats (by then a
+    default lease, three heartbeats, has run out) stops the daemon, exit
+    status 1, rather than have it win claims it cannot keep."""
 
     def __init__(
         self,
