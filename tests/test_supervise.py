@@ -7,7 +7,8 @@ again; or, for a heartbeat that keeps crashing, the daemon's exit status 1.
 
 The fault is injected by a small wrapper that replaces one method with one
 that raises while a flag file exists, then runs dblockrun's own ``main``:
-the test breaks and heals the loop by creating and removing the file.
+the test breaks and heals the loop by creating and removing the file. Two
+quick tests first pin the supervisor's own backoff, log and give-up.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ from test_ops import free_port
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
-
-pytestmark = pytest.mark.slow
+from dblockrun.supervise import Policy, Threads
 
 CHILD = """\
 import importlib, os, sys
@@ -205,10 +205,49 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Broken]]:
         d.notify.close()
 
 
+def test_backoff_doubles_to_its_cap_logs_once_and_a_round_heals(
+        caplog: pytest.LogCaptureFixture) -> None:
+    threads = Threads()
+    loop = threads.supervise("books", Policy(max_delay=2.0))
+    assert threads.crash_counts() == {"books": 0} and threads.problem() is None
+    with caplog.at_level("DEBUG", logger="dblockrun"):
+        delays = [loop.crashed(RuntimeError("boom\nmore"), restart=True) for _ in range(4)]
+        assert delays == [0.5, 1.0, 2.0, 2.0]
+        assert threads.problem() == "thread books crashed (RuntimeError: boom)"
+        assert [(r.levelname, r.exc_info is not None) for r in caplog.records] == [
+            ("ERROR", True), ("DEBUG", True), ("DEBUG", True), ("DEBUG", True)]
+        assert caplog.records[0].getMessage() == (
+            "thread books crashed: RuntimeError: boom; restarting it in 0.5s")
+        loop.ok()
+        assert threads.problem() is None
+        assert caplog.records[-1].getMessage() == "thread books works again after 4 crashes"
+        assert loop.crashed(RuntimeError("boom"), restart=True) == 0.5  # a new episode
+        assert caplog.records[-1].levelname == "ERROR"
+    assert threads.crash_counts() == {"books": 5}
+    assert threads.fatal is None
+
+
+def test_a_loop_that_gives_up_makes_the_daemon_stop() -> None:
+    threads = Threads()
+    loop = threads.supervise("heartbeat", Policy(max_delay=0.1, give_up=0.0))
+    ran: list[int] = []
+
+    def target() -> None:
+        ran.append(1)
+        raise RuntimeError("boom")
+
+    loop.run(target, threading.Event())  # returns: not restarted
+    assert ran == [1]
+    assert threads.fatal is not None and threads.fatal.startswith(
+        "thread heartbeat kept crashing for 0.0s (RuntimeError: boom)")
+    assert threads.problem() == threads.fatal
+
+
 def results(store: Store, job: str) -> list[str]:
     return [r.result for r in sorted(store.history(job, 1000), key=lambda r: r.id)]
 
 
+@pytest.mark.slow
 def test_a_crashing_heartbeat_restarts_and_renews_again(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     # A run of 14 s under a 12 s lease is stopped 9 s after its last
@@ -228,6 +267,7 @@ def test_a_crashing_heartbeat_restarts_and_renews_again(
         store.close()
 
 
+@pytest.mark.slow
 def test_a_heartbeat_that_keeps_crashing_stops_the_daemon_with_status_1(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     # Three heartbeats of crashes: a daemon that cannot renew must not go on
@@ -247,6 +287,7 @@ def test_a_heartbeat_that_keeps_crashing_stops_the_daemon_with_status_1(
     assert d.notify.has("STOPPING=1")
 
 
+@pytest.mark.slow
 def test_a_crashing_bookkeeping_round_restarts_and_the_host_is_live_again(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     d = start(sqlite_db, "dblockrun.fleet.FleetBooks.round",
@@ -265,6 +306,7 @@ def test_a_crashing_bookkeeping_round_restarts_and_the_host_is_live_again(
         store.close()
 
 
+@pytest.mark.slow
 def test_a_crashing_run_request_listener_restarts_and_hears_requests_again(
         db: TestDb, start: Callable[..., Broken]) -> None:
     if db.backend != "postgresql":
@@ -290,6 +332,7 @@ def test_a_crashing_run_request_listener_restarts_and_hears_requests_again(
         store.close()
 
 
+@pytest.mark.slow
 def test_a_crashing_notifier_goes_on_and_pings_again(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     hooks = Hooks()
@@ -308,6 +351,7 @@ def test_a_crashing_notifier_goes_on_and_pings_again(
         hooks.server.shutdown()
 
 
+@pytest.mark.slow
 def test_a_crashing_metrics_server_restarts(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     """It serves /healthz itself: while it is down nothing answers, and the
@@ -325,6 +369,7 @@ def test_a_crashing_metrics_server_restarts(
     assert d.stop() == 0
 
 
+@pytest.mark.slow
 def test_a_crashing_run_watcher_goes_on_and_applies_the_stops_again(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     # The watcher applies lock-at-most: while its checks crash, the command
@@ -347,6 +392,7 @@ def test_a_crashing_run_watcher_goes_on_and_applies_the_stops_again(
         store.close()
 
 
+@pytest.mark.slow
 def test_a_crashing_run_step_ends_its_run_and_the_workers_go_on(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     d = start(sqlite_db, "dblockrun.runjob.JobRun._attempt",
