@@ -26,6 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
 from dblockrun.supervise import Policy, Threads
 
@@ -70,13 +71,14 @@ class RequestListener:
             try:
                 self._listen()
                 failed = False
-            except (sa.exc.SQLAlchemyError, psycopg.Error, OSError) as exc:  # a dead connection
+            except (DatabaseError, sa.exc.SQLAlchemyError, psycopg.Error, OSError) as exc:
+                # the database or the connection is down: an outage, not a crash
                 if not failed:
                     log.warning("run requests: not listening (%s); requests are read "
                                 "every bookkeeping round until it reconnects",
                                 str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
                 failed = True
-                self._supervised.ok()  # an outage, handled: not a crash
+                self._supervised.ok()
             finally:
                 self._close()
             self._stop.wait(self.retry)
