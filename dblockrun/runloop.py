@@ -8,10 +8,10 @@ hands the next step to a worker.
 A daemon has one loop for all its runs; ``exec`` one for its one run.
 
 Supervised (dblockrun/supervise.py): a command whose check raises, or a step
-that raises, is a crash of the watcher or of the workers (the run it belongs
-to may be left unfinished: ``/healthz`` turns red until a later check pass
-or step completes); the others' checks and steps go on. A crash of the
-watcher's loop itself restarts it within a second: it applies the fence.
+that raises, is a crash of the watcher or of the workers (a run's step ends
+its run first: dblockrun/runjob.py); ``/healthz`` is red until a later check
+pass or step completes, and the others' checks and steps go on. A crash of
+the watcher's loop itself restarts it within a second: it applies the fence.
 """
 
 from __future__ import annotations
