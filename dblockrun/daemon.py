@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from dblockrun import spawn
 from dblockrun.config import load_jobs
 from dblockrun.dburl import describe as describe_db
-from dblockrun.errors import ConfigError, DatabaseError, DatabaseRefused, SchemaTooNew
+from dblockrun.errors import (
+    ConfigError,
+    DatabaseError,
+    DatabaseRefused,
+    SchemaTooNew,
+    ThreadCrashed,
+)
 from dblockrun.events import Events
 from dblockrun.firing import Firing, Settings
 from dblockrun.fleet import FleetBooks
@@ -39,6 +45,7 @@ from dblockrun.secreturl import resolve_secrets
 from dblockrun.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store.engine import CLAIM_TOLERANCE
+from dblockrun.supervise import Threads
 from dblockrun.targeting import (
     LocalJobs,
     describe,
@@ -99,8 +106,11 @@ class Signals:
 
 @dataclass(frozen=True)
 class Parts:
-    """What works beside the main loop, each on its own thread."""
+    """What works beside the main loop, each on its own thread, and their
+    supervision (dblockrun/supervise.py): a crashed one fails /healthz and
+    stops the watchdog pings."""
 
+    threads: Threads
     events: Events
     book: SlotBook
     renewer: Renewer
@@ -126,36 +136,38 @@ class Daemon:
         self.holder = holder or new_holder_id()
         #: systemd's notify socket, if started by it (before the environment
         #: commands start from is read: they don't inherit its variables).
-        self.systemd = SystemdNotifier()
+        self.systemd = SystemdNotifier(alive=lambda: self.parts.threads.problem() is None)
         self.clock = DbClock()
         self.outage = Outage()
         self.metrics = Metrics()
         self.signals = Signals()
-        self.parts = self._parts()
+        self.parts = self._parts(Threads())
         self.firing = self._firing()
         self.metrics.watch(self._live_metrics)
+        self.metrics.watch_threads(self.parts.threads)
 
-    def _parts(self) -> Parts:
+    def _parts(self, threads: Threads) -> Parts:
         events = Events()
         book = SlotBook(self.store, self.holder, events)
-        renewer = Renewer(self.store, self.options.heartbeat, self.outage)
+        renewer = Renewer(self.store, self.options.heartbeat, self.outage, threads)
         inbox = inbox_for(self.store, self.signals.wake.set, self.options.heartbeat,
-                          self.options.request_poll, killed=renewer.renew_now)
+                          self.options.request_poll, killed=renewer.renew_now, threads=threads)
         books = FleetBooks(
             self.store, self.holder, self.options.heartbeat, self.clock, self.outage,
             self.metrics, lambda: self.local.jobs, lambda: self.firing.runs.count(),
             inbox.hear if isinstance(inbox, HeardInbox) else None,
             labels=self.local.labels_json, targets=lambda: self.local.targets,
-            book=book)
-        notifier = Notifier(self.store, self.holder, self.metrics)
-        return Parts(events, book, renewer, books, inbox, notifier)
+            book=book, threads=threads)
+        notifier = Notifier(self.store, self.holder, self.metrics, threads=threads)
+        return Parts(threads, events, book, renewer, books, inbox, notifier)
 
     def _firing(self) -> Firing:
         opts, parts = self.options, self.parts
         ctx = RunContext(
             store=self.store, holder=self.holder, lease=opts.lease, kill_grace=opts.kill_grace,
             renewer=parts.renewer, outage=self.outage, stop=self.stop,
-            stop_grace=lambda: self.signals.deadline, loop=RunLoop(self.stop),
+            stop_grace=lambda: self.signals.deadline,
+            loop=RunLoop(self.stop, threads=parts.threads),
             metrics=self.metrics, notifier=parts.notifier)
         return Firing(
             self.store, Settings(self.holder, opts.lease, opts.heartbeat), self.clock,
@@ -189,6 +201,8 @@ class Daemon:
 
     def _stopping(self) -> bool:
         """Whether to stop; passes a requested stop on to the run threads."""
+        if self.parts.threads.fatal is not None and not self.signals.stop_requested:
+            self.request_stop()  # a thread gave up (dblockrun/supervise.py): exit status 1
         if self.signals.stop_requested and not self.stop.is_set():
             self.stop.set()
         return self.stop.is_set()
@@ -216,7 +230,8 @@ class Daemon:
         spawn.start()
         server = None
         if self.options.metrics_addr:
-            server = serve(self.metrics, self.options.metrics_addr, self.healthy)
+            server = serve(self.metrics, self.options.metrics_addr, self.problem,
+                           self.parts.threads)
             log.info("metrics on http://%s/metrics", self.options.metrics_addr)
         try:
             self._run()
@@ -225,8 +240,21 @@ class Daemon:
                 server.shutdown()
             self.signals.wake.close()
             self.systemd.close()
+        if self.parts.threads.fatal is not None:
+            raise ThreadCrashed(f"{self.parts.threads.fatal}: stopped")
 
     def healthy(self) -> bool:
+        """What /healthz answers: no problem (see :meth:`problem`)."""
+        return self.problem() is None
+
+    def problem(self) -> str | None:
+        """Why this daemon is unhealthy: a background thread crashed (and
+        has not completed a round since), or the database did not answer
+        within the last three heartbeats; None: healthy."""
+        return self.parts.threads.problem() or (None if self._database_up()
+                                                else "database unreachable")
+
+    def _database_up(self) -> bool:
         """The database answered within the last three heartbeats."""
         return (not self.outage.down
                 and time.monotonic() - self.outage.last_ok < 3 * self.options.heartbeat)
@@ -236,7 +264,7 @@ class Daemon:
             "running": self.parts.renewer.count,
             "db_errors": self.outage.errors,
             "clock_offset": self.clock.offset,
-            "db_up": 1.0 if self.healthy() else 0.0,
+            "db_up": 1.0 if self._database_up() else 0.0,
         }
 
     def _run(self) -> None:

@@ -83,3 +83,7 @@ class SchemaTooNew(DatabaseError):
     """The database schema is newer than this dblockrun knows; upgrade dblockrun."""
 
     kind = "schema"
+
+
+class ThreadCrashed(DblockrunError):
+    """A background thread of the daemon kept crashing; the daemon stopped."""

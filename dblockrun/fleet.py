@@ -31,6 +31,7 @@ from dblockrun.outage import Outage
 from dblockrun.planner import Cause, passed
 from dblockrun.store import Store
 from dblockrun.store.engine import LostRun
+from dblockrun.supervise import Policy, Threads
 from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
@@ -53,7 +54,8 @@ class FleetBooks:
                  requested: Callable[[list[str]], None] | None = None, *,
                  labels: str | None = None,
                  targets: Callable[[], str | None] | None = None,
-                 book: SlotBook | None = None) -> None:
+                 book: SlotBook | None = None,
+                 threads: Threads | None = None) -> None:
         self.store = store
         self.holder = holder
         self.heartbeat = heartbeat
@@ -76,7 +78,11 @@ class FleetBooks:
         self._defs_for: JobsFile | None = None
         self._defs: tuple[dict[str, str], str] = ({}, "{}")
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="bookkeeping", daemon=True)
+        # A crash is restarted after a backoff of at most a round's interval:
+        # meanwhile the other hosts sweep lost runs and the renewals go on.
+        self._supervised = (threads or Threads()).supervise(
+            "bookkeeping", Policy(max_delay=self.interval))
+        self._thread = self._supervised.thread(self._loop, self._stop)
 
     def start(self) -> None:
         self._thread.start()
@@ -99,6 +105,7 @@ class FleetBooks:
                 delay = self.interval
             except DatabaseError as exc:
                 delay = min(self.interval, self.outage.failed("bookkeeping", exc))
+            self._supervised.ok()
 
     def round(self) -> None:
         """One round: host row, clock sample, lost runs, live hosts, drift,

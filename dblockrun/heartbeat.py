@@ -12,6 +12,7 @@ from dblockrun.outage import Outage
 from dblockrun.runner import LeaseWatch
 from dblockrun.store.base import RunStore
 from dblockrun.store.models import ClockSample
+from dblockrun.supervise import Policy, Threads
 
 log = logging.getLogger("dblockrun")
 
@@ -57,13 +58,20 @@ class DbClock:
 class Renewer:
     """Renews held leases every ``heartbeat`` seconds, retrying quickly on
     error, and nothing else: the daemon's bookkeeping has its own timer
-    (:mod:`dblockrun.fleet`), so it never delays a renewal."""
+    (:mod:`dblockrun.fleet`), so it never delays a renewal.
+
+    Supervised (dblockrun/supervise.py): a crash is retried after a backoff
+    of at most a heartbeat (the round then comes at once), so a one-off
+    costs no lease; one that keeps coming for three heartbeats (by then a
+    default lease, three heartbeats, has run out) stops the daemon, exit
+    status 1, rather than have it win claims it cannot keep."""
 
     def __init__(
         self,
         store: RunStore,
         heartbeat: float,
         outage: Outage,
+        threads: Threads | None = None,
     ) -> None:
         self.store = store
         self.heartbeat = heartbeat
@@ -74,9 +82,15 @@ class Renewer:
         self._renewing = threading.Lock()
         self._stop = threading.Event()
         self._kick = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+        self._supervised = (threads or Threads()).supervise(
+            "heartbeat", Policy(max_delay=heartbeat, give_up=3 * heartbeat))
+        self._thread = self._supervised.thread(self._loop, self._stop)
+        #: When the next round starts (monotonic); a restart after a crash
+        #: finds it passed and renews at once.
+        self._next_at = 0.0
 
     def start(self) -> None:
+        self._next_at = time.monotonic() + self.heartbeat
         self._thread.start()
 
     def stop(self) -> None:
@@ -109,9 +123,8 @@ class Renewer:
     def _loop(self) -> None:
         # Rounds start a heartbeat apart, however long each took: a lease is
         # renewed every heartbeat, not every heartbeat plus a round trip.
-        next_at = time.monotonic() + self.heartbeat
         while not self._stop.is_set():
-            self._kick.wait(max(0.0, next_at - time.monotonic()))
+            self._kick.wait(max(0.0, self._next_at - time.monotonic()))
             self._kick.clear()
             if self._stop.is_set():
                 return
@@ -119,9 +132,11 @@ class Renewer:
             try:
                 if self.renew_all():  # an idle round says nothing about the database
                     self.outage.ok()
-                next_at = began + self.heartbeat
+                self._next_at = began + self.heartbeat
             except DatabaseError as exc:
-                next_at = began + min(self.heartbeat, self.outage.failed("heartbeat", exc))
+                self._next_at = began + min(self.heartbeat,
+                                            self.outage.failed("heartbeat", exc))
+            self._supervised.ok()
 
     def renew_all(self) -> bool:
         """Renew every held lease: a holder's job locks in one statement per

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from dblockrun.listen import RequestListener
 from dblockrun.store import Store
+from dblockrun.supervise import Threads
 
 
 class Inbox(Protocol):
@@ -36,14 +37,15 @@ class HeardInbox:
     """PostgreSQL: requests are announced and heard by a listener."""
 
     def __init__(self, store: Store, wake: Callable[[], None], heartbeat: float,
-                 killed: Callable[[], None]) -> None:
+                 killed: Callable[[], None], threads: Threads) -> None:
         self.store = store
         self.heartbeat = heartbeat
         self._wake = wake
         self._heard: set[str] = set()
         self._all = False
         self._lock = threading.Lock()
-        self.listener = RequestListener(store, self.hear, heartbeat, killed=killed)
+        self.listener = RequestListener(store, self.hear, heartbeat, killed=killed,
+                                        threads=threads)
 
     def hear(self, names: list[str] | None) -> None:
         with self._lock:
@@ -99,7 +101,7 @@ class PolledInbox:
 
 
 def inbox_for(store: Store, wake: Callable[[], None], heartbeat: float, poll: float,
-              killed: Callable[[], None]) -> Inbox:
+              killed: Callable[[], None], threads: Threads) -> Inbox:
     if store.lock.q.one_round:
-        return HeardInbox(store, wake, heartbeat, killed)
+        return HeardInbox(store, wake, heartbeat, killed, threads)
     return PolledInbox(store, poll)

@@ -10,6 +10,11 @@ trip and an idle daemon sends no statement to look for requests. Each time
 it (re)connects it has the daemon read the requests filed meanwhile; while
 it cannot connect, the bookkeeping round (every 12 s by default) still
 hands the daemon the requests it reads.
+
+Supervised (dblockrun/supervise.py): a driver error is the connection being
+down (a warning, then the retry); any other exception is a crash, restarted
+after a backoff of at most ``retry``, the bookkeeping round reading the
+requests meanwhile.
 """
 
 from __future__ import annotations
@@ -19,7 +24,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import sqlalchemy as sa
+
+from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
+from dblockrun.supervise import Policy, Threads
 
 log = logging.getLogger("dblockrun")
 
@@ -32,7 +41,8 @@ class RequestListener:
     ``heard(None)`` (read all requests) once listening, after each connect."""
 
     def __init__(self, store: Store, heard: Callable[[list[str] | None], None],
-                 retry: float, killed: Callable[[], None] | None = None) -> None:
+                 retry: float, killed: Callable[[], None] | None = None,
+                 threads: Threads | None = None) -> None:
         self.store = store
         self.heard = heard
         self.retry = retry
@@ -41,7 +51,9 @@ class RequestListener:
         self.kill_channel = store.lock.q.kill_channel
         self._stop = threading.Event()
         self._conn: Any = None
-        self._thread = threading.Thread(target=self._loop, name="run-requests", daemon=True)
+        self._supervised = (threads or Threads()).supervise("run-requests",
+                                                            Policy(max_delay=retry))
+        self._thread = self._supervised.thread(self._loop, self._stop)
 
     def start(self) -> None:
         self._thread.start()
@@ -52,17 +64,21 @@ class RequestListener:
             self._thread.join(timeout=2 * WAIT + 5)
 
     def _loop(self) -> None:
+        import psycopg  # a PostgreSQL daemon's only
+
         failed = False
         while not self._stop.is_set():
             try:
                 self._listen()
                 failed = False
-            except Exception as exc:  # the driver's errors, a dead connection
+            except (DatabaseError, sa.exc.SQLAlchemyError, psycopg.Error, OSError) as exc:
+                # the database or the connection is down: an outage, not a crash
                 if not failed:
                     log.warning("run requests: not listening (%s); requests are read "
                                 "every bookkeeping round until it reconnects",
                                 str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
                 failed = True
+                self._supervised.ok()
             finally:
                 self._close()
             self._stop.wait(self.retry)
@@ -84,6 +100,7 @@ class RequestListener:
                     self.heard([note.payload])
                 elif note.channel == self.kill_channel and self.killed is not None:
                     self.killed()
+            self._supervised.ok()  # a round: a wait for notifications
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None

@@ -6,7 +6,6 @@ hand-writing them.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dblockrun.errors import UsageError
+from dblockrun.supervise import Policy, Supervised, Threads
 
 DURATION_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600)
 
@@ -39,6 +39,21 @@ class _Live(Collector):
         yield GaugeMetricFamily("dblockrun_database_up",
                                 "1 while the database answered within the last 3 heartbeats",
                                 value=v.get("db_up") or 0)
+
+
+class _Crashes(Collector):
+    """Each supervised thread's crashes (dblockrun/supervise.py), 0 until one."""
+
+    def __init__(self, threads: Threads) -> None:
+        self.threads = threads
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("dblockrun_thread_crashes",
+                                     "Unexpected exceptions in the daemon's background threads",
+                                     labels=["thread"])
+        for name, count in sorted(self.threads.crash_counts().items()):
+            family.add_metric([name], count)
+        yield family
 
 
 class Metrics:
@@ -70,6 +85,10 @@ class Metrics:
     def watch(self, read: Callable[[], dict[str, float | None]]) -> None:
         self.registry.register(_Live(read))
 
+    def watch_threads(self, threads: Threads) -> None:
+        """``dblockrun_thread_crashes_total{thread}``."""
+        self.registry.register(_Crashes(threads))
+
     def run_finished(self, job: str, result: str, seconds: float) -> None:
         self.runs.labels(job, result).inc()
         self.duration.labels(job).observe(seconds)
@@ -91,17 +110,27 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0"), number
 
 
-def serve(metrics: Metrics, addr: str, healthy: Callable[[], bool]) -> ThreadingHTTPServer:
-    """Serve /metrics and /healthz in a background thread."""
+class _Server(ThreadingHTTPServer):
+    supervised: Supervised
+
+    def service_actions(self) -> None:
+        """Each turn of ``serve_forever`` (every 0.5 s): the serving thread's round."""
+        self.supervised.ok()
+
+
+def serve(metrics: Metrics, addr: str, problem: Callable[[], str | None],
+          threads: Threads | None = None) -> ThreadingHTTPServer:
+    """Serve /metrics and /healthz (503 with ``problem()`` if it names one)
+    in a background thread, restarted after a crash (backoff up to 10 s)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path.split("?")[0] == "/metrics":
                 self._reply(200, metrics.render(), "text/plain; version=0.0.4")
             elif self.path.split("?")[0] == "/healthz":
-                ok = healthy()
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"database unreachable\n",
-                            "text/plain")
+                why = problem()
+                self._reply(200 if why is None else 503,
+                            b"ok\n" if why is None else f"{why}\n".encode(), "text/plain")
             else:
                 self._reply(404, b"not found\n", "text/plain")
 
@@ -117,9 +146,10 @@ def serve(metrics: Metrics, addr: str, healthy: Callable[[], bool]) -> Threading
 
     host, port = parse_addr(addr)
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = _Server((host, port), Handler)
     except OSError as exc:
         raise UsageError(f"--metrics {addr}: {exc.strerror}") from exc
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    server.supervised = (threads or Threads()).supervise("metrics", Policy(max_delay=10.0))
+    server.supervised.thread(server.serve_forever).start()
     return server

@@ -29,6 +29,7 @@ from dblockrun.errors import DatabaseError
 from dblockrun.jobs import Job, SecretUrl
 from dblockrun.secreturl import quiet_apprise, scrub, shown
 from dblockrun.store import models as m
+from dblockrun.supervise import Policy, Threads
 
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
@@ -140,12 +141,16 @@ class Notifier:
     """The daemon's background sender of notifications and pings."""
 
     def __init__(self, store: Store | None, holder: str, metrics: Metrics | None = None,
-                 queue_size: int = QUEUE_SIZE) -> None:
+                 queue_size: int = QUEUE_SIZE, threads: Threads | None = None) -> None:
         self.store = store
         self.holder = holder
         self.metrics = metrics
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(queue_size)
         self._thread: threading.Thread | None = None
+        # An event whose sending raises is a crash of this thread; it goes on
+        # with the next event (sent in order, with no backoff: a later one
+        # is another job's).
+        self._supervised = (threads or Threads()).supervise("notifier", Policy(max_delay=1.0))
         self._lock = threading.Lock()
         #: (job, what) whose last send failed: logged once until one gets through.
         self._failing: dict[tuple[str, str], int] = {}
@@ -211,15 +216,17 @@ class Notifier:
             if self._thread is not None:
                 return
             quiet_apprise()
-            self._thread = threading.Thread(target=self._work, name="notifier", daemon=True)
+            self._thread = self._supervised.thread(self._work)
             self._thread.start()
 
     def _work(self) -> None:
         while (send := self._queue.get()) is not None:
             try:
                 send()
-            except Exception:  # it serves every job: it must not die
-                log.exception("notifier: sending failed")
+            except Exception as exc:  # it serves every job: on to the next event
+                self._supervised.crashed(exc)
+            else:
+                self._supervised.ok()
 
     # -- sending -------------------------------------------------------------------------
 

@@ -214,14 +214,18 @@ class JobRun:
         return not self.done.is_set()
 
     def _step(self, step: Callable[[], None]) -> None:
-        """``step`` on a worker of the run loop; the run ends if it fails."""
+        """``step`` on a worker of the run loop; the run ends if it fails,
+        and the worker reports the crash (dblockrun/supervise.py: logged with
+        its traceback, counted, /healthz red until a step completes)."""
 
         def guarded() -> None:
             try:
                 step()
-            except BaseException:
-                log.exception("job %s: run failed", self.job.name)
+            except BaseException as exc:
+                log.error("job %s: run failed (%s: %s); ending it", self.job.name,
+                          type(exc).__name__, exc, extra={"job": self.job.name})
                 self._end()
+                raise
 
         self.ctx.loop.submit(guarded)
 

@@ -6,13 +6,18 @@ record, on-failure). A command's end comes from the spawn reactor, which
 hands the next step to a worker.
 
 A daemon has one loop for all its runs; ``exec`` one for its one run.
+
+Supervised (dblockrun/supervise.py): a command whose check raises, or a step
+that raises, is a crash of the watcher or of the workers (a run's step ends
+its run first: dblockrun/runjob.py); ``/healthz`` is red until a later check
+pass or step completes, and the others' checks and steps go on. A crash of
+the watcher's loop itself restarts it within a second: it applies the fence.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import queue
 import threading
 import time
@@ -20,8 +25,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from dblockrun.runner import LOOK_EVERY
-
-log = logging.getLogger("dblockrun")
+from dblockrun.supervise import Policy, Threads
 
 Step = Callable[[], None]
 
@@ -32,10 +36,14 @@ class Watched(Protocol):
 
 
 class RunLoop:
-    def __init__(self, stop: threading.Event, workers: int = 8) -> None:
+    def __init__(self, stop: threading.Event, workers: int = 8,
+                 threads: Threads | None = None) -> None:
         """``stop``: a shutdown; the runs' timers then fire at once (each
         step looks at ``stop`` itself)."""
         self.stop = stop
+        threads = threads or Threads()
+        self._watcher = threads.supervise("run-watcher", Policy(max_delay=1.0))
+        self._worker = threads.supervise("run-worker", Policy(max_delay=1.0))
         self._workers = workers
         self._steps: queue.SimpleQueue[Step] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -50,9 +58,9 @@ class RunLoop:
             if self._started:
                 return
             self._started = True
-        threading.Thread(target=self._watch_loop, name="run-watcher", daemon=True).start()
+        self._watcher.thread(self._watch_loop).start()
         for i in range(self._workers):
-            threading.Thread(target=self._work, name=f"run-worker-{i}", daemon=True).start()
+            self._worker.thread(self._work, name=f"run-worker-{i}").start()
 
     def submit(self, step: Step) -> None:
         """Run ``step`` on a worker."""
@@ -84,8 +92,10 @@ class RunLoop:
             step = self._steps.get()
             try:
                 step()
-            except Exception:  # a worker serves every run: it must not die
-                log.exception("run step failed")
+            except Exception as exc:  # a worker serves every run: on to the next step
+                self._worker.crashed(exc)
+            else:
+                self._worker.ok()
 
     def _watch_loop(self) -> None:
         while True:
@@ -93,11 +103,15 @@ class RunLoop:
             with self._lock:
                 watched = list(self._watched.values())
             wait = LOOK_EVERY
+            failed = False
             for command in watched:
                 try:
                     wait = min(wait, command.check(now))
-                except Exception:
-                    log.exception("run watcher: checking a command failed")
+                except Exception as exc:  # the other commands' stops still apply
+                    self._watcher.crashed(exc)
+                    failed = True
+            if not failed:
+                self._watcher.ok()
             stopping = self.stop.is_set()
             with self._lock:
                 while self._timers and (stopping or self._timers[0][0] <= now):

@@ -8,7 +8,8 @@ The daemon sends ``READY=1`` once it has loaded its jobs and its start-up
 against the database succeeded, ``STATUS=`` lines while it waits for the
 database and runs, ``STOPPING=1`` when its shutdown starts, and, when
 ``$WATCHDOG_USEC`` is set (and ``$WATCHDOG_PID``, if set, is this process),
-``WATCHDOG=1`` from its main loop at least every half of that time. The
+``WATCHDOG=1`` from its main loop at least every half of that time, while
+no background thread is crashed (dblockrun/supervise.py). The
 variables are taken out of the environment, so commands the daemon starts
 do not inherit them. Without ``$NOTIFY_SOCKET`` nothing is sent.
 """
@@ -19,7 +20,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 
 log = logging.getLogger("dblockrun")
 
@@ -48,8 +49,12 @@ def _watchdog(usec: str | None, pid: str | None) -> float | None:
 class SystemdNotifier:
     """Messages to systemd, or nothing when not started by it."""
 
-    def __init__(self, environ: MutableMapping[str, str] | None = None) -> None:
+    def __init__(self, environ: MutableMapping[str, str] | None = None, *,
+                 alive: Callable[[], bool] = lambda: True) -> None:
+        """``alive``: whether to go on with the watchdog pings (False: let
+        systemd's watchdog restart this process)."""
         env = os.environ if environ is None else environ
+        self._alive = alive
         self.address = _address(env.get("NOTIFY_SOCKET"))
         every = _watchdog(env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID"))
         #: The longest gap between two watchdog pings (None: no watchdog).
@@ -89,8 +94,8 @@ class SystemdNotifier:
     def watchdog(self) -> None:
         """``WATCHDOG=1`` if half the gap has passed since the last one: the
         loop, which sleeps at most :meth:`sleep_cap`, then pings at least
-        every :attr:`watchdog_every`."""
-        if self.watchdog_every is None:
+        every :attr:`watchdog_every`. None while ``alive()`` says no."""
+        if self.watchdog_every is None or not self._alive():
             return
         now = time.monotonic()
         if now - self._last_ping >= self.watchdog_every / 2:
