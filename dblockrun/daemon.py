@@ -30,16 +30,14 @@ from dblockrun.heartbeat import DbClock, Renewer
 from dblockrun.holder import new_holder_id as new_holder_id
 from dblockrun.inbox import HeardInbox, Inbox, inbox_for
 from dblockrun.jobs import JobsFile
-from dblockrun.limits import all_seats
 from dblockrun.metrics import Metrics, serve
 from dblockrun.notify import Notifier
 from dblockrun.outage import Outage
 from dblockrun.outage import describe as describe_outage
-from dblockrun.planner import Cause, Planner
+from dblockrun.planner import Planner
 from dblockrun.registry import Runs
 from dblockrun.runjob import RunContext
 from dblockrun.runloop import RunLoop
-from dblockrun.schedule import next_slot_at
 from dblockrun.sdnotify import SystemdNotifier
 from dblockrun.secreturl import resolve_secrets
 from dblockrun.slotbook import SlotBook
@@ -48,11 +46,7 @@ from dblockrun.store.engine import CLAIM_TOLERANCE
 from dblockrun.supervise import Threads
 from dblockrun.targeting import (
     LocalJobs,
-    describe,
-    every_host_rows,
     label_text,
-    loads_labels,
-    unmatched,
 )
 from dblockrun.wakeup import Wakeup
 
@@ -275,7 +269,7 @@ class Daemon:
         parts.renewer.start()
         parts.books.start()
         parts.inbox.start()
-        self._plan_all(Cause.DOWN)
+        self._plan_all()
         self.systemd.ready(self._describe())
         try:
             while not self._stopping():
@@ -290,33 +284,15 @@ class Daemon:
         finally:
             self._shutdown()
 
-    def _ensure_rows(self) -> None:
-        """The lock rows of the file's jobs (a targeted job's too, so status
-        shows it unmatched), and this host's rows of its every-host jobs."""
-        file = self.local.file
-        self.store.ensure_jobs([*(j.name for j in file.jobs), *all_seats(file)])
-        self.store.ensure_every_host(every_host_rows(self.local.jobs))
-
-    def _warn_unmatched(self) -> None:
-        """A warning for each job of the file no live host's labels match."""
-        if not any(j.run_on for j in self.local.file.jobs):
-            return  # no statement for files without run-on
-        live = [loads_labels(h.labels) for h in self.store.hosts(3 * self.options.heartbeat)
-                if h.id != self.holder]
-        for job in unmatched(self.local.file, [*live, self.local.labels]):
-            log.warning("job %s: no live host matches run-on %s (this host: %s), so it runs "
-                        "nowhere", job.name, describe(job.run_on),
-                        label_text(self.local.labels))
-
     def _startup(self) -> bool:
         while not self._stopping():
             try:
                 self.store.ensure_schema()
-                self._ensure_rows()
+                self.local.ensure_rows(self.store)
                 self.parts.books.report_bad_rows()
                 self.parts.books.round()
-                self._warn_unmatched()
-                self._publish_next_due()
+                self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
+                self.local.publish_next_due(self.store, self.clock.now())
                 self.outage.ok()
                 return True
             except (DatabaseRefused, SchemaTooNew):
@@ -352,29 +328,16 @@ class Daemon:
         except DatabaseError as exc:
             self.outage.failed("run requests", exc)
 
-    def _plan_all(self, cause: Cause | None = None, before: JobsFile | None = None) -> None:
-        """Plan every enabled job: with ``cause`` (at start), from its last
-        slot in the database, so what passed while no daemon ran it is
-        recorded; after a reload, the jobs whose definition changed (or are
-        new) from now, the others keep their plan."""
+    def _plan_all(self, before: JobsFile | None = None) -> None:
+        """Plan every enabled job: at start from its last slot in the
+        database, so what passed while no daemon ran it is recorded; after a
+        reload, the jobs whose definition changed (or are new) from now."""
         planner, now = self.firing.planner, self.clock.now()
         enabled = [job for job in self.local.jobs.jobs if job.enabled]
-        planner.keep({job.name for job in enabled})
-        margin = self.firing.margin
-        for job in enabled:
-            if cause is not None:
-                planner.resync(job, now, cause)
-            elif (before is None or before.job(job.name) != job
-                  or not planner.agenda.planned(job.name)):
-                planner.regular(job, now, margin)
-
-    def _publish_next_due(self) -> None:
-        now = self.clock.now()
-        due: dict[str, float | None] = {}
-        for job in self.local.jobs.jobs:
-            if job.cron is not None and job.enabled:
-                due[job.name] = next_slot_at(job.cron, job.timezone, now)
-        self.store.set_next_due(due)
+        if before is None:
+            planner.start(enabled, now)
+        else:
+            planner.reload(enabled, before.job, now, self.firing.margin)
 
     # -- reload and shutdown --------------------------------------------------
 
@@ -389,14 +352,14 @@ class Daemon:
         before = self.local.jobs
         self.local.load(new)
         try:
-            self._ensure_rows()
+            self.local.ensure_rows(self.store)
             self.parts.books.report_bad_rows()
-            self._warn_unmatched()
+            self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
         self._plan_all(before=before)
         try:
-            self._publish_next_due()
+            self.local.publish_next_due(self.store, self.clock.now())
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
         log.info("reloaded %s: %d %s", new.path, len(new.jobs),

@@ -11,7 +11,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from enum import Enum
 
 from dblockrun.errors import DatabaseError
 from dblockrun.fanout import FanOut
@@ -21,7 +20,16 @@ from dblockrun.jobs import Job, JobsFile
 from dblockrun.limits import Seat, full_reason, take_seat
 from dblockrun.metrics import Metrics
 from dblockrun.outage import Outage
-from dblockrun.planner import SHARE_WAIT, Act, Cause, Decision, Planner, single
+from dblockrun.planner import (
+    SHARE_WAIT,
+    Act,
+    Cause,
+    Decision,
+    Outcome,
+    Planner,
+    Row,
+    single,
+)
 from dblockrun.registry import Runs
 from dblockrun.runjob import JobRun, RunContext
 from dblockrun.slotbook import SlotBook
@@ -30,18 +38,6 @@ from dblockrun.store import models as m
 from dblockrun.timetext import utc
 
 log = logging.getLogger("dblockrun")
-
-
-class Outcome(Enum):
-    """What became of an attempt."""
-
-    STARTED = "started"
-    LOST = "lost"  # another host has the slot, or the claim was refused
-    BUSY = "busy"  # the job runs here: the slot recorded skipped
-    AT_LIMIT = "at limit"  # --max-running: left to the others
-    GROUP_FULL = "group full"  # no seat: the claimed slot recorded skipped
-    MISSED = "missed"  # too late: recorded missed
-    DB_ERROR = "database error"
 
 
 @dataclass(frozen=True)
@@ -108,35 +104,55 @@ class Firing:
         elif batch:
             self._fire_batch(batch)
 
-    def _act(self, job: Job, decision: Decision, now: float) -> Outcome | None:
-        slot = decision.slot
+    def _act(self, job: Job, decision: Decision, now: float) -> None:
+        """Carry out ``decision`` and plan what follows from its outcome."""
+        slot, delay = decision.slot, 0.0
         if decision.act is Act.WAIT:
-            return None
+            return
         if decision.act is Act.DEFER:
-            assert slot is not None
-            self.planner.defer(job, slot, now + SHARE_WAIT)
-            return Outcome.AT_LIMIT
-        if decision.act is Act.RECORD:
-            assert slot is not None and decision.plan is not None
-            plan = decision.plan
-            if plan.cause is Cause.HOST_FULL:
-                plan = replace(plan, reason=full_reason(self.s.holder, self.runs.cap or 0,
-                                                         SHARE_WAIT))
-            try:
-                self.book.record(job, plan, now)
-                self.outage.ok()
-            except DatabaseError as exc:
-                return self._failed(job, slot, exc)
-            self.planner.regular(job, slot, self.margin)
-            return Outcome.BUSY if plan.cause is Cause.BUSY else Outcome.MISSED
-        if job.fan_out:
-            return self._fan_out(job, slot, decision.due_next, now)
-        if slot is None and self.runs.full():
-            self.planner.at(now + 1.0, job, None)  # a rate job: here or on a host with room
-            return Outcome.AT_LIMIT
-        return self._claim(job, slot, decision.due_next)
+            outcome, delay = Outcome.AT_LIMIT, SHARE_WAIT
+        elif decision.act is Act.RECORD:
+            outcome, delay = self._record(job, decision)
+        elif job.fan_out:
+            outcome = self._fan_out(job, slot, decision.due_next)
+        elif slot is None and self.runs.full():
+            outcome = Outcome.AT_LIMIT
+        else:
+            outcome, delay = self._claim(job, slot, decision.due_next)
+        self._after(job, slot, outcome, delay)
 
-    def _claim(self, job: Job, slot: float | None, due_next: float | None) -> Outcome:
+    def _after(self, job: Job, slot: float | None, outcome: Outcome, delay: float = 0.0) -> None:
+        """Hand the outcome to the planner; read the job's row if it asks."""
+        if not self.planner.after(job, slot, outcome, self.clock.now(), self.margin,
+                                  delay=delay):
+            return
+        try:
+            lock = self.store.lock_state(job.name)
+            self.outage.ok()
+        except DatabaseError as exc:
+            delay = self.outage.failed(f"read {job.name}", exc)
+            self.planner.after(job, slot, Outcome.DB_ERROR, self.clock.now(), self.margin,
+                               delay=delay)
+            return
+        row = Row() if lock is None else Row(lock.last_slot, lock.last_start, lock.lock_until)
+        self.planner.after(job, slot, outcome, self.clock.now(), self.margin, row=row)
+
+    def _record(self, job: Job, decision: Decision) -> tuple[Outcome, float]:
+        """Record the decision's slot through the slot book."""
+        assert decision.plan is not None
+        plan = decision.plan
+        if plan.cause is Cause.HOST_FULL:
+            plan = replace(plan, reason=full_reason(self.s.holder, self.runs.cap or 0,
+                                                     SHARE_WAIT))
+        try:
+            self.book.record(job, plan, self.clock.now())
+            self.outage.ok()
+        except DatabaseError as exc:
+            return self._failed(job, exc, f"record {job.name}")
+        return Outcome.RECORDED, 0.0
+
+    def _claim(self, job: Job, slot: float | None,
+               due_next: float | None) -> tuple[Outcome, float]:
         """Claim ``slot`` (None: a rate-only job's turn) with its first
         attempt's record, and start the run won."""
         sent = time.monotonic()
@@ -145,31 +161,17 @@ class Firing:
                                               slot=slot, rate=job.rate, next_due=due_next)
             self.outage.ok()
         except DatabaseError as exc:
-            return self._failed(job, slot, exc)
+            return self._failed(job, exc, f"claim {job.name}")
         self.metrics.claims.labels(job.name, "won" if won is not None else "lost").inc()
-        outcome = Outcome.LOST
-        if won is not None:
-            outcome = self._start(job, won.token, slot, sent, won.run_id)
-        if slot is not None and self.planner.head(job.name) == slot:  # a backlog slot
-            if won is None:
-                return self._backlog_lost(job, slot)
-            self.planner.done(job.name, slot)
-            if outcome is not Outcome.STARTED or self.planner.head(job.name) is None:
-                self.planner.regular(job, slot, self.margin)
-            # else: the run's end tries the backlog's next slot (finished())
-        elif slot is not None:
-            self.planner.regular(job, slot, self.margin)
-        else:
-            self.plan_rate(job, refused=won is None)
-        return outcome
+        if won is None:
+            return Outcome.LOST, 0.0
+        return self._start(job, won.token, slot, sent, won.run_id), 0.0
 
-    def _failed(self, job: Job, slot: float | None, exc: DatabaseError) -> Outcome:
+    def _failed(self, job: Job, exc: DatabaseError, what: str) -> tuple[Outcome, float]:
         """An attempt the database failed: counted; after the outage's
         backoff the job's last slot is read again and what passed planned."""
         self.metrics.claims.labels(job.name, "error").inc()
-        delay = self.outage.failed(f"claim {job.name}", exc)
-        self.planner.resync(job, self.clock.now() + delay, Cause.OUTAGE, slot)
-        return Outcome.DB_ERROR
+        return Outcome.DB_ERROR, self.outage.failed(what, exc)
 
     def _fire_batch(self, batch: list[tuple[Job, float, float]]) -> None:
         """Many jobs due at once: claim them in few statements, this host's
@@ -180,13 +182,13 @@ class Firing:
             groups.setdefault((slot, due_next, job.rate), []).append(job)
         for (slot, due_next, rate), jobs in groups.items():
             by_name = {job.name: job for job in jobs}
+            outcomes: dict[str, tuple[Outcome, float]] = {}
             pending = list(by_name)
             random.shuffle(pending)
             hosts = self.books.live_hosts
             share = len(pending) if len(pending) < 4 * hosts else -(-len(pending) // hosts)
             first = time.monotonic()
             capped = False  # --max-running held this host back in the last pass
-            failed = False
             for limit in (share, len(pending)):
                 if not pending or self._stopping():
                     break
@@ -207,26 +209,25 @@ class Firing:
                     delay = self.outage.failed(f"claim {len(pending)} jobs", exc)
                     for name in pending:
                         self.metrics.claims.labels(name, "error").inc()
-                        self.planner.resync(by_name[name], self.clock.now() + delay,
-                                            Cause.OUTAGE, slot)
-                    failed = True
+                        outcomes[name] = (Outcome.DB_ERROR, delay)
+                    pending = []
                     break
                 for claimed in won:
                     self.metrics.claims.labels(claimed.name, "won").inc()
-                    self._start(by_name[claimed.name], claimed.token, slot, sent,
-                                claimed.run_id)
+                    outcomes[claimed.name] = (self._start(
+                        by_name[claimed.name], claimed.token, slot, sent, claimed.run_id), 0.0)
                 taken = {c.name for c in won}
                 pending = [name for name in pending if name not in taken]
-            deferred = set(pending) if capped and not failed else set()
-            look_again = self.clock.now() + max(0.0, first + SHARE_WAIT - time.monotonic())
+            look_again = max(0.0, first + SHARE_WAIT - time.monotonic())
             for name in pending:
-                if name in deferred:
-                    self.planner.defer(by_name[name], slot, look_again)
-                elif not failed:
+                if capped:  # left to the other hosts: looked at once more
+                    outcomes[name] = (Outcome.AT_LIMIT, look_again)
+                else:
                     self.metrics.claims.labels(name, "lost").inc()
+                    outcomes[name] = (Outcome.LOST, 0.0)
             for job in jobs:
-                if job.name not in deferred and not (failed and job.name in pending):
-                    self.planner.regular(job, slot, self.margin)
+                outcome, delay = outcomes.get(job.name, (Outcome.LOST, 0.0))
+                self._after(job, slot, outcome, delay)
 
     # -- plans in doubt --------------------------------------------------------------
 
@@ -245,17 +246,15 @@ class Firing:
         except DatabaseError as exc:
             delay = self.outage.failed("read the lock rows", exc)
             for job, cause, since in wanted:
-                self.planner.resync(job, self.clock.now() + delay, cause, since)
+                self.planner.not_recorded(job, self.clock.now(), cause, since, delay)
             return
         for job, cause, since in wanted:
             lock = locks.get(job.name)
-            disabled = (lock is not None and lock.disabled_until is not None
-                        and lock.disabled_until > now)
-            if lock is None or lock.token < 0 or disabled:
-                # Not due (disabled), or a row no claim takes: the schedule goes on.
-                self.planner.regular(job, max(now, since or now), self.margin)
-                continue
-            plan = self.planner.resynced(job, lock.last_slot, now, cause, since, self.margin)
+            disabled = lock is not None and (lock.token < 0 or (
+                lock.disabled_until is not None and lock.disabled_until > now))
+            row = None if lock is None else Row(lock.last_slot, lock.last_start, lock.lock_until)
+            plan = self.planner.resynced(job, row, now, cause, since, self.margin,
+                                         disabled=disabled)
             if plan is None:
                 continue
             try:
@@ -263,55 +262,18 @@ class Firing:
                 self.outage.ok()
             except DatabaseError as exc:
                 delay = self.outage.failed(f"record the passed slots of {job.name}", exc)
-                self.planner.resync(job, self.clock.now() + delay, cause, since)
+                self.planner.not_recorded(job, self.clock.now(), cause, since, delay)
                 continue
             if not recorded:  # another host recorded or ran some first: read again
-                self.planner.resync(job, self.clock.now() + 0.05, cause, since)
-
-    def _backlog_lost(self, job: Job, slot: float) -> Outcome:
-        """A backlog slot's claim was lost: another host ran or recorded it
-        (on to the next), holds the job (try again), or nothing can claim
-        it (the backlog is given up)."""
-        try:
-            lock = self.store.lock_state(job.name)
-        except DatabaseError as exc:
-            return self._failed(job, slot, exc)
-        now = self.clock.now()
-        if lock is None or (lock.last_slot is not None and lock.last_slot >= slot):
-            self.planner.done(job.name, slot if lock is None else max(slot, lock.last_slot or slot))
-            self.planner.regular(job, slot, self.margin)
-        elif lock.lock_until is not None and lock.lock_until > now:
-            retry = min(now + self.s.heartbeat, lock.lock_until)
-            self.planner.at(retry + self.clock.uncertainty, job, slot)
-        else:
-            log.warning("job %s: catch-up stopped at slot %s: it cannot be claimed (disabled, "
-                        "its rate, or a lock row edited by hand)", job.name, utc(slot))
-            self.planner.backlog.pop(job.name, None)
-            self.planner.regular(job, slot, self.margin)
-        return Outcome.LOST
-
-    def plan_rate(self, job: Job, refused: bool = False) -> None:
-        """Plan a rate-only job's next attempt from its lock row."""
-        now = self.clock.now()
-        try:
-            lock = self.store.lock_state(job.name)
-        except DatabaseError as exc:
-            self.planner.at(now + self.outage.failed(f"read {job.name}", exc), job, None)
-            return
-        self.planner.rate(job, now, lock.last_start if lock else None,
-                          lock.lock_until if lock else None, self.clock.uncertainty, refused)
+                self.planner.not_recorded(job, self.clock.now(), cause, since, 0.0)
 
     def finished(self) -> None:
         """Plan again the jobs whose run just ended: a backlog's next slot, a
         rate-only job's next start (its lease is over now)."""
         for name in self.runs.finished():
             job = self._jobs().job(name)
-            if job is None or not job.enabled:
-                continue
-            if self.planner.head(name) is not None:
-                self.planner.regular(job, self.clock.now(), self.margin)
-            elif job.cron is None and not job.fan_out:
-                self.plan_rate(job)
+            if job is not None and job.enabled:
+                self._after(job, None, Outcome.ENDED)
 
     # -- run-now requests -----------------------------------------------------------
 
@@ -335,7 +297,7 @@ class Firing:
     def _start(self, job: Job, token: int, slot: float | None, claimed_mono: float,
                run_id: int | None = None) -> Outcome:
         if self._went_back(job, token, slot, run_id):
-            return Outcome.LOST
+            return Outcome.RECORDED
         seat = None
         if job.group is not None:
             seat = self._seat(job, token, slot, run_id)
@@ -400,21 +362,16 @@ class Firing:
             self.outage.failed(f"release {job.name}", exc)
         return True
 
-    def _fan_out(self, job: Job, slot: float | None, due_next: float | None,
-                 now: float) -> Outcome:
+    def _fan_out(self, job: Job, slot: float | None, due_next: float | None) -> Outcome:
         """Work through the job's items unless still at it."""
-        outcome = Outcome.LOST
         if self.runs.busy(job.name):
             log.info("job %s: still working through the items of the previous slot", job.name)
-        elif self.runs.full():
+            return Outcome.LOST
+        if self.runs.full():
             log.info("job %s: at --max-running: its items are left to the other hosts", job.name)
-            outcome = Outcome.AT_LIMIT
-        else:
-            worker = FanOut(self.ctx, job, slot, on_done=self.runs.done, next_due=due_next,
-                            room=self.runs.free)
-            self.runs.add(worker)
-            worker.start()
-            outcome = Outcome.STARTED
-        self.planner.fan_out(job, slot, now, self.margin)
-        return outcome
-
+            return Outcome.AT_LIMIT
+        worker = FanOut(self.ctx, job, slot, on_done=self.runs.done, next_due=due_next,
+                        room=self.runs.free)
+        self.runs.add(worker)
+        worker.start()
+        return Outcome.STARTED

@@ -27,14 +27,18 @@ recorder, then claims the slots to run with the normal slot claim.
 from __future__ import annotations
 
 import heapq
+import logging
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
 from dblockrun.jobs import Job
 from dblockrun.schedule import next_slot_at
 from dblockrun.timetext import utc
+
+log = logging.getLogger("dblockrun")
 
 #: ``catch-up: all`` without ``catch-up-limit``: at most this many passed slots run.
 DEFAULT_LIMIT = 100
@@ -375,10 +379,34 @@ class Decision:
     cause: Cause | None = None
 
 
+class Outcome(Enum):
+    """What became of an attempt (dblockrun/firing.py makes them; the
+    planner consumes them in :meth:`Planner.after`)."""
+
+    STARTED = "started"  # won and started
+    LOST = "lost"  # another host has it, or the claim was refused
+    RECORDED = "recorded"  # recorded without a run: busy, too late, a full host
+    AT_LIMIT = "at limit"  # --max-running: left to the other hosts for a moment
+    GROUP_FULL = "group full"  # won, but no seat of its group: recorded skipped
+    DB_ERROR = "database error"
+    ENDED = "ended"  # its run on this host is over
+
+
+@dataclass(frozen=True)
+class Row:
+    """A job's lock row as the planner needs it (``Planner.after`` asks for
+    it): None fields for a missing row."""
+
+    last_slot: float | None = None
+    last_start: float | None = None
+    lock_until: float | None = None
+
+
 class Planner:
     """A daemon's plans: the agenda, the catch-up backlog (passed slots
     still to run, oldest first) and the slots left to other hosts at
-    ``--max-running``. Every "when next" of the daemon is decided here."""
+    ``--max-running``. Every "when next" of the daemon is decided here, from
+    the outcomes of its attempts (:meth:`after`)."""
 
     def __init__(self, heartbeat: float, tolerance: float) -> None:
         self.heartbeat = heartbeat
@@ -388,12 +416,28 @@ class Planner:
         self.backlog: dict[str, deque[float]] = {}
         self._deferred: dict[str, float] = {}
 
+    # -- planning ------------------------------------------------------------
+
+    def start(self, jobs: list[Job], now: float) -> None:
+        """At start: every job's plan begins with its last slot in the
+        database (what passed while no daemon ran it is recorded)."""
+        self.clear()
+        for job in jobs:
+            self.resync(job, now, Cause.DOWN)
+
+    def reload(self, jobs: list[Job], before: Callable[[str], Job | None], now: float,
+               margin: float) -> None:
+        """After a reload: the jobs whose definition changed (or are new) are
+        planned from now; the others keep their plan."""
+        self.keep({job.name for job in jobs})
+        for job in jobs:
+            if before(job.name) != job or not self.agenda.planned(job.name):
+                self.regular(job, now, margin)
+
     def clear(self) -> None:
         self.agenda.clear()
         self.backlog.clear()
         self._deferred.clear()
-
-    # -- planning ------------------------------------------------------------
 
     def resync(self, job: Job, at: float, cause: Cause, since: float | None = None) -> None:
         """Read the job's last slot at ``at`` and plan from there."""
@@ -410,31 +454,18 @@ class Planner:
         fire_at, slot = next_attempt(job, after, margin, jitter)
         self.agenda.push(fire_at, job.name, slot)
 
-    def at(self, fire_at: float, job: Job, slot: float | None) -> None:
-        """Try ``slot`` (None: the rate job's turn) again at ``fire_at``."""
-        self.agenda.push(fire_at, job.name, slot)
-
-    def rate(self, job: Job, now: float, last_start: float | None,
-             lock_until: float | None, margin: float, refused: bool = False) -> None:
-        due = rate_due(job, now, last_start, lock_until, refused, self.heartbeat)
-        self.agenda.push(due + margin, job.name, None)
-
-    def fan_out(self, job: Job, slot: float | None, now: float, margin: float) -> None:
-        """A fan-out job's next look: its next slot, or within a fraction
-        of its rate (its items come due one by one)."""
-        if slot is not None:
-            self.regular(job, slot, margin)
-        else:
-            assert job.rate is not None
-            self.agenda.push(now + max(1.0, min(job.rate / 4, 30.0)), job.name, None)
-
-    def resynced(self, job: Job, last_slot: float | None, now: float, cause: Cause,
-                 since: float | None, margin: float) -> Plan | None:
-        """The job's last slot in the database is ``last_slot`` (``since``:
-        the slot this daemon was about to try, for an outage or a late
-        wake-up; slots before it it was not trying). Returns the passed
-        slots' plan, to record; plans the slots it runs, then the schedule."""
+    def resynced(self, job: Job, row: Row | None, now: float, cause: Cause,
+                 since: float | None, margin: float, *, disabled: bool = False) -> Plan | None:
+        """The job's lock row is ``row`` (``since``: the slot this daemon was
+        about to try, for an outage or a late wake-up; slots before it it was
+        not trying). Returns the passed slots' plan, to record; plans the
+        slots it runs, then the schedule. A disabled job's slots are not
+        due: its schedule goes on from now."""
         self.backlog.pop(job.name, None)
+        if row is None or disabled:
+            self.regular(job, max(now, since or now), margin)
+            return None
+        last_slot = row.last_slot
         floor = last_slot
         if since is not None and cause in (Cause.OUTAGE, Cause.LATE):
             floor = since - 0.001 if last_slot is None else max(last_slot, since - 0.001)
@@ -448,6 +479,101 @@ class Planner:
             after = min(floor, now)
         self.regular(job, after, margin)
         return plan
+
+    def not_recorded(self, job: Job, now: float, cause: Cause, since: float | None,
+                     delay: float) -> None:
+        """A plan's records were not written: another host handled one of
+        its slots first (``delay`` 0: read again at once), or the database
+        failed (after its backoff)."""
+        self.backlog.pop(job.name, None)
+        self.resync(job, now + max(delay, 0.05), cause, since)
+
+    def after(self, job: Job, slot: float | None, outcome: Outcome, now: float,
+              margin: float, *, delay: float = 0.0, row: Row | None = None) -> bool:
+        """Plan what follows an attempt at ``slot`` (None: a rate job's
+        turn) that ended in ``outcome`` at database time ``now`` (``delay``:
+        the backoff of a database error, or how long a host at its limit
+        leaves a slot to the others). True: the job's lock row is needed
+        first; read it and call again with ``row``."""
+        if outcome is Outcome.DB_ERROR:
+            self.resync(job, now + delay, Cause.OUTAGE, slot)
+            return False
+        if job.fan_out:
+            if outcome is not Outcome.ENDED:
+                self._fan_out(job, slot, now, margin)
+            return False
+        if job.cron is None:
+            return self._rate(job, outcome, now, margin, row)
+        if outcome is Outcome.ENDED:
+            if self.head(job.name) is not None:
+                self.regular(job, now, margin)  # the backlog's next slot
+            return False
+        assert slot is not None
+        if outcome is Outcome.AT_LIMIT:
+            self._deferred[job.name] = slot
+            self.agenda.push(now + delay, job.name, slot)
+            return False
+        if self.head(job.name) == slot:
+            return self._backlog(job, slot, outcome, now, margin, row)
+        self.regular(job, slot, margin)
+        return False
+
+    def _rate(self, job: Job, outcome: Outcome, now: float, margin: float,
+              row: Row | None) -> bool:
+        """A rate-only job: due when its last start is ``rate`` old (its lease
+        over); the end of a run here plans it (ENDED)."""
+        if outcome is Outcome.AT_LIMIT:
+            self.agenda.push(now + 1.0, job.name, None)  # here or on a host with room
+            return False
+        if outcome is Outcome.STARTED:
+            return False  # its end plans the next
+        if row is None:
+            return True
+        due = rate_due(job, now, row.last_start, row.lock_until,
+                       outcome is Outcome.LOST, self.heartbeat)
+        self.agenda.push(due + margin, job.name, None)
+        return False
+
+    def _backlog(self, job: Job, slot: float, outcome: Outcome, now: float, margin: float,
+                 row: Row | None) -> bool:
+        """A catch-up backlog's slot: run (the next when this run ends),
+        taken elsewhere (on to the next), held (try again), or unclaimable
+        (the backlog is given up)."""
+        if outcome is Outcome.STARTED:
+            self.done(job.name, slot)
+            if self.head(job.name) is None:
+                self.regular(job, slot, margin)
+            return False  # else: its end (ENDED) tries the next
+        if outcome is not Outcome.LOST:
+            self.done(job.name, slot)
+            self.regular(job, slot, margin)
+            return False
+        if row is None:
+            return True
+        if row.last_slot is None and row.lock_until is None and row.last_start is None:
+            self.done(job.name, slot)  # no row: nothing to catch up
+        elif row.last_slot is not None and row.last_slot >= slot:
+            self.done(job.name, row.last_slot)  # another host ran or recorded it
+        elif row.lock_until is not None and row.lock_until > now:
+            # Held: another host runs an earlier slot and tries this one when
+            # it is over; try again in case it does not.
+            self.agenda.push(min(now + self.heartbeat, row.lock_until) + margin, job.name, slot)
+            return False
+        else:
+            log.warning("job %s: catch-up stopped at slot %s: it cannot be claimed (disabled, "
+                        "its rate, or a lock row edited by hand)", job.name, utc(slot))
+            self.backlog.pop(job.name, None)
+        self.regular(job, slot, margin)
+        return False
+
+    def _fan_out(self, job: Job, slot: float | None, now: float, margin: float) -> None:
+        """A fan-out job's next look: its next slot, or within a fraction
+        of its rate (its items come due one by one)."""
+        if slot is not None:
+            self.regular(job, slot, margin)
+        else:
+            assert job.rate is not None
+            self.agenda.push(now + max(1.0, min(job.rate / 4, 30.0)), job.name, None)
 
     # -- deciding ------------------------------------------------------------
 
@@ -476,7 +602,7 @@ class Planner:
         if due.resync is not None:
             return Decision(Act.RESYNC, due.slot, cause=due.resync)
         slot = due.slot
-        if slot is None:  # a rate job's turn: its end plans the next (Firing.finished)
+        if slot is None:  # a rate job's turn: its end plans the next (Outcome.ENDED)
             return Decision(Act.WAIT if busy and not job.fan_out else Act.CLAIM)
         assert job.cron is not None
         head = self.head(job.name)
@@ -511,8 +637,3 @@ class Planner:
         deferred = self._deferred.pop(job.name, None) is not None
         return Decision(Act.CLAIM, slot, next_due(job, slot, self.tolerance),
                         batch=not job.fan_out and not deferred)
-
-    def defer(self, job: Job, slot: float, until: float) -> None:
-        """Left to the other hosts: looked at once more at ``until``."""
-        self._deferred[job.name] = slot
-        self.agenda.push(until, job.name, slot)

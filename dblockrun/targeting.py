@@ -20,13 +20,21 @@ marks a job no live host matches.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dblockrun.jobs import EVERY_HOST_SEP, Job, JobsFile, RunOn
+from dblockrun.limits import all_seats
+from dblockrun.schedule import next_slot_at
+
+if TYPE_CHECKING:
+    from dblockrun.store import Store
+
+log = logging.getLogger("dblockrun")
 
 #: A label's name or value: letters, digits, ``.``, ``_``, ``-`` (a host name).
 LABEL_WORD = re.compile(r"[A-Za-z0-9._-]+")
@@ -186,6 +194,27 @@ class LocalJobs:
         self.file = file
         self.jobs = local_jobs(file, self.labels)
         self.targets = targets_json(file)
+
+    def ensure_rows(self, store: Store) -> None:
+        """The lock rows of the file's jobs (a targeted job's too, so status
+        shows it unmatched), its groups' seats, and this host's rows of its
+        every-host jobs."""
+        store.ensure_jobs([*(j.name for j in self.file.jobs), *all_seats(self.file)])
+        store.ensure_every_host(every_host_rows(self.jobs))
+
+    def warn_unmatched(self, store: Store, holder: str, within: float) -> None:
+        """A warning for each job of the file no live host's labels match."""
+        if not any(j.run_on for j in self.file.jobs):
+            return  # no statement for files without run-on
+        live = [loads_labels(h.labels) for h in store.hosts(within) if h.id != holder]
+        for job in unmatched(self.file, [*live, self.labels]):
+            log.warning("job %s: no live host matches run-on %s (this host: %s), so it runs "
+                        "nowhere", job.name, describe(job.run_on), label_text(self.labels))
+
+    def publish_next_due(self, store: Store, now: float) -> None:
+        """Each enabled cron job's next slot, for `status`."""
+        store.set_next_due({job.name: next_slot_at(job.cron, job.timezone, now)
+                            for job in self.jobs.jobs if job.cron is not None and job.enabled})
 
     @property
     def targeted(self) -> bool:

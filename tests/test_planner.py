@@ -19,7 +19,9 @@ from dblockrun.planner import (
     Agenda,
     Cause,
     Due,
+    Outcome,
     Planner,
+    Row,
     next_attempt,
     next_due,
     passed,
@@ -218,12 +220,12 @@ def test_a_full_host_leaves_the_slot_once_then_records_it() -> None:
     planner = Planner(10.0, 0.5)
     first = planner.decide(job(), due(NOW - 0.5), NOW, busy=False, full=True)
     assert first.act is Act.DEFER
-    planner.defer(job(), NOW - 0.5, NOW + 0.25)
+    planner.after(job(), NOW - 0.5, Outcome.AT_LIMIT, NOW, 0.01, delay=0.25)
     second = planner.decide(job(), due(NOW - 0.5), NOW + 0.25, busy=False, full=True)
     assert second.act is Act.RECORD and second.plan is not None
     assert second.plan.cause is Cause.HOST_FULL
     # Room again at the second look: a claim of its own, not in a batch.
-    planner.defer(job(), NOW - 0.5, NOW + 0.25)
+    planner.after(job(), NOW - 0.5, Outcome.AT_LIMIT, NOW, 0.01, delay=0.25)
     third = planner.decide(job(), due(NOW - 0.5), NOW + 0.25, busy=False, full=False)
     assert (third.act, third.batch) == (Act.CLAIM, False)
 
@@ -239,7 +241,7 @@ def test_after_an_outage_the_plan_starts_at_the_slot_it_was_trying() -> None:
     """A job that never ran, its first slot passed in an outage: recorded
     from the slot the daemon was trying, not forgotten."""
     planner = Planner(10.0, 0.5)
-    plan = planner.resynced(job(), None, NOW, Cause.OUTAGE, since=NOW - 5.5, margin=0.01)
+    plan = planner.resynced(job(), Row(), NOW, Cause.OUTAGE, since=NOW - 5.5, margin=0.01)
     assert plan is not None
     assert plan.records == (NOW - 5.5, NOW - 4.5, NOW - 3.5, NOW - 2.5, NOW - 1.5)
     assert plan.run == (NOW - 0.5,) and planner.head("j") == NOW - 0.5
@@ -249,21 +251,53 @@ def test_after_an_outage_the_plan_starts_at_the_slot_it_was_trying() -> None:
     assert (claim.act, claim.slot, claim.batch) == (Act.CLAIM, NOW - 0.5, False)
     # The database's newer last slot wins: what others ran is not passed.
     again = Planner(10.0, 0.5)
-    assert again.resynced(job(), NOW - 0.5, NOW, Cause.OUTAGE, NOW - 5.5, 0.01) is None
+    assert again.resynced(job(), Row(NOW - 0.5), NOW, Cause.OUTAGE, NOW - 5.5, 0.01) is None
     nxt = again.agenda.pop_due(NOW + 10)
     assert nxt is not None and nxt.slot == NOW + 0.5
 
 
 def test_a_backlog_runs_one_slot_at_a_time_oldest_first() -> None:
     planner = Planner(10.0, 0.5)
-    plan = planner.resynced(job("all", 3), NOW - 5.5, NOW, Cause.DOWN, None, 0.01)
+    plan = planner.resynced(job("all", 3), Row(NOW - 5.5), NOW, Cause.DOWN, None, 0.01)
     assert plan is not None and plan.run == (NOW - 2.5, NOW - 1.5, NOW - 0.5)
     d = planner.agenda.pop_due(NOW)
     assert d is not None
     first = planner.decide(job("all", 3), d, NOW, busy=False, full=False)
     assert (first.act, first.slot, first.due_next) == (Act.CLAIM, NOW - 2.5, NOW - 1.5)
-    planner.done("j", NOW - 2.5)
+    assert not planner.after(job("all", 3), NOW - 2.5, Outcome.STARTED, NOW, 0.01)
+    assert not planner.agenda.planned("j")  # the run's end tries the next
     waiting = planner.decide(job("all", 3), d, NOW, busy=True, full=False)
     assert waiting.act is Act.WAIT  # its end tries the next
     nxt = planner.decide(job("all", 3), d, NOW, busy=False, full=False)
     assert (nxt.act, nxt.slot) == (Act.CLAIM, NOW - 1.5)
+
+
+def test_a_lost_backlog_slot_asks_for_the_row_then_moves_on() -> None:
+    planner = Planner(10.0, 0.5)
+    planner.resynced(job("all", 3), Row(NOW - 5.5), NOW, Cause.DOWN, None, 0.01)
+    assert planner.after(job("all", 3), NOW - 2.5, Outcome.LOST, NOW, 0.01)  # row needed
+    # Another host ran it and the next one: on to the newest.
+    planner.after(job("all", 3), NOW - 2.5, Outcome.LOST, NOW, 0.01, row=Row(NOW - 1.5))
+    assert planner.head("j") == NOW - 0.5
+    # Held by another host: tried again within a heartbeat.
+    planner.after(job("all", 3), NOW - 0.5, Outcome.LOST, NOW, 0.01,
+                  row=Row(NOW - 1.5, None, NOW + 30))
+    d = planner.agenda.pop_due(NOW + 10.1)
+    assert d is not None and d.slot == NOW - 0.5 and planner.head("j") == NOW - 0.5
+
+
+def test_a_database_error_reads_the_row_after_the_backoff() -> None:
+    planner = Planner(10.0, 0.5)
+    planner.after(job(), NOW - 0.5, Outcome.DB_ERROR, NOW, 0.01, delay=2.0)
+    assert planner.agenda.pop_due(NOW + 1.9) is None
+    d = planner.agenda.pop_due(NOW + 2.0)
+    assert d is not None and (d.resync, d.slot) == (Cause.OUTAGE, NOW - 0.5)
+
+
+def test_a_rate_job_is_planned_from_its_row_at_its_end() -> None:
+    planner = Planner(10.0, 0.5)
+    rate = job(cron=None, rate=60.0)
+    assert not planner.after(rate, None, Outcome.STARTED, NOW, 0.01)
+    assert planner.after(rate, None, Outcome.ENDED, NOW, 0.01)
+    planner.after(rate, None, Outcome.ENDED, NOW, 0.01, row=Row(None, NOW - 5, None))
+    assert planner.agenda.next_at() == NOW + 55 + 0.01
