@@ -38,8 +38,9 @@ from dblockrun.jobs import (
     RunOn,
 )
 from dblockrun.schedule import validate_cron, validate_timezone
-from dblockrun.secreturl import DATABASE_VARS, ENV, FILE, LITERAL, SecretUrl, check_url
+from dblockrun.secreturl import ENV, FILE, LITERAL, SecretUrl, check_url
 from dblockrun.targeting import check_word
+from dblockrun.withheld import DATABASE_VARS
 
 TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups")
 MAX_JOB_NAME = 200

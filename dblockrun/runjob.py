@@ -20,6 +20,7 @@ from dblockrun.runloop import RunLoop
 from dblockrun.runner import LeaseWatch, Outcome, Process, argv_for
 from dblockrun.store import models as m
 from dblockrun.store.base import Disables, RunStore
+from dblockrun.withheld import withheld
 
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
@@ -92,10 +93,8 @@ def inherited_env(job: Job, environ: Mapping[str, str]) -> dict[str, str]:
     environment), as its ``env-inherit`` says: all of it, none, or the
     variables named (``LC_*``: every name starting ``LC_``); a ``user:`` job
     inherits none unless it says so. The daemon's secrets
-    (:func:`~dblockrun.secreturl.withheld`) never; a PATH always (cron's
-    when none is inherited)."""
-    from dblockrun.secreturl import withheld
-
+    (dblockrun/withheld.py) never; a PATH always (cron's when none is
+    inherited)."""
     inherit = job.env_inherit if job.env_inherit is not None else (
         "none" if job.user else "all")
     if inherit == "all":

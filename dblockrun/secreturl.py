@@ -7,7 +7,7 @@ from; :func:`resolve_secrets` reads the variables and files when the daemon
 (or ``validate``) loads the file, so operator commands that only read the
 file's ``database:`` need neither. A URL's value is never printed:
 :func:`shown` renders one with everything after its host hidden, and a
-variable read for one is never passed on to a command (:func:`withheld`).
+variable read for one is never passed on to a command (dblockrun/withheld.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from dblockrun import withheld
 from dblockrun.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,12 +26,6 @@ if TYPE_CHECKING:
 
 #: Where a secret URL comes from.
 LITERAL, ENV, FILE = "literal", "env", "file"
-
-#: The variables ``{env: VAR}`` read in this process: they hold secrets, and
-#: no command gets them (a reload adds the names it reads; none is dropped).
-_ENV_SECRETS: set[str] = set()
-#: The daemon's database URL and its file (dblockrun/dburl.py): never passed on.
-DATABASE_VARS = "DBLOCKRUN_DB"
 
 #: A URL's scheme, as apprise and urllib read it.
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
@@ -101,13 +96,6 @@ def quiet_apprise() -> None:
     logging.getLogger("urllib3").setLevel(logging.INFO)
 
 
-def withheld(name: str) -> bool:
-    """Whether the variable ``name`` of this process holds one of its
-    secrets, which no command inherits: ``DBLOCKRUN_DB*`` (the database URL
-    and its file) and each variable named by ``{env: ...}``."""
-    return name.startswith(DATABASE_VARS) or name in _ENV_SECRETS
-
-
 def check_url(value: str) -> str | None:
     """Why ``value`` is not a URL (without echoing it), or None."""
     if not value.strip():
@@ -123,7 +111,7 @@ def _read(secret: SecretUrl, folder: str) -> str:
     if secret.source == LITERAL:
         return secret.value
     if secret.source == ENV:
-        _ENV_SECRETS.add(secret.ref)
+        withheld.add(secret.ref)  # a secret: no command gets it
         value = os.environ.get(secret.ref)
         if value is None:
             raise ValueError(f"environment variable {secret.ref} is not set")
