@@ -24,8 +24,9 @@ Command = str | tuple[str, ...]
 #: ``run-on:``: label -> the values it accepts, sorted by label (dblockrun/targeting.py).
 RunOn = tuple[tuple[str, tuple[str, ...]], ...]
 
-#: The longest argument, or environment entry ``NAME=value``, a command can
-#: be executed with: Linux's MAX_ARG_STRLEN (32 pages, its NUL included).
+#: The most bytes (its NUL included) of one argument, or environment entry
+#: ``NAME=value``, of a command: Linux executes none over MAX_ARG_STRLEN
+#: (32 pages); a byte less, for margin.
 MAX_ARG = 32 * 4096 - 1
 #: The most a job's command line and ``env:`` may hold together, in bytes:
 #: a quarter of what the spawn service takes in one request (1 MiB,
