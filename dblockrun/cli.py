@@ -76,16 +76,23 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except (ConfigError, UsageError) as exc:
             if debug:
                 raise
-            click.echo(f"dblockrun: {exc.message}", err=True)
+            click.echo(f"dblockrun: {_shown(exc.message)}", err=True)
             ctx.exit(EXIT_USAGE)
         except DblockrunError as exc:
             if debug:
                 raise
-            click.echo(f"dblockrun: {exc.message}", err=True)
+            click.echo(f"dblockrun: {_shown(exc.message)}", err=True)
             ctx.exit(EXIT_RUNTIME)
         raise AssertionError("unreachable")
 
     return wrapper
+
+
+def _shown(text: str) -> str:
+    """Text from the database or a file, safe on a terminal (dblockrun/printable.py)."""
+    from dblockrun.printable import printable
+
+    return printable(text)
 
 
 #: Column sizes of the lock table (store/schema.py): longer values are refused here.
@@ -486,14 +493,14 @@ def kill(job: str | None, run_id: int | None, item: str | None, reason: str | No
                          reason=reason, wait=wait)
         where = _where(store)
     for run in runs:
-        what = f"{run.job}: run {run.id}" + (f" (item {run.item})" if run.item else "")
+        what = _shown(f"{run.job}: run {run.id}" + (f" (item {run.item})" if run.item else "")
+                      + f" on {run.host}")
         if wait is None:
-            click.echo(f"{what} on {run.host}: kill requested in {where}")
+            click.echo(f"{what}: kill requested in {where}")
         elif run.result == "killed":
-            click.echo(f"{what} on {run.host} killed in {where}")
+            click.echo(f"{what} killed in {where}")
         else:
-            click.echo(f"{what} on {run.host} ended {run.result} before the kill reached it "
-                       f"in {where}")
+            click.echo(f"{what} ended {run.result} before the kill reached it in {where}")
 
 
 @cli.command()
@@ -530,7 +537,7 @@ def resume() -> None:
     if was is None:
         click.echo(f"fleet was not paused in {where}")
     else:
-        click.echo(f"fleet resumed in {where} (paused by {was.who})")
+        click.echo(f"fleet resumed in {where} (paused by {_shown(was.who)})")
 
 
 @cli.command()
@@ -614,7 +621,7 @@ def validate(jobs_file: str | None) -> None:
     """Check a jobs file; exit 2 with `file:line: job: key: why` if invalid."""
     path = _jobs_path(jobs_file)
     jobs = _load(path, secrets=True)
-    click.echo(f"{path}: ok, {len(jobs.jobs)} job(s)")
+    click.echo(f"{_shown(path)}: ok, {len(jobs.jobs)} job(s)")
 
 
 @cli.command(name="next")
@@ -661,22 +668,28 @@ def init_db() -> None:
               metavar="N", help="How many runs, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--output", "output_of", type=int, metavar="RUN",
-              help="Print the stored output tail of run RUN.")
+              help="Print the stored output tail of run RUN (control characters escaped, "
+                   "passwords in URLs hidden).")
+@click.option("--raw", is_flag=True,
+              help="With --output: control characters as the command wrote them.")
 @click.option("--item", metavar="ITEM", help="Only the runs of this item (fan-out jobs).")
 @global_options()
 @handle_errors
-def history(job: str | None, limit: int, as_json: bool, output_of: int | None,
+def history(job: str | None, limit: int, as_json: bool, output_of: int | None, raw: bool,
             item: str | None) -> None:
     """Past runs, newest first."""
     from dblockrun import output
     from dblockrun.ops import Access, require_job
 
+    if raw and output_of is None:
+        raise UsageError("--raw goes with --output RUN")
     with _open(Access.READ, _jobs_for_db()) as store:
         if output_of is not None:
             run = store.run(output_of)
             if run is None:
                 raise UsageError(f"no run {output_of} in {_where(store)}")
-            click.echo(run.output or "", nl=False)
+            # color: click would strip some escape sequences, --raw or not, off a terminal
+            click.echo(output.output_text(run.output or "", raw=raw), nl=False, color=raw)
             return
         if job is not None:
             require_job(store, job)
@@ -720,12 +733,12 @@ def run_(job: str, timeout: str, no_wait: bool) -> None:
             continue
         if run.result == "skipped":  # its group was at its limit (dblockrun/limits.py)
             why = (run.output or "skipped").strip().removeprefix("skipped: ")
-            click.echo(f"dblockrun: {row}: run {run.id} not started on {run.host}: {why}",
-                       err=True)
+            click.echo(_shown(f"dblockrun: {row}: run {run.id} not started on {run.host}: "
+                              f"{why}"), err=True)
             skipped = True
         else:
-            click.echo(f"{row}: run {run.id} started on {run.host} (token {run.token}) "
-                       f"in {where}")
+            click.echo(_shown(f"{row}: run {run.id} started on {run.host} "
+                              f"(token {run.token}) in {where}"))
     late = [row for row, run in runs if run is None]
     if late:
         raise DblockrunError(f"no daemon started {', '.join(late)} within {wait:g}s; the "

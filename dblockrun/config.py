@@ -30,6 +30,8 @@ from dblockrun.jobs import (
     FILE,
     JOB_NAME,
     LITERAL,
+    MAX_ARG,
+    MAX_COMMAND_BYTES,
     NOTIFY_EVENTS,
     Command,
     Job,
@@ -42,6 +44,7 @@ from dblockrun.jobs import (
 from dblockrun.schedule import validate_cron, validate_timezone
 from dblockrun.secreturl import check_url
 from dblockrun.targeting import check_word
+from dblockrun.withheld import DATABASE_VARS
 
 TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups")
 MAX_JOB_NAME = 200
@@ -361,6 +364,30 @@ def _env(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs))
 
 
+#: ``env-inherit:`` names: a variable, or a prefix ending in ``*`` (``LC_*``).
+_INHERIT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?|\*")
+
+
+def _env_inherit(value: Any) -> str | tuple[str, ...]:
+    """``all``, ``none`` or a list of variable names (``LC_*``: a prefix)."""
+    if value in ("all", "none"):
+        return str(value)
+    if not isinstance(value, list):
+        raise _Invalid(f"must be all, none or a list of variable names, got {_kind(value)}")
+    names: list[str] = []
+    for name in value:
+        if not isinstance(name, str) or not _INHERIT_NAME.fullmatch(name):
+            raise _Invalid("each name must be a variable name (letters, digits, '_'), or a "
+                           f"prefix ending in '*' (LC_*), got {_kind(name)}")
+        if name == "*":
+            raise _Invalid("'*' is every variable: write env-inherit: all")
+        if name.startswith(DATABASE_VARS):
+            raise _Invalid(f"{name} would pass on the daemon's database URL "
+                           f"({DATABASE_VARS}*), which no command inherits")
+        names.append(name)
+    return tuple(names)
+
+
 def _items(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise _Invalid(f"must be a list, got {_kind(value)}")
@@ -523,6 +550,7 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "lock-at-least": ("lock_at_least", _required(_duration)),
     "timezone": ("timezone", _required(_timezone)),
     "env": ("env", _required(_env)),
+    "env-inherit": ("env_inherit", _optional(_env_inherit)),
     "workdir": ("workdir", _optional(lambda v: _string(v, empty=False))),
     "shell": ("shell", _required(lambda v: _string(v, empty=False))),
     "starting-deadline": ("starting_deadline", _optional(lambda v: _duration(v, positive=True))),
@@ -547,6 +575,51 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "group": ("group", _optional(lambda v: _string(v, empty=False))),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
+
+
+def _size(text: str) -> int:
+    """Bytes of ``text`` as the command gets it (with its NUL)."""
+    return len(text.encode("utf-8", "surrogateescape")) + 1
+
+
+def _too_large(job: Job) -> tuple[str, str] | None:
+    """(key, why) if what ``job`` hands its command cannot be executed or
+    is more than a job may hand it (jobs.MAX_ARG, jobs.MAX_COMMAND_BYTES)."""
+    def words(command: Command | None) -> tuple[str, ...]:
+        return () if command is None else (command,) if isinstance(command, str) else command
+
+    def over_arg(key: str, text: str, what: str) -> tuple[str, str] | None:
+        size = _size(text)
+        if size <= MAX_ARG:
+            return None
+        return key, (f"{what} is {size:,} bytes: at most {MAX_ARG:,} (Linux's limit for "
+                     "one argument or variable)")
+
+    for key, command in (("command", job.command), ("on-failure.command",
+                                                    job.on_failure.command),
+                         ("items-command", job.items_command)):
+        for word in words(command):
+            if (bad := over_arg(key, word, "an argument")) is not None:
+                return bad
+    for name, value in job.env:
+        if (bad := over_arg(f"env.{name}", f"{name}={value}", "the variable")) is not None:
+            return bad
+    total = sum(_size(word) for word in words(job.command)) + sum(
+        _size(f"{name}={value}") for name, value in job.env)
+    if total > MAX_COMMAND_BYTES:
+        return "command", (f"the command and env: are {total:,} bytes together: at most "
+                     f"{MAX_COMMAND_BYTES:,}")
+    if job.items:
+        for item in job.items:
+            if (bad := over_arg("items", f"DBLOCKRUN_ITEM={item}", "an item")) is not None:
+                return bad
+        largest = sorted((_size(item) for item in job.items), reverse=True)[:job.batch]
+        batch = len("DBLOCKRUN_ITEMS=") + sum(largest)
+        if job.batch > 1 and batch > MAX_ARG:
+            return "batch", (f"{len(largest)} of the items make a DBLOCKRUN_ITEMS of "
+                             f"{batch:,} bytes: at most {MAX_ARG:,} (Linux's limit for one "
+                             "variable); lower batch")
+    return None
 
 
 # --- the file ------------------------------------------------------------------------
@@ -735,6 +808,11 @@ class _Parser:
                 f"lock-at-most {format_duration(job.lock_at_most)}"
             )
             raise self.error(why, keys["lock-at-least"][1], name, "lock-at-least")
+        too_large = _too_large(job)
+        if too_large is not None:
+            key, why = too_large
+            top = key.split(".", 1)[0]
+            raise self.error(why, keys[top][1] if top in keys else line, name, key)
         if job.catch_up_limit is not None and job.catch_up != "all":
             why = f"only with catch-up: all (this job's catch-up is {job.catch_up})"
             raise self.error(why, keys["catch-up-limit"][1], name, "catch-up-limit")

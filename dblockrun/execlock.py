@@ -25,6 +25,7 @@ from dblockrun.heartbeat import Renewer
 from dblockrun.holder import new_holder_id
 from dblockrun.jobs import Job
 from dblockrun.outage import Outage
+from dblockrun.printable import printable
 from dblockrun.runjob import JobRun, RunContext, exit_status
 from dblockrun.runloop import RunLoop
 from dblockrun.signals import handling
@@ -201,6 +202,6 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
 
         why = (f"it reached --lock-at-most {format_duration(opts.lock_at_most)}"
                if outcome.reason == "timeout" else outcome.detail)
-        sys.stderr.write(f"dblockrun: stopped the command: {why}\n")
+        sys.stderr.write(f"dblockrun: stopped the command: {printable(why)}\n")
         sys.stderr.flush()
     return 1 if status is None else status

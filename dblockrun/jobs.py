@@ -20,6 +20,16 @@ Command = str | tuple[str, ...]
 #: ``run-on:``: label -> the values it accepts, sorted by label (dblockrun/targeting.py).
 RunOn = tuple[tuple[str, tuple[str, ...]], ...]
 
+#: The most bytes (its NUL included) of one argument, or environment entry
+#: ``NAME=value``, of a command: Linux executes none over MAX_ARG_STRLEN
+#: (32 pages); a byte less, for margin.
+MAX_ARG = 32 * 4096 - 1
+#: The most a job's command line and ``env:`` may hold together, in bytes:
+#: a quarter of what the spawn service takes in one request (1 MiB,
+#: dblockrun/spawner.py MAX_REQUEST), the rest left for the environment
+#: the command inherits and the request's encoding.
+MAX_COMMAND_BYTES = 256 * 1024
+
 #: Joins an every-host job's name and a host's name into its lock row's name
 #: (``rotate-logs@web-1``); job names cannot contain it.
 EVERY_HOST_SEP = "@"
@@ -112,6 +122,10 @@ class Job:
     history_limit: int = 1000
     #: Run the command as this user (the daemon must be root); None: as the daemon.
     user: str | None = None
+    #: ``env-inherit:``: what the command takes of the daemon's environment:
+    #: ``all``, ``none`` or the names (``LC_*`` a prefix) in a tuple; None:
+    #: ``all``, or ``none`` for a ``user:`` job (dblockrun/runjob.py inherited_env).
+    env_inherit: str | tuple[str, ...] | None = None
     #: ``run-on:``: only hosts whose labels match claim it (empty: every host may).
     run_on: RunOn = ()
     #: ``on: every-host``: each matching host runs each slot, under its own lock row.
@@ -156,6 +170,8 @@ class Job:
             del data["catch_up"], data["catch_up_limit"]  # likewise without `catch-up:`
         if data["group"] is None:
             del data["group"]  # nor `group:`
+        if data["env_inherit"] is None:
+            del data["env_inherit"]  # nor `env-inherit:`
         import hashlib  # here: exec never hashes, and starts faster without them
         import json
 

@@ -3,7 +3,11 @@
 Fields given as ``extra=`` (job, run_id, slot, host, token, event) become
 JSON keys. Database URLs are always rendered redacted by the code that logs
 them; as a last line of defence any ``scheme://user:password@`` in a message
-is redacted here too.
+is redacted here too (:func:`scrub`, which ``history --output`` applies as
+well). A text line's message has its control characters escaped (a
+command's output line, a kill's reason): nothing it holds reaches the
+terminal, or forges a line of the log. The JSON log is one object per line
+by construction.
 
 ``json`` and ``datetime`` are imported by the JSON formatter only: ``exec``
 logs text, and starts faster without them.
@@ -15,6 +19,8 @@ import logging
 import re
 import sys
 
+from dblockrun.printable import printable
+
 FIELDS = ("job", "run_id", "slot", "host", "token", "event", "item")
 # Linear on any line: \b lets a scheme start only at a word's start, and the
 # bounded repeats keep a line full of "://" from backtracking quadratically (a
@@ -23,12 +29,17 @@ _PASSWORD = re.compile(r"(\b\w{1,40}://[^:/@\s]{0,256}):[^@\s]{0,1024}@")
 
 
 def scrub(text: str) -> str:
+    """``text`` with the password of any ``scheme://user:password@`` hidden."""
     return _PASSWORD.sub(r"\1:***@", text)
 
 
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S%z")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
         return scrub(super().format(record))

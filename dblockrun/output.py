@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from dblockrun.durations import format_duration
 from dblockrun.jobs import EVERY_HOST_SEP, RunOn
+from dblockrun.printable import printable
 from dblockrun.store import FOREVER
 from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions
 from dblockrun.targeting import describe, label_text, loads_labels, loads_targets, matches
@@ -385,14 +386,6 @@ def dumps(doc: dict[str, Any]) -> str:
 UNBOUNDED = 1_000_000
 
 
-def _clean(text: str) -> str:
-    """Control characters (newlines too) from the database shown escaped: never
-    sent to the terminal, and a row stays one line."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def terminal_width() -> int | None:
     """The width to fit, as rich's console finds it: ``COLUMNS``, else the
     terminal's. None when piped without ``COLUMNS``: never wrapped."""
@@ -426,7 +419,7 @@ class _Page:
     def line(self, text: str = "") -> None:
         from rich.text import Text
 
-        self.console.print(Text(_clean(text)), crop=False)
+        self.console.print(Text(printable(text)), crop=False)
 
     def paragraphs(self, lines: Sequence[str]) -> None:
         """``lines`` wrapped at spaces; a word longer than the width (a job
@@ -437,7 +430,7 @@ class _Page:
         grid = Table.grid()
         grid.add_column(min_width=None if self.width is None else _longest_word(lines))
         for text in lines:
-            grid.add_row(Text(_clean(text)))
+            grid.add_row(Text(printable(text)))
         self.console.print(grid, crop=False)
 
     def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]],
@@ -460,7 +453,7 @@ class _Page:
         from rich.cells import cell_len
         from rich.text import Text
 
-        cells = [[_clean(c) for c in row] for row in rows]
+        cells = [[printable(c) for c in row] for row in rows]
         columns = list(zip(*cells, strict=True)) or [() for _ in headers]
         least: list[int] | None = None
         if self.width is not None:
@@ -720,6 +713,16 @@ def history_text(runs: Sequence[RunRecord], width: int | None = None) -> str:
                 "exit", "result"), rows,
                ("id", "job", "item", "host", "token", "attempt", "duration", "exit", "result"))
     return page.text()
+
+
+def output_text(text: str, *, raw: bool = False) -> str:
+    """A run's stored output as ``history --output`` prints it: passwords in
+    URLs hidden as in the log, control characters escaped (lines and tabs
+    kept) unless ``raw``."""
+    from dblockrun.logs import scrub
+
+    text = scrub(text)
+    return text if raw else printable(text, lines=True)
 
 
 def print_history(runs: Sequence[RunRecord], db_now: float) -> None:

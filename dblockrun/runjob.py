@@ -20,6 +20,7 @@ from dblockrun.runloop import RunLoop
 from dblockrun.runner import LeaseWatch, Outcome, Process, argv_for
 from dblockrun.store import models as m
 from dblockrun.store.base import Disables, RunStore
+from dblockrun.withheld import withheld
 
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
@@ -80,10 +81,42 @@ def stored_output(outcome: Outcome) -> str:
     return output
 
 
+#: PATH of a command that inherits none of the daemon's (cron's).
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: What a ``user:`` job's login environment sets (runner.RunAs.env), never
+#: the daemon's user's.
+_LOGIN_VARS = ("HOME", "USER", "LOGNAME", "SHELL")
+
+
+def inherited_env(job: Job, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a command of ``job`` takes from ``environ`` (the daemon's
+    environment), as its ``env-inherit`` says: all of it, none, or the
+    variables named (``LC_*``: every name starting ``LC_``); a ``user:`` job
+    inherits none unless it says so. The daemon's secrets
+    (dblockrun/withheld.py) never; a PATH always (cron's when none is
+    inherited)."""
+    inherit = job.env_inherit if job.env_inherit is not None else (
+        "none" if job.user else "all")
+    if inherit == "all":
+        env = {k: v for k, v in environ.items() if not withheld(k)}
+    elif inherit == "none":
+        env = {}
+    else:
+        names = tuple(n for n in inherit if not n.endswith("*"))
+        prefixes = tuple(n[:-1] for n in inherit if n.endswith("*"))
+        env = {k: v for k, v in environ.items()
+               if (k in names or (prefixes and k.startswith(prefixes))) and not withheld(k)}
+    if job.user:
+        for name in _LOGIN_VARS:  # the user's own, set when it starts
+            env.pop(name, None)
+    env.setdefault("PATH", DEFAULT_PATH)
+    return env
+
+
 def base_env(job: Job, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``environ`` (default: this process's environment), the job's ``env``
-    and ``DBLOCKRUN_JOB``."""
-    env = dict(os.environ if environ is None else environ)
+    """What ``job``'s command inherits of ``environ`` (default: this
+    process's environment), the job's ``env`` and ``DBLOCKRUN_JOB``."""
+    env = inherited_env(job, os.environ if environ is None else environ)
     env.update(dict(job.env))
     env["DBLOCKRUN_JOB"] = job.file_name  # an every-host job: its name in the file
     return env

@@ -81,6 +81,7 @@ class RunAs:
     gid: int
     groups: tuple[int, ...]
     home: str
+    shell: str = "/bin/sh"
 
     @classmethod
     def lookup(cls, name: str) -> RunAs:
@@ -92,10 +93,13 @@ class RunAs:
         if os.geteuid() != 0 and pw.pw_uid != os.geteuid():
             raise OSError(f"cannot run as user {name!r}: the daemon is not root")
         groups = tuple(os.getgrouplist(name, pw.pw_gid))
-        return cls(name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
+        return cls(name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir, pw.pw_shell or "/bin/sh")
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
-        return {**env, "HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+        """``env`` (runjob.base_env's: the daemon's user's HOME, USER, LOGNAME
+        and SHELL left out) on top of the user's login variables."""
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name, "SHELL": self.shell,
+                **env}
 
     def cwd(self, cwd: str | None) -> str | None:
         """Like cron: in the user's home unless the job has a workdir."""

@@ -7,7 +7,8 @@ file, relative to the jobs file: :mod:`dblockrun.secretfile`).
 reads the variables and files when the daemon (or ``validate``) loads the
 file, so operator commands that only read the file's ``database:`` need
 neither. A URL's value is never printed: :func:`shown` renders one with
-everything after its host hidden.
+everything after its host hidden, and a variable read for one is never
+passed on to a command (dblockrun/withheld.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from dataclasses import replace
 from urllib.parse import urlsplit
 
+from dblockrun import withheld
 from dblockrun.errors import ConfigError
 from dblockrun.jobs import ENV, LITERAL, Job, JobsFile, SecretUrl
 from dblockrun.secretfile import first_line
@@ -77,6 +79,7 @@ def _read(secret: SecretUrl, folder: str) -> str:
     if secret.source == LITERAL:
         return secret.value
     if secret.source == ENV:
+        withheld.add(secret.ref)  # a secret: no command gets it
         value = os.environ.get(secret.ref)
         if value is None:
             raise ValueError(f"environment variable {secret.ref} is not set")

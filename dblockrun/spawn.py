@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dblockrun import spawner
+from dblockrun.jobs import MAX_ARG
 
 log = logging.getLogger("dblockrun")
 
@@ -175,6 +176,7 @@ class SpawnService:
         from then on, and ``on_end`` is called once it ended. Raises OSError
         if it cannot be started (a bad ``cwd``, or without a ``fence`` a
         command that cannot be executed)."""
+        request = _request(argv, env, cwd, ids, fence, grace)
         run = Spawned(self, streams, on_end)
         fds = [out_fd, err_fd] + ([beat_fd] if fence is not None and beat_fd is not None else [])
         with self._lock:
@@ -183,10 +185,7 @@ class SpawnService:
             self._next_id += 1
             run.id = self._next_id
             self._runs[run.id] = run
-        request = json.dumps({
-            "id": run.id, "argv": list(argv), "env": dict(env), "cwd": cwd,
-            "ids": list(ids) if ids is not None else None, "fence": fence,
-            "grace": grace}).encode()
+        request = b'{"id": %d, %s' % (run.id, request)
         # Not under _lock: the reactor, which takes it for each reply, must
         # keep reading while a send waits for room.
         try:
@@ -313,6 +312,30 @@ class SpawnService:
             else:
                 run.error = OSError(errno.EPIPE, "the spawn service died", None)
                 run._started.set()
+
+
+def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, ids: Ids | None,
+             fence: float | None, grace: float) -> bytes:
+    """A start request for the service, less its opening ``{"id": N, ``.
+    Raises OSError (E2BIG) naming what is too large for the kernel to
+    execute, or for one request (the run fails with that reason, its
+    command never started; the service and every other run go on)."""
+    # Four bytes a character at most: only a long string is encoded to measure it.
+    long = [("an argument", a) for a in argv if len(a) * 4 >= MAX_ARG]
+    long += [(f"variable {k[:80]}", f"{k}={v}") for k, v in env.items()
+             if (len(k) + len(v) + 1) * 4 >= MAX_ARG]
+    for what, text in long:
+        size = len(os.fsencode(text)) + 1  # with its NUL
+        if size > MAX_ARG:
+            raise OSError(errno.E2BIG, f"{what} is {size:,} bytes: at most {MAX_ARG:,} "
+                          "(Linux's limit for one argument or variable)")
+    body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd,
+                       "ids": list(ids) if ids is not None else None, "fence": fence,
+                       "grace": grace}).encode()[1:]
+    if len(body) + 32 > spawner.MAX_REQUEST:
+        raise OSError(errno.E2BIG, f"the command and its environment are {len(body):,} bytes: "
+                      f"at most {spawner.MAX_REQUEST:,} (the spawn service's limit)")
+    return body
 
 
 def _start_error(error: OSError, command: str, cwd: str | None) -> OSError:

@@ -41,7 +41,11 @@ if it could not be, ``{"id", "status"}`` (a wait status) when it ended.
 Under a lease (``fence`` set), a command that cannot be executed is
 reported as one that ran and exited 127 (a shell's status), with the reason
 on its stderr: the service writes the line and starts, in the command's
-place, a fork of itself that exits 127 at once.
+place, a fork of itself that exits 127 at once. A request the service
+cannot act on (cut short, over :data:`MAX_REQUEST`, malformed, without its
+descriptors) fails alone: ``{"id", "errno", "step": "request"}`` if its id
+can be read, else it is dropped; nothing a request carries ends the service
+(the daemon refuses to send one over the limit: :func:`dblockrun.spawn._request`).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import errno
 import heapq
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -211,10 +216,10 @@ class Service:
         fds: list[int] = []
         try:
             # Close-on-exec descriptors: no command inherits another's.
-            size, anc, _flags, _addr = self.sock.recvmsg_into(
+            size, anc, flags, _addr = self.sock.recvmsg_into(
                 [self.buf], _FDS_ROOM, socket.MSG_CMSG_CLOEXEC)
         except OSError:
-            size, anc = 0, []
+            size, anc, flags = 0, [], 0
         for level, kind, data in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got = array.array("i")
@@ -225,7 +230,23 @@ class Service:
                 os.close(fd)
             self._gone()
             return
-        req = json.loads(self.buf[:size])
+        # Nothing a request carries ends the service: one it cannot read
+        # (cut short, too large, malformed) fails only its own run.
+        rid = _request_id(self.buf, size)
+        try:
+            if flags & socket.MSG_TRUNC:
+                raise _StartError(errno.E2BIG, "request")
+            req = _checked(self.buf[:size], len(fds))
+        except _StartError as exc:
+            for fd in fds:
+                os.close(fd)
+            if rid is not None:
+                self._send({"id": rid, "errno": exc.errno, "step": exc.step})
+            return
+        self._start(req, fds)
+
+    def _start(self, req: Mapping[str, Any], fds: list[int]) -> None:
+        """Start a checked request's command, with its descriptors ``fds``."""
         rid = req["id"]
         fence: float | None = req["fence"]
         out, err = fds[0], fds[1]
@@ -441,6 +462,53 @@ class Service:
             os.close(run.err)
             run.err = -1
         self.runs.pop(run.id, None)
+
+
+_ID = re.compile(rb'\{"id": (\d{1,18}),')
+
+
+def _request_id(buf: bytearray, size: int) -> int | None:
+    """The id a request starts with, even one cut short; None if none."""
+    match = _ID.match(buf, 0, min(size, 40))
+    return int(match.group(1)) if match else None
+
+
+def _checked(data: bytes | bytearray, fds: int) -> dict[str, Any]:
+    """The request in ``data``, if it is one the service can act on, with
+    ``fds`` descriptors as it needs (stdout, stderr, and a lifeline under a
+    fence); else _StartError (EINVAL) at step ``request``."""
+    try:
+        req = json.loads(data)
+    except (ValueError, RecursionError):
+        req = None
+
+    def path(value: Any) -> bool:
+        return value is None or (isinstance(value, str) and "\0" not in value)
+
+    def number(value: Any, none: bool) -> bool:
+        return ((value is None and none) or (isinstance(value, int | float)
+                and not isinstance(value, bool) and 0 <= value < 1e9))
+
+    def user(ids: Any) -> bool:  # None, or [uid, gid, [group, ...]]
+        if ids is None:
+            return True
+        if not (isinstance(ids, list) and len(ids) == 3 and isinstance(ids[2], list)):
+            return False
+        return all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 32
+                   for i in (ids[0], ids[1], *ids[2]))
+
+    ok = (isinstance(req, dict) and isinstance(req.get("id"), int)
+          and isinstance(req.get("argv"), list) and bool(req["argv"])
+          and all(isinstance(a, str) for a in req["argv"])
+          and isinstance(req.get("env"), dict)
+          and all(isinstance(v, str) for v in req["env"].values())
+          and path(req.get("cwd"))
+          and number(req.get("fence"), True) and number(req.get("grace"), False)
+          and user(req.get("ids"))
+          and fds == (3 if req.get("fence") is not None else 2))
+    if not ok:
+        raise _StartError(errno.EINVAL, "request")
+    return req  # type: ignore[no-any-return]
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -1,0 +1,23 @@
+"""The variables of this process's environment that hold its secrets, which
+no command inherits (dblockrun/runjob.py ``inherited_env``): the database
+URL and its file (``DBLOCKRUN_DB*``) and every variable a notification or
+ping URL is read from (``{env: VAR}``, registered by
+:mod:`dblockrun.secreturl` as it reads one; a reload adds names, none is
+dropped). Its own module: ``exec`` starts faster without secreturl's."""
+
+from __future__ import annotations
+
+#: The daemon's database URL and its file (dblockrun/dburl.py).
+DATABASE_VARS = "DBLOCKRUN_DB"
+
+_SECRETS: set[str] = set()
+
+
+def add(name: str) -> None:
+    """The variable ``name`` holds a secret: no command gets it from now on."""
+    _SECRETS.add(name)
+
+
+def withheld(name: str) -> bool:
+    """Whether the variable ``name`` holds one of this process's secrets."""
+    return name.startswith(DATABASE_VARS) or name in _SECRETS
