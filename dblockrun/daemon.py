@@ -18,6 +18,7 @@ from dblockrun import spawn
 from dblockrun.catchup import CatchUp
 from dblockrun.config import load_jobs
 from dblockrun.errors import ConfigError, DatabaseError, DatabaseRefused, SchemaTooNew
+from dblockrun.events import Events
 from dblockrun.fanout import FanOut
 from dblockrun.fleet import FleetBooks
 from dblockrun.heartbeat import DbClock, Renewer
@@ -31,6 +32,7 @@ from dblockrun.outage import Outage
 from dblockrun.outage import describe as describe_outage
 from dblockrun.planning import Agenda, catch_up, next_attempt, next_due, too_late
 from dblockrun.runjob import JobRun, RunContext
+from dblockrun.runlog import log_run
 from dblockrun.runloop import RunLoop
 from dblockrun.schedule import next_slot_at
 from dblockrun.sdnotify import SystemdNotifier
@@ -55,6 +57,9 @@ log = logging.getLogger("dblockrun")
 #: A batch claim takes this host's share first; the rest of the batch is tried
 #: this long after, once the other hosts have had their turn.
 _SHARE_WAIT = 0.25
+#: A slot whose job's last run is winding up (its command over, its record
+#: being written) is looked at again this often, until that run is done.
+_WIND_UP_WAIT = 0.2
 
 
 @dataclass(frozen=True)
@@ -145,13 +150,18 @@ class Daemon:
         self._seen: dict[str, tuple[int, float | None]] = {}
         #: Missed slots after downtime: recorded at start, or run one at a time.
         self.catchup = CatchUp(store, self.holder, self.metrics)
+        #: Notifications and pings, sent by a thread of its own (dblockrun/notify.py).
+        self.notifier = Notifier(store, self.holder, self.metrics)
+        #: The runs' and slots' events; the log, metrics, notifications and pings listen.
+        self.events = Events()
+        for hear in (log_run, self.metrics.hear, self.notifier.hear):
+            self.events.subscribe(hear)
         #: Host row, clock samples, lost runs, drift: on their own timer.
         self.books = FleetBooks(store, self.holder, options.heartbeat, self.clock, self.outage,
                                 self.metrics, lambda: self.jobs, self._running_count,
                                 self._hear if self._announced else None,
-                                labels=self._labels_json, targets=lambda: self._targets)
-        #: Notifications and pings, sent by a thread of its own (dblockrun/notify.py).
-        self.notifier = Notifier(store, self.holder, self.metrics)
+                                labels=self._labels_json, targets=lambda: self._targets,
+                                events=self.events)
         self.ctx = RunContext(
             store=store,
             holder=self.holder,
@@ -163,7 +173,7 @@ class Daemon:
             stop_grace=lambda: self._shutdown_deadline,
             loop=RunLoop(self.stop),
             metrics=self.metrics,
-            notifier=self.notifier,
+            events=self.events,
         )
 
     # -- control from signal handlers ---------------------------------------
@@ -531,7 +541,8 @@ class Daemon:
             slot, passed = catch_up(job, slot, now)
             due_next = next_due(job, slot, CLAIM_TOLERANCE)
         with self._running_lock:
-            busy_here = job.name in self._running
+            current = self._running.get(job.name)
+        busy_here = current is not None
         if job.fan_out:
             self._fan_out(job, slot, busy_here,
                           due_next if slot is not None else None)
@@ -544,6 +555,11 @@ class Daemon:
                 for old in passed:
                     if floor is None or old > floor:
                         self._missed(job, old, now, newer=slot)
+            if slot is not None and isinstance(current, JobRun) and current.winding_up():
+                # Its command is over; only its record is still being written
+                # (through an outage): the slot waits for it, not skipped.
+                self._push(self.clock.now() + _WIND_UP_WAIT, job.name, slot)
+                return
             if slot is not None and busy_here:
                 if self.store.skip_slot(job.name, slot):
                     self.store.start_run(job.name, self.holder, token=None, slot=slot,
