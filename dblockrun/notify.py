@@ -1,9 +1,10 @@
 """Notifications (apprise) and heartbeat pings, sent in the background.
 
-A daemon has one :class:`Notifier`: the run lifecycle and the missed slots
-hand it events (a queue put, never a wait), and its one thread sends them,
-each with bounded timeouts. Sent once per event, by the host that ran the
-run (or recorded the missed slot). A send that fails is logged (once per
+A daemon has one :class:`Notifier`, subscribed to the run and slot events
+(dblockrun/events.py, :meth:`Notifier.hear`): each is a queue put, never a
+wait, and its one thread sends them, each with bounded timeouts. Sent once
+per event, by the host that ran the run (or recorded the missed slot, or
+recorded another host's run lost). A send that fails is logged (once per
 job until one gets through again) and counted in
 ``dblockrun_notifications_total`` / ``dblockrun_pings_total``; it never
 changes a run's result, and never delays a start or a renewal. A full queue
