@@ -142,8 +142,10 @@ class FleetBooks:
     def _tell_lost(self, lost: LostRun) -> None:
         """A run this host's sweep recorded lost (once fleet-wide: the sweep
         that wrote it), told to the subscribers: its failure notification
-        and ``/fail`` ping, which its dead host cannot send."""
-        if self.events is not None:
+        and ``/fail`` ping, which its dead host cannot send. Not one of this
+        host's own runs (its lease ran out while the database was away): its
+        lifecycle tells its end, once it has written it."""
+        if self.events is not None and lost.host != self.holder:
             self.events.emit(RunLost(job=self._jobs().job(lost.job), name=lost.job,
                                      host=lost.host, run_id=lost.id, slot=lost.slot,
                                      ended=lost.ended, recorded_by=self.holder, item=lost.item))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import TestDb, wait_for
 from proxy import Proxy
-from test_faults import Fleet, Line, read_lines
+from test_faults import LONG_JOB, Fleet, Line, read_lines
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -52,6 +52,10 @@ def test_a_run_stopped_for_its_lease_keeps_its_duration_and_why(
     proxied: tuple[Fleet, Proxy],
 ) -> None:
     fleet, proxy = proxied
+    # A slot every 5 s: none comes while the command runs, before the cut
+    # (that one would be "still going", rightly).
+    fleet.jobs.write_text(LONG_JOB.replace('"* * * * * *"', '"*/5 * * * * *"')
+                          .format(log=fleet.log))
     fleet.start(1)
     _holder, token = wait_for(fleet.running, 30, what="a running job")
     start = wait_for(lambda: line(fleet, "start", token), 10, what="the command to start")
