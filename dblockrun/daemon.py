@@ -37,6 +37,7 @@ from dblockrun.outage import describe as describe_outage
 from dblockrun.planner import Planner
 from dblockrun.registry import Runs
 from dblockrun.runjob import RunContext
+from dblockrun.runlog import log_run
 from dblockrun.runloop import RunLoop
 from dblockrun.sdnotify import SystemdNotifier
 from dblockrun.secreturl import resolve_secrets
@@ -151,8 +152,11 @@ class Daemon:
             self.metrics, lambda: self.local.jobs, lambda: self.firing.runs.count(),
             inbox.hear if isinstance(inbox, HeardInbox) else None,
             labels=self.local.labels_json, targets=lambda: self.local.targets,
-            book=book, threads=threads)
+            book=book, threads=threads, events=events)
         notifier = Notifier(self.store, self.holder, self.metrics, threads=threads)
+        # The log, metrics, notifications and pings hear of runs and slots.
+        for hear in (log_run, self.metrics.hear, notifier.hear):
+            events.subscribe(hear)
         return Parts(threads, events, book, renewer, books, inbox, notifier)
 
     def _firing(self) -> Firing:
@@ -162,7 +166,7 @@ class Daemon:
             renewer=parts.renewer, outage=self.outage, stop=self.stop,
             stop_grace=lambda: self.signals.deadline,
             loop=RunLoop(self.stop, threads=parts.threads),
-            metrics=self.metrics, notifier=parts.notifier)
+            metrics=self.metrics, events=parts.events)
         return Firing(
             self.store, Settings(self.holder, opts.lease, opts.heartbeat), self.clock,
             self.outage, self.metrics, Planner(opts.heartbeat, CLAIM_TOLERANCE),

@@ -55,6 +55,8 @@ class RunEnded:
     detail: str
     final: bool
     item: str | None = None
+    #: The run's fencing token (the log line's JSON carries it).
+    token: int | None = None
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from dblockrun import spawn
 from dblockrun.errors import DatabaseError
+from dblockrun.events import Events
 from dblockrun.heartbeat import Renewer
 from dblockrun.holder import new_holder_id
 from dblockrun.jobs import Job
 from dblockrun.outage import Outage
 from dblockrun.printable import printable
 from dblockrun.runjob import JobRun, RunContext, exit_status
+from dblockrun.runlog import log_run
 from dblockrun.runloop import RunLoop
 from dblockrun.signals import handling
 
@@ -157,9 +159,11 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
     outage = Outage()
     renewer = Renewer(store, opts.heartbeat, outage)
     stop = threading.Event()
+    events = Events()  # the run's log lines; exec sends no notifications or pings
+    events.subscribe(log_run)
     ctx = RunContext(store=store, holder=holder, lease=opts.lease, kill_grace=5.0,
                      renewer=renewer, outage=outage, stop=stop, stop_grace=lambda: None,
-                     loop=RunLoop(stop))
+                     loop=RunLoop(stop), events=events)
     job = Job(name=opts.name, command=opts.argv, lock_at_most=opts.lock_at_most,
               lock_at_least=opts.lock_at_least)
     pgid: list[int] = []

@@ -87,7 +87,8 @@ class Firing:
                 continue
             full = self.runs.full()
             decision = self.planner.decide(job, due, now, busy=self.runs.busy(job.name),
-                                           full=full)
+                                           full=full,
+                                           winding_up=self.runs.winding_up(job.name))
             if decision.act is Act.RESYNC:
                 assert decision.cause is not None
                 resync.append((job, decision.cause, decision.slot))

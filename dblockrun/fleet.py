@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from dblockrun import __version__
 from dblockrun.errors import DatabaseError
+from dblockrun.events import Events, RunLost
 from dblockrun.heartbeat import DbClock
 from dblockrun.jobs import Job, JobsFile
 from dblockrun.metrics import Metrics
@@ -55,7 +56,8 @@ class FleetBooks:
                  labels: str | None = None,
                  targets: Callable[[], str | None] | None = None,
                  book: SlotBook | None = None,
-                 threads: Threads | None = None) -> None:
+                 threads: Threads | None = None,
+                 events: Events | None = None) -> None:
         self.store = store
         self.holder = holder
         self.heartbeat = heartbeat
@@ -72,6 +74,8 @@ class FleetBooks:
         self._targets = targets
         #: Records the slots a dead holder blocked (dblockrun/slotbook.py).
         self._book = book
+        #: Told of each run this host records lost (notifications, pings).
+        self.events = events
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
         self._drift_seen: set[tuple[str, str]] = set()
@@ -130,6 +134,7 @@ class FleetBooks:
         self.clock.add(done.sample)
         self.live_hosts = 1 + done.live_others
         for lost in done.lost:
+            self._tell_lost(lost)
             self._blocked_slots(lost)
         self._check_drift(mine, done.differing)
         if done.requested and self._requested is not None:
@@ -139,6 +144,17 @@ class FleetBooks:
         """Lock rows edited into a state no claim takes: logged once each."""
         for name in self.store.negative_tokens(j.name for j in self._jobs().jobs):
             self.store.lock.negative_token(name)
+
+    def _tell_lost(self, lost: LostRun) -> None:
+        """A run this host's sweep recorded lost (once fleet-wide: the sweep
+        that wrote it), told to the subscribers: its failure notification
+        and ``/fail`` ping, which its dead host cannot send. Not one of this
+        host's own runs (its lease ran out while the database was away): its
+        lifecycle tells its end, once it has written it."""
+        if self.events is not None and lost.host != self.holder:
+            self.events.emit(RunLost(job=self._jobs().job(lost.job), name=lost.job,
+                                     host=lost.host, run_id=lost.id, slot=lost.slot,
+                                     ended=lost.ended, recorded_by=self.holder, item=lost.item))
 
     def _blocked_slots(self, lost: LostRun) -> None:
         """A run this host recorded lost (its holder stopped renewing). The

@@ -15,9 +15,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dblockrun.errors import UsageError
+from dblockrun.events import Event, RunEnded, SlotPassed
 from dblockrun.supervise import Policy, Supervised, Threads
 
 DURATION_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600)
+#: ``dblockrun_missed_slots_total{reason}`` of a passed slot, by its cause
+#: (others: its result, ``missed`` or ``skipped``).
+_PASSED_KIND = {"host-full": "max-running", "group-full": "group"}
 
 
 class _Live(Collector):
@@ -88,6 +92,14 @@ class Metrics:
     def watch_threads(self, threads: Threads) -> None:
         """``dblockrun_thread_crashes_total{thread}``."""
         self.registry.register(_Crashes(threads))
+    def hear(self, event: Event) -> None:
+        """A subscriber of the run and slot events (dblockrun/events.py):
+        each attempt's end, each slot recorded missed or skipped."""
+        if isinstance(event, RunEnded):
+            self.run_finished(event.job.name, event.result, event.duration)
+        elif isinstance(event, SlotPassed):
+            kind = _PASSED_KIND.get(event.cause, event.result)
+            self.missed.labels(event.job.name, kind).inc(event.count)
 
     def run_finished(self, job: str, result: str, seconds: float) -> None:
         self.runs.labels(job, result).inc()

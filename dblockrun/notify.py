@@ -1,9 +1,10 @@
 """Notifications (apprise) and heartbeat pings, sent in the background.
 
-A daemon has one :class:`Notifier`: the run lifecycle and the missed slots
-hand it events (a queue put, never a wait), and its one thread sends them,
-each with bounded timeouts. Sent once per event, by the host that ran the
-run (or recorded the missed slot). A send that fails is logged (once per
+A daemon has one :class:`Notifier`, subscribed to the run and slot events
+(dblockrun/events.py, :meth:`Notifier.hear`): each is a queue put, never a
+wait, and its one thread sends them, each with bounded timeouts. Sent once
+per event, by the host that ran the run (or recorded the missed slot, or
+recorded another host's run lost). A send that fails is logged (once per
 job until one gets through again) and counted in
 ``dblockrun_notifications_total`` / ``dblockrun_pings_total``; it never
 changes a run's result, and never delays a start or a renewal. A full queue
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from dblockrun import pings
 from dblockrun.errors import DatabaseError
+from dblockrun.events import Event, RunEnded, RunLost, RunStarted, SlotPassed
 from dblockrun.jobs import Job, SecretUrl
 from dblockrun.secreturl import quiet_apprise, scrub, shown
 from dblockrun.store import models as m
@@ -122,6 +124,32 @@ def missed_message(job: Job, host: str, slot: float, late: float,
     return title, body
 
 
+def lost_message(lost: RunLost) -> tuple[str, str]:
+    """The title and body of a notification about a run recorded lost."""
+    title = f"dblockrun: job {lost.name} lost on {_hostname(lost.host)}"
+    body = "\n".join([
+        f"job: {lost.name}",
+        f"event: {FAILURE}",
+        f"result: {m.LOST}",
+        "exit status: -",
+        f"host: {lost.host}",
+        f"slot: {_utc(lost.slot)}",
+        f"run: {lost.run_id}",
+        f"last renewal: {_utc(lost.ended)}",
+        f"recorded by: {lost.recorded_by}",
+        "detail: its host stopped renewing the lease (the daemon died, froze or lost "
+        "the database)",
+    ])
+    return title, body
+
+
+def _missed_rule(passed: SlotPassed) -> str:
+    """Why a slot was missed, as a missed notification says it."""
+    if passed.cause == "deadline" and passed.job.starting_deadline is not None:
+        return f"starting-deadline {passed.job.starting_deadline:g}s"
+    return passed.reason.removeprefix("missed: ")
+
+
 def send_apprise(url: str, title: str, body: str, kind: str) -> None:
     """Send one notification to one apprise URL; raises OSError with
     apprise's reason (secrets scrubbed) if it was not delivered."""
@@ -157,6 +185,30 @@ class Notifier:
 
     # -- events, from the run lifecycle (never blocking) -------------------------
 
+    def hear(self, event: Event) -> None:
+        """A subscriber of the run and slot events (dblockrun/events.py): a
+        run's start ping, its end's (after its last attempt), a missed slot,
+        a run this host's bookkeeping recorded lost (its holder died)."""
+        if isinstance(event, RunStarted):
+            if event.attempt == 1:
+                self.run_started(event.job, event.run_id)
+        elif isinstance(event, RunEnded):
+            if event.final and (event.job.notify or event.job.ping):
+                # As sent before the record kept its reason: that is a line of its own.
+                output = event.output
+                if event.detail:
+                    output = output.removesuffix(event.detail + "\n")
+                self.run_ended(RunEnd(
+                    job=event.job, host=event.host, first_run_id=event.first_run_id,
+                    run_id=event.run_id, slot=event.slot, result=event.result,
+                    exit_code=event.exit_code, duration=event.duration, output=output,
+                    detail=event.detail))
+        elif isinstance(event, SlotPassed):
+            if event.result == m.MISSED:
+                self.missed(event.job, event.slot, event.late, _missed_rule(event))
+        elif event.job is not None:
+            self.run_lost(event)
+
     def run_started(self, job: Job, run_id: int) -> None:
         if job.ping is not None:
             self._put(job.name, "ping", pings.START,
@@ -180,6 +232,20 @@ class Notifier:
                       lambda: self._notify(job, event, title, body_text, "failure"))
         elif end.result == m.OK and RECOVERY in notify.on and self.store is not None:
             self._put(job.name, "notify", RECOVERY, lambda: self._recovery(end))
+
+    def run_lost(self, lost: RunLost) -> None:
+        """Another host's run this host recorded lost: its ``failure``
+        notification and ``/fail`` ping (that host cannot send them)."""
+        job = lost.job
+        assert job is not None
+        if job.ping is not None:
+            ping = job.ping
+            self._put(job.name, "ping", pings.FAIL,
+                      lambda: self._ping(job, ping, pings.FAIL, lost.run_id, b""))
+        if job.notify is not None and FAILURE in job.notify.on:
+            title, body = lost_message(lost)
+            self._put(job.name, "notify", FAILURE,
+                      lambda: self._notify(job, FAILURE, title, body, "failure"))
 
     def missed(self, job: Job, slot: float, late: float, rule: str) -> None:
         if job.notify is not None and MISSED in job.notify.on:

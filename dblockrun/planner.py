@@ -51,6 +51,10 @@ FRESH = 2.0
 #: A host at ``--max-running`` leaves a slot to the others this long, then
 #: looks at it once more (dblockrun/limits.py).
 SHARE_WAIT = 0.25
+#: A slot whose job's run here is winding up (its command over, its record
+#: still being written, e.g. through an outage) is looked at again this
+#: often instead of being skipped.
+WIND_UP_WAIT = 0.2
 
 
 class Cause(StrEnum):
@@ -595,13 +599,19 @@ class Planner:
         for name in [n for n in self.backlog if n not in names]:
             del self.backlog[name]
 
-    def decide(self, job: Job, due: Due, now: float, *, busy: bool,
-               full: bool) -> Decision:
+    def decide(self, job: Job, due: Due, now: float, *, busy: bool, full: bool,
+               winding_up: bool = False) -> Decision:
         """What to do with an attempt due at ``now``: ``busy``, the job runs
-        on this host; ``full``, this host is at ``--max-running``."""
+        on this host (``winding_up``: its command is over, only its record
+        is left); ``full``, this host is at ``--max-running``."""
         if due.resync is not None:
             return Decision(Act.RESYNC, due.slot, cause=due.resync)
         slot = due.slot
+        if winding_up and slot is not None and not job.fan_out:
+            # Not "previous run still going": look again once it is recorded
+            # (a newer slot passing meanwhile makes this one passed).
+            self.agenda.push(now + WIND_UP_WAIT, job.name, slot)
+            return Decision(Act.WAIT)
         if slot is None:  # a rate job's turn: its end plans the next (Outcome.ENDED)
             return Decision(Act.WAIT if busy and not job.fan_out else Act.CLAIM)
         assert job.cron is not None

@@ -50,6 +50,13 @@ class Runs:
         with self._lock:
             return name in self._running
 
+    def winding_up(self, name: str) -> bool:
+        """Whether the job's run here has only its record and release left
+        (its command is over): its next slot waits for it, not skipped."""
+        with self._lock:
+            run = self._running.get(name)
+        return run is not None and bool(getattr(run, "winding_up", lambda: False)())
+
     def count(self) -> int:
         """Commands running here (what --max-running counts)."""
         with self._lock:

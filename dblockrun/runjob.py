@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 from dblockrun.errors import DatabaseError
+from dblockrun.events import Events, RunEnded, RunStarted
 from dblockrun.heartbeat import Renewer
 from dblockrun.jobs import Job
 from dblockrun.outage import Outage
@@ -24,7 +25,6 @@ from dblockrun.withheld import withheld
 
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
-    from dblockrun.notify import Notifier
 
 log = logging.getLogger("dblockrun")
 out_log = logging.getLogger("dblockrun.output")
@@ -49,8 +49,9 @@ class RunContext:
     #: The environment commands start from, read once: dict(os.environ)
     #: decodes every variable again, 0.5 ms a start with a few dozen.
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    #: Notifications and pings (the daemon's; exec sends none).
-    notifier: Notifier | None = None
+    #: Where the runs' starts and ends are told (dblockrun/events.py): the
+    #: log, metrics, notifications and pings subscribe there.
+    events: Events | None = None
 
 
 def result_of(outcome: Outcome) -> str:
@@ -73,10 +74,12 @@ def stored_text(data: bytes) -> str:
 
 
 def stored_output(outcome: Outcome) -> str:
-    """The output tail a run is recorded with; a command that could not start,
-    or that an operator killed, ends with why (``killed by alice@web-1: ...``)."""
+    """The output tail a run is recorded with; a command that could not
+    start, or that was stopped (an operator's kill, lock-at-most, its lease,
+    a shutdown), ends with why (``killed by alice@web-1: ...``,
+    ``reached lock-at-most``)."""
     output = stored_text(outcome.tail)
-    if outcome.reason in ("error", "killed"):
+    if outcome.detail:
         output = (output + outcome.detail + "\n")[-65536:]
     return output
 
@@ -232,6 +235,7 @@ class JobRun:
         self._released = False
         self._first_run_id: int | None = None
         self._seat_released = False
+        self._winding_up = False
 
     def start(self) -> None:
         """Start the run; :attr:`done` is set once it is over."""
@@ -281,13 +285,10 @@ class JobRun:
         self.last_run_id = run_id
         if attempt == 1:
             self._first_run_id = run_id
-            if ctx.notifier is not None:
-                ctx.notifier.run_started(job, run_id)
         env = self._env(run_id)
-        fields = {"job": job.name, "run_id": run_id, "token": self.token, "host": ctx.holder,
-                  "slot": env.get("DBLOCKRUN_SLOT"), "item": item.item if item else None}
-        log.info("job %s: run %d started (token %d, attempt %d)", self.label, run_id, self.token,
-                 attempt, extra={**fields, "event": "start"})
+        self._emit(RunStarted(job=job, host=ctx.holder, run_id=run_id, token=self.token,
+                              slot=self.slot, attempt=attempt,
+                              item=item.item if item is not None else None))
         process = Process(
             argv_for(job.command, job.shell),
             env=env,
@@ -307,7 +308,7 @@ class JobRun:
 
         def ended(outcome: Outcome | None = None) -> None:
             ctx.loop.unwatch(process)
-            self._ended(attempt, run_id, outcome or process.finish(), started, fields)
+            self._ended(attempt, run_id, outcome or process.finish(), started)
 
         failed = process.start(on_end=lambda: self._step(ended))
         if failed is not None:
@@ -323,23 +324,13 @@ class JobRun:
             env.update(self.item.env())
         return env
 
-    def _ended(self, attempt: int, run_id: int, outcome: Outcome, started: float,
-               fields: dict[str, object]) -> None:
-        """An attempt's command ended: log and record it, then retry, apply
-        on-failure or end the run."""
+    def _ended(self, attempt: int, run_id: int, outcome: Outcome, started: float) -> None:
+        """An attempt's command ended: record it and tell it, then retry,
+        apply on-failure or end the run."""
         job, ctx = self.job, self.ctx
         self.last_outcome = outcome
         result = result_of(outcome)
-        code = exit_status(outcome.exit_code)
         took = time.monotonic() - started
-        if ctx.metrics is not None:
-            ctx.metrics.run_finished(job.name, result, took)
-        extra = f" ({outcome.detail})" if outcome.detail else ""
-        log.log(
-            logging.INFO if result == m.OK else logging.WARNING,
-            "job %s: run %d %s, exit %s, %.2fs%s", self.label, run_id, result, code, took, extra,
-            extra={**fields, "event": result},
-        )
         retry = (result == m.FAILED and attempt <= job.retries and not self.watch.lost
                  and self.watch.killed is None  # an operator's kill ends the run, retries too
                  and not ctx.stop.is_set() and time.monotonic() + 0.1 < self.deadline)
@@ -347,9 +338,17 @@ class JobRun:
         # one stopped by a shutdown or fencing does not.
         on_failure = not retry and result in (m.FAILED, m.TIMEOUT) and not ctx.stop.is_set()
         last = not retry and not (on_failure and job.on_failure.wanted)
-        self._record_result(run_id, outcome, release=last)
-        if not retry and ctx.notifier is not None and (job.notify or job.ping):
-            self._notify_end(run_id, outcome, result, code, took)
+        # Nothing but the record and the release follows: the run no longer
+        # holds up the job's next slot (:meth:`winding_up`).
+        self._winding_up = last
+        output = stored_output(outcome)
+        self._record_result(run_id, outcome, output, took, release=last)
+        self._emit(RunEnded(
+            job=job, host=ctx.holder, run_id=run_id, first_run_id=self._first_run_id or run_id,
+            slot=self.slot, attempt=attempt, result=result,
+            exit_code=exit_status(outcome.exit_code), duration=took, output=output,
+            detail=outcome.detail, final=not retry, token=self.token,
+            item=self.item.item if self.item is not None else None))
         if retry:
             ctx.loop.call_later(job.retry_delay, lambda: self._step(lambda: self._retry(attempt)))
         elif on_failure:
@@ -357,18 +356,15 @@ class JobRun:
         else:
             self._end()
 
-    def _notify_end(self, run_id: int, outcome: Outcome, result: str, code: int | None,
-                    took: float) -> None:
-        """Hand the run's end (its last attempt's) to the notifier: pings and
-        notifications, sent in the background."""
-        from dblockrun.notify import RunEnd
+    def _emit(self, event: RunStarted | RunEnded) -> None:
+        if self.ctx.events is not None:
+            self.ctx.events.emit(event)
 
-        assert self.ctx.notifier is not None
-        self.ctx.notifier.run_ended(RunEnd(
-            job=self.job, host=self.ctx.holder, first_run_id=self._first_run_id or run_id,
-            run_id=run_id, slot=self.slot, result=result, exit_code=code, duration=took,
-            output=stored_text(outcome.tail), detail=outcome.detail,
-            item=self.item.item if self.item is not None else None))
+    def winding_up(self) -> bool:
+        """Whether the run's command is over and only its bookkeeping (its
+        record, the release; retried through an outage) is left: its job's
+        next slot then waits for it rather than being skipped."""
+        return self._winding_up
 
     def _retry(self, attempt: int) -> None:
         """After a failed attempt's retry delay (cut short by a shutdown)."""
@@ -399,13 +395,15 @@ class JobRun:
             if self.on_done is not None:
                 self.on_done(self)
 
-    def _record_result(self, run_id: int, outcome: Outcome, *, release: bool) -> None:
-        """The run's result; with ``release`` the lock's release in the same
-        round trip (where the store can), the lease's renewals stopped first."""
+    def _record_result(self, run_id: int, outcome: Outcome, output: str, took: float, *,
+                       release: bool) -> None:
+        """The run's result, its command's duration ``took`` (not until the
+        write got through an outage); with ``release`` the lock's release in
+        the same round trip (where the store can), the lease's renewals
+        stopped first."""
         job, ctx = self.job, self.ctx
         result = result_of(outcome)
         code = exit_status(outcome.exit_code)
-        output = stored_output(outcome)
         store, what, until = ctx.store, f"record result of {job.name}", time.monotonic() + 60
         written: bool | None
         item = self.item
@@ -415,7 +413,7 @@ class JobRun:
                 result, code, output, job.lock_at_least)) if item is not None else
                 lambda: store.finish_and_release(
                 run_id, job.name, ctx.holder, self.token, result, code, output,
-                job.lock_at_least, seat=self.watch.seat), until)
+                job.lock_at_least, seat=self.watch.seat, took=took), until)
             written = None if both is None else both[0]
             self._released = self._seat_released = both is not None
             if self._released:
@@ -423,7 +421,7 @@ class JobRun:
         else:
             written = ctx.outage.retry(what, (lambda: item.finish(result, code, output))
                                        if item is not None else lambda: store.finish_run(
-                run_id, job.name, self.token, result, code, output), until)
+                run_id, job.name, self.token, result, code, output, took=took), until)
         if written is False:
             log.warning("job %s: run %d result not recorded: token %d is no longer current",
                         job.name, run_id, self.token)

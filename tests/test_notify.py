@@ -7,6 +7,7 @@ to the run, a log line and a metric); that secrets are never printed.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -421,3 +422,44 @@ def test_secrets_from_the_environment_and_files_are_never_printed(
     assert "ping fail to http://127.0.0.1/…" in log
     for text in (log, checked.stdout, checked.stderr, status.stdout, status.stderr):
         assert token not in text
+
+
+# -- a run lost with its host ----------------------------------------------------------
+
+
+def test_a_run_lost_with_its_host_is_notified_and_failed_once_by_the_fleet(
+    store: Store, start: Callable[..., Daemon], hooks: Hooks
+) -> None:
+    jobs = ("jobs:\n  long:\n    rate: 1h\n    command: 'echo started; sleep 60'\n"
+            f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
+            f"    ping: '{hooks.url('http', '/ping')}'\n")
+    daemons = [start(jobs, name) for name in ("a", "b", "c")]
+    (run,) = wait_for(lambda: runs(store, "long", m.RUNNING) or None, 30, what="a running run")
+    victim = next(d for d in daemons if d.proc.pid == int(run.host.split(":")[1]))
+    daemons[0].wait(lambda: bool(hooks.under("/ping/start")), 10, "its start ping")
+    victim.proc.kill()  # kill -9, mid-run: it can tell nobody
+    victim.proc.wait()
+    live = [d for d in daemons if d is not victim]
+    live[0].wait(lambda: (r := store.run(run.id)) is not None and r.result == m.LOST, 20,
+                 "the run recorded lost")
+    live[0].wait(lambda: bool(hooks.under("/hook") and hooks.under("/ping/fail")), 10,
+                 "the lost run's notification and fail ping")
+    # A few more bookkeeping rounds on both live hosts (a window for a second,
+    # wrong, send), then what they queued.
+    told = time.time()
+    wait_for(lambda: time.time() - told > 3, 5, what="three more bookkeeping rounds")
+    assert [d.stop() for d in live] == [0, 0]
+    rid = run_uuid("long", run.id)
+    assert [(h.path, h.query, h.body) for h in hooks.under("/ping")] == [
+        ("/ping/start", {"rid": [rid]}, b""),  # from the victim
+        ("/ping/fail", {"rid": [rid]}, b""),  # from the host that recorded it lost
+    ]
+    (hit,) = hooks.under("/hook")
+    doc = hit.json()
+    assert doc["type"] == "failure"
+    assert doc["title"] == f"dblockrun: job long lost on {run.host.split(':')[0]}"
+    assert (hit.field("event"), hit.field("result")) == ("failure", "lost")
+    assert (hit.field("run"), hit.field("host")) == (str(run.id), run.host)
+    recorder = hit.field("recorded by")
+    assert recorder != run.host
+    assert recorder in {h for d in live for h in re.findall(r"daemon (\S+) starting", d.text())}

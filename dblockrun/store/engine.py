@@ -449,7 +449,7 @@ class LockEngine:
         of its items, in one round trip: (result written, released)."""
         n, q, send = len(items), self.q, self.x.send
         params = self._items_params(job, holder, items, result=result, code=exit_code,
-                                    output=output, least=float(lock_at_least))
+                                    output=output, least=float(lock_at_least), took=None)
 
         def go(cur: Any) -> tuple[bool, bool]:
             if self.dialect == "sqlite":  # embedded: two statements
@@ -511,29 +511,32 @@ class LockEngine:
         return self.x.run(go)
 
     def finish_run(self, run_id: int, job: str, token: int | None, result: str,
-                   exit_code: int | None, output: str | None) -> bool:
-        """Record a run's end, only while the job's token is still ``token``."""
+                   exit_code: int | None, output: str | None, took: float | None = None) -> bool:
+        """Record a run's end, only while the job's token is still ``token``;
+        ``took``: its command's duration (the run then ended that long after
+        its start; None: it ends now)."""
         sql = self._text("finish_run", token is not None)
         params = {"run_id": run_id, "name": job, "token": token, "result": result,
-                  "code": exit_code, "output": output}
+                  "code": exit_code, "output": output, "took": took}
         return self._one_row(sql, params)
 
     def finish_and_release(self, run_id: int, job: str, holder: str, token: int, result: str,
                            exit_code: int | None, output: str | None,
                            lock_at_least: float = 0.0,
-                           seat: tuple[str, int] | None = None) -> tuple[bool, bool]:
+                           seat: tuple[str, int] | None = None,
+                           took: float | None = None) -> tuple[bool, bool]:
         """:meth:`finish_run` and :meth:`release` in one round trip:
         (result written, released); ``seat``: also free the group seat the
         run held (dblockrun/limits.py), in the same round trip."""
         if self.dialect == "sqlite":  # embedded: two statements, no round trip
-            done = (self.finish_run(run_id, job, token, result, exit_code, output),
+            done = (self.finish_run(run_id, job, token, result, exit_code, output, took),
                     self.release(job, holder, token, lock_at_least))
             if seat is not None:
                 self.release_seat(seat, holder)
             return done
         params: dict[str, Any] = {
             "run_id": run_id, "name": job, "holder": holder, "token": token, "result": result,
-            "code": exit_code, "output": output, "least": float(lock_at_least)}
+            "code": exit_code, "output": output, "least": float(lock_at_least), "took": took}
         sql = self.q.finish_and_release
         if seat is not None:
             sql = self.q.finish_release_seat

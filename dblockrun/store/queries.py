@@ -434,10 +434,14 @@ class Queries:
                 f"AND {locks}.holder = {p('holder')} AND {locks}.token = {p('token')}")
 
     def run_result(self, table: str = "") -> str:
-        """The SET list of a run's end."""
+        """The SET list of a run's end: it ended ``took`` seconds (its
+        command's duration, measured by the daemon) after its start, not
+        when the write got through (an outage may hold it back for a
+        minute); with ``took`` NULL, now."""
         t = f"{table}." if table else ""
         p = self.p
-        return (f"{t}finished = {self.now}, {t}exit_code = {p('code')}, "
+        ended = f"COALESCE({t}started + CAST({p('took')} AS {self.double}), {self.now})"
+        return (f"{t}finished = {ended}, {t}exit_code = {p('code')}, "
                 f"{t}result = {p('result')}, {t}output = {p('output')}")
 
     def finish_run(self, fenced: bool) -> str:
