@@ -30,6 +30,8 @@ BACKENDS = ("postgresql", "mariadb")
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="the length in seconds instead (a test's replay)")
     parser.add_argument("--seed", type=int, default=None,
                         help="the nemesis's seed (default: a new one, printed)")
     parser.add_argument("--backend", choices=BACKENDS, action="append",
@@ -37,6 +39,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
                         help="keep the daemons' and commands' logs in DIR/BACKEND")
     args = parser.parse_args()
+    seconds = args.seconds if args.seconds is not None else args.minutes * 60
     seed = args.seed if args.seed is not None else random.randrange(10**6)
     reports: list[Report] = []
     for backend in args.backend or BACKENDS:
@@ -45,10 +48,10 @@ def main() -> int:
                 tmp = str(args.keep / backend)
                 Path(tmp).mkdir(parents=True, exist_ok=True)
             url, prefix = URLS[backend](tmp), bench_prefix()
-            print(f"== {backend}: seed {seed}, {args.minutes:g} min, table prefix {prefix}",
+            print(f"== {backend}: seed {seed}, {seconds:g} s, table prefix {prefix}",
                   flush=True)
             try:
-                report = run_soak(url, prefix, backend, args.minutes * 60, seed, Path(tmp),
+                report = run_soak(url, prefix, backend, seconds, seed, Path(tmp),
                                   log=lambda line: print(line, flush=True))
             finally:
                 with Store(url, prefix) as store:
@@ -64,7 +67,7 @@ def main() -> int:
         kinds = " ".join(f"{k}:{n}" for k, n in sorted(r.injected.items()))
         print(f"{r.backend:<11} {sum(r.injected.values()):>6}  {kinds:<42} {r.slots:>6} "
               f"{r.records:>8} {r.runs:>6}  {len(r.violations):>10}")
-    print(f"replay: python bench/soak.py --minutes {args.minutes:g} --seed {seed}")
+    print(f"replay: python bench/soak.py --seconds {seconds:g} --seed {seed}")
     return 1 if any(r.violations for r in reports) else 0
 
 

@@ -283,21 +283,22 @@ class Checker:
         claims = self._claims()
         by_id = {r.id: r for r in self.records}
         for c in self.commands:
-            if c.end is None:
-                continue
+            # A command that never logged its end (reported as such) ran at
+            # least until its start.
+            end, until = (c.end, "ran until") if c.end is not None else (c.start, "started at")
             later = [r for r in claims.get(c.row, []) if r.token > c.token]  # type: ignore[operator]
-            if later and c.end > later[0].started + CLOCK_SLACK:
+            if later and end > later[0].started + CLOCK_SLACK:
                 nxt = later[0]
                 self.add("lease", c.row, c.slot,
-                         f"{describe(c)} ran until {iso(c.end)}, "
-                         f"{c.end - nxt.started:.3f}s after token {nxt.token} was claimed "
+                         f"{describe(c)} {until} {iso(end)}, "
+                         f"{end - nxt.started:.3f}s after token {nxt.token} was claimed "
                          f"by {nxt.host} at {iso(nxt.started)}")
             own = by_id.get(c.run_id)
             if own is not None and own.result == m.LOST and own.finished is not None \
-                    and c.end > own.finished + LEASE + CLOCK_SLACK:
+                    and end > own.finished + LEASE + CLOCK_SLACK:
                 self.add("lease", c.row, c.slot,
-                         f"{describe(c)} ran until {iso(c.end)}, "
-                         f"{c.end - own.finished - LEASE:.3f}s after its lost lease ran out "
+                         f"{describe(c)} {until} {iso(end)}, "
+                         f"{end - own.finished - LEASE:.3f}s after its lost lease ran out "
                          f"(last renewal {iso(own.finished)} + {LEASE:g}s)")
 
     # -- the records say what the commands did --------------------------------

@@ -56,7 +56,7 @@ class Report:
 
     def replay(self) -> str:
         return (f"python bench/soak.py --backend {self.backend} --seed {self.seed} "
-                f"--minutes {self.seconds / 60:g}")
+                f"--seconds {self.seconds:g}")
 
 
 def print_schedule(faults: list[Fault], names: list[str], seed: int,
