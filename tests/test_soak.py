@@ -151,10 +151,10 @@ def test_a_command_started_under_a_superseded_token_is_reported() -> None:
                                  T0 + 3.7, 137, m.KILLED))
     found = [str(v) for v in h.check()]
     assert found == [
-        f"record: job tick slot {iso(T0 + 2)}: token 3 (run 40 on d2) started at "
-        f"{iso(T0 + 3.5)} and never logged its end",
         f"lease: job tick slot {iso(T0 + 2)}: token 3 (run 40 on d2) started at "
         f"{iso(T0 + 3.5)}, 0.450s after token 4 was claimed by vm:d1 at {iso(T0 + 3.05)}",
+        f"record: job tick slot {iso(T0 + 2)}: token 3 (run 40 on d2) started at "
+        f"{iso(T0 + 3.5)} and never logged its end",
     ]
 
 

@@ -118,6 +118,7 @@ class Checker:
         self.coverage()
         self.leases()
         self.agreement()
+        self.violations = ordered(self.violations)
         return self.violations
 
     # -- one start per slot ---------------------------------------------------
@@ -271,7 +272,7 @@ class Checker:
             return ""
         r = max(earlier, key=lambda r: (r.slot, r.id))
         held = ""
-        if r.token is not None and r.started + spec.lock_at_least > slot:
+        if spec.lock_at_least and r.token is not None and r.started + spec.lock_at_least > slot:
             held = f"; the lock-at-least ({spec.lock_at_least:g}s) of that run held the lock"
         return (f" (the slot before: {iso(r.slot)} record {r.id} {r.result}"
                 + (f" token {r.token}" if r.token is not None else "") + f" by {r.host}, "
@@ -356,6 +357,15 @@ def daemon_problems(logs: dict[str, str], exits: dict[str, list[int]],
             out.append(Violation("crash", f"(daemon {name})", None,
                                  f"exit status {status} on the final SIGTERM"))
     return out
+
+
+#: The order violations are listed in: the worst first.
+KINDS = ("twice", "overlap", "lease", "at-least", "rate", "crash", "record", "coverage")
+
+
+def ordered(violations: Iterable[Violation]) -> list[Violation]:
+    """By kind (the worst first), then job and slot."""
+    return sorted(violations, key=lambda v: (KINDS.index(v.kind), v.row, v.slot or 0.0))
 
 
 def count(violations: Iterable[Violation]) -> Counter[str]:

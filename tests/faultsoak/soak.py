@@ -92,7 +92,8 @@ def actions_for(faults: list[Fault], fleet: Fleet, injected: Counter[str],
             elif f.kind == "clock":
                 d.shift_clock(0)
 
-        out.append(Action(f.at, f"{f.kind} {d.name}", begin))
+        shift = f" {f.shift:+g}s" if f.kind == "clock" else ""
+        out.append(Action(f.at, f"{f.kind}{shift} {d.name}", begin))
         out.append(Action(f.end, f"end of {f.kind} {d.name}", end))
 
     def cut_all(f: Fault) -> None:
