@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from faultsoak.checker import Checker, Violation, Window, daemon_problems, iso
+from faultsoak.checker import Checker, Quiet, Violation, Window, daemon_problems, iso
 from faultsoak.nemesis import schedule
 from faultsoak.soak import Unavailable, run_soak
 from faultsoak.workload import LEASE, Command
@@ -114,6 +114,19 @@ def test_a_passed_slot_with_no_record_and_one_with_two_are_reported() -> None:
     ]
 
 
+def test_slots_while_disabled_or_paused_are_not_due() -> None:
+    h = History()
+    for _ in range(3):  # slots T0+2..T0+4 vanish: the job was disabled
+        del h.records[2], h.commands[2]
+    del h.records[5], h.commands[5]  # T0+8 vanishes too: the fleet was paused
+    quiet = [Quiet("tick", T0 + 1.6, T0 + 4.2), Quiet("other", T0 + 5, T0 + 9),
+             Quiet(None, T0 + 7.9, T0 + 8.1)]
+    found = Checker(h.records, h.commands, Window(T0, T0 + 9), HOSTS, quiet).check()
+    assert [v for v in found if v.row == "tick"] == []
+    found = Checker(h.records, h.commands, Window(T0, T0 + 9), HOSTS, quiet[:2]).check()
+    assert [v.slot for v in found if v.row == "tick"] == [T0 + 8]
+
+
 def test_a_summary_row_covers_its_range_and_nothing_else() -> None:
     h = History()
     for _ in range(4):  # slots T0+2..T0+5 vanish
@@ -204,7 +217,8 @@ def test_the_schedule_is_a_function_of_the_seed() -> None:
     a, b = schedule(42, 600, 3), schedule(42, 600, 3)
     assert a == b
     assert schedule(43, 600, 3) != a
-    assert {f.kind for f in a} == {"kill", "stop", "cut", "cut-all", "clock", "reload"}
+    assert {f.kind for f in a} == {"kill", "stop", "cut", "cut-all", "clock", "reload",
+                                   "pause", "disable"}
     for f in a:  # one fault per daemon at a time, never two daemons of three
         busy = [g for g in a if g.target is not None and g.at <= f.at < g.end]
         assert len({g.target for g in busy}) == len(busy) <= 2, f

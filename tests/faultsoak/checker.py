@@ -12,7 +12,9 @@ Kinds:
   ``lock-at-least`` / ``rate`` allows (database clock, 0.1 s tolerance);
 - ``coverage``: a slot in the window with no record, or with more than one
   (a slot inside a summary row's ``N slots from A to B`` counts as recorded
-  by it), or a record at an instant that is not a slot of the job;
+  by it), or a record at an instant that is not a slot of the job; a slot
+  while the job was disabled or the fleet paused (give or take
+  :data:`QUIET_SLACK`) is not due: no record is right, one is too;
 - ``lease``: a command still running after the next holder's claim, or
   after its own lost lease ran out (last renewal + lease);
 - ``record``: a command with no record of its run id, a record that
@@ -38,6 +40,8 @@ from faultsoak.workload import LEASE, SPEC, SPECS, Command, JobSpec
 #: Two readings of this machine's clock (a command's `$EPOCHREALTIME`, the
 #: local database server's clock) may differ by this much.
 CLOCK_SLACK = 0.05
+#: A slot this close to a pause or disable, or in it, may or may not be due.
+QUIET_SLACK = 0.5
 #: The claim's own tolerance on `rate` and `lock-at-least` (README: 100 ms).
 CLAIM_TOLERANCE = 0.1
 SUMMARY = re.compile(r"(\d+) slots from (\S+) to (\S+): ")
@@ -72,6 +76,19 @@ class Window:
     last: float
 
 
+@dataclass(frozen=True)
+class Quiet:
+    """A time its ``job`` was disabled (None: the fleet was paused)."""
+
+    job: str | None
+    first: float
+    last: float
+
+    def holds(self, job: str, slot: float) -> bool:
+        return (self.job in (None, job)
+                and self.first - QUIET_SLACK <= slot <= self.last + QUIET_SLACK)
+
+
 def row_of(record: m.RunRecord) -> str:
     return record.job if record.item is None else f"{record.job}/{record.item}"
 
@@ -99,8 +116,9 @@ def cron_slots(cron: str, first: float, last: float) -> list[float]:
 
 class Checker:
     def __init__(self, records: Sequence[m.RunRecord], commands: Sequence[Command],
-                 window: Window, hosts: Sequence[str]) -> None:
+                 window: Window, hosts: Sequence[str], quiet: Sequence[Quiet] = ()) -> None:
         self.records = records
+        self.quiet = quiet
         self.commands = commands
         self.window = window
         self.hosts = hosts
@@ -256,7 +274,7 @@ class Checker:
                              f"a record at an instant that is not a slot: {units[slot]}")
             for slot in expected:
                 found = units.get(round(slot, 3), [])
-                if not found:
+                if not found and not any(q.holds(spec.name, slot) for q in self.quiet):
                     self.add("coverage", row, slot,
                              "passed with no record"
                              + self._before(by_row.get(row, []), slot, spec))

@@ -17,7 +17,13 @@ Fault kinds (each on one daemon unless said otherwise):
 - ``clock``: the daemon's clock (libfaketime) jumps by +/-0.5..3 s, back
   after the length;
 - ``reload``: the jobs file is rewritten (a description changes) and every
-  daemon gets SIGHUP (an instant).
+  daemon gets SIGHUP (an instant);
+- ``pause``: the fleet is paused (``dblockrun pause``), resumed after the
+  length;
+- ``disable``: one job is disabled (``dblockrun disable``), enabled after
+  the length.
+
+Their slots are not due while paused or disabled: the checker is told when.
 
 At most ``size - 1`` daemons are under a fault at once, except during a
 ``cut-all``, and a daemon has one fault at a time.
@@ -30,13 +36,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-KINDS = ("kill", "stop", "cut", "cut-all", "clock", "reload")
-WEIGHTS = (3, 3, 3, 1, 2, 1)
+from faultsoak.workload import SPECS
+
+KINDS = ("kill", "stop", "cut", "cut-all", "clock", "reload", "pause", "disable")
+WEIGHTS = (3, 3, 3, 1, 2, 1, 1, 1)
 #: Seconds between the starts of two faults.
 GAP = (1.0, 5.0)
 #: A fault's length, seconds, per kind.
 LENGTH = {"kill": (0.5, 6.0), "stop": (0.5, 6.0), "cut": (0.5, 8.0), "cut-all": (1.0, 8.0),
-          "clock": (2.0, 10.0), "reload": (0.0, 0.0)}
+          "clock": (2.0, 10.0), "reload": (0.0, 0.0), "pause": (1.0, 5.0),
+          "disable": (1.0, 6.0)}
 #: No fault starts in the first and ends in the last seconds of the soak.
 QUIET = 3.0
 
@@ -48,6 +57,7 @@ class Fault:
     target: int | None  # daemon index; None: the whole fleet
     length: float
     shift: float = 0.0  # clock faults: seconds
+    job: str | None = None  # disable faults: the job
 
     @property
     def end(self) -> float:
@@ -55,6 +65,8 @@ class Fault:
 
     def describe(self, names: list[str]) -> str:
         who = "fleet" if self.target is None else names[self.target]
+        if self.job is not None:
+            who = f"job {self.job}"
         what = f" {self.shift:+.1f}s" if self.kind == "clock" else ""
         length = f" for {self.length:.1f}s" if self.length else ""
         return f"t+{self.at:6.1f}s {self.kind}{what} {who}{length}"
@@ -66,6 +78,8 @@ def schedule(seed: int, seconds: float, size: int) -> list[Fault]:
     faults: list[Fault] = []
     busy_until = [0.0] * size
     fleet_busy_until = 0.0
+    pause_busy_until = 0.0
+    job_busy_until = {s.name: 0.0 for s in SPECS}
     t = QUIET
     while True:
         t += rng.uniform(*GAP)
@@ -73,6 +87,7 @@ def schedule(seed: int, seconds: float, size: int) -> list[Fault]:
         length = round(rng.uniform(*LENGTH[kind]), 1)
         target = rng.randrange(size)
         shift = round(rng.choice((-1, 1)) * rng.uniform(0.5, 3.0), 1)
+        job = rng.choice(SPECS).name
         if t + length > seconds - QUIET:
             if t > seconds - QUIET:
                 return faults
@@ -87,6 +102,16 @@ def schedule(seed: int, seconds: float, size: int) -> list[Fault]:
             continue
         if kind == "reload":
             faults.append(Fault(round(t, 1), kind, None, 0.0))
+            continue
+        if kind == "pause":
+            if t >= pause_busy_until:
+                pause_busy_until = t + length
+                faults.append(Fault(round(t, 1), kind, None, length))
+            continue
+        if kind == "disable":
+            if t >= job_busy_until[job]:
+                job_busy_until[job] = t + length
+                faults.append(Fault(round(t, 1), kind, None, length, job=job))
             continue
         free = [i for i in range(size) if busy_until[i] <= t]
         if len(free) <= 1 or target not in free:

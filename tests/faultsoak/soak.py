@@ -13,11 +13,14 @@ from pathlib import Path
 from helpers import wait_for
 
 from dblockrun.store import Store
-from faultsoak.checker import Checker, Violation, Window, count, daemon_problems
+from dblockrun.store.control import Audit
+from faultsoak.checker import Checker, Quiet, Violation, Window, count, daemon_problems
 from faultsoak.fleet import Daemon, Fleet, find_faketime
 from faultsoak.nemesis import Action, Fault, play, schedule
 from faultsoak.workload import LEASE, SCRIPT, jobs_yaml, read_commands
 
+#: Who the nemesis's pauses and disables are by, in the audit trail.
+WHO = "nemesis@soak"
 #: Daemons in the fleet.
 SIZE = 3
 #: After the last fault is healed, the fleet runs this long before it stops:
@@ -67,7 +70,11 @@ def print_schedule(faults: list[Fault], names: list[str], seed: int,
 
 
 def actions_for(faults: list[Fault], fleet: Fleet, injected: Counter[str],
-                reload: Callable[[], None]) -> list[Action]:
+                reload: Callable[[], None], store: Store,
+                quiet: list[Quiet]) -> list[Action]:
+    """The playback of ``faults``; each pause and disable, once over, is
+    added to ``quiet`` (from before its start to after its end, this
+    machine's clock: the database's)."""
     out: list[Action] = []
 
     def one(f: Fault, d: Daemon) -> None:
@@ -116,11 +123,37 @@ def actions_for(faults: list[Fault], fleet: Fleet, injected: Counter[str],
 
         out.append(Action(f.at, "reload", do))
 
+    def hold(f: Fault) -> None:
+        since = 0.0
+        audit = Audit(WHO, f.kind, f.job)
+
+        def begin() -> None:
+            nonlocal since
+            injected[f.kind] += 1
+            since = time.time()
+            if f.job is None:
+                store.control.pause(audit, None)
+            else:
+                store.disable(f.job, reason="soak nemesis", audit=audit)
+
+        def end() -> None:
+            if f.job is None:
+                store.control.resume(Audit(WHO, "resume"))
+            else:
+                store.enable(f.job, audit=Audit(WHO, "enable", f.job))
+            quiet.append(Quiet(f.job, since, time.time()))
+
+        what = "pause" if f.job is None else f"disable {f.job}"
+        out.append(Action(f.at, what, begin))
+        out.append(Action(f.end, f"end of {what}", end))
+
     for f in faults:
         if f.kind == "cut-all":
             cut_all(f)
         elif f.kind == "reload":
             reload_at(f)
+        elif f.kind in ("pause", "disable"):
+            hold(f)
         else:
             assert f.target is not None
             one(f, fleet.daemons[f.target])
@@ -145,6 +178,7 @@ def run_soak(url: str, prefix: str, backend: str, seconds: float, seed: int, wor
     names = [d.name for d in fleet.daemons]
     print_schedule(faults, names, seed, log)
     generation = 0
+    quiet: list[Quiet] = []
 
     def reload() -> None:
         nonlocal generation
@@ -158,7 +192,7 @@ def run_soak(url: str, prefix: str, backend: str, seconds: float, seed: int, wor
         wait_for(lambda: len(store.hosts(seen_within=30)) >= SIZE, 60, interval=0.2,
                  what=f"{SIZE} daemons to register")
         begin, wall_begin = time.monotonic(), time.time()
-        play(actions_for(faults, fleet, report.injected, reload), begin, log)
+        play(actions_for(faults, fleet, report.injected, reload, store, quiet), begin, log)
         wait_for(lambda: time.monotonic() >= begin + seconds, seconds + 5, interval=0.2,
                  what="the end of the soak")
         fleet.heal()
@@ -177,7 +211,7 @@ def run_soak(url: str, prefix: str, backend: str, seconds: float, seed: int, wor
                                      for d in fleet.daemons},
                                     {d.name: d.exits for d in fleet.daemons}, final)
         checker = Checker(records, commands,
-                          Window(wall_begin + EDGE_START, stop_at - EDGE_END), names)
+                          Window(wall_begin + EDGE_START, stop_at - EDGE_END), names, quiet)
         report.violations = checker.check(problems)
         report.slots = checker.slots_checked
         report.records = len(records)
