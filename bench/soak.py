@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from common import URLS, bench_prefix  # noqa: E402
+from common import URLS, Table, bench_prefix  # noqa: E402
 from faultsoak.soak import Report, run_soak  # noqa: E402
 
 from dblockrun.store import Store  # noqa: E402
@@ -61,12 +61,12 @@ def main() -> int:
         print(report.figures(), flush=True)
         reports.append(report)
     print()
-    print("backend     faults  (by kind)                                   slots  records"
-          "   runs  violations")
+    table = Table(["backend", "faults", "by kind", "slots", "records", "runs", "violations"])
     for r in reports:
-        kinds = " ".join(f"{k}:{n}" for k, n in sorted(r.injected.items()))
-        print(f"{r.backend:<11} {sum(r.injected.values()):>6}  {kinds:<42} {r.slots:>6} "
-              f"{r.records:>8} {r.runs:>6}  {len(r.violations):>10}")
+        table.add([r.backend, sum(r.injected.values()),
+                   " ".join(f"{k}:{n}" for k, n in sorted(r.injected.items())),
+                   r.slots, r.records, r.runs, len(r.violations)])
+    table.print()
     print(f"replay: python bench/soak.py --seconds {seconds:g} --seed {seed}")
     return 1 if any(r.violations for r in reports) else 0
 
