@@ -5,40 +5,16 @@ file of its own (to shift its clock while it runs)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from faketime import DAEMON_MAIN
 from proxy import Proxy
 
 from faultsoak.workload import GRACE, HEARTBEAT, LEASE
-
-FAKETIME_PACKAGE = "libfaketime"
-FAKETIME_LIB = "libfaketime.so.1"
-
-# The same setting as tests/test_skew.py (see there why): the monotonic clock
-# stays real and time.sleep() is select()-based under libfaketime.
-DAEMON_PRELUDE = """\
-import runpy, select, time
-def _sleep(secs, _mono=time.monotonic, _select=select.select):
-    deadline = _mono() + secs
-    while (left := deadline - _mono()) > 0:
-        _select([], [], [], left)
-time.sleep = _sleep
-"""
-DAEMON_MAIN = DAEMON_PRELUDE + "runpy.run_module('dblockrun', run_name='__main__')\n"
-
-
-def find_faketime() -> str | None:
-    """The path of libfaketime.so.1 (from `dpkg -L libfaketime`), None: not installed."""
-    if shutil.which("dpkg") is None:
-        return None
-    listing = subprocess.run(["dpkg", "-L", FAKETIME_PACKAGE], capture_output=True, text=True)
-    paths = [p for p in listing.stdout.splitlines() if p.endswith("/" + FAKETIME_LIB)]
-    return paths[0] if listing.returncode == 0 and paths else None
 
 
 def server_port(url: str) -> int:

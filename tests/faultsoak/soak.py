@@ -10,12 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from faketime import find_faketime
 from helpers import wait_for
 
 from dblockrun.store import Store
 from dblockrun.store.control import Audit
 from faultsoak.checker import Checker, Quiet, Violation, Window, count, daemon_problems
-from faultsoak.fleet import Daemon, Fleet, find_faketime
+from faultsoak.fleet import Daemon, Fleet
 from faultsoak.nemesis import Action, Fault, play, schedule
 from faultsoak.workload import LEASE, SCRIPT, jobs_yaml, read_commands
 
