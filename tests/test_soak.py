@@ -24,7 +24,7 @@ import pytest
 from faultsoak.checker import Checker, Quiet, Violation, Window, daemon_problems, iso
 from faultsoak.nemesis import schedule
 from faultsoak.soak import Unavailable, run_soak
-from faultsoak.workload import LEASE, Command
+from faultsoak.workload import LEASE, Command, read_commands
 from helpers import TestDb
 
 from dblockrun.store import models as m
@@ -156,18 +156,59 @@ def test_a_command_past_the_next_claim_or_its_lost_lease_is_reported() -> None:
 
 
 def test_a_command_started_under_a_superseded_token_is_reported() -> None:
-    # A retry attempt started for token 3 after token 4 was claimed, and was
-    # killed (SIGKILL: it logged no end).
+    # The retry job's second attempt of token 1 started after token 2 was
+    # claimed, and was killed (SIGKILL: it logged no end).
     h = History()
-    h.commands.append(Command("tick", "d2", T0 + 2, None, 3, 40, T0 + 3.5, None, None))
-    h.records.append(m.RunRecord(40, "tick", None, "vm:d2", T0 + 2, 3, 2, T0 + 3.49,
-                                 T0 + 3.7, 137, m.KILLED))
-    found = [str(v) for v in h.check()]
+    h.run("retry", T0 + 2, token=1, result=m.FAILED)
+    h.run("retry", T0 + 4, token=2)
+    h.commands.append(Command("retry", "d2", T0 + 2, None, 1, 40, T0 + 4.5, None, None))
+    h.records.append(m.RunRecord(40, "retry", None, "vm:d2", T0 + 2, 1, 2, T0 + 4.49,
+                                 T0 + 4.7, 137, m.KILLED))
+    found = [str(v) for v in h.check() if v.row == "retry" and v.kind != "coverage"]
     assert found == [
-        f"lease: job tick slot {iso(T0 + 2)}: token 3 (run 40 on d2) started at "
-        f"{iso(T0 + 3.5)}, 0.450s after token 4 was claimed by vm:d1 at {iso(T0 + 3.05)}",
-        f"record: job tick slot {iso(T0 + 2)}: token 3 (run 40 on d2) started at "
-        f"{iso(T0 + 3.5)} and never logged its end",
+        f"lease: job retry slot {iso(T0 + 2)}: token 1 (run 40 on d2) started at "
+        f"{iso(T0 + 4.5)}, 0.450s after token 2 was claimed by vm:d1 at {iso(T0 + 4.05)}",
+        f"record: job retry slot {iso(T0 + 2)}: token 1 (run 40 on d2) started at "
+        f"{iso(T0 + 4.5)} and never logged its end",
+    ]
+
+
+def test_one_token_started_twice_at_once_is_reported() -> None:
+    # A fan-out item run twice for one slot, at once, under one token and
+    # one run id (seen: bench/soak.py --seconds 300 --seed 4711, PostgreSQL).
+    h = History()
+    h.run("fan-out", T0 + 3, token=7, item="i5")
+    h.commands.append(Command("fan-out", "d3", T0 + 3, "i5", 7, 1, T0 + 3.07, T0 + 3.3, "0"))
+    found = [str(v) for v in h.check() if v.row == "fan-out/i5"]
+    assert found == [
+        f"twice: job fan-out/i5 slot {iso(T0 + 3)}: started by token 7 (run 11 on d1), "
+        "token 7 (run 1 on d3)",
+        f"overlap: job fan-out/i5 slot {iso(T0 + 3)}: token 7 (run 1 on d3) started at "
+        f"{iso(T0 + 3.07)} while fan-out/i5 token 7 (run 11 on d1) (slot {iso(T0 + 3)}) ran "
+        f"until {iso(T0 + 3.24)}: 0.170s at once in job fan-out/i5",
+        f"record: job fan-out/i5 slot {iso(T0 + 3)}: run 1: the record has row tick, "
+        f"slot {iso(T0)}, token 1",
+    ]
+
+
+def test_the_command_log_is_read_whole(tmp_path: Path) -> None:
+    log = tmp_path / "commands.log"
+    log.write_text(
+        "start 10.5 fan-out d3 2026-11-25T15:08:54Z i5 74 1525 -\n"
+        "end 10.9 fan-out d3 2026-11-25T15:08:54Z i5 74 1525 0\n"
+        "start 13.4 fan-out d3 2026-11-25T15:08:57Z i5 74 1525 -\n"
+        "start 13.5 fan-out d3 2026-11-25T15:08:57Z i5 74 1543 -\n"
+        "end 13.9 fan-out d3 2026-11-25T15:08:57Z i5 74 1525 0\n"
+        "end 14.0 tick d1 2026-11-25T15:08:57Z - 9 1600 0\n"
+        "start 14.1 tick d1\n")
+    commands, bad = read_commands(log)
+    assert [(c.run_id, c.start, c.end) for c in commands] == [
+        (1525, 10.5, 10.9), (1525, 13.4, 13.9), (1543, 13.5, None)]
+    assert bad == [
+        "an end line with no start: 'end 14.0 tick d1 2026-11-25T15:08:57Z - 9 1600 0'",
+        "torn command log line 'start 14.1 tick d1'",
+        "run id 1525 was given to 2 commands: fan-out/i5 slot 2026-11-25T15:08:54Z on d3, "
+        "fan-out/i5 slot 2026-11-25T15:08:57Z on d3",
     ]
 
 

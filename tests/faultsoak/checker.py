@@ -5,7 +5,8 @@ the slot and what happened.
 
 Kinds:
 
-- ``twice``: a slot started (or was claimed) under two fencing tokens;
+- ``twice``: a slot started (or was claimed) under two fencing tokens, or
+  more often than its attempts allow;
 - ``overlap``: two commands of one lock row, or of one group of one seat,
   ran at the same time;
 - ``at-least`` / ``rate``: a job claimed again sooner than its
@@ -142,21 +143,24 @@ class Checker:
     # -- one start per slot ---------------------------------------------------
 
     def twice(self) -> None:
-        started: dict[tuple[str, float], dict[int, Command]] = defaultdict(dict)
+        """A slot's commands: one token, and no more than its attempts (one
+        plus ``retries``)."""
+        started: dict[tuple[str, float], list[Command]] = defaultdict(list)
         for c in self.commands:
             if c.slot is not None:
-                started[(c.row, round(c.slot, 3))].setdefault(c.token, c)
-        for (row, slot), by_token in sorted(started.items()):
-            if len(by_token) > 1:
+                started[(c.row, round(c.slot, 3))].append(c)
+        for (row, slot), cs in sorted(started.items()):
+            tokens = Counter(c.token for c in cs)
+            if len(tokens) > 1 or max(tokens.values()) > 1 + spec_of(row).retries:
                 self.add("twice", row, slot, "started by " + ", ".join(
-                    describe(c) for c in by_token.values()))
+                    describe(c) for c in cs))
         claimed: dict[tuple[str, float], set[int]] = defaultdict(set)
         for r in self.records:
             if r.slot is not None and r.token is not None:
                 claimed[(row_of(r), round(r.slot, 3))].add(r.token)
-        for (row, slot), tokens in sorted(claimed.items()):
-            if len(tokens) > 1 and len(started.get((row, slot), {})) <= 1:
-                self.add("twice", row, slot, f"claimed under tokens {sorted(tokens)}")
+        for (row, slot), claims in sorted(claimed.items()):
+            if len(claims) > 1 and len({c.token for c in started.get((row, slot), [])}) <= 1:
+                self.add("twice", row, slot, f"claimed under tokens {sorted(claims)}")
 
     # -- never two at once ----------------------------------------------------
 
@@ -181,8 +185,7 @@ class Checker:
         latest: Command | None = None
         for c in sorted(commands, key=lambda c: c.start):
             assert c.end is not None
-            if latest is not None and latest.end is not None and c.start < latest.end \
-                    and (latest.row, latest.token) != (c.row, c.token):
+            if latest is not None and latest.end is not None and c.start < latest.end:
                 self.add("overlap", c.row, c.slot,
                          f"{describe(c)} started at {iso(c.start)} while {latest.row} "
                          f"{describe(latest)} (slot {iso(latest.slot)}) ran until "

@@ -19,7 +19,7 @@ the same clock and the checker can compare them. ``HOST`` is the daemon's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 #: Daemon options of the soak fleet: failover within seconds.
@@ -153,10 +153,17 @@ def parse_slot(text: str) -> float | None:
     return None if text == "-" else datetime.fromisoformat(text).timestamp()
 
 
+def slot_text(slot: float | None) -> str:
+    """As ``DBLOCKRUN_SLOT`` reads (``-``: none)."""
+    if slot is None:
+        return "-"
+    return datetime.fromtimestamp(slot, UTC).isoformat().replace("+00:00", "Z")
+
+
 def read_commands(log: Path) -> tuple[list[Command], list[str]]:
-    """The commands of the log, by run id, and the lines that made no sense
-    (an end without a start, a torn line)."""
-    commands: dict[int, Command] = {}
+    """The commands of the log, and the lines that made no sense (an end
+    without a start, a torn line, a run id two commands claim)."""
+    commands: dict[tuple[str, ...], Command] = {}
     bad: list[str] = []
     if not log.exists():
         return [], []
@@ -166,16 +173,24 @@ def read_commands(log: Path) -> tuple[list[Command], list[str]]:
             bad.append(f"torn command log line {raw!r}")
             continue
         kind, at, job, host, slot, item, token, run_id, status = parts
-        rid = int(run_id)
+        key = (job, host, slot, item, token, run_id)
         if kind == "start":
-            if rid in commands:
-                bad.append(f"run id {rid} started twice in the command log")
+            if key in commands:
+                bad.append(f"two commands started as {' '.join(key)}")
                 continue
-            commands[rid] = Command(job, host, parse_slot(slot), None if item == "-" else item,
-                                    int(token), rid, float(at))
-        elif rid not in commands:
+            commands[key] = Command(job, host, parse_slot(slot), None if item == "-" else item,
+                                    int(token), int(run_id), float(at))
+        elif key not in commands:
             bad.append(f"an end line with no start: {raw!r}")
         else:
-            commands[rid].end = float(at)
-            commands[rid].status = status
+            commands[key].end = float(at)
+            commands[key].status = status
+    runs: dict[int, list[Command]] = {}
+    for c in commands.values():
+        runs.setdefault(c.run_id, []).append(c)
+    for rid, cs in sorted(runs.items()):
+        if len(cs) > 1:
+            bad.append(f"run id {rid} was given to {len(cs)} commands: " + ", ".join(
+                f"{c.row} slot {slot_text(c.slot)} on {c.host}"
+                for c in cs))
     return sorted(commands.values(), key=lambda c: c.start), bad
