@@ -17,7 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+# This checkout's dblockrun (the daemons run from it too) and its tests/.
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from common import URLS, Table, bench_prefix  # noqa: E402
 from faultsoak.soak import Report, run_soak  # noqa: E402
