@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faketime import DAEMON_MAIN, DAEMON_PRELUDE, FAKETIME_PACKAGE, find_faketime
 from helpers import TestDb, dblockrun_cmd, wait_for
 
 from dblockrun.store import Store
@@ -51,8 +52,6 @@ OFFSET_TOLERANCE = 0.5
 #: against the database clock) and leave each slot to a host that is behind:
 #: every run a second or more late.
 MEDIAN_LATENESS_LIMIT = 0.75
-FAKETIME_PACKAGE = "libfaketime"
-FAKETIME_LIB = "libfaketime.so.1"
 
 # The command's timestamps come from the real clock: `env -u` drops the preload.
 REAL_DATE = "$(env -u LD_PRELOAD -u FAKETIME -u FAKETIME_DONT_FAKE_MONOTONIC date +%s.%N)"
@@ -70,28 +69,7 @@ jobs:
       echo "end $line {REAL_DATE}" >> "$LOG"
 """
 
-# libfaketime 0.9.10 (Debian 12) and Python 3.11 do not mix as they are:
-# - with the monotonic clock faked too (the default), libfaketime reports
-#   CLOCK_MONOTONIC on the wall-clock scale, but does not intercept
-#   sem_clockwait(), which Python 3.11 uses for every timed lock wait
-#   (threading.Event.wait...): those waits hang (wolfcw/libfaketime#390);
-# - with FAKETIME_DONT_FAKE_MONOTONIC=1 (the realistic setting: a skewed wall
-#   clock says nothing about the monotonic one), its clock_nanosleep() wrapper
-#   still shifts the absolute CLOCK_MONOTONIC deadline that Python 3.11's
-#   time.sleep() passes, so every time.sleep() fails with EINVAL
-#   (wolfcw/libfaketime#426).
-# So the daemons run with the monotonic clock real and this prelude, which puts
-# back the select()-based time.sleep() of Python 3.10 and earlier; dblockrun
-# itself is imported and run unchanged.
-DAEMON_PRELUDE = """\
-import runpy, select, time
-def _sleep(secs, _mono=time.monotonic, _select=select.select):
-    deadline = _mono() + secs
-    while (left := deadline - _mono()) > 0:
-        _select([], [], [], left)
-time.sleep = _sleep
-"""
-DAEMON_MAIN = DAEMON_PRELUDE + "runpy.run_module('dblockrun', run_name='__main__')\n"
+# The daemons run as faketime.py says (DAEMON_PRELUDE: why).
 
 # In the daemons' setting: prints time.time() and the real time (from a child
 # without the preload), after checking that sleeps and timed waits work.
@@ -125,12 +103,12 @@ def find_faketime_lib() -> str:
     """The path of libfaketime.so.1, from `dpkg -L libfaketime`."""
     if shutil.which("dpkg") is None:
         unavailable("clock-skew test needs dpkg to find libfaketime")
-    listing = subprocess.run(["dpkg", "-L", FAKETIME_PACKAGE], capture_output=True, text=True)
-    paths = [p for p in listing.stdout.splitlines() if p.endswith("/" + FAKETIME_LIB)]
-    if listing.returncode != 0 or not paths:
+    lib = find_faketime()
+    if lib is None:
         unavailable(f"clock-skew test needs the Debian package {FAKETIME_PACKAGE} "
                     "(apt-get install faketime; scripts/test installs it)")
-    return paths[0]
+    assert lib is not None
+    return lib
 
 
 def fake_env(lib: str, skew: float) -> dict[str, str]:

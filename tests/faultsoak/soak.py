@@ -1,0 +1,223 @@
+"""One soak: start the fleet, play the nemesis's schedule, heal, let the
+fleet settle, stop it, check everything."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from faketime import find_faketime
+from helpers import wait_for
+
+from dblockrun.store import Store
+from dblockrun.store.control import Audit
+from faultsoak.checker import Checker, Quiet, Violation, Window, count, daemon_problems
+from faultsoak.fleet import Daemon, Fleet
+from faultsoak.nemesis import Action, Fault, play, schedule
+from faultsoak.workload import LEASE, SCRIPT, jobs_yaml, read_commands
+
+#: Who the nemesis's pauses and disables are by, in the audit trail.
+WHO = "nemesis@soak"
+#: Daemons in the fleet.
+SIZE = 3
+#: After the last fault is healed, the fleet runs this long before it stops:
+#: a dead holder's lease runs out and its run is recorded, and the
+#: checker's window ends on a fleet that has been healthy for a while.
+SETTLE = 3 * LEASE
+#: The window of "every slot has exactly one record": from this long after
+#: the fleet is up to this long before it is told to stop.
+EDGE_START = 5.0
+EDGE_END = 3.0
+
+
+class Unavailable(Exception):
+    """The soak cannot run here (libfaketime missing)."""
+
+
+@dataclass
+class Report:
+    backend: str
+    seed: int
+    seconds: float
+    faults: list[Fault]
+    injected: Counter[str] = field(default_factory=Counter)
+    slots: int = 0
+    records: int = 0
+    runs: int = 0
+    violations: list[Violation] = field(default_factory=list)
+
+    def figures(self) -> str:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.injected.items()))
+        by_kind = ", ".join(f"{k} {n}" for k, n in sorted(count(self.violations).items()))
+        return (f"soak [{self.backend}] seed {self.seed}, {self.seconds:g}s: faults injected "
+                f"{sum(self.injected.values())} ({kinds}); slots checked {self.slots}; "
+                f"records {self.records}; runs {self.runs}; violations "
+                f"{len(self.violations)}" + (f" ({by_kind})" if by_kind else ""))
+
+    def replay(self) -> str:
+        return (f"python bench/soak.py --backend {self.backend} --seed {self.seed} "
+                f"--seconds {self.seconds:g}")
+
+
+def print_schedule(faults: list[Fault], names: list[str], seed: int,
+                   log: Callable[[str], None]) -> None:
+    log(f"nemesis schedule from seed {seed}: {len(faults)} faults")
+    for f in faults:
+        log("  " + f.describe(names))
+
+
+def actions_for(faults: list[Fault], fleet: Fleet, injected: Counter[str],
+                reload: Callable[[], None], store: Store,
+                quiet: list[Quiet]) -> list[Action]:
+    """The playback of ``faults``; each pause and disable, once over, is
+    added to ``quiet`` (from before its start to after its end, this
+    machine's clock: the database's)."""
+    out: list[Action] = []
+
+    def one(f: Fault, d: Daemon) -> None:
+        def begin() -> None:
+            injected[f.kind] += 1
+            if f.kind == "kill":
+                fleet.kill(d)
+            elif f.kind == "stop":
+                d.signal(signal.SIGSTOP)
+            elif f.kind == "cut":
+                d.proxy.cut()
+            elif f.kind == "clock":
+                d.shift_clock(f.shift)
+
+        def end() -> None:
+            if f.kind == "kill":
+                fleet.start(d)
+            elif f.kind == "stop":
+                d.signal(signal.SIGCONT)
+            elif f.kind == "cut":
+                d.proxy.restore()
+            elif f.kind == "clock":
+                d.shift_clock(0)
+
+        shift = f" {f.shift:+g}s" if f.kind == "clock" else ""
+        out.append(Action(f.at, f"{f.kind}{shift} {d.name}", begin))
+        out.append(Action(f.end, f"end of {f.kind} {d.name}", end))
+
+    def cut_all(f: Fault) -> None:
+        def begin() -> None:
+            injected[f.kind] += 1
+            for d in fleet.daemons:
+                d.proxy.cut()
+
+        def end() -> None:
+            for d in fleet.daemons:
+                d.proxy.restore()
+
+        out.append(Action(f.at, "cut-all", begin))
+        out.append(Action(f.end, "end of cut-all", end))
+
+    def reload_at(f: Fault) -> None:
+        def do() -> None:
+            injected[f.kind] += 1
+            reload()
+
+        out.append(Action(f.at, "reload", do))
+
+    def hold(f: Fault) -> None:
+        since = 0.0
+        audit = Audit(WHO, f.kind, f.job)
+
+        def begin() -> None:
+            nonlocal since
+            injected[f.kind] += 1
+            since = time.time()
+            if f.job is None:
+                store.control.pause(audit, None)
+            else:
+                store.disable(f.job, reason="soak nemesis", audit=audit)
+
+        def end() -> None:
+            if f.job is None:
+                store.control.resume(Audit(WHO, "resume"))
+            else:
+                store.enable(f.job, audit=Audit(WHO, "enable", f.job))
+            quiet.append(Quiet(f.job, since, time.time()))
+
+        what = "pause" if f.job is None else f"disable {f.job}"
+        out.append(Action(f.at, what, begin))
+        out.append(Action(f.end, f"end of {what}", end))
+
+    for f in faults:
+        if f.kind == "cut-all":
+            cut_all(f)
+        elif f.kind == "reload":
+            reload_at(f)
+        elif f.kind in ("pause", "disable"):
+            hold(f)
+        else:
+            assert f.target is not None
+            one(f, fleet.daemons[f.target])
+    return out
+
+
+def run_soak(url: str, prefix: str, backend: str, seconds: float, seed: int, workdir: Path,
+             log: Callable[[str], None] = print) -> Report:
+    faketime = find_faketime()
+    if faketime is None:
+        raise Unavailable("the fault soak needs libfaketime (apt-get install faketime; "
+                          "scripts/test installs it)")
+    script = workdir / "soak-cmd.sh"
+    script.write_text(SCRIPT)
+    jobs = workdir / "jobs.yaml"
+    jobs.write_text(jobs_yaml(script))
+    command_log = workdir / "commands.log"
+    faults = schedule(seed, seconds, SIZE)
+    report = Report(backend, seed, seconds, faults)
+    store = Store(url, prefix)
+    fleet = Fleet(url, prefix, workdir, SIZE, jobs, command_log, faketime)
+    names = [d.name for d in fleet.daemons]
+    print_schedule(faults, names, seed, log)
+    generation = 0
+    quiet: list[Quiet] = []
+
+    def reload() -> None:
+        nonlocal generation
+        generation += 1
+        jobs.write_text(jobs_yaml(script, generation))
+        fleet.reload()
+
+    try:
+        for d in fleet.daemons:
+            fleet.start(d)
+        wait_for(lambda: len(store.hosts(seen_within=30)) >= SIZE, 60, interval=0.2,
+                 what=f"{SIZE} daemons to register")
+        begin, wall_begin = time.monotonic(), time.time()
+        play(actions_for(faults, fleet, report.injected, reload, store, quiet), begin, log)
+        wait_for(lambda: time.monotonic() >= begin + seconds, seconds + 5, interval=0.2,
+                 what="the end of the soak")
+        fleet.heal()
+        wait_for(lambda: all(d.ready() for d in fleet.daemons), 60, interval=0.2,
+                 what="every daemon up again")
+        log(f"t+{time.monotonic() - begin:6.1f}s healed; settling {SETTLE:g}s")
+        healed = time.monotonic()
+        wait_for(lambda: time.monotonic() >= healed + SETTLE, SETTLE + 5, interval=0.2,
+                 what="the fleet to settle")
+        stop_at = time.time()
+        final = fleet.stop()
+        records = store.history(None, 10**9)
+        commands, bad = read_commands(command_log)
+        problems = [Violation("record", "(command log)", None, b) for b in bad]
+        problems += daemon_problems({d.name: d.log.read_text(errors="replace")
+                                     for d in fleet.daemons},
+                                    {d.name: d.exits for d in fleet.daemons}, final)
+        checker = Checker(records, commands,
+                          Window(wall_begin + EDGE_START, stop_at - EDGE_END), names, quiet)
+        report.violations = checker.check(problems)
+        report.slots = checker.slots_checked
+        report.records = len(records)
+        report.runs = len(commands)
+        return report
+    finally:
+        fleet.close()
+        store.close()
