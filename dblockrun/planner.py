@@ -68,10 +68,12 @@ class Cause(StrEnum):
     HOST_FULL = "host-full"  # every host with room left it (--max-running)
     GROUP_FULL = "group-full"  # no free seat in the job's group
     DEAD_HOLDER = "dead-holder"  # the lock was held by a host that died
+    LOCK_AT_LEAST = "lock-at-least"  # within lock-at-least of the job's last start
 
 
 #: Causes whose slots run none and are recorded ``skipped``.
-SKIPPING = frozenset({Cause.BUSY, Cause.HOST_FULL, Cause.GROUP_FULL, Cause.DEAD_HOLDER})
+SKIPPING = frozenset({Cause.BUSY, Cause.HOST_FULL, Cause.GROUP_FULL, Cause.DEAD_HOLDER,
+                      Cause.LOCK_AT_LEAST})
 
 
 @dataclass(frozen=True)
@@ -419,6 +421,9 @@ class Planner:
         self.agenda = Agenda()
         self.backlog: dict[str, deque[float]] = {}
         self._deferred: dict[str, float] = {}
+        #: Per job with lock-at-least, its last start here and until when
+        #: that holds the job (database time; at least the lock's own end).
+        self._held: dict[str, tuple[float, float]] = {}
 
     # -- planning ------------------------------------------------------------
 
@@ -442,6 +447,7 @@ class Planner:
         self.agenda.clear()
         self.backlog.clear()
         self._deferred.clear()
+        self._held.clear()
 
     def resync(self, job: Job, at: float, cause: Cause, since: float | None = None) -> None:
         """Read the job's last slot at ``at`` and plan from there."""
@@ -502,6 +508,8 @@ class Planner:
         if outcome is Outcome.DB_ERROR:
             self.resync(job, now + delay, Cause.OUTAGE, slot)
             return False
+        if outcome is Outcome.STARTED and job.lock_at_least > 0 and not job.fan_out:
+            self._held[job.name] = (now, now + job.lock_at_least)
         if job.fan_out:
             if outcome is not Outcome.ENDED:
                 self._fan_out(job, slot, now, margin)
@@ -636,6 +644,12 @@ class Planner:
         if busy and not job.fan_out:
             return Decision(Act.RECORD, slot, plan=single(
                 slot, Cause.BUSY, "previous run still going"))
+        held = self._held.get(job.name)
+        if held is not None and now < held[1]:
+            # The claim would be refused: the lock is held until then.
+            return Decision(Act.RECORD, slot, plan=single(
+                slot, Cause.LOCK_AT_LEAST, f"lock-at-least {job.lock_at_least:g}s after the "
+                f"start at {utc(held[0])} here"))
         if too_late(job, slot, now):
             return Decision(Act.RECORD, slot, plan=single(
                 slot, Cause.DEADLINE, deadline_reason(job, slot, now)))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
+from dblockrun.durations import fence_margin
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Events, RunEnded, RunStarted
 from dblockrun.heartbeat import Renewer
@@ -369,8 +370,15 @@ class JobRun:
     def _retry(self, attempt: int) -> None:
         """After a failed attempt's retry delay (cut short by a shutdown)."""
         ctx = self.ctx
-        if (self.watch.lost or ctx.stop.is_set()
-                or time.monotonic() + 0.1 >= self.deadline):
+        if self.watch.lost or time.monotonic() >= self.watch.fence_at(
+                fence_margin(ctx.lease, ctx.kill_grace)):
+            # Not renewed in time (the daemon was stopped, the database away):
+            # another host may hold the job now; no attempt starts without it.
+            log.warning("job %s: not retrying: its lease could not be renewed in time",
+                        self.label)
+            self._end()
+            return
+        if ctx.stop.is_set() or time.monotonic() + 0.1 >= self.deadline:
             if not ctx.stop.is_set() and self.last_outcome is not None:
                 self._on_failure(self.last_outcome)
             else:

@@ -301,3 +301,16 @@ def test_a_rate_job_is_planned_from_its_row_at_its_end() -> None:
     assert planner.after(rate, None, Outcome.ENDED, NOW, 0.01)
     planner.after(rate, None, Outcome.ENDED, NOW, 0.01, row=Row(None, NOW - 5, None))
     assert planner.agenda.next_at() == NOW + 55 + 0.01
+
+
+def test_slots_within_lock_at_least_of_a_start_here_are_recorded_skipped() -> None:
+    held = Job("j", "true", cron="*/2 * * * * *", lock_at_least=4.0)
+    planner = Planner(10.0, 0.5)
+    planner.after(held, 100.0, Outcome.STARTED, 100.05, 0.01)
+    d = planner.decide(held, due(102.0), 102.01, busy=False, full=False)
+    assert d.act is Act.RECORD and d.plan is not None
+    assert (d.plan.cause, d.plan.result) == (Cause.LOCK_AT_LEAST, "skipped")
+    assert d.plan.reason.startswith("lock-at-least 4s after the start at ")
+    # The lock's own end is at least the claim's answer plus 4 s: 104.01 is in it.
+    assert planner.decide(held, due(104.0), 104.01, busy=False, full=False).act is Act.RECORD
+    assert planner.decide(held, due(106.0), 106.01, busy=False, full=False).act is Act.CLAIM
