@@ -21,6 +21,20 @@ LOST = "lost"
 MISSED = "missed"
 SKIPPED = "skipped"
 
+#: The largest fencing token (the BIGINT maximum): a claim cannot go past it.
+TOKEN_MAX = 2**63 - 1
+
+
+def token_usable(token: int) -> bool:
+    """A token a claim can take and increment: a negative one, or one at
+    :data:`TOKEN_MAX`, is a row edited by hand (``dblockrun unlock`` repairs it)."""
+    return 0 <= token < TOKEN_MAX
+
+
+def bad_token_why(token: int) -> str:
+    """What is wrong with a token that is not :func:`token_usable`."""
+    return "negative" if token < 0 else "at the BIGINT maximum"
+
 
 @dataclass(frozen=True)
 class ClockSample:
