@@ -74,6 +74,8 @@ class Renewer:
         self._renewing = threading.Lock()
         self._stop = threading.Event()
         self._kick = threading.Event()
+        #: No extra renewal (:meth:`renew_now`) before this (time.monotonic()).
+        self._extra_after = 0.0
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -86,7 +88,16 @@ class Renewer:
 
     def renew_now(self) -> None:
         """Renew at once (a kill was announced: the renewal reads it), then
-        every heartbeat from then on."""
+        every heartbeat from then on; at most once per heartbeat. Any role
+        that can connect to PostgreSQL can announce (NOTIFY needs no table
+        privilege): a flood of announcements costs one extra renewal per
+        heartbeat, not one per announcement, and a kill announced meanwhile
+        is still read within a heartbeat, by the next regular renewal."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._extra_after:
+                return
+            self._extra_after = now + self.heartbeat
         self._kick.set()
 
     def add(self, watch: LeaseWatch) -> None:

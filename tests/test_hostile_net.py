@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import functools
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from conftest import pg_admin
 from helpers import TestDb, wait_for
 from test_security import Daemon, cli, daemon_args, lock_row, runs_of, write_jobs
 
@@ -93,3 +97,98 @@ def test_unlock_refuses_when_the_maximum_was_handed_out(db: TestDb) -> None:
     assert "no newer token exists" in proc.stderr and "Traceback" not in proc.stderr
     with Store(db.url, db.prefix) as store:
         assert store.lock_state("spent").token == TOKEN_MAX  # type: ignore[union-attr]
+
+
+# -- 7. a NOTIFY flood on the kill channel ---------------------------------------------
+
+
+@pytest.fixture
+def no_privilege_role(db: TestDb) -> Iterator[str]:
+    """A PostgreSQL login role with no privilege on any dblockrun table."""
+    if db.backend != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    role = f"{db.prefix}flood"
+    with pg_admin() as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        yield role
+    finally:
+        with pg_admin() as admin:
+            admin.execute(f'DROP ROLE "{role}"')
+
+
+def count_updates(db: TestDb, name: str) -> None:
+    """From now, count the UPDATEs of the job's lock row (a trigger)."""
+    locks = f"{db.prefix}locks"
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {db.prefix}updates (n bigint NOT NULL)")
+        conn.execute(f"INSERT INTO {db.prefix}updates VALUES (0)")
+        conn.execute(f"CREATE FUNCTION {db.prefix}count() RETURNS trigger LANGUAGE plpgsql AS "
+                     f"$$ BEGIN UPDATE {db.prefix}updates SET n = n + 1; RETURN NEW; END $$")
+        conn.execute(f"CREATE TRIGGER {db.prefix}count AFTER UPDATE ON {locks} FOR EACH ROW "
+                     f"WHEN (NEW.name = '{name}') EXECUTE FUNCTION {db.prefix}count()")
+
+
+def updates(db: TestDb) -> int:
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        row = conn.execute(f"SELECT n FROM {db.prefix}updates").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def test_a_notify_flood_costs_one_extra_renewal_per_heartbeat(
+        db: TestDb, tmp_path: Path, no_privilege_role: str) -> None:
+    heartbeat = 2.0
+    jobs = write_jobs(tmp_path / "jobs.yaml",
+                      "jobs:\n  slow: {rate: 1h, command: 'sleep 120'}\n"
+                      f"  canary: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
+    args = ["--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
+            "--heartbeat", f"{heartbeat}s", "--lease", "8s", "--grace", "2s"]
+    d = Daemon(args, tmp_path / "d.log")
+    listening = ("SELECT count(*) FROM pg_stat_activity WHERE query = "
+                 f"'LISTEN \"{db.prefix}kill\"'")
+    try:
+        wait_for(functools.partial(running, db, "slow"), 30, what="the slow run")
+        with psycopg.connect(db.url, autocommit=True) as conn:
+            wait_for(lambda: conn.execute(listening).fetchone() == (1,), 10,
+                     what="the daemon listening")
+        count_updates(db, "slow")
+        # A role with no privilege on any table floods the kill channel for 3 s.
+        flood_url = db.url.replace("postgres@", f"{no_privilege_role}@", 1)
+        sent = 0
+        with psycopg.connect(flood_url, autocommit=True) as flood:
+            began = time.monotonic()
+            while time.monotonic() - began < 3.0:
+                flood.execute("SELECT pg_notify(%s, %s)", (f"{db.prefix}kill", str(sent)))
+                sent += 1
+            took = time.monotonic() - began
+        settled = time.monotonic()
+        wait_for(lambda: time.monotonic() - settled >= heartbeat, heartbeat + 1, interval=0.1,
+                 what="a heartbeat after the flood")
+        renewals = updates(db)
+        regular = (took + heartbeat) / heartbeat
+        print(f"\n{sent} notifications in {took:.1f}s: {renewals} renewals "
+              f"(about {regular:.0f} regular ones)")
+        assert sent > 1000
+        # The regular renewals, and at most one extra one per heartbeat.
+        assert renewals <= 2 * regular + 2, (renewals, sent)
+        # The flood stopped nothing; a real kill still works within a heartbeat or two.
+        (run,) = running(db, "slow") or [None]
+        assert run is not None
+        asked = time.monotonic()
+        kill = on(db, "kill", "slow")
+        assert kill.returncode == 0, (kill.stdout, kill.stderr, d.text())
+        assert time.monotonic() - asked < 2 * heartbeat + 3
+        # The other job ran every second throughout.
+        done = sorted(r.slot or 0.0 for r in ok_runs(db, "canary"))
+        assert len(done) >= 4
+        assert [b - a for a, b in zip(done, done[1:], strict=False)] == \
+            [1.0] * (len(done) - 1), done
+        assert "Traceback" not in d.text()
+    finally:
+        assert d.stop() == 0
+
+
+def running(db: TestDb, name: str) -> list[m.RunRecord] | None:
+    with Store(db.url, db.prefix) as store:
+        return store.control.running(name) or None
