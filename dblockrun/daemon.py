@@ -26,6 +26,7 @@ from dblockrun.jobs import Job, JobsFile
 from dblockrun.limits import Seat, all_seats, full_reason, take_seat
 from dblockrun.listen import RequestListener
 from dblockrun.metrics import Metrics, serve
+from dblockrun.metrics import url_of as metrics_url
 from dblockrun.notify import Notifier
 from dblockrun.outage import Outage
 from dblockrun.outage import describe as describe_outage
@@ -226,7 +227,7 @@ class Daemon:
         server = None
         if self.options.metrics_addr:
             server = serve(self.metrics, self.options.metrics_addr, self.healthy)
-            log.info("metrics on http://%s/metrics", self.options.metrics_addr)
+            log.info("metrics on %s", metrics_url(server))
         try:
             self._run()
         finally:

@@ -9,15 +9,18 @@ no other job was disturbed and no secret was printed.
 from __future__ import annotations
 
 import functools
+import socket
 import subprocess
 import time
-from collections.abc import Iterator
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psycopg
 import pytest
 from conftest import pg_admin
-from helpers import TestDb, wait_for
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 from test_security import Daemon, cli, daemon_args, lock_row, runs_of, write_jobs
 
 from dblockrun.store import Store
@@ -38,6 +41,10 @@ def ok_runs(db: TestDb, name: str) -> list[m.RunRecord]:
 
 def runs_at_least(db: TestDb, name: str, count: int) -> bool:
     return len(ok_runs(db, name)) >= count
+
+
+def runs_since(db: TestDb, name: str, since: float, count: int) -> bool:
+    return sum(r.started > since for r in ok_runs(db, name)) >= count
 
 
 # -- 6. a token at the BIGINT maximum -----------------------------------------------
@@ -173,8 +180,7 @@ def test_a_notify_flood_costs_one_extra_renewal_per_heartbeat(
         # The regular renewals, and at most one extra one per heartbeat.
         assert renewals <= 2 * regular + 2, (renewals, sent)
         # The flood stopped nothing; a real kill still works within a heartbeat or two.
-        (run,) = running(db, "slow") or [None]
-        assert run is not None
+        assert running(db, "slow")
         asked = time.monotonic()
         kill = on(db, "kill", "slow")
         assert kill.returncode == 0, (kill.stdout, kill.stderr, d.text())
@@ -192,3 +198,96 @@ def test_a_notify_flood_costs_one_extra_renewal_per_heartbeat(
 def running(db: TestDb, name: str) -> list[m.RunRecord] | None:
     with Store(db.url, db.prefix) as store:
         return store.control.running(name) or None
+
+
+# -- 3. a flood of idle sockets on the metrics port ------------------------------------
+
+
+class LimitedDaemon(Daemon):
+    """`dblockrun daemon` with systemd's default open-files limit, 1,024
+    (soft and hard: the daemon cannot lift it)."""
+
+    def __init__(self, args: Sequence[str], log: Path, env: dict[str, str]) -> None:
+        self.log = log
+        self._out = open(log, "wb")  # noqa: SIM115  (closed in stop)
+        limit = 'ulimit -Sn 1024 && ulimit -Hn 1024 && exec "$@"'
+        self.proc = subprocess.Popen(["sh", "-c", limit, "sh", *dblockrun_cmd(), *args],
+                                     stdout=self._out, stderr=subprocess.STDOUT, env=env,
+                                     cwd=REPO)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening_on(port: int) -> list[str]:
+    """The local addresses (hex, /proc/net/tcp's) listening on ``port``."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, _, hexport = local.rpartition(":")
+                if state == "0A" and int(hexport, 16) == port:
+                    found.append(addr)
+    return found
+
+
+def get(url: str, timeout: float = 2.0) -> tuple[int, bytes] | None:
+    """(status, body), or None if it does not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return int(r.status), bytes(r.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), bytes(exc.read())
+    except OSError:
+        return None
+
+
+def test_a_flood_of_idle_sockets_on_the_metrics_port_loses_no_run(
+        db: TestDb, tmp_path: Path) -> None:
+    url = db.url.replace("postgres@", f"postgres:{SECRET}@", 1)  # trust: not checked
+    port = free_port()
+    names = [f"tick{i}" for i in range(3)]
+    jobs = write_jobs(tmp_path / "jobs.yaml", "jobs:\n" + "".join(
+        f"  {n}: {{cron: {EVERY_SECOND}, command: 'echo hi'}}\n" for n in names))
+    args = ["--table-prefix", db.prefix, "daemon", str(jobs), "--heartbeat", "0.5s",
+            "--lease", "2s", "--grace", "2s", "--metrics", str(port)]
+    d = LimitedDaemon(args, tmp_path / "d.log", clean_env(DBLOCKRUN_DB=url))
+    flood: list[socket.socket] = []
+    try:
+        # A port alone binds the loopback only, and the log says where.
+        wait_for(lambda: f"metrics on http://127.0.0.1:{port}/metrics" in d.text(), 30,
+                 what="the metrics log line")
+        assert listening_on(port) == ["0100007F"], listening_on(port)
+        wait_for(functools.partial(runs_at_least, db, names[0], 1), 30, what="a first run")
+        # An unprivileged local user opens 1,020 idle sockets and keeps them open.
+        for _ in range(1020):
+            s = socket.socket()
+            flood.append(s)
+            s.settimeout(3)
+            s.connect_ex(("127.0.0.1", port))
+        flooded = time.time()
+        # Runs go on, every second, none lost; /healthz answers again while
+        # the sockets are still open (the idle ones time out).
+        health = wait_for(lambda: get(f"http://127.0.0.1:{port}/healthz"), 15,
+                          what="/healthz answering during the flood")
+        assert health == (200, b"ok\n"), health
+        status, body = wait_for(lambda: get(f"http://127.0.0.1:{port}/metrics"), 15)
+        assert status == 200 and b"dblockrun_runs_total" in body
+        assert SECRET.encode() not in body
+        for name in names:
+            wait_for(functools.partial(runs_since, db, name, flooded + 4, 2), 30,
+                     what=f"runs of {name} during the flood")
+        for name in names:
+            runs = runs_of(db, name)
+            assert {r.result for r in runs} <= {m.OK, m.RUNNING}, (name, runs, d.text())
+        log = d.text()
+        assert "Too many open files" not in log and "Traceback" not in log, log
+        assert SECRET not in log
+    finally:
+        for s in flood:
+            s.close()
+        assert d.stop() == 0
