@@ -9,13 +9,18 @@ no other job was disturbed and no secret was printed.
 from __future__ import annotations
 
 import functools
+import json
+import math
+import os
 import socket
+import stat
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -291,3 +296,120 @@ def test_a_flood_of_idle_sockets_on_the_metrics_port_loses_no_run(
         for s in flood:
             s.close()
         assert d.stop() == 0
+
+
+# -- 8. smaller crashes and leaks ------------------------------------------------------
+
+
+def no_nan(text: str) -> Any:
+    """JSON as the standard allows it: NaN and Infinity are not JSON."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in JSON output")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nan_and_infinity_in_run_rows_are_shown_not_a_traceback(db: TestDb) -> None:
+    if db.backend == "mariadb":
+        pytest.skip("MariaDB's DOUBLE holds neither NaN nor infinity")
+    with Store(db.url, db.prefix) as store:
+        store.ensure_jobs(["odd"])
+        first = store.start_run("odd", "h", token=1, result=m.OK, output="")
+        second = store.start_run("odd", "h", token=2, result=m.OK, output="")
+        runs = store.t.runs
+        # (SQLite stores NaN as NULL, PostgreSQL as NaN.)
+        nan = float("nan") if db.backend == "postgresql" else math.inf
+        with store.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.id == first).values(
+                started=nan, finished=math.inf, slot=-math.inf))
+            conn.execute(runs.update().where(runs.c.id == second).values(
+                started=0.0, finished=math.inf))
+    for args in (["status"], ["status", "odd"], ["history"], ["history", "odd"]):
+        proc = on(db, *args)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert "odd" in proc.stdout
+    for args in (["status", "--json"], ["history", "--json"]):
+        proc = on(db, *args)
+        assert proc.returncode == 0, (args, proc.stderr)
+        no_nan(proc.stdout)
+    shown = no_nan(on(db, "history", "--json").stdout)["runs"]
+    assert [r["duration"] for r in shown] == [None, None]
+
+
+HUGE = "99999999999999999999"  # beyond BIGINT
+
+
+def test_a_huge_run_id_is_the_same_answer_everywhere(db: TestDb) -> None:
+    with Store(db.url, db.prefix) as store:
+        store.ensure_schema()
+        store.ensure_jobs(["j"])
+    where = on(db, "status").stdout.splitlines()[0].removeprefix("database: ")
+    for args, answer in ((["history", "--output", HUGE], f"dblockrun: no run {HUGE} in {where}"),
+                         (["kill", "--run", HUGE], f"dblockrun: no run {HUGE} in {where}")):
+        proc = on(db, *args)
+        assert (proc.returncode, proc.stderr.strip()) == (2, answer), (args, proc.stderr)
+
+
+def peak_rss_kib(args: Sequence[str]) -> int:
+    """The peak resident memory of a dblockrun process (KiB)."""
+    proc = subprocess.Popen([*dblockrun_cmd(), *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=clean_env(), cwd=REPO)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    return int(usage.ru_maxrss)
+
+
+def test_history_reads_no_output_it_does_not_show(db: TestDb) -> None:
+    tail = "x" * 65535 + "\n"
+    count = 1200  # 75 MiB of stored output
+    with Store(db.url, db.prefix) as store:
+        store.ensure_jobs(["chatty"])
+        runs = store.t.runs
+        with store.engine.begin() as conn:
+            conn.execute(runs.insert(), [
+                {"job": "chatty", "host": "h", "token": i, "attempt": 1, "started": 1e9 + i,
+                 "finished": 1e9 + i + 1, "result": m.OK, "exit_code": 0, "output": tail}
+                for i in range(1, count + 1)])
+    base = ["--db", db.url, "--table-prefix", db.prefix, "history", "chatty"]
+    one = peak_rss_kib([*base, "--limit", "1"])
+    many = peak_rss_kib([*base, "--limit", str(count)])
+    print(f"\nhistory --limit 1: {one / 1024:.1f} MiB, --limit {count}: {many / 1024:.1f} MiB")
+    assert many - one < 10 * 1024, (one, many)
+    # The output is still there for --output.
+    proc = on(db, "history", "--output", "1")
+    assert proc.returncode == 0 and proc.stdout == tail
+
+
+def test_redaction_of_passwords_with_at_signs_and_libpq_strings(tmp_path: Path) -> None:
+    at = "p@ss-" + SECRET
+    for args, shown in (
+            (["--db", f"postgresql://u:{at}@127.0.0.1:1/ops", "status"],
+             "'postgresql://u:***@127.0.0.1:1/ops': write an '@' in the user name or password "
+             "as %40"),
+            (["--db", f"mysql://u:{at}@127.0.0.1:1/ops", "status"], "u:***@127.0.0.1"),
+            (["--db", f"host=127.0.0.1 port=1 password={SECRET} dbname=ops", "status"],
+             "password=***")):
+        proc = cli(*args)
+        assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+        assert shown in proc.stderr, proc.stderr
+        assert SECRET not in proc.stderr + proc.stdout and "ss-" not in proc.stderr, proc.stderr
+        # A password given with --db is visible in ps: said so.
+        assert "--db holds a password" in proc.stderr
+    # The same URL from the environment: no warning.
+    proc = cli("status", env=clean_env(DBLOCKRUN_DB=f"postgresql://u:{SECRET}@127.0.0.1:1/o"))
+    assert proc.returncode == 1 and "--db holds a password" not in proc.stderr
+    assert SECRET not in proc.stderr
+
+
+def test_state_folders_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    state = tmp_path / "home" / ".local" / "state"
+    proc = subprocess.run([*dblockrun_cmd(), "exec", "-n", "private", "--", "true"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env=clean_env(XDG_STATE_HOME=str(state), HOME=str(tmp_path / "home")),
+                          preexec_fn=lambda: os.umask(0))  # noqa: PLW1509 (no threads here)
+    assert proc.returncode == 0, proc.stderr
+    for folder in (tmp_path / "home", tmp_path / "home" / ".local", state, state / "dblockrun"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    assert stat.S_IMODE((state / "dblockrun" / "dblockrun.db").stat().st_mode) == 0o600

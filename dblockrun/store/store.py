@@ -432,14 +432,15 @@ class Store:
     sweep_lost = on_engine(LockEngine.sweep_lost)
     prune_runs = on_engine(LockEngine.prune_runs)
 
-    def shown_runs(self) -> sa.Select[Any]:
+    def shown_runs(self, *, output: bool = True) -> sa.Select[Any]:
         """The runs as operators are shown them: a run still ``running`` whose
         lease ran out or was taken over reads ``lost``, before any daemon (or
-        the next claim) has written it so."""
+        the next claim) has written it so. ``output``: with the output tail."""
         runs = self.t.runs
         lost = sa.literal_column(self.lock.q.lost_where("1 = 1"), sa.Boolean())
         result = sa.case((lost, m.LOST), else_=runs.c.result).label("result")
-        return sa.select(*[c for c in runs.c if c.name != "result"], result)
+        left_out = {"result"} if output else {"result", "output"}
+        return sa.select(*[c for c in runs.c if c.name not in left_out], result)
 
     def next_run_slot(self, job: str, after_id: int) -> float | None:
         """The slot of the job's first slotted run recorded after run ``after_id``."""
@@ -464,9 +465,11 @@ class Store:
         return None if found is None else str(found)
 
     def history(self, job: str | None = None, limit: int = 20,
-                item: str | None = None) -> list[m.RunRecord]:
+                item: str | None = None, *, output: bool = True) -> list[m.RunRecord]:
+        """The newest ``limit`` runs; without ``output``, their output tails
+        are not read (each may be 64 KiB: 100,000 runs would be 6 GB)."""
         runs = self.t.runs
-        stmt = self.shown_runs().order_by(runs.c.id.desc()).limit(limit)
+        stmt = self.shown_runs(output=output).order_by(runs.c.id.desc()).limit(limit)
         if job is not None:  # an every-host job: every host's runs
             stmt = stmt.where(runs.c.job.in_(self.with_every_host([job])))
         if item is not None:
@@ -474,6 +477,8 @@ class Store:
         return self._run(lambda c: [m.from_row(m.RunRecord, r._mapping) for r in c.execute(stmt)])
 
     def run(self, run_id: int) -> m.RunRecord | None:
+        if not m.run_id_possible(run_id):
+            return None
         stmt = self.shown_runs().where(self.t.runs.c.id == run_id)
         row = self._run(lambda c: c.execute(stmt).first())
         return None if row is None else m.from_row(m.RunRecord, row._mapping)
