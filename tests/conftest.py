@@ -22,10 +22,16 @@ from typing import Any
 import psycopg
 import pymysql
 import pytest
-from helpers import TestDb
+from helpers import REPO, TestDb
 from psycopg import sql
 
 from dblockrun.store import Store
+
+# The dblockrun processes tests start (`python -m dblockrun`, from a work
+# directory of their own) import this checkout, not whichever copy the
+# virtualenv's editable install points at (another checkout, a worktree).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 ALL_BACKENDS = ("sqlite", "postgresql", "mariadb")
 SERVER_BACKENDS = ("postgresql", "mariadb")
