@@ -413,3 +413,57 @@ def test_state_folders_are_private_whatever_the_umask(tmp_path: Path) -> None:
     for folder in (tmp_path / "home", tmp_path / "home" / ".local", state, state / "dblockrun"):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
     assert stat.S_IMODE((state / "dblockrun" / "dblockrun.db").stat().st_mode) == 0o600
+
+
+def count_statements(db: TestDb) -> None:
+    """From now, count the UPDATE statements on the locks table, those that
+    match no row too (a trigger per statement)."""
+    locks = f"{db.prefix}locks"
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {db.prefix}updates (n bigint NOT NULL)")
+        conn.execute(f"INSERT INTO {db.prefix}updates VALUES (0)")
+        conn.execute(f"CREATE FUNCTION {db.prefix}count() RETURNS trigger LANGUAGE plpgsql AS "
+                     f"$$ BEGIN UPDATE {db.prefix}updates SET n = n + 1; RETURN NULL; END $$")
+        conn.execute(f"CREATE TRIGGER {db.prefix}count AFTER UPDATE ON {locks} "
+                     f"FOR EACH STATEMENT EXECUTE FUNCTION {db.prefix}count()")
+
+
+def test_a_notify_flood_on_the_run_channel_is_coalesced(
+        db: TestDb, tmp_path: Path, no_privilege_role: str) -> None:
+    jobs = write_jobs(tmp_path / "jobs.yaml", "jobs:\n  idle: {rate: 1h, command: 'true'}\n")
+    args = ["--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
+            "--heartbeat", "2s", "--lease", "8s", "--grace", "2s"]
+    d = Daemon(args, tmp_path / "d.log")
+    listening = ("SELECT count(*) FROM pg_stat_activity WHERE query = "
+                 f"'LISTEN \"{db.prefix}kill\"'")
+    try:
+        wait_for(functools.partial(runs_at_least, db, "idle", 1), 30, what="the first run")
+        with psycopg.connect(db.url, autocommit=True) as conn:
+            wait_for(lambda: conn.execute(listening).fetchone() == (1,), 10,
+                     what="the daemon listening")
+        count_statements(db)
+        # A role with no privilege on any table announces a run of `idle`
+        # for 3 s, without filing a request (it cannot).
+        flood_url = db.url.replace("postgres@", f"{no_privilege_role}@", 1)
+        sent = 0
+        with psycopg.connect(flood_url, autocommit=True) as flood:
+            began = time.monotonic()
+            while time.monotonic() - began < 3.0:
+                flood.execute("SELECT pg_notify(%s, 'idle')", (f"{db.prefix}run",))
+                sent += 1
+            took = time.monotonic() - began
+        settled = time.monotonic()
+        wait_for(lambda: time.monotonic() - settled >= 1.5, 3, interval=0.1,
+                 what="the flood handled")
+        statements = updates(db)
+        print(f"\n{sent} run announcements in {took:.1f}s: {statements} UPDATEs of the locks")
+        assert sent > 1000
+        assert statements <= (took + 1.5) / 0.25 + 4, (statements, sent)
+        assert len(runs_of(db, "idle")) == 1  # an announcement alone runs nothing
+        # A real request still runs it at once.
+        proc = on(db, "run", "idle", "--timeout", "10s")
+        assert proc.returncode == 0, (proc.stdout, proc.stderr, d.text())
+        assert len(runs_of(db, "idle")) == 2
+        assert "Traceback" not in d.text()
+    finally:
+        assert d.stop() == 0
