@@ -42,6 +42,8 @@ class Globals:
     verbose: int
     #: ``-f FILE``: the jobs file (before or after the command).
     file: str | None = None
+    #: The warning that ``--db`` holds a password was given.
+    password_warned: bool = False
 
 
 def _setup_logging(level: int, fmt: str = "text") -> None:
@@ -166,10 +168,18 @@ def _jobs_for_db(*, always: bool = False) -> JobsFile | None:
     return _load(path)
 
 
+#: Said once per process: ``--db`` holds a password.
+PASSWORD_IN_ARGV = ("dblockrun: warning: --db holds a password, which every local user can "
+                    "read with ps: give the URL in DBLOCKRUN_DB or a file (--db-file)")
+
+
 def _db_url(jobs: JobsFile | None = None) -> str:
-    from dblockrun.dburl import resolve_url
+    from dblockrun.dburl import redact, resolve_url
 
     g = _globals()
+    if g.db is not None and not g.password_warned and redact(g.db) != g.db:
+        g.password_warned = True
+        click.echo(PASSWORD_IN_ARGV, err=True)
     return resolve_url(g.db, jobs.database if jobs else None, cli_db_file=g.db_file,
                        file_db_file=jobs.database_file if jobs else None)
 
@@ -693,7 +703,7 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None, r
             return
         if job is not None:
             require_job(store, job)
-        runs = store.history(job, limit, item=item)
+        runs = store.history(job, limit, item=item, output=False)  # not shown
         now = store.db_now()
     if as_json:
         click.echo(output.history_json(runs))

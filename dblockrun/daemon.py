@@ -31,6 +31,7 @@ from dblockrun.holder import new_holder_id as new_holder_id
 from dblockrun.inbox import HeardInbox, Inbox, inbox_for
 from dblockrun.jobs import JobsFile
 from dblockrun.metrics import Metrics, serve
+from dblockrun.metrics import url_of as metrics_url
 from dblockrun.notify import Notifier
 from dblockrun.outage import Outage
 from dblockrun.outage import describe as describe_outage
@@ -230,7 +231,7 @@ class Daemon:
         if self.options.metrics_addr:
             server = serve(self.metrics, self.options.metrics_addr, self.problem,
                            self.parts.threads)
-            log.info("metrics on http://%s/metrics", self.options.metrics_addr)
+            log.info("metrics on %s", metrics_url(server))
         try:
             self._run()
         finally:

@@ -141,7 +141,13 @@ def driver_url(url: str) -> str:
     if scheme not in DRIVERS:
         known = "postgresql://, mysql://, mariadb://, sqlite:///path"
         raise UsageError(f"database URL scheme {scheme!r} is not supported (use {known})")
-    result = f"{DRIVERS[scheme]}://{match.group('rest')}"
+    rest = match.group("rest")
+    if DRIVERS[scheme] != "sqlite" and rest.partition("?")[0].count("@") > 1:
+        # The driver would take what follows the first '@' for the host, and
+        # name it (the rest of the password) in its errors.
+        raise UsageError(f"database URL {redact(url)!r}: write an '@' in the user name or "
+                         "password as %40")
+    result = f"{DRIVERS[scheme]}://{rest}"
     if DRIVERS[scheme] == "mysql+pymysql":
         result = _first_mysql_host(url, match.group("rest")) or result
     if DRIVERS[scheme] == "postgresql+psycopg":
@@ -232,15 +238,24 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def prepare_sqlite_file(url: str) -> None:
-    """Create the folder of a SQLite file private to the user (0700), file 0600."""
+    """Create the folder of a SQLite file private to the user (0700, and so
+    each missing folder above it, whatever the umask), file 0600."""
     path = sqlite_path(url)
     if path is None:
         return
-    if not path.parent.exists():
-        path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+    missing = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # made meanwhile by another process: its mode is its own
+        folder.chmod(0o700)  # mkdir's mode is filtered by the umask: 000 gave 0777
     if not path.exists():
         fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
-        os.close(fd)
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
 
 def missing_sqlite_file(url: str) -> str | None:
@@ -271,13 +286,31 @@ def describe(url: str, prefix: str, default_prefix: str = "dblockrun_") -> str:
 
 
 def redact(url: str) -> str:
-    """The URL with any password replaced by ``***``."""
+    """The URL with any password replaced by ``***``; in a libpq
+    ``key=value`` string, the value of ``password``."""
     match = _URL.match(url)
     if not match:
-        return _redact_malformed(url)
-    rest = _PASSWORD.sub(lambda m: f"{m.group('user')}:***@", match.group("rest"))
+        return _redact_malformed(_redact_keywords(url))
+    rest = match.group("rest")
+    # A password may hold an unescaped '@' (``u:p@ss@host``): hide up to the
+    # last '@' before the query, so that more is hidden, never less.
+    query_at = rest.find("?")
+    authority = rest if query_at < 0 else rest[:query_at]
+    if "@" in authority:
+        head, _, tail = authority.rpartition("@")
+        user = _PASSWORD.match(head + "@")
+        if user is not None:
+            rest = f"{user.group('user')}:***@{tail}{rest[len(authority):]}"
     rest = re.sub(r"(?i)(password=)[^&]*", r"\1***", rest)
     return f"{match.group('scheme')}://{rest}"
+
+
+# libpq's connection string: ``host=db password=secret`` or ``password = 'a b\'c'``.
+_KEYWORD_PASSWORD = re.compile(r"(?i)\b(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)")
+
+
+def _redact_keywords(text: str) -> str:
+    return _KEYWORD_PASSWORD.sub(r"\1***", text)
 
 
 # Something that is not a URL but holds an '@' (``u:pw@host``,

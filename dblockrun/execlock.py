@@ -31,6 +31,7 @@ from dblockrun.runjob import JobRun, RunContext, exit_status
 from dblockrun.runlog import log_run
 from dblockrun.runloop import RunLoop
 from dblockrun.signals import handling
+from dblockrun.store.models import bad_token_why, token_usable
 
 if TYPE_CHECKING:
     from dblockrun.store.engine import Claimed, LockEngine
@@ -143,10 +144,10 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
                             paused.who, f": {paused.reason}" if paused.reason else "")
                 return opts.busy_exit_code
             lock = target.store().lock_state(opts.name)
-            if lock is not None and lock.token < 0:
-                log.warning("lock %s is unusable: its fencing token is negative (a row edited "
+            if lock is not None and not token_usable(lock.token):
+                log.warning("lock %s is unusable: its fencing token is %s (a row edited "
                             "by hand); not running (repair: dblockrun unlock %s)",
-                            opts.name, opts.name)
+                            opts.name, bad_token_why(lock.token), opts.name)
                 return opts.busy_exit_code
             why = "busy"
             if lock is not None and lock.disabled_until is not None:

@@ -142,8 +142,8 @@ class FleetBooks:
 
     def report_bad_rows(self) -> None:
         """Lock rows edited into a state no claim takes: logged once each."""
-        for name in self.store.negative_tokens(j.name for j in self._jobs().jobs):
-            self.store.lock.negative_token(name)
+        for name, token in self.store.bad_tokens(j.name for j in self._jobs().jobs):
+            self.store.lock.bad_token(name, token)
 
     def _tell_lost(self, lost: LostRun) -> None:
         """A run this host's sweep recorded lost (once fleet-wide: the sweep

@@ -88,6 +88,8 @@ class Renewer:
         #: When the next round starts (monotonic); a restart after a crash
         #: finds it passed and renews at once.
         self._next_at = 0.0
+        #: No extra renewal (:meth:`renew_now`) before this (time.monotonic()).
+        self._extra_after = 0.0
 
     def start(self) -> None:
         self._next_at = time.monotonic() + self.heartbeat
@@ -100,7 +102,16 @@ class Renewer:
 
     def renew_now(self) -> None:
         """Renew at once (a kill was announced: the renewal reads it), then
-        every heartbeat from then on."""
+        every heartbeat from then on; at most once per heartbeat. Any role
+        that can connect to PostgreSQL can announce (NOTIFY needs no table
+        privilege): a flood of announcements costs one extra renewal per
+        heartbeat, not one per announcement, and a kill announced meanwhile
+        is still read within a heartbeat, by the next regular renewal."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._extra_after:
+                return
+            self._extra_after = now + self.heartbeat
         self._kick.set()
 
     def add(self, watch: LeaseWatch) -> None:

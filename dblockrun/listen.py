@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,10 @@ log = logging.getLogger("dblockrun")
 
 #: How long one wait for notifications lasts (a stop is seen within it).
 WAIT = 1.0
+#: Run announcements are handed to the daemon at most this often (the jobs
+#: heard meanwhile together): any role that can connect can NOTIFY, and a
+#: flood must not cost a claim statement per announcement.
+HAND_EVERY = 0.25
 
 
 class RequestListener:
@@ -94,13 +99,27 @@ class RequestListener:
             conn.execute(f'LISTEN "{self.kill_channel}"')
         log.debug("run requests: listening on %s", self.channel)
         self.heard(None)
+        pending: set[str] = set()
+        next_hand = 0.0
         while not self._stop.is_set():
             for note in conn.notifies(timeout=WAIT):
                 if note.channel == self.channel and note.payload:
-                    self.heard([note.payload])
+                    pending.add(note.payload)
                 elif note.channel == self.kill_channel and self.killed is not None:
-                    self.killed()
+                    self.killed()  # (coalesced by the renewer: Renewer.renew_now)
+                next_hand = self._hand(pending, next_hand)
+            next_hand = self._hand(pending, next_hand)
             self._supervised.ok()  # a round: a wait for notifications
+
+    def _hand(self, pending: set[str], next_hand: float) -> float:
+        """Hand the jobs heard to the daemon unless it was handed some less
+        than :data:`HAND_EVERY` ago; when to hand the next ones."""
+        now = time.monotonic()
+        if not pending or now < next_hand:
+            return next_hand
+        self.heard(sorted(pending))
+        pending.clear()
+        return now + HAND_EVERY
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None

@@ -6,9 +6,11 @@ hand-writing them.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -22,6 +24,15 @@ DURATION_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600)
 #: ``dblockrun_missed_slots_total{reason}`` of a passed slot, by its cause
 #: (others: its result, ``missed`` or ``skipped``).
 _PASSED_KIND = {"host-full": "max-running", "group-full": "group"}
+
+#: Where ``--metrics PORT`` listens when no host is given: this host only.
+DEFAULT_HOST = "127.0.0.1"
+#: Connections served at once; more are closed as soon as accepted, so a
+#: flood of idle sockets holds at most this many of the daemon's descriptors
+#: (the rest stay free for runs) and costs no thread each.
+MAX_CONNECTIONS = 16
+#: Seconds a connection may wait on one read or write before it is closed.
+CONNECTION_TIMEOUT = 5.0
 
 
 class _Live(Collector):
@@ -119,23 +130,60 @@ def parse_addr(addr: str) -> tuple[str, int]:
         raise UsageError(f"--metrics {addr!r}: expected [HOST:]PORT, e.g. 127.0.0.1:9464") from None
     if not 0 <= number <= 65535:
         raise UsageError(f"--metrics {addr!r}: port out of range")
-    return (host.strip("[]") or "0.0.0.0"), number
+    return (host.strip("[]") or DEFAULT_HOST), number
+
+
+def url_of(server: ThreadingHTTPServer) -> str:
+    """Where ``server`` serves the metrics, as a scraper would ask for them."""
+    host, port = server.server_address[:2]
+    return f"http://{host!s}:{port}/metrics"
 
 
 class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most :data:`MAX_CONNECTIONS` at once:
+    one over the bound is closed as soon as it is accepted; supervised
+    (dblockrun/supervise.py)."""
+
+    daemon_threads = True
+    request_queue_size = 64
     supervised: Supervised
+
+    def __init__(self, address: tuple[str, int],
+                 handler: type[BaseHTTPRequestHandler]) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, handler)
 
     def service_actions(self) -> None:
         """Each turn of ``serve_forever`` (every 0.5 s): the serving thread's round."""
         self.supervised.ok()
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            self._slots.release()
+
 
 def serve(metrics: Metrics, addr: str, problem: Callable[[], str | None],
           threads: Threads | None = None) -> ThreadingHTTPServer:
     """Serve /metrics and /healthz (503 with ``problem()`` if it names one)
-    in a background thread, restarted after a crash (backoff up to 10 s)."""
+    in a background thread, restarted after a crash (backoff up to 10 s): at
+    most :data:`MAX_CONNECTIONS` connections at once, each closed after
+    :data:`CONNECTION_TIMEOUT` without traffic."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = CONNECTION_TIMEOUT
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path.split("?")[0] == "/metrics":
                 self._reply(200, metrics.render(), "text/plain; version=0.0.4")

@@ -95,7 +95,7 @@ def request_run(store: Store, job: str, wait: float | None,
     while time.monotonic() < deadline:
         state = store.lock_state(job)
         if state is not None and state.token > before.token:
-            for run in store.history(job, 5):
+            for run in store.history(job, 5, output=False):
                 if run.token == state.token:
                     return run
         time.sleep(0.1)
@@ -153,7 +153,7 @@ def request_runs(store: Store, job: str, wait: float | None,
             state, old = store.lock_state(row), before[row]
             if row in started or state is None or old is None or state.token <= old.token:
                 continue
-            for run in store.history(row, 5):
+            for run in store.history(row, 5, output=False):
                 if run.job == row and run.token == state.token:
                     started[row] = run
         time.sleep(0.1)

@@ -19,7 +19,7 @@ from conftest import ServerDatabases, new_prefix, sqlite_url
 from helpers import TestDb, dblockrun_cmd, wait_for
 from helpers import clean_env as env_without_db
 
-from dblockrun.cli import cli
+from dblockrun.cli import PASSWORD_IN_ARGV, cli
 from dblockrun.dburl import redact
 from dblockrun.errors import UsageError
 from dblockrun.store import Store
@@ -338,8 +338,10 @@ def test_password_not_in_database_error(url: str) -> None:
     assert proc.returncode == 1
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("dblockrun: database error")
+    # First: a password given with --db is visible in ps (issue 25 item 8).
+    assert len(lines) == 2, proc.stderr
+    assert lines[0].startswith("dblockrun: warning: --db holds a password")
+    assert lines[1].startswith("dblockrun: database error")
     assert "s3cret" not in proc.stderr
 
 
@@ -349,6 +351,7 @@ def test_malformed_url_exits_2_without_password_or_traceback() -> None:
     assert "Traceback" not in proc.stderr
     assert "s3cret" not in proc.stderr
     assert proc.stderr == (
+        f"{PASSWORD_IN_ARGV}\n"
         "dblockrun: database URL 'postgresql://u:***@127.0.0.1:abc/x' is not a valid URL "
         "(check the host and port)\n"
     )
@@ -665,7 +668,9 @@ def test_every_operator_command_names_its_database(
         }
         for args, out in expected.items():
             result = invoke(db, *args)
-            assert (result.exit_code, result.stdout, result.stderr) == (0, out, ""), args
+            # (--db holds a password here: warned about, once.)
+            assert (result.exit_code, result.stdout, result.stderr) == (
+                0, out, f"{PASSWORD_IN_ARGV}\n"), args
     finally:
         with Store(url, db.prefix) as store:
             store.drop_schema()
@@ -759,7 +764,8 @@ def test_a_directory_as_the_jobs_file_is_one_line(tmp_path: Path) -> None:
 def test_a_malformed_url_shows_all_but_its_password() -> None:
     proc = run_cli(["--db", "postgresql//u:s3cret@db.internal/ops", "status"])
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr == ("dblockrun: database URL 'postgresql//u:***@db.internal/ops' is not "
+    assert proc.stderr == (f"{PASSWORD_IN_ARGV}\n"
+                           "dblockrun: database URL 'postgresql//u:***@db.internal/ops' is not "
                            "a URL (e.g. postgresql://host/db)\n")
 
 

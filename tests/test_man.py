@@ -303,7 +303,11 @@ def test_the_kubernetes_example() -> None:
     env = {item["name"]: item for item in container["env"]}
     assert "secretKeyRef" in env["DBLOCKRUN_DB"]["valueFrom"]
 
-    port = int(flag_value(args, "--metrics", "").rpartition(":")[2])
+    host, _, port_text = flag_value(args, "--metrics", "").rpartition(":")
+    port = int(port_text)
+    # The kubelet's probe and the scraper come to the pod's address: a port
+    # alone would bind the loopback only.
+    assert host == "0.0.0.0"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     assert [p["containerPort"] for p in container["ports"]] == [port]

@@ -154,6 +154,8 @@ class ControlStore:
         """The runs still running under a live lease: of ``job`` (and
         ``item``), or the run ``run_id``."""
         runs, q = self.s.t.runs, self.s.lock.q
+        if run_id is not None and not m.run_id_possible(run_id):
+            return []
         held = sa.literal_column(
             f"(EXISTS (SELECT 1 FROM {q.locks} WHERE {q.holding(q.locks, True)}) "
             f"OR EXISTS (SELECT 1 FROM {q.items} WHERE {q.holding(q.items, True)}))",

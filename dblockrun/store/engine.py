@@ -19,7 +19,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store.executor import Executor
-from dblockrun.store.models import RUNNING, ClockSample
+from dblockrun.store.models import RUNNING, ClockSample, bad_token_why, token_usable
 from dblockrun.store.queries import SCHEMA_VERSION, ClaimShape, Queries, queries_for
 
 log = logging.getLogger("dblockrun")
@@ -166,7 +166,7 @@ class LockEngine:
         self.dialect = executor.dialect
         self.q: Queries = queries_for(self.dialect, prefix)
         self._texts: dict[Any, str] = {}
-        self._negative_logged: set[str] = set()
+        self._bad_logged: set[str] = set()
 
     @property
     def statements(self) -> int:
@@ -209,8 +209,8 @@ class LockEngine:
                 "sqlite": self._read_sqlite}[self.dialect]
         won, found, version = self.x.run(lambda cur: read(cur, sql, params, shape))
         known = found is not None
-        if won is None and known and int(found) < 0:
-            self.negative_token(name)
+        if won is None and known and not token_usable(int(found)):
+            self.bad_token(name, int(found))
         if version is not None and int(version) != SCHEMA_VERSION:
             if won is not None:
                 self.release(name, holder, won.token, 0.0)
@@ -287,13 +287,15 @@ class LockEngine:
                         params["name"], token, exc)
             return won, token, version
 
-    def negative_token(self, name: str) -> None:
-        """A token edited below zero is never claimed: say once per job how
-        to repair it, instead of failing every claim in silence."""
-        if name not in self._negative_logged:
-            self._negative_logged.add(name)
-            log.error("job %s: its fencing token is negative (edited by hand?), so it is "
-                      "never claimed; repair it with `dblockrun unlock %s`", name, name)
+    def bad_token(self, name: str, token: int) -> None:
+        """A token edited below zero or to the BIGINT maximum is never
+        claimed (:func:`~dblockrun.store.models.token_usable`): say once per
+        job how to repair it, instead of failing every claim in silence."""
+        if name not in self._bad_logged:
+            self._bad_logged.add(name)
+            log.error("job %s: its fencing token is %s (edited by hand?), so it is never "
+                      "claimed; repair it with `dblockrun unlock %s`", name, bad_token_why(token),
+                      name)
 
     def claim_batch(self, names: Sequence[str], holder: str, lease: float, claim: Claim,
                     limit: int) -> list[Claimed]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -20,6 +21,28 @@ KILLED = "killed"
 LOST = "lost"
 MISSED = "missed"
 SKIPPED = "skipped"
+
+#: The largest value of a BIGINT column (a run id, a token).
+BIGINT_MAX = 2**63 - 1
+#: The largest fencing token: a claim cannot go past it.
+TOKEN_MAX = BIGINT_MAX
+
+
+def run_id_possible(run_id: int) -> bool:
+    """Whether a run can have this id: a bigger one is no run on any database
+    (asking for it would overflow the driver's or the server's integer)."""
+    return 1 <= run_id <= BIGINT_MAX
+
+
+def token_usable(token: int) -> bool:
+    """A token a claim can take and increment: a negative one, or one at
+    :data:`TOKEN_MAX`, is a row edited by hand (``dblockrun unlock`` repairs it)."""
+    return 0 <= token < TOKEN_MAX
+
+
+def bad_token_why(token: int) -> str:
+    """What is wrong with a token that is not :func:`token_usable`."""
+    return "negative" if token < 0 else "at the BIGINT maximum"
 
 
 @dataclass(frozen=True)
@@ -49,7 +72,11 @@ class RunRecord:
 
     @property
     def duration(self) -> float | None:
-        return None if self.finished is None else self.finished - self.started
+        """None while running, or when a time was edited into NaN or infinity."""
+        if self.finished is None:
+            return None
+        took = self.finished - self.started
+        return took if math.isfinite(took) else None
 
 
 @dataclass(frozen=True)

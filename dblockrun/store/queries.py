@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from dblockrun.store.models import RUNNING
+from dblockrun.store.models import RUNNING, TOKEN_MAX
 
 SCHEMA_VERSION = 4  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
@@ -149,9 +149,11 @@ class Queries:
         newer slot not in the future, a last start at least a rate old, an
         operator's request."""
         p, now, locks = self.p, self.now, self.locks
-        # A negative token is a row edited by hand: never claimed (MySQL's
-        # LAST_INSERT_ID(expr) could not even hand it back); `unlock` repairs it.
-        conds = [f"{table}.token >= 0",
+        # A negative token, or one at the BIGINT maximum, is a row edited by
+        # hand: never claimed (MySQL's LAST_INSERT_ID(expr) could not hand a
+        # negative one back, and the increment of the maximum overflows, which
+        # would fail the whole batch claim); `unlock` repairs it.
+        conds = [f"{table}.token >= 0 AND {table}.token < {TOKEN_MAX}",
                  f"({table}.lock_until IS NULL OR {table}.lock_until <= {now})"]
         # Not while the fleet is paused (another table: MySQL cannot read the
         # UPDATE's own in a subquery).

@@ -356,10 +356,15 @@ class Store:
                 .order_by(locks.c.name))
         return self._run(lambda c: [(str(j), str(h)) for j, h in c.execute(stmt)])
 
-    def negative_tokens(self, names: Iterable[str]) -> list[str]:
-        """Which of ``names`` have a token edited below zero (never claimed)."""
-        wanted = list(dict.fromkeys(names))
-        return self._run(lambda c: self._names(c, wanted, self.t.locks.c.token < 0))
+    def bad_tokens(self, names: Iterable[str]) -> list[tuple[str, int]]:
+        """Which of ``names`` have a token no claim takes (edited below zero
+        or to the BIGINT maximum: :func:`~dblockrun.store.models.token_usable`),
+        with it."""
+        locks, wanted = self.t.locks, list(dict.fromkeys(names))
+        bad = sa.or_(locks.c.token < 0, locks.c.token >= m.TOKEN_MAX)
+        return self._run(lambda c: [
+            (str(n), int(t)) for chunk in _chunks(wanted, 500) for n, t in c.execute(
+                sa.select(locks.c.name, locks.c.token).where(locks.c.name.in_(chunk), bad))])
 
     def _names(self, conn: Connection, names: Sequence[str],
                *where: sa.ColumnElement[bool]) -> list[str]:
@@ -370,27 +375,43 @@ class Store:
 
     def force_unlock(self, name: str, audit: Audit | None = None) -> int | None:
         """Free the lock whoever holds it and bump the token (fencing the holder);
-        forget a last slot or start in the future, which would hold the job back;
-        a negative token restarts at 1.
+        forget a last slot or start in the future, which would hold the job back.
+
+        A token no claim takes (edited below zero or to the BIGINT maximum)
+        gets the one after the newest its runs were given (1 if none): never
+        a token already handed out, so no holder is unfenced and no daemon
+        sees the database go backwards. If the newest run's token is the
+        maximum itself, no newer token exists: refused, saying so.
 
         The new token, or None if there is no such job.
         """
-        locks, now = self.t.locks, self.now
+        locks, runs, now = self.t.locks, self.t.runs, self.now
 
         def past(column: sa.Column[Any]) -> sa.ColumnElement[Any]:
             return sa.case((column > now, None), else_=column)
 
-        # A negative token (edited by hand; MySQL's LAST_INSERT_ID() claim cannot
-        # take one) restarts at 1: still above every token handed out before.
+        usable = sa.and_(locks.c.token >= 0, locks.c.token < m.TOKEN_MAX)
+        issued = (sa.select(sa.func.max(runs.c.token))
+                  .where(runs.c.job == name, runs.c.item.is_(None), runs.c.token >= 0))
+        after = sa.func.coalesce(issued.scalar_subquery(), 0)
         stmt = self._update_lock(
             name, holder=None, lock_until=None,
-            token=sa.case((locks.c.token < 0, 0), else_=locks.c.token) + 1,
+            token=sa.case((usable, locks.c.token), else_=after) + 1,
             last_slot=past(locks.c.last_slot), last_start=past(locks.c.last_start))
         read = sa.select(locks.c.token).where(locks.c.name == name)
 
         def go(conn: Connection) -> int | None:
-            if conn.execute(stmt).rowcount != 1:
+            token = conn.execute(read).scalar()
+            if token is None:
                 return None
+            if not m.token_usable(int(token)):
+                newest = conn.execute(issued).scalar()
+                if newest is not None and int(newest) >= m.TOKEN_MAX - 1:
+                    raise DatabaseError(
+                        f"job {name}: its runs were given fencing tokens up to {newest}, "
+                        "the largest there is: no newer token exists, so the lock cannot "
+                        "be repaired without reusing one; rename the job", kind="bad-row")
+            conn.execute(stmt)
             return int(conn.execute(read).scalar_one())
 
         return self.control.audited(go, audit)
@@ -415,14 +436,15 @@ class Store:
     sweep_lost = on_engine(LockEngine.sweep_lost)
     prune_runs = on_engine(LockEngine.prune_runs)
 
-    def shown_runs(self) -> sa.Select[Any]:
+    def shown_runs(self, *, output: bool = True) -> sa.Select[Any]:
         """The runs as operators are shown them: a run still ``running`` whose
         lease ran out or was taken over reads ``lost``, before any daemon (or
-        the next claim) has written it so."""
+        the next claim) has written it so. ``output``: with the output tail."""
         runs = self.t.runs
         lost = sa.literal_column(self.lock.q.lost_where("1 = 1"), sa.Boolean())
         result = sa.case((lost, m.LOST), else_=runs.c.result).label("result")
-        return sa.select(*[c for c in runs.c if c.name != "result"], result)
+        left_out = {"result"} if output else {"result", "output"}
+        return sa.select(*[c for c in runs.c if c.name not in left_out], result)
 
     def next_run_slot(self, job: str, after_id: int) -> float | None:
         """The slot of the job's first slotted run recorded after run ``after_id``."""
@@ -447,9 +469,11 @@ class Store:
         return None if found is None else str(found)
 
     def history(self, job: str | None = None, limit: int = 20,
-                item: str | None = None) -> list[m.RunRecord]:
+                item: str | None = None, *, output: bool = True) -> list[m.RunRecord]:
+        """The newest ``limit`` runs; without ``output``, their output tails
+        are not read (each may be 64 KiB: 100,000 runs would be 6 GB)."""
         runs = self.t.runs
-        stmt = self.shown_runs().order_by(runs.c.id.desc()).limit(limit)
+        stmt = self.shown_runs(output=output).order_by(runs.c.id.desc()).limit(limit)
         if job is not None:  # an every-host job: every host's runs
             stmt = stmt.where(runs.c.job.in_(self.with_every_host([job])))
         if item is not None:
@@ -457,6 +481,8 @@ class Store:
         return self._run(lambda c: [m.from_row(m.RunRecord, r._mapping) for r in c.execute(stmt)])
 
     def run(self, run_id: int) -> m.RunRecord | None:
+        if not m.run_id_possible(run_id):
+            return None
         stmt = self.shown_runs().where(self.t.runs.c.id == run_id)
         row = self._run(lambda c: c.execute(stmt).first())
         return None if row is None else m.from_row(m.RunRecord, row._mapping)
