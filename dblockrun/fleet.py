@@ -169,15 +169,25 @@ class FleetBooks:
             return
         after = max(lost.ended, lost.slot or 0.0)
         if lost.lock_until is not None:
-            # Nobody has claimed it since: the slots up to the lease's end,
-            # taken off the job (the conditional write) so no late claim runs one.
+            # Nobody had claimed it since: the slots up to the lease's end,
+            # after those already handled (a daemon's resync may have
+            # recorded some), taken off the job by the conditional write so
+            # no late claim runs one. Read again if another host moved first.
             why_end = f"its lease ran out at {utc(lost.lock_until)}"
-            if self._record_blocked(job, lost, after, lost.lock_until, why_end, True):
-                return
-        # Claimed since: the slots before the first one that ran again.
+            for _ in range(3):
+                lock = self.store.lock_state(job.name)
+                if lock is None or lock.token != lost.token:
+                    break  # claimed since
+                floor = max(after, lock.last_slot if lock.last_slot is not None else after)
+                if self._record_blocked(job, lost, floor, lost.lock_until, why_end, True):
+                    return
+        # Claimed since: the slots before the first one that ran again, after
+        # the newest one already recorded.
         nxt = self.store.next_run_slot(job.name, lost.id)
         if nxt is not None:
-            self._record_blocked(job, lost, after, nxt - 0.001,
+            newest = self.store.newest_record_slot(job.name, nxt)
+            floor = max(after, newest if newest is not None else after)
+            self._record_blocked(job, lost, floor, nxt - 0.001,
                                  "until another host claimed it", False)
 
     def _record_blocked(self, job: Job, lost: LostRun, after: float, upto: float,

@@ -455,6 +455,14 @@ class Store:
         found = self._run(lambda c: c.execute(stmt).scalar())
         return None if found is None else float(found)
 
+    def newest_record_slot(self, job: str, before: float) -> float | None:
+        """The newest slot before ``before`` the job has a record of."""
+        runs = self.t.runs
+        stmt = sa.select(sa.func.max(runs.c.slot)).where(
+            runs.c.job == job, runs.c.item.is_(None), runs.c.slot < before)
+        found = self._run(lambda c: c.execute(stmt).scalar())
+        return None if found is None else float(found)
+
     def previous_result(self, job: str, before_id: int) -> str | None:
         """The result of the job's last run recorded before run ``before_id``
         (not a missed or skipped slot; not a fan-out item), as ``history``
