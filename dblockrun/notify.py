@@ -202,7 +202,7 @@ class Notifier:
                     job=event.job, host=event.host, first_run_id=event.first_run_id,
                     run_id=event.run_id, slot=event.slot, result=event.result,
                     exit_code=event.exit_code, duration=event.duration, output=output,
-                    detail=event.detail))
+                    detail=event.detail, item=event.item))
         elif isinstance(event, SlotPassed):
             if event.result == m.MISSED:
                 self.missed(event.job, event.slot, event.late, _missed_rule(event))

@@ -432,7 +432,7 @@ class LockEngine:
         """An attempt's result for the batch's runs (``run_id`` of each), only
         while every token is ours; the items stay held (a retry follows)."""
         params = self._items_params(job, holder, items, result=result, code=exit_code,
-                                    output=output)
+                                    output=output, took=None)
         return self.x.run(lambda cur: int(self.x.send(
             cur, self.q.items_finish(len(items)), params).rowcount) == len(items))
 
