@@ -39,9 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from common import Table
 
-import dblockrun.daemon  # noqa: F401  (the daemon's modules: a daemon-sized process)
-from dblockrun import spawn
-from dblockrun.runner import LeaseWatch, run_process
+import dblockrun.daemon.loop  # noqa: F401  (the daemon's modules: a daemon-sized process)
+from dblockrun.running import spawn
+from dblockrun.running.runner import LeaseWatch, run_process
 
 Starter = Callable[[], None]
 

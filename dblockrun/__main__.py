@@ -4,7 +4,7 @@
 importing click and building the command line takes about a fifth of it. So
 a plain ``exec`` command line is parsed here, without click, checked as
 :func:`dblockrun.cli.exec_` checks it, and run by the same function
-(:func:`dblockrun.execlock.exec_command`), with the same messages and exit
+(:func:`dblockrun.running.execlock.exec_command`), with the same messages and exit
 statuses. Anything else, and anything this parser is unsure of (another
 command, ``--help``, ``-f``, ``-n=x`` or ``-vn x``, a repeated option, an
 option value starting with ``-``, a value that click would reject, a global
@@ -96,9 +96,9 @@ def _text(options: Options, key: str) -> str | None:
 def fast_exec(group: Options, options: Options, command: tuple[str, ...]) -> int | None:
     """Check and run it as dblockrun.cli.exec_ does; its exit status, or None
     (nothing done) when click should take it."""
-    from dblockrun.durations import lease_too_short, parse_duration
-    from dblockrun.execlock import ExecOptions, exec_command
-    from dblockrun.jobs import JOB_NAME
+    from dblockrun.config.durations import lease_too_short, parse_duration
+    from dblockrun.config.jobs import JOB_NAME
+    from dblockrun.running.execlock import ExecOptions, exec_command
 
     name = _text(options, "name") or ""
     if not JOB_NAME.fullmatch(name) or len(name) > MAX_NAME:
@@ -117,11 +117,12 @@ def fast_exec(group: Options, options: Options, command: tuple[str, ...]) -> int
         return None
     if most <= 0 or lease <= 0 or least > most or lease_too_short(lease, lease / 3) is not None:
         return None
-    from dblockrun.dburl import (
+    from dblockrun.store.dburl import (
         DEFAULT_JOBS_FILE,
         JOBS_ENV,
         MAX_PREFIX,
         TABLE_PREFIX,
+        password_in_argv,
         resolve_url,
         url_needs_jobs_file,
     )
@@ -145,6 +146,9 @@ def fast_exec(group: Options, options: Options, command: tuple[str, ...]) -> int
     opts = ExecOptions(name=name, argv=command, lock_at_most=most, lock_at_least=least,
                        lease=lease, heartbeat=lease / 3, busy_exit_code=busy_exit_code,
                        verbose=verbose)
+    warning = password_in_argv(db)
+    if warning is not None:
+        _echo_err(warning)
     url = resolve_url(db, None, cli_db_file=db_file)
     return exec_command(opts, url, prefix)
 

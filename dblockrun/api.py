@@ -36,16 +36,16 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Literal, ParamSpec, TypeVar, overload
 
-from dblockrun.dburl import resolve_url
-from dblockrun.durations import parse_duration
+from dblockrun.config.durations import parse_duration
 from dblockrun.errors import DatabaseError, DblockrunError
-from dblockrun.heartbeat import Renewer
-from dblockrun.holder import new_holder_id
-from dblockrun.outage import Outage
-from dblockrun.runner import LeaseWatch
+from dblockrun.running.heartbeat import Renewer
+from dblockrun.running.holder import new_holder_id
+from dblockrun.running.runner import LeaseWatch
 from dblockrun.store import DEFAULT_PREFIX, Store
 from dblockrun.store import models as m
+from dblockrun.store.dburl import resolve_url
 from dblockrun.store.engine import Claim
+from dblockrun.store.outage import Outage
 
 __all__ = ["Lease", "LockBusy", "LockContext", "LockLost", "close_stores", "lock", "locked"]
 

@@ -21,8 +21,8 @@ from dblockrun import __version__
 from dblockrun.errors import ConfigError, DblockrunError, UsageError
 
 if TYPE_CHECKING:
-    from dblockrun.jobs import JobsFile
-    from dblockrun.ops import Access
+    from dblockrun.config.jobs import JobsFile
+    from dblockrun.ops.actions import Access
     from dblockrun.store import Store
     from dblockrun.store.control import Audit
 
@@ -55,7 +55,7 @@ def _setup_logging(level: int, fmt: str = "text") -> None:
 def _duration(value: str, name: str, *, zero_ok: bool = False) -> float:
     """The seconds of a duration option; one line and exit 2 naming the
     option when it is not a duration, or zero where zero makes no sense."""
-    from dblockrun.durations import parse_duration
+    from dblockrun.config.durations import parse_duration
 
     try:
         seconds = parse_duration(value)
@@ -105,7 +105,7 @@ MAX_REASON = 1000
 def _check_name(name: str, what: str = "job name", *, host_row: bool = False) -> str:
     """``host_row``: an every-host job's row on one host, ``JOB@HOST``, is
     also a name (operator commands; not ``exec``)."""
-    from dblockrun.jobs import EVERY_HOST_SEP, JOB_NAME
+    from dblockrun.config.jobs import EVERY_HOST_SEP, JOB_NAME
 
     job, sep, host = name.partition(EVERY_HOST_SEP)
     checked = job if host_row and sep and JOB_NAME.fullmatch(host) else name
@@ -122,7 +122,7 @@ def _globals() -> Globals:
 
 
 def _prefix() -> str:
-    from dblockrun.dburl import check_prefix
+    from dblockrun.store.dburl import check_prefix
 
     return check_prefix(_globals().prefix)
 
@@ -130,11 +130,11 @@ def _prefix() -> str:
 def _load(path: str, *, secrets: bool = False) -> JobsFile:
     """``secrets``: read notification and ping URLs from their variables and
     files, as the daemon does (operator commands need only ``database:``)."""
-    from dblockrun.config import load_jobs
+    from dblockrun.config.load import load_jobs
 
     jobs = load_jobs(path)
     if secrets:
-        from dblockrun.secreturl import resolve_secrets
+        from dblockrun.config.secreturl import resolve_secrets
 
         jobs = resolve_secrets(jobs)
     return jobs
@@ -143,7 +143,7 @@ def _load(path: str, *, secrets: bool = False) -> JobsFile:
 def _jobs_path(argument: str | None) -> str:
     """The jobs file of daemon, validate and next: FILE, else -f, else
     DBLOCKRUN_JOBS, else /etc/dblockrun/jobs.yaml if it exists."""
-    from dblockrun.dburl import DEFAULT_JOBS_FILE, JOBS_ENV, jobs_file
+    from dblockrun.store.dburl import DEFAULT_JOBS_FILE, JOBS_ENV, jobs_file
 
     given = _globals().file
     if argument is not None and given is not None and argument != given:
@@ -159,7 +159,7 @@ def _jobs_for_db(*, always: bool = False) -> JobsFile | None:
     """The jobs file an operator command reads: one named by -f or
     DBLOCKRUN_JOBS; the default /etc/dblockrun/jobs.yaml only when the
     database URL must come from it (nothing else names one) or ``always``."""
-    from dblockrun.dburl import jobs_file, url_needs_jobs_file
+    from dblockrun.store.dburl import jobs_file, url_needs_jobs_file
 
     g = _globals()
     path, named = jobs_file(g.file)
@@ -168,30 +168,26 @@ def _jobs_for_db(*, always: bool = False) -> JobsFile | None:
     return _load(path)
 
 
-#: Said once per process: ``--db`` holds a password.
-PASSWORD_IN_ARGV = ("dblockrun: warning: --db holds a password, which every local user can "
-                    "read with ps: give the URL in DBLOCKRUN_DB or a file (--db-file)")
-
-
 def _db_url(jobs: JobsFile | None = None) -> str:
-    from dblockrun.dburl import redact, resolve_url
+    from dblockrun.store.dburl import password_in_argv, resolve_url
 
     g = _globals()
-    if g.db is not None and not g.password_warned and redact(g.db) != g.db:
+    warning = None if g.password_warned else password_in_argv(g.db)
+    if warning is not None:
         g.password_warned = True
-        click.echo(PASSWORD_IN_ARGV, err=True)
+        click.echo(warning, err=True)
     return resolve_url(g.db, jobs.database if jobs else None, cli_db_file=g.db_file,
                        file_db_file=jobs.database_file if jobs else None)
 
 
 def _open(access: Access, jobs: JobsFile | None = None) -> Store:
-    from dblockrun.ops import open_store
+    from dblockrun.ops.actions import open_store
 
     return open_store(_db_url(jobs), _prefix(), access)
 
 
 def _where(store: Store) -> str:
-    from dblockrun.dburl import describe
+    from dblockrun.store.dburl import describe
 
     return describe(store.url, store.prefix)
 
@@ -295,9 +291,9 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
     import signal
     import threading
 
-    from dblockrun.daemon import Daemon, DaemonOptions
-    from dblockrun.ops import Access
-    from dblockrun.targeting import LABELS_ENV, host_labels
+    from dblockrun.daemon.loop import Daemon, DaemonOptions
+    from dblockrun.ops.actions import Access
+    from dblockrun.scheduling.targeting import LABELS_ENV, host_labels
 
     g = _globals()
     try:
@@ -319,7 +315,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
         parse_addr(metrics_addr)
     if options.heartbeat * 2 > options.lease:
         raise UsageError("--lease must be at least twice --heartbeat")
-    from dblockrun.durations import lease_too_short, too_short_message
+    from dblockrun.config.durations import lease_too_short, too_short_message
 
     stop = lease_too_short(options.lease, options.heartbeat, options.kill_grace)
     if stop is not None:  # every run would be stopped as unrenewed (--lease 2s --heartbeat 1s)
@@ -348,8 +344,8 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
 @handle_errors
 def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
     """Show jobs (state, holder, lock, last and next run) and live hosts."""
-    from dblockrun import output
-    from dblockrun.ops import Access, no_such_job
+    from dblockrun.ops import output
+    from dblockrun.ops.actions import Access, no_such_job
     from dblockrun.store.status import report
 
     within = _duration(live_within, "--live-within") or 0.0
@@ -381,8 +377,8 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
 def disable(job: str, for_: str | None, until: str | None, reason: str | None,
             create: bool) -> None:
     """Pause JOB on every host (no duration: until `enable`)."""
-    from dblockrun.ops import Access, require_job
-    from dblockrun.output import iso
+    from dblockrun.ops.actions import Access, require_job
+    from dblockrun.ops.output import iso
 
     if for_ and until:
         raise UsageError("give --for or --until, not both")
@@ -403,8 +399,8 @@ def disable(job: str, for_: str | None, until: str | None, reason: str | None,
 def _audit(action: str, job: str | None = None, *, reason: str | None = None,
            detail: str | None = None) -> Audit:
     """The audit record of an operator's action, naming the operator."""
+    from dblockrun.ops.who import operator_id
     from dblockrun.store.control import Audit
-    from dblockrun.who import operator_id
 
     return Audit(operator_id(), action, job, detail, reason)
 
@@ -439,7 +435,7 @@ def _parse_time(text: str) -> float:
 @handle_errors
 def enable(job: str) -> None:
     """Clear a `disable` of JOB."""
-    from dblockrun.ops import Access, no_such_job
+    from dblockrun.ops.actions import Access, no_such_job
 
     _check_name(job, host_row=True)
     with _open(Access.WRITE, _jobs_for_db()) as store:
@@ -458,7 +454,7 @@ def unlock(job: str) -> None:
     a lock_until far in the future). The fencing token is incremented, so a
     holder that is still running loses its lease and stops its command at its
     next heartbeat."""
-    from dblockrun.ops import Access, no_such_job
+    from dblockrun.ops.actions import Access, no_such_job
 
     _check_name(job, host_row=True)
     with _open(Access.WRITE, _jobs_for_db()) as store:
@@ -485,8 +481,8 @@ def kill(job: str | None, run_id: int | None, item: str | None, reason: str | No
     """Stop JOB's running command (or run ID's) on whichever host runs it:
     its holder reads the request with its next lease renewal, stops the
     command's process group, records the run `killed` and frees the lock."""
-    from dblockrun.kill import kill as kill_runs
-    from dblockrun.ops import Access
+    from dblockrun.ops.actions import Access
+    from dblockrun.ops.kill import kill as kill_runs
 
     if (job is None) == (run_id is None):
         raise UsageError("give JOB or --run ID")
@@ -496,7 +492,7 @@ def kill(job: str | None, run_id: int | None, item: str | None, reason: str | No
         _check_name(job)
     _reason(reason)
     wait = None if no_wait else _duration(timeout, "--timeout")
-    from dblockrun.who import operator_id
+    from dblockrun.ops.who import operator_id
 
     with _open(Access.WRITE, _jobs_for_db()) as store:
         runs = kill_runs(store, operator_id(), job=job, item=item, run_id=run_id,
@@ -522,8 +518,8 @@ def kill(job: str | None, run_id: int | None, item: str | None, reason: str | No
 def pause(for_: str | None, reason: str | None) -> None:
     """Pause the whole fleet: no new run starts on any host (running ones
     finish) until `resume`, or for a while."""
-    from dblockrun.ops import Access
-    from dblockrun.output import iso
+    from dblockrun.ops.actions import Access
+    from dblockrun.ops.output import iso
 
     seconds = None if for_ is None else _duration(for_, "--for")
     entry = _audit("pause", reason=_reason(reason), detail=f"for {for_}" if for_ else None)
@@ -539,7 +535,7 @@ def pause(for_: str | None, reason: str | None) -> None:
 @handle_errors
 def resume() -> None:
     """End a `pause`: slots that come due from now on run again."""
-    from dblockrun.ops import Access
+    from dblockrun.ops.actions import Access
 
     with _open(Access.WRITE, _jobs_for_db()) as store:
         was = store.control.resume(_audit("resume"))
@@ -560,8 +556,8 @@ def resume() -> None:
 def audit(job: str | None, limit: int, as_json: bool) -> None:
     """Operator actions (disable, enable, run, kill, unlock, pause, resume),
     newest first: when, who, what and why."""
-    from dblockrun import output
-    from dblockrun.ops import Access, require_job
+    from dblockrun.ops import output
+    from dblockrun.ops.actions import Access, require_job
 
     with _open(Access.READ, _jobs_for_db()) as store:
         if job is not None:
@@ -600,7 +596,7 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
     """Run COMMAND under the lock NAME; its exit status passes through."""
     # dblockrun.__main__ takes a plain exec command line without click, checks
     # it as below and calls exec_command too (tests/test_main.py).
-    from dblockrun.execlock import ExecOptions, exec_command
+    from dblockrun.running.execlock import ExecOptions, exec_command
 
     g = _globals()
     _setup_logging(logging.DEBUG if g.debug else logging.INFO if verbose else logging.ERROR)
@@ -610,7 +606,7 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
     if least > most:
         raise UsageError("--lock-at-least is longer than --lock-at-most")
     lease_s = _duration(lease, "--lease")
-    from dblockrun.durations import format_duration, lease_too_short, too_short_message
+    from dblockrun.config.durations import format_duration, lease_too_short, too_short_message
 
     stop = lease_too_short(lease_s, lease_s / 3)
     if stop is not None:  # the command would be stopped before the lease's first renewal
@@ -645,8 +641,8 @@ def next_(jobs_file: str | None, count: int) -> None:
     from datetime import UTC, datetime
     from zoneinfo import ZoneInfo
 
-    from dblockrun.durations import format_duration
-    from dblockrun.schedule import describe_next
+    from dblockrun.config.durations import format_duration
+    from dblockrun.scheduling.cron import describe_next
 
     jobs = _load(_jobs_path(jobs_file))
     now = datetime.now(UTC)
@@ -665,7 +661,7 @@ def next_(jobs_file: str | None, count: int) -> None:
 @handle_errors
 def init_db() -> None:
     """Create or migrate the schema (for setups where services may not run DDL)."""
-    from dblockrun.ops import Access
+    from dblockrun.ops.actions import Access
 
     with _open(Access.CREATE, _jobs_for_db()) as store:
         version = store.ensure_schema(create=True)
@@ -688,8 +684,8 @@ def init_db() -> None:
 def history(job: str | None, limit: int, as_json: bool, output_of: int | None, raw: bool,
             item: str | None) -> None:
     """Past runs, newest first."""
-    from dblockrun import output
-    from dblockrun.ops import Access, require_job
+    from dblockrun.ops import output
+    from dblockrun.ops.actions import Access, require_job
 
     if raw and output_of is None:
         raise UsageError("--raw goes with --output RUN")
@@ -721,7 +717,7 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None, r
 def run_(job: str, timeout: str, no_wait: bool) -> None:
     """Ask the fleet to run JOB now: some daemon that has it claims it, under
     the same lock, within about a second."""
-    from dblockrun.ops import Access, request_runs
+    from dblockrun.ops.actions import Access, request_runs
 
     _check_name(job, host_row=True)
     wait = None if no_wait else _duration(timeout, "--timeout")
@@ -741,7 +737,7 @@ def run_(job: str, timeout: str, no_wait: bool) -> None:
     for row, run in runs:  # an every-host job: a line per host
         if run is None:
             continue
-        if run.result == "skipped":  # its group was at its limit (dblockrun/limits.py)
+        if run.result == "skipped":  # its group was at its limit (dblockrun/scheduling/limits.py)
             why = (run.output or "skipped").strip().removeprefix("skipped: ")
             click.echo(_shown(f"dblockrun: {row}: run {run.id} not started on {run.host}: "
                               f"{why}"), err=True)
@@ -774,8 +770,8 @@ def import_crontab(file: str, system: bool | None, out: str | None) -> None:
     other jobs are still written. Exit status 0 if every line translated, 1 if
     some were skipped, 2 if FILE cannot be read or OUT written.
     """
-    from dblockrun.crontab import import_crontab as translate
-    from dblockrun.crontab import write_jobs
+    from dblockrun.config.crontab import import_crontab as translate
+    from dblockrun.config.crontab import write_jobs
 
     result = translate(file, system=system)
     if out is None:

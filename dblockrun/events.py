@@ -1,7 +1,7 @@
 """Run and slot events: what became of a run or a slot, told once to
 whoever subscribed (metrics, notifications and pings, the log).
 
-The lifecycle (dblockrun/runjob.py) and the slot book emit them; neither
+The lifecycle (dblockrun/running/runjob.py) and the slot book emit them; neither
 calls a metric, a notifier or a ping itself. A subscriber is called on the
 emitting thread, so it must be quick (the notifier only queues); one that
 raises is logged with its traceback and the others still hear the event.
@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dblockrun.jobs import Job
+from dblockrun.config.jobs import Job
 
 log = logging.getLogger("dblockrun")
 
@@ -72,7 +72,7 @@ class SlotPassed:
     result: str
     #: Why, as stored with the record (one line, no trailing newline).
     reason: str
-    #: What passed it (dblockrun/planner.py ``Cause``), a metric label.
+    #: What passed it (dblockrun/scheduling/planner.py ``Cause``), a metric label.
     cause: str
     #: How late the slot was when it was recorded, seconds.
     late: float

@@ -89,7 +89,7 @@ class Metrics:
             "seen: the database lost committed writes", ["job"], registry=r)
         self.missed = Counter("dblockrun_missed_slots", "Slots recorded missed or skipped",
                               ["job", "reason"], registry=r)
-        # (issue 13) dblockrun/notify.py: sent, failed, or dropped (its queue was full).
+        # (issue 13) dblockrun/notify/notifier.py: sent, failed, or dropped (its queue was full).
         self.notifications = Counter("dblockrun_notifications", "Notifications by event and "
                                      "outcome (sent, failed, dropped)",
                                      ["job", "event", "outcome"], registry=r)

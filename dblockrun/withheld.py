@@ -1,13 +1,13 @@
 """The variables of this process's environment that hold its secrets, which
-no command inherits (dblockrun/runjob.py ``inherited_env``): the database
+no command inherits (dblockrun/running/runjob.py ``inherited_env``): the database
 URL and its file (``DBLOCKRUN_DB*``) and every variable a notification or
 ping URL is read from (``{env: VAR}``, registered by
-:mod:`dblockrun.secreturl` as it reads one; a reload adds names, none is
+:mod:`dblockrun.config.secreturl` as it reads one; a reload adds names, none is
 dropped). Its own module: ``exec`` starts faster without secreturl's."""
 
 from __future__ import annotations
 
-#: The daemon's database URL and its file (dblockrun/dburl.py).
+#: The daemon's database URL and its file (dblockrun/store/dburl.py).
 DATABASE_VARS = "DBLOCKRUN_DB"
 
 _SECRETS: set[str] = set()

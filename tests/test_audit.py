@@ -16,9 +16,9 @@ from click.testing import CliRunner, Result
 from helpers import TestDb
 
 from dblockrun.cli import cli
+from dblockrun.ops.who import operator_id
 from dblockrun.store import Store
 from dblockrun.store.status import report
-from dblockrun.who import operator_id
 
 
 def parse_iso(text: str) -> float:

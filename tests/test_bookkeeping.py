@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from helpers import wait_for
 
-from dblockrun.fleet import FleetBooks
-from dblockrun.heartbeat import DbClock, Renewer
-from dblockrun.jobs import JobsFile
+from dblockrun.config.jobs import JobsFile
+from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.metrics import Metrics
-from dblockrun.outage import Outage
-from dblockrun.runner import LeaseWatch
+from dblockrun.running.heartbeat import DbClock, Renewer
+from dblockrun.running.runner import LeaseWatch
 from dblockrun.store import Store
+from dblockrun.store.outage import Outage
 
 
 def test_a_stuck_bookkeeping_round_does_not_delay_renewals(

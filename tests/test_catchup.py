@@ -30,9 +30,9 @@ from proxy import Proxy
 from test_config import error, load, one_job
 from test_daemon import DaemonProc, runs_of
 
-from dblockrun.jobs import Job
-from dblockrun.planner import FRESH, RECORDED
-from dblockrun.sdnotify import SystemdNotifier
+from dblockrun.config.jobs import Job
+from dblockrun.daemon.sdnotify import SystemdNotifier
+from dblockrun.scheduling.planner import FRESH, RECORDED
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.status import report

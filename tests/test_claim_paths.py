@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dblockrun
-from dblockrun.execlock import ExecOptions, ExecTarget, exec_locked
+from dblockrun.running.execlock import ExecOptions, ExecTarget, exec_locked
 from dblockrun.store import Store
 from dblockrun.store.items import item_key
 

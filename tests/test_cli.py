@@ -19,13 +19,15 @@ from conftest import ServerDatabases, new_prefix, sqlite_url
 from helpers import TestDb, dblockrun_cmd, wait_for
 from helpers import clean_env as env_without_db
 
-from dblockrun.cli import PASSWORD_IN_ARGV, cli
-from dblockrun.dburl import redact
+from dblockrun.cli import cli
 from dblockrun.errors import UsageError
+from dblockrun.ops.who import operator_id
 from dblockrun.store import Store
-from dblockrun.who import operator_id
+from dblockrun.store.dburl import password_in_argv, redact
 
 REPO = Path(__file__).resolve().parent.parent
+#: What both command-line paths say once when --db holds a password.
+PASSWORD_WARNING = password_in_argv("postgresql://u:p@h/d")
 
 GOOD = """\
 jobs:
@@ -351,7 +353,7 @@ def test_malformed_url_exits_2_without_password_or_traceback() -> None:
     assert "Traceback" not in proc.stderr
     assert "s3cret" not in proc.stderr
     assert proc.stderr == (
-        f"{PASSWORD_IN_ARGV}\n"
+        f"{PASSWORD_WARNING}\n"
         "dblockrun: database URL 'postgresql://u:***@127.0.0.1:abc/x' is not a valid URL "
         "(check the host and port)\n"
     )
@@ -561,14 +563,14 @@ def test_an_operator_command_reaches_the_fleet_database_through_DBLOCKRUN_JOBS(
 
 def test_an_operator_command_reads_etc_dblockrun_jobs_yaml_by_default(
         sqlite_db: TestDb, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dblockrun.dburl
+    import dblockrun.store.dburl
 
     known(sqlite_db, "nightly")
     # As the systemd example: the URL in a file next to the jobs file.
     (tmp_path / "etc").mkdir()
     write(tmp_path / "etc" / "db-url", sqlite_db.url + "\n")
     etc_jobs = write(tmp_path / "etc" / "jobs.yaml", "database-file: db-url\n" + GOOD)
-    monkeypatch.setattr(dblockrun.dburl, "DEFAULT_JOBS_FILE", etc_jobs)
+    monkeypatch.setattr(dblockrun.store.dburl, "DEFAULT_JOBS_FILE", etc_jobs)
     result = CliRunner().invoke(cli, ["--table-prefix", sqlite_db.prefix, "enable", "nightly"])
     assert (result.exit_code, result.stdout) == (0, f"nightly enabled in {where(sqlite_db)}\n")
     assert not (tmp_path / "state").exists()
@@ -670,7 +672,7 @@ def test_every_operator_command_names_its_database(
             result = invoke(db, *args)
             # (--db holds a password here: warned about, once.)
             assert (result.exit_code, result.stdout, result.stderr) == (
-                0, out, f"{PASSWORD_IN_ARGV}\n"), args
+                0, out, f"{PASSWORD_WARNING}\n"), args
     finally:
         with Store(url, db.prefix) as store:
             store.drop_schema()
@@ -764,7 +766,7 @@ def test_a_directory_as_the_jobs_file_is_one_line(tmp_path: Path) -> None:
 def test_a_malformed_url_shows_all_but_its_password() -> None:
     proc = run_cli(["--db", "postgresql//u:s3cret@db.internal/ops", "status"])
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr == (f"{PASSWORD_IN_ARGV}\n"
+    assert proc.stderr == (f"{PASSWORD_WARNING}\n"
                            "dblockrun: database URL 'postgresql//u:***@db.internal/ops' is not "
                            "a URL (e.g. postgresql://host/db)\n")
 

@@ -9,9 +9,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dblockrun.config import JOB_KEYS, load_jobs, load_jobs_text
+from dblockrun.config.jobs import Job, JobsFile, OnFailure
+from dblockrun.config.load import JOB_KEYS, load_jobs, load_jobs_text
 from dblockrun.errors import ConfigError
-from dblockrun.jobs import Job, JobsFile, OnFailure
 
 FILE = "jobs.yaml"
 

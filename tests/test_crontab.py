@@ -14,11 +14,11 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-import dblockrun.crontab
+import dblockrun.config.crontab
 from dblockrun.cli import cli
-from dblockrun.config import load_jobs_text
-from dblockrun.crontab import Translation, is_system_path, translate_crontab
-from dblockrun.jobs import Job, JobsFile
+from dblockrun.config.crontab import Translation, is_system_path, translate_crontab
+from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.config.load import load_jobs_text
 
 PATH = "crontab"
 HEADER = (
@@ -943,7 +943,7 @@ def test_cli_reads_stdin() -> None:
 def test_cli_detects_system_crontabs_by_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dblockrun.crontab, "SYSTEM_PREFIX", f"{tmp_path}/")
+    monkeypatch.setattr(dblockrun.config.crontab, "SYSTEM_PREFIX", f"{tmp_path}/")
     crontab = tmp_path / "cron.d" / "app"
     crontab.parent.mkdir()
     crontab.write_text("0 2 * * * www-data backup\n")

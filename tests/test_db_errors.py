@@ -10,11 +10,11 @@ import pytest
 from helpers import TestDb
 
 from dblockrun.errors import DatabaseError, DatabaseRefused
-from dblockrun.outage import Outage
 from dblockrun.store import Store
 from dblockrun.store.drivers import direct_driver
 from dblockrun.store.engine import LockEngine
 from dblockrun.store.executor import DirectExecutor
+from dblockrun.store.outage import Outage
 
 
 def _engine(url: str, prefix: str = "dblockrun_") -> LockEngine:

@@ -1,4 +1,4 @@
-"""The run lifecycle (dblockrun/runjob.py) tells what became of a run as
+"""The run lifecycle (dblockrun/running/runjob.py) tells what became of a run as
 events (dblockrun/events.py), in-process on every backend: each attempt's
 start and end, the end marked final when no retry follows, told once each;
 the log lines, metrics, notifications and pings are subscribers. And what it
@@ -15,18 +15,18 @@ from typing import Any
 
 import pytest
 
+from dblockrun.config.jobs import Job
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Event, Events, RunEnded, RunLost, RunStarted, SlotPassed
-from dblockrun.heartbeat import Renewer
-from dblockrun.jobs import Job
 from dblockrun.metrics import Metrics
-from dblockrun.notify import Notifier
-from dblockrun.outage import Outage
-from dblockrun.runjob import JobRun, RunContext
-from dblockrun.runlog import log_run
-from dblockrun.runloop import RunLoop
+from dblockrun.notify.notifier import Notifier
+from dblockrun.running.heartbeat import Renewer
+from dblockrun.running.runjob import JobRun, RunContext
+from dblockrun.running.runlog import log_run
+from dblockrun.running.runloop import RunLoop
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.outage import Outage
 
 HOLDER = "web-1:4242:abcd"
 
@@ -188,7 +188,7 @@ class Sent:
 def test_the_notifier_hears_starts_final_ends_missed_slots_and_lost_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from dblockrun.jobs import LITERAL, Notify, SecretUrl
+    from dblockrun.config.jobs import LITERAL, Notify, SecretUrl
 
     notifier = Notifier(None, HOLDER)
     sent = Sent(notifier, monkeypatch)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
-from dblockrun.execlock import ExecTarget
+from dblockrun.running.execlock import ExecTarget
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.drivers import direct_driver, split_url
@@ -298,7 +298,7 @@ def test_exec_does_not_import_sqlalchemy(db: TestDb, store: Store) -> None:
 
 def test_default_sqlite_file_without_pathlib(monkeypatch: pytest.MonkeyPatch,
                                              tmp_path: Path) -> None:
-    from dblockrun.dburl import default_sqlite_path
+    from dblockrun.store.dburl import default_sqlite_path
 
     def with_pathlib() -> str:  # what it was, with pathlib
         state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")

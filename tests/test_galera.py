@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 SCRIPT = REPO / "scripts" / "galera"
 PORTS = (3401, 3402, 3403)
 RUN_SECONDS = 15
-#: Any line of an outage (dblockrun/outage.py): none may come from a lost race.
+#: Any line of an outage (dblockrun/store/outage.py): none may come from a lost race.
 OUTAGE = re.compile(r"database (unreachable|refused|is read-only|deadlock|schema|error)")
 
 JOBS = """\

@@ -22,7 +22,7 @@ from typing import Any
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 from test_security import Daemon, cli, daemon_args, system_user, write_jobs
 
-from dblockrun import spawner
+from dblockrun.running import spawner
 from dblockrun.store import Store
 
 __all__ = ["system_user"]  # a fixture, used by name

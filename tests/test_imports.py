@@ -16,8 +16,7 @@ INSIDE_STORE = {"dblockrun.store.control", "dblockrun.store.items", "dblockrun.s
                 "dblockrun.store.store"}
 
 #: What a store module may import from outside the store package.
-STORE_MAY_IMPORT = {"dblockrun.errors", "dblockrun.dburl", "dblockrun.jobs",
-                    "dblockrun.mysqlhosts"}
+STORE_MAY_IMPORT = {"dblockrun.errors", "dblockrun.config.jobs", "dblockrun.secretfile"}
 
 
 def imports() -> dict[str, set[str]]:

@@ -19,12 +19,12 @@ from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
 import dblockrun
 from dblockrun.cli import cli
-from dblockrun.dburl import describe
-from dblockrun.runner import group_running
+from dblockrun.ops.who import operator_id
+from dblockrun.running.runner import group_running
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.dburl import describe
 from dblockrun.store.status import report
-from dblockrun.who import operator_id
 
 HEARTBEAT = 1.0
 #: From the kill's write to the run's recorded end (both on the database

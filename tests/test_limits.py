@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 from helpers import TestDb, dblockrun_cmd, wait_for
 
-from dblockrun import output
 from dblockrun.cli import cli
-from dblockrun.config import load_jobs_text
+from dblockrun.config.jobs import JobsFile
+from dblockrun.config.load import load_jobs_text
 from dblockrun.errors import ConfigError
-from dblockrun.jobs import JobsFile
-from dblockrun.limits import seat_names
+from dblockrun.ops import output
+from dblockrun.scheduling.limits import seat_names
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.models import RunRecord

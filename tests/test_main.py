@@ -171,8 +171,11 @@ def test_errors_are_the_same(tmp_path: Path) -> None:
     unreachable = ["--db", "postgresql://someone:pw@127.0.0.1:1/x", "exec", "-n", "x", "true"]
     fast_run, click_run, log = both(unreachable)
     assert fast_run == click_run
-    assert fast_run[0] == 1 and fast_run[2].startswith("dblockrun: database error: ")
-    assert fast_run[2].count("\n") == 1 and "pw" not in fast_run[2]
+    # Both warn that --db holds a password, then give the one-line error.
+    warning, error = fast_run[2].splitlines()
+    assert warning.startswith("dblockrun: warning: --db holds a password")
+    assert fast_run[0] == 1 and error.startswith("dblockrun: database error: ")
+    assert "pw" not in fast_run[2]
     missing = ["--db-file", str(tmp_path / "none"), "exec", "-n", "x", "true"]
     fast_run, click_run, log = both(missing)
     assert fast_run == click_run
@@ -193,11 +196,11 @@ def test_the_table_prefix_comes_from_the_environment(ready: TestDb) -> None:
 
 GC_PROBE = """
 import gc, sys
-import dblockrun.cli, dblockrun.execlock
+import dblockrun.cli, dblockrun.running.execlock
 from dblockrun.__main__ import main
 
 seen = []
-real_exec_locked = dblockrun.execlock.exec_locked
+real_exec_locked = dblockrun.running.execlock.exec_locked
 
 def exec_locked(store, opts):
     seen.append(("run", gc.isenabled(), gc.get_freeze_count() > 0))
@@ -206,7 +209,7 @@ def exec_locked(store, opts):
 def click_main():
     seen.append(("click", gc.isenabled(), None))
 
-dblockrun.execlock.exec_locked = exec_locked
+dblockrun.running.execlock.exec_locked = exec_locked
 dblockrun.cli.main = click_main
 for args in sys.argv[1].split("|"):
     sys.argv[1:] = args.split()

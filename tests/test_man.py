@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from dblockrun.cli import cli
-from dblockrun.config import (
+from dblockrun.config.durations import parse_duration
+from dblockrun.config.load import (
     JOB_KEYS,
     NOTIFY_KEYS,
     ON_FAILURE_KEYS,
@@ -30,8 +31,7 @@ from dblockrun.config import (
     load_jobs,
     load_jobs_text,
 )
-from dblockrun.durations import parse_duration
-from dblockrun.schedule import describe_next
+from dblockrun.scheduling.cron import describe_next
 
 REPO = Path(__file__).resolve().parent.parent
 MAN1 = REPO / "man" / "dblockrun.1"
@@ -343,7 +343,7 @@ def systemd_unit(path: Path) -> dict[str, dict[str, list[str]]]:
 def test_the_systemd_unit() -> None:
     unit = systemd_unit(EXAMPLES / "dblockrun.service")
     service = {key: values[-1] for key, values in unit["Service"].items()}
-    assert service["Type"] == "notify"  # READY=1, STOPPING=1, WATCHDOG=1 (dblockrun/sdnotify.py)
+    assert service["Type"] == "notify"  # READY=1, STOPPING=1, WATCHDOG=1 (daemon/sdnotify.py)
     assert service["NotifyAccess"] == "main"
     assert parse_duration(service["WatchdogSec"].replace("min", "m")) >= 60
     exec_start = shlex.split(service["ExecStart"])

@@ -10,9 +10,9 @@ import pytest
 from conftest import ServerDatabases, new_prefix, selected_backends
 from sqlalchemy.engine import make_url
 
-from dblockrun.dburl import dialect_of, driver_url, mysql_nodes, redact
 from dblockrun.errors import UsageError
 from dblockrun.store import Store
+from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, redact
 from dblockrun.store.drivers import connect_first, direct_driver, mysql_hosts
 
 

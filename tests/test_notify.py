@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from helpers import TestDb, clean_env, dblockrun_cmd, stop_across_slots, wait_for
 
-from dblockrun.pings import run_uuid
+from dblockrun.notify.pings import run_uuid
 from dblockrun.store import Store
 from dblockrun.store import models as m
 

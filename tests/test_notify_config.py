@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, dblockrun_cmd, wait_for
 
-from dblockrun.config import load_jobs_text
+from dblockrun.config.jobs import ENV, FILE, LITERAL, NOTIFY_EVENTS
+from dblockrun.config.load import load_jobs_text
+from dblockrun.config.secreturl import resolve_secrets, scrub, shown
 from dblockrun.errors import ConfigError
-from dblockrun.jobs import ENV, FILE, LITERAL, NOTIFY_EVENTS
 from dblockrun.metrics import Metrics
-from dblockrun.pings import FAIL, START, SUCCESS, ping_url, run_uuid
-from dblockrun.secreturl import resolve_secrets, scrub, shown
+from dblockrun.notify.pings import FAIL, START, SUCCESS, ping_url, run_uuid
 
 SECRET = "xoxb-s3cr3t-T0KEN"
 
@@ -221,8 +221,8 @@ def test_a_full_queue_drops_the_event_and_counts_it(caplog: pytest.LogCaptureFix
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from dblockrun.jobs import Job, SecretUrl
-    from dblockrun.notify import Notifier
+    from dblockrun.config.jobs import Job, SecretUrl
+    from dblockrun.notify.notifier import Notifier
 
     release, paths = threading.Event(), []
 

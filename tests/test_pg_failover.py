@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = REPO / "scripts" / "pg-standby"
 PRIMARY, STANDBY = 5441, 5442
-#: Every line of an outage (dblockrun/outage.py) starts with one of these.
+#: Every line of an outage (dblockrun/store/outage.py) starts with one of these.
 OUTAGE = re.compile(r"database (unreachable|refused|is read-only|deadlock|schema|error) \(")
 
 LONG_JOB = """\

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from dblockrun.jobs import Job
-from dblockrun.planner import (
+from dblockrun.config.jobs import Job
+from dblockrun.scheduling.planner import (
     COUNTED,
     DEFAULT_LIMIT,
     RECORDED,

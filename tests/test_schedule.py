@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dblockrun.cli import cli
-from dblockrun.schedule import (
+from dblockrun.scheduling.cron import (
     describe_next,
     is_wildcard,
     next_slot,

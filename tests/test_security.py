@@ -26,9 +26,9 @@ from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dblockrun.dburl import resolve_url
 from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
+from dblockrun.store.dburl import resolve_url
 from dblockrun.store.status import report
 
 SECRET = "s3cr3t-Pw"

@@ -34,8 +34,8 @@ STOP_DEADLINE = 30
 
 CHILD = """\
 import logging, sys, threading
-from dblockrun.config import load_jobs
-from dblockrun.daemon import Daemon, DaemonOptions
+from dblockrun.config.load import load_jobs
+from dblockrun.daemon.loop import Daemon, DaemonOptions
 from dblockrun.store import Store
 
 url, prefix, jobs_path = sys.argv[1:4]

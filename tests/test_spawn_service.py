@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
-from dblockrun import spawn
-from dblockrun.runner import LeaseWatch, Outcome, run_process
+from dblockrun.running import spawn
+from dblockrun.running.runner import LeaseWatch, Outcome, run_process
 
 
 class Run:
@@ -347,7 +347,7 @@ def test_a_command_that_ignores_sigterm_is_still_stopped(tmp_path: Path,
 
 STUCK_FORK = """\
 import logging, os, sys, threading
-from dblockrun.runner import LeaseWatch, run_process
+from dblockrun.running.runner import LeaseWatch, run_process
 
 logging.basicConfig(level=logging.INFO)
 held = threading.Lock()  # held by this process at any fork

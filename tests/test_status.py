@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 from helpers import TestDb
 
-from dblockrun import output
 from dblockrun.cli import cli
+from dblockrun.ops import output
 from dblockrun.store import Store
 from dblockrun.store.models import HostStatus, JobStatus, LockState, RunRecord
 from dblockrun.store.status import report

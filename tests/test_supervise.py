@@ -252,7 +252,7 @@ def test_a_crashing_heartbeat_restarts_and_renews_again(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     # A run of 14 s under a 12 s lease is stopped 9 s after its last
     # renewal: it ends ok only if the renewals resumed after the crashes.
-    d = start(sqlite_db, "dblockrun.heartbeat.Renewer.renew_all",
+    d = start(sqlite_db, "dblockrun.running.heartbeat.Renewer.renew_all",
               "jobs:\n  long:\n    rate: 1h\n    command: sleep 14\n",
               "--heartbeat", "2s", "--lease", "12s")
     store = Store(sqlite_db.url, sqlite_db.prefix)
@@ -272,7 +272,7 @@ def test_a_heartbeat_that_keeps_crashing_stops_the_daemon_with_status_1(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     # Three heartbeats of crashes: a daemon that cannot renew must not go on
     # winning claims it cannot keep.
-    d = start(sqlite_db, "dblockrun.heartbeat.Renewer.renew_all",
+    d = start(sqlite_db, "dblockrun.running.heartbeat.Renewer.renew_all",
               "jobs:\n  tick:\n    rate: 1s\n    command: 'true'\n",
               "--heartbeat", "1s", "--lease", "4s")
     d.ready()
@@ -290,7 +290,7 @@ def test_a_heartbeat_that_keeps_crashing_stops_the_daemon_with_status_1(
 @pytest.mark.slow
 def test_a_crashing_bookkeeping_round_restarts_and_the_host_is_live_again(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
-    d = start(sqlite_db, "dblockrun.fleet.FleetBooks.round",
+    d = start(sqlite_db, "dblockrun.daemon.fleet.FleetBooks.round",
               "jobs:\n  tick:\n    rate: 1h\n    command: 'true'\n",
               "--heartbeat", "1s", "--lease", "3s")
     store = Store(sqlite_db.url, sqlite_db.prefix)
@@ -337,7 +337,7 @@ def test_a_crashing_notifier_goes_on_and_pings_again(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     hooks = Hooks()
     try:
-        d = start(sqlite_db, "dblockrun.notify.Notifier._ping",
+        d = start(sqlite_db, "dblockrun.notify.notifier.Notifier._ping",
                   f"jobs:\n  tick:\n    rate: 1s\n    command: 'true'\n"
                   f"    ping: '{hooks.url('http', '/ping')}'\n",
                   "--heartbeat", "1s", "--lease", "3s")
@@ -374,7 +374,7 @@ def test_a_crashing_run_watcher_goes_on_and_applies_the_stops_again(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     # The watcher applies lock-at-most: while its checks crash, the command
     # outlives it; once healed, it is stopped.
-    d = start(sqlite_db, "dblockrun.runner.Process.check",
+    d = start(sqlite_db, "dblockrun.running.runner.Process.check",
               "jobs:\n  long:\n    rate: 1h\n    lock-at-most: 2s\n    command: sleep 60\n",
               "--heartbeat", "1s", "--lease", "3s")
     store = Store(sqlite_db.url, sqlite_db.prefix)
@@ -395,7 +395,7 @@ def test_a_crashing_run_watcher_goes_on_and_applies_the_stops_again(
 @pytest.mark.slow
 def test_a_crashing_run_step_ends_its_run_and_the_workers_go_on(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
-    d = start(sqlite_db, "dblockrun.runjob.JobRun._attempt",
+    d = start(sqlite_db, "dblockrun.running.runjob.JobRun._attempt",
               "jobs:\n  tick:\n    rate: 1s\n    command: 'true'\n",
               "--heartbeat", "1s", "--lease", "3s")
     store = Store(sqlite_db.url, sqlite_db.prefix)

@@ -1,4 +1,4 @@
-"""Host targeting: labels, run-on, every-host jobs (dblockrun/targeting.py)."""
+"""Host targeting: labels, run-on, every-host jobs (dblockrun/scheduling/targeting.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from click.testing import CliRunner, Result
 from helpers import TestDb, dblockrun_cmd, wait_for
 
 from dblockrun.cli import cli
-from dblockrun.config import load_jobs_text
+from dblockrun.config.load import load_jobs_text
 from dblockrun.errors import ConfigError
-from dblockrun.output import status_json, status_text
+from dblockrun.ops.output import status_json, status_text
+from dblockrun.scheduling.targeting import host_labels, local_jobs, matches
 from dblockrun.store import Store
 from dblockrun.store.models import HostStatus, JobStatus, LockState
 from dblockrun.store.status import report
-from dblockrun.targeting import host_labels, local_jobs, matches
 
 FILE = "jobs.yaml"
 HEAD = "jobs:\n  j:\n    cron: '@daily'\n    command: x\n"

@@ -529,7 +529,7 @@ class LockEngine:
                            took: float | None = None) -> tuple[bool, bool]:
         """:meth:`finish_run` and :meth:`release` in one round trip:
         (result written, released); ``seat``: also free the group seat the
-        run held (dblockrun/limits.py), in the same round trip."""
+        run held (dblockrun/scheduling/limits.py), in the same round trip."""
         if self.dialect == "sqlite":  # embedded: two statements, no round trip
             done = (self.finish_run(run_id, job, token, result, exit_code, output, took),
                     self.release(job, holder, token, lock_at_least))

@@ -23,7 +23,7 @@ Version 4: the fleet features' nullable columns and tables, added by
   items, ``disabled_by`` on the locks, tables ``pause`` (the fleet-wide
   pause) and ``audit`` (operator actions). Nothing is converted.
 - limits: ``locks.held_for``, the job a group seat row (``group:NAME:N``,
-  :mod:`dblockrun.limits`) is held for.
+  :mod:`dblockrun.scheduling.limits`) is held for.
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ class HostStatus:
     clock_offset: float | None
     running: int
     jobs: str | None
-    #: Its labels and its file's targeting, JSON (dblockrun/targeting.py).
+    #: Its labels and its file's targeting, JSON (dblockrun/scheduling/targeting.py).
     labels: str | None = None
     targets: str | None = None
 
@@ -135,7 +135,7 @@ _FIELDS: dict[type, tuple[tuple[str, type[int] | type[float] | None], ...]] = {}
 _NUMBER = {"int": int, "int | None": int, "float": float, "float | None": float}
 
 
-#: The seat rows of a limit group (dblockrun/limits.py) in the locks table
+#: The seat rows of a limit group (dblockrun/scheduling/limits.py) in the locks table
 #: are named ``group:NAME:N``; no job can be (a job name has no ``:``).
 SEAT_PREFIX = "group:"
 

@@ -51,7 +51,7 @@ class ClaimShape:
     #                       run before it lost if its holder died)
     requested: bool = False  # an operator's run-now request (``dblockrun run``)
     check: bool = False  # also read the row's token and the schema version (exec, API)
-    seat: bool = False  # a group's seat (dblockrun/limits.py): note the job it is held for
+    seat: bool = False  # a group's seat (scheduling/limits.py): note the job it is held for
 
     @property
     def cleans(self) -> bool:
@@ -332,7 +332,7 @@ class Queries:
                 f"AND {locks}.holder = {p('holder')} "
                 f"AND {runs}.attempt = 1 AND {runs}.finished IS NULL")
 
-    # -- a group's seats (dblockrun/limits.py) ----------------------------------------
+    # -- a group's seats (dblockrun/scheduling/limits.py) ----------------------------------------
 
     def seat_claim(self, count: int) -> str:
         """Take one free seat of a group for the job ``job``: the same
@@ -495,7 +495,7 @@ class Queries:
         """Advance the job's last slot to ``slot`` without running the slots
         from ``first`` up to it: only while none of them is handled yet (the
         last slot still before ``first``), so one host records them
-        (dblockrun/slotbook.py)."""
+        (dblockrun/scheduling/slotbook.py)."""
         locks, p = self.locks, self.p
         return (f"UPDATE {locks} SET last_slot = {p('slot')} WHERE {locks}.name = {p('name')} "
                 f"AND ({locks}.last_slot IS NULL OR {locks}.last_slot < {p('first')})")

@@ -126,7 +126,7 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("disabled_reason", sa.String(1000)),
         sa.Column("run_requested", sa.Double()),
         sa.Column("disabled_by", sa.String(255)),  # user@host of `disable` (schema 4)
-        # A group's seat (a row named group:NAME:N, dblockrun/limits.py): the
+        # A group's seat (a row named group:NAME:N, dblockrun/scheduling/limits.py): the
         # job its holder took it for (schema 4).
         sa.Column("held_for", sa.String(255)),
     )

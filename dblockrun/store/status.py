@@ -2,7 +2,7 @@
 number of jobs.
 
 1. the lock rows, with the database clock (and the groups' seat rows,
-   dblockrun/limits.py, which are not jobs);
+   dblockrun/scheduling/limits.py, which are not jobs);
 2. each job's last finished run and its current run (UNION ALL of a
    correlated ``ORDER BY id DESC LIMIT 1`` and a join on the token);
 3. each fan-out job's item counts (GROUP BY job);

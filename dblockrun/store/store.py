@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from dblockrun.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file, redact
+from dblockrun.config.jobs import EVERY_HOST_SEP
 from dblockrun.errors import DatabaseError
-from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit, ControlStore
+from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file, redact
 from dblockrun.store.drivers import CONNECT_OPTIONS, Driver, db_error, sqlite_setup
 from dblockrun.store.engine import (
     CLAIM_TOLERANCE,
@@ -90,7 +90,7 @@ class Store:
             sa.event.listen(self.engine, "connect", lambda conn, _record: sqlite_setup(conn))
         nodes = mysql_nodes(url)
         if nodes is not None:
-            from dblockrun.mysqlhosts import connect_in_order
+            from dblockrun.store.mysqlhosts import connect_in_order
 
             connect_in_order(self.engine, nodes)
         self.t: Tables = build_tables(prefix)
@@ -559,7 +559,7 @@ class Store:
                     within: float, labels: str | None = None,
                     targets: str | None = None) -> BooksRound:
         """A daemon's bookkeeping round: write its host row (with its labels
-        and targeting, dblockrun/targeting.py), sample the clock,
+        and targeting, dblockrun/scheduling/targeting.py), sample the clock,
         record dead runs lost, read the other live hosts and the run-now
         requests. PostgreSQL: one statement (store/queries.py
         ``books_round``); MySQL and SQLite: four, and no requests (their

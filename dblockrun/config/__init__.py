@@ -1,0 +1,1 @@
+"""The jobs file: YAML to frozen jobs, durations, secrets, crontab import."""

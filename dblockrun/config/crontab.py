@@ -1,0 +1,488 @@
+"""Translate a crontab into a dblockrun jobs file (``dblockrun import-crontab``).
+
+The rules, as Vixie/Debian cron reads a crontab:
+
+* Blank lines and comments are skipped. The comment lines directly above a job
+  (no blank line between) become its ``description``, joined with spaces; a
+  commented-out entry or the ``m h dom mon dow command`` header of the stock
+  crontabs stops that block and is never used.
+* ``NAME=value`` (``NAME = "value"``, quotes optional) applies to the jobs that
+  follow, as ``env:``. ``SHELL=`` sets ``shell:``; ``CRON_TZ=`` and ``TZ=`` set
+  ``timezone:`` (``TZ`` also stays in ``env:``: cron passes it to commands);
+  ``MAILTO=a@b,c@d`` gives the jobs that follow ``notify:`` with
+  ``mailto://localhost/a@b/c@d`` (the local mail server, as cron's
+  sendmail; ``MAILFROM=`` its ``from=``) on failure and timeout, with a
+  warning: cron mailed any output, dblockrun keeps output in ``history`` and
+  mails only failures. An empty ``MAILTO=""`` turns it off again.
+* Five schedule fields, checked with :func:`dblockrun.scheduling.cron.validate_cron`, or
+  one of the macros ``@hourly @daily @midnight @weekly @monthly @yearly
+  @annually`` (kept as written); ``@reboot`` is reported.
+* System crontabs (``/etc/crontab``, ``/etc/cron.d/*``: ``system=True``, or a path
+  under ``/etc/``) have a user field after the schedule. Elsewhere the file is
+  read as one (with a warning) when more than half of its jobs have a user name
+  of this host there, as a copied ``cron.d`` file or a Docker crontab does. A
+  job of ``root`` (the daemon's user on a host that replaces cron) gets a
+  comment; another user of this host ``user: NAME``; a user this host does not
+  know a comment, ``enabled: false`` and a warning (run as the daemon's user,
+  it could do harm).
+* In the command an unescaped ``%`` ends the command and feeds the rest to its
+  stdin, lines split at each further ``%``: reported. ``\\%`` becomes ``%``.
+* Job names: the program the command runs (:func:`dblockrun.config.cmdname.program_name`),
+  other characters than ``[A-Za-z0-9._-]`` replaced by ``-``, made unique with
+  ``-2``, ``-3`` ...
+
+Each line that cannot be translated is a :class:`Problem`; the jobs from the
+other lines are still written. What was translated with a caveat is a warning.
+The output always loads with :func:`dblockrun.config.load.load_jobs_text`.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from dblockrun.config.cmdname import program_name
+from dblockrun.errors import UsageError
+from dblockrun.scheduling.cron import MACROS, validate_cron, validate_timezone
+
+#: What a crontab path must start with to be read as a system crontab by default.
+SYSTEM_PREFIX = "/etc/"
+#: A job name's base (before ``-2`` ...) is cut to this length (YAML writes longer keys oddly).
+MAX_BASE_NAME = 100
+#: The user a daemon that replaces cron runs as: its jobs need no ``user:``.
+DAEMON_USER = "root"
+
+_BLANKS = re.compile(r"[ \t]+")
+# Vixie cron's test: a name (no blanks, no '='), optional blanks, '='.
+_ASSIGNMENT = re.compile(r"([^ \t=]+)[ \t]*=[ \t]*(.*)")
+_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+# The words of a column header (`# m h dom mon dow command`, `# min hour day month weekday cmd`).
+_HEADER_WORDS = frozenset(
+    "m min mins minute minutes h hr hour hours d dom day days mday day-of-month month months "
+    "mon dow wday weekday weekdays day-of-week user username user-name who cmd command "
+    "commands to be executed".split()
+)
+_MAIL = ("MAILTO", "MAILFROM")
+_TIMEZONE = ("CRON_TZ", "TZ")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A crontab line that was left out of the jobs file, and why."""
+
+    line: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Translation:
+    """A jobs file made from a crontab, the lines it could not translate (``problems``)
+    and the caveats of those it did (``warnings``)."""
+
+    path: str
+    text: str
+    jobs: int
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...] = ()
+
+    @property
+    def messages(self) -> list[str]:
+        """``FILE:LINE: cannot translate: why`` and ``FILE:LINE: warning: why``, by line."""
+        tagged = [(p.line, "cannot translate", p.why) for p in self.problems]
+        tagged += [(p.line, "warning", p.why) for p in self.warnings]
+        return [f"{self.path}:{line}: {tag}: {why}" for line, tag, why in sorted(tagged)]
+
+
+def is_system_path(path: str) -> bool:
+    """Whether ``path`` is read as a system crontab (with a user field) by default."""
+    return path != "-" and os.path.abspath(path).startswith(SYSTEM_PREFIX)
+
+
+def read_crontab(path: str) -> str:
+    """The text of the crontab at ``path`` (``-``: standard input)."""
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as stream:
+            return stream.read()
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: cannot read: not UTF-8 text ({exc.reason})") from exc
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def write_jobs(path: str, text: str) -> None:
+    """Write the jobs file ``text`` to ``path``."""
+    try:
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+
+
+def import_crontab(path: str, *, system: bool | None = None) -> Translation:
+    """Read the crontab at ``path`` and translate it (see :func:`translate_crontab`)."""
+    return translate_crontab(read_crontab(path), path, system=system)
+
+
+def translate_crontab(text: str, path: str, *, system: bool | None = None) -> Translation:
+    """Translate the crontab ``text``; ``path`` names it in messages and the header.
+
+    ``system``: whether lines have a user field; ``None``: if ``path`` is under /etc/.
+    """
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
+    found = None
+    if system is None:
+        system = is_system_path(path)
+        if not system:
+            found = _user_column(lines)
+            system = found is not None
+    translator = _Translator(system)
+    if found is not None:
+        translator.warnings.append(found)
+    for number, line in enumerate(lines, start=1):
+        translator.line(number, line)
+    return Translation(
+        path=path,
+        text=_render(path, translator.jobs),
+        jobs=len(translator.jobs),
+        problems=tuple(translator.problems),
+        warnings=tuple(translator.warnings),
+    )
+
+
+def _user_column(lines: list[str]) -> Problem | None:
+    """A warning if most jobs have a user of this host after the schedule, else None."""
+    jobs, users, first = 0, [], 0
+    for number, line in enumerate(lines, start=1):
+        text = line.lstrip(" \t")
+        if not text or text.startswith("#") or _ASSIGNMENT.fullmatch(text):
+            continue
+        at = 1 if text.startswith("@") else 5  # where a user field would be
+        words = _BLANKS.split(text.strip(" \t"), maxsplit=at + 1)
+        jobs += 1
+        if len(words) == at + 2 and _looks_like_user(words[at], _split(words[at + 1])[0]):
+            users.append(words[at])
+            first = first or number
+    if not users or 2 * len(users) <= jobs:
+        return None
+    names = ", ".join(dict.fromkeys(users))
+    return Problem(
+        first,
+        f"a user name follows the schedule on {len(users)} of {jobs} jobs ({names}): "
+        "read as a system crontab, with a user field",
+    )
+
+
+def _looks_like_user(word: str, following: str) -> bool:
+    """Whether ``word`` reads as a user field: a user of this host, not a program on the
+    PATH (``mail``), and not followed by an option (``backup --now``)."""
+    if following.startswith("-") or not _is_user(word):
+        return False
+    return word == DAEMON_USER or shutil.which(word) is None
+
+
+def _is_user(name: str) -> bool:
+    """Whether ``name`` is a user of this host."""
+    try:
+        pwd.getpwnam(name)
+    except (KeyError, ValueError):  # ValueError: a NUL in the name
+        return False
+    return True
+
+
+# --- reading lines -----------------------------------------------------------------
+
+
+class _Skip(Exception):
+    """This line cannot be translated."""
+
+
+@dataclass
+class _Job:
+    name: str
+    keys: dict[str, Any]
+    user: str | None
+
+
+@dataclass
+class _Translator:
+    system: bool
+    jobs: list[_Job] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    shell: str | None = None
+    timezone: str | None = None
+    mailto: str | None = None
+    mailfrom: str | None = None
+    comments: list[str] = field(default_factory=list)  # the block right above
+    names: set[str] = field(default_factory=set)
+
+    def line(self, number: int, line: str) -> None:
+        text = line.lstrip(" \t")
+        if text.startswith("#"):
+            self.comment(text)
+            return
+        comments, self.comments = self.comments, []
+        if not text.strip():
+            return
+        try:
+            if "\0" in text:
+                raise _Skip("the line contains a NUL character")
+            assignment = _ASSIGNMENT.fullmatch(text)
+            if assignment:
+                self.assign(number, _unquote(assignment[1]), _unquote(assignment[2]))
+            else:
+                self.entry(number, text, " ".join(comments))
+        except _Skip as exc:
+            self.problems.append(Problem(number, str(exc)))
+
+    def comment(self, text: str) -> None:
+        words = text.lstrip("#").strip()
+        if not words or "\0" in words or _is_header(words) or _looks_like_entry(words):
+            self.comments = []  # ends the block: what was above is not this job's
+        else:
+            self.comments.append(words)
+
+    def assign(self, number: int, name: str, value: str) -> None:
+        if not name:
+            raise _Skip("a variable without a name")
+        if name in _MAIL:
+            if name == "MAILFROM":
+                self.mailfrom = value or None
+            elif not value:
+                self.mailto = None  # no mail: dblockrun's behaviour too
+            else:
+                self.mailto = value
+                self.warnings.append(Problem(number, (
+                    f"MAILTO={value}: the jobs below mail it through localhost on failure and "
+                    "timeout (notify: mailto://...); cron mailed any output, `dblockrun "
+                    "history` keeps it"
+                )))
+            return
+        if name == "SHELL":
+            if not value:
+                raise _Skip("SHELL= is empty; the jobs below use the default /bin/sh")
+            self.shell = value
+            return
+        if name == "TZ":
+            self.env[name] = value
+        if name in _TIMEZONE:
+            zone = value.removeprefix(":")
+            if not zone:
+                self.timezone = None
+                return
+            try:
+                validate_timezone(zone)
+            except ValueError as exc:
+                kept = self.timezone or "UTC"
+                raise _Skip(f"{name}={value}: {exc}; the jobs below keep {kept}") from None
+            self.timezone = zone
+            return
+        self.env[name] = value
+
+    def entry(self, number: int, text: str, description: str) -> None:
+        user_part = ", a user" if self.system else ""
+        if text.startswith("@"):
+            schedule, rest = _split(text)
+            if schedule == "@reboot":
+                raise _Skip("@reboot: a fleet has no single boot (use a cron expression or rate)")
+            if schedule.lower() in MACROS and schedule not in MACROS:
+                raise _Skip(f"unknown macro {schedule!r} (macros are lower case, as in cron: "
+                            f"{schedule.lower()})")
+            if schedule not in MACROS:
+                known = " ".join(MACROS)
+                raise _Skip(f"unknown macro {schedule!r} (known: {known}; @reboot is not)")
+            expected = f"expected a macro{user_part} and a command"
+        else:
+            fields = _BLANKS.split(text, maxsplit=5)
+            schedule = " ".join(fields[:5])
+            rest = fields[5] if len(fields) > 5 else ""
+            expected = f"expected 5 schedule fields{user_part} and a command"
+            if len(fields) < 5:
+                raise _Skip(f"not a job or a variable: {expected}")
+            try:
+                validate_cron(schedule)
+            except ValueError as exc:
+                why = str(exc)
+                if repr(schedule) not in why:
+                    why = f"schedule {schedule!r}: {why}"
+                raise _Skip(why) from None
+        user = None
+        if self.system:
+            user, rest = _split(rest)
+        if not rest.strip():
+            raise _Skip(f"no command: {expected}")
+        command = _unescape(rest)
+        keys: dict[str, Any] = {}
+        if description:
+            keys["description"] = description
+        keys["cron"] = schedule
+        if self.timezone is not None:
+            keys["timezone"] = self.timezone
+        if self.shell is not None:
+            keys["shell"] = self.shell
+        name = self.unique_name(command)
+        if user is not None and user != DAEMON_USER:
+            if _is_user(user):
+                keys["user"] = user
+            else:
+                keys["enabled"] = False
+                self.warnings.append(Problem(number, (
+                    f"user {_shown(user)} does not exist on this host: job {name!r} is written "
+                    "with enabled: false (add user: where the user exists)"
+                )))
+        if self.env:
+            keys["env"] = dict(self.env)
+        if self.mailto is not None:
+            keys["notify"] = {"urls": [_mail_url(self.mailto, self.mailfrom)],
+                              "on": ["failure", "timeout"]}
+        keys["command"] = command
+        self.jobs.append(_Job(name, keys, user or None))
+
+    def unique_name(self, command: str) -> str:
+        sanitized = _NAME_CHARS.sub("-", program_name(command))
+        base = sanitized.strip(".-")[:MAX_BASE_NAME].strip(".-") or "job"
+        name, n = base, 1
+        while name in self.names:
+            n += 1
+            name = f"{base}-{n}"
+        self.names.add(name)
+        return name
+
+
+def _mail_url(mailto: str, mailfrom: str | None) -> str:
+    """An apprise URL mailing ``MAILTO``'s recipients (a bare user name is
+    ``user@localhost``, as cron's local delivery) through localhost:25."""
+    from urllib.parse import quote, urlencode
+
+    to = [r if "@" in r else f"{r}@localhost" for r in re.split(r"[,\s]+", mailto) if r]
+    url = "mailto://localhost/" + "/".join(quote(r, safe="@+") for r in to)
+    return url + ("?" + urlencode([("from", mailfrom)], safe="@") if mailfrom else "")
+
+
+def _split(text: str) -> tuple[str, str]:
+    """The first word of ``text`` and the rest (leading blanks removed)."""
+    parts = _BLANKS.split(text, maxsplit=1)
+    return parts[0], parts[1] if len(parts) > 1 else ""
+
+
+def _is_header(text: str) -> bool:
+    """Whether the comment ``text`` is a column header (``m h dom mon dow command``)."""
+    words = [word.strip("()[]:,|.").lower() for word in _BLANKS.split(text)]
+    return len(words) >= 5 and all(word in _HEADER_WORDS for word in words if word)
+
+
+def _looks_like_entry(text: str) -> bool:
+    """Whether ``text`` starts like a crontab entry (a macro or 5 valid fields)."""
+    words = _BLANKS.split(text.strip(" \t"), maxsplit=5)
+    if words[0].lower() in MACROS or words[0].lower() == "@reboot":
+        return True
+    if len(words) < 5:
+        return False
+    try:
+        validate_cron(" ".join(words[:5]))
+    except ValueError:
+        return False
+    return True
+
+
+def _unquote(value: str) -> str:
+    """An assignment's value as cron reads it: quotes removed, else trailing blanks."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value.rstrip(" \t")
+
+
+def _unescape(command: str) -> str:
+    """The command with ``\\%`` made ``%``; an unescaped ``%`` cannot be translated.
+
+    As cron does it: a backslash escapes only a following ``%``, and is kept
+    before anything else (``\\\\%`` is a backslash, a backslash, then the end).
+    """
+    out: list[str] = []
+    escaped = False
+    for char in command:
+        if escaped:
+            escaped = False
+            if char == "%":
+                out[-1] = "%"
+                continue
+        elif char == "\\":
+            escaped = True
+        elif char == "%":
+            raise _Skip(
+                "unescaped % in the command: cron ends the command there and feeds the "
+                "rest to its stdin (write \\% for a literal %)"
+            )
+        out.append(char)
+    return "".join(out)
+
+
+# --- writing the jobs file ---------------------------------------------------------
+
+
+def _render(path: str, jobs: list[_Job]) -> str:
+    head = [
+        f"# Translated from {_shown(path)} by `dblockrun import-crontab`.",
+        "# cron read schedules in the host's local time; dblockrun reads them in UTC",
+        "# unless a job sets timezone:. Commands get the daemon's environment plus env:.",
+    ]
+    if not jobs:
+        return "\n".join([*head, "jobs: {}", ""])
+    out = [*head, "jobs:"]
+    for job in jobs:
+        dumped = _dump({job.name: job.keys}).splitlines()
+        out.append(f"  {dumped[0]}")
+        if job.user is not None and "user" not in job.keys:
+            user = _shown(job.user)
+            if job.user == DAEMON_USER:
+                out.append(f"    # cron ran this as user {user}; dblockrun runs it as the "
+                           "daemon's user")
+            else:
+                out.append(f"    # cron ran this as user {user}, unknown on this host")
+        out.extend(f"  {line}" for line in dumped[1:])
+    return "\n".join(out) + "\n"
+
+
+def _shown(text: str) -> str:
+    """``text`` for a YAML comment: as it is if printable, else quoted and escaped."""
+    return text if text.isprintable() else repr(text)
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, with strings holding a YAML line break double-quoted.
+
+    Plain and single-quoted scalars would keep ``\\x85``, ``\\u2028`` or ``\\u2029``
+    as they are, and a loader folds them into a space.
+    """
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = '"' if any(char in _YAML_BREAKS for char in data) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_YAML_BREAKS = "\x85\u2028\u2029"
+_Dumper.add_representer(str, _represent_str)
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return yaml.dump(
+        data,
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=float("inf"),
+    )

@@ -1,0 +1,199 @@
+"""The frozen model of a jobs file, shared by the loader, scheduler and store."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+
+#: What a job (and an exec lock) may be called.
+JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+#: What a daemon does with the slots that came while no daemon ran the job
+#: (``catch-up:``; dblockrun/catchup.py): the newest runs, none, or up to
+#: ``catch-up-limit`` of them, oldest first.
+CATCH_UP = ("latest", "none", "all")
+
+#: A command: a string runs through the job's shell (``sh -c``), a tuple is exec'd.
+Command = str | tuple[str, ...]
+
+#: ``run-on:``: label -> the values it accepts, sorted by label (dblockrun/scheduling/targeting.py).
+RunOn = tuple[tuple[str, tuple[str, ...]], ...]
+
+#: The most bytes (its NUL included) of one argument, or environment entry
+#: ``NAME=value``, of a command: Linux executes none over MAX_ARG_STRLEN
+#: (32 pages); a byte less, for margin.
+MAX_ARG = 32 * 4096 - 1
+#: The most a job's command line and ``env:`` may hold together, in bytes:
+#: a quarter of what the spawn service takes in one request (1 MiB,
+#: dblockrun/running/spawner.py MAX_REQUEST), the rest left for the environment
+#: the command inherits and the request's encoding.
+MAX_COMMAND_BYTES = 256 * 1024
+
+#: Joins an every-host job's name and a host's name into its lock row's name
+#: (``rotate-logs@web-1``); job names cannot contain it.
+EVERY_HOST_SEP = "@"
+
+
+@dataclass(frozen=True)
+class OnFailure:
+    disable_for: float | None = None  # seconds
+    command: Command | None = None
+
+    @property
+    def wanted(self) -> bool:
+        """Whether a failure has anything to do."""
+        return bool(self.disable_for) or self.command is not None
+
+
+#: Where a secret URL (``notify:``, ``ping:``) comes from: written in the
+#: jobs file, ``{env: VAR}`` or ``{file: PATH}`` (read by dblockrun/config/secreturl.py).
+LITERAL, ENV, FILE = "literal", "env", "file"
+
+
+@dataclass(frozen=True)
+class SecretUrl:
+    """A URL and where it comes from; ``value`` is empty until resolved
+    (a literal's is its text)."""
+
+    source: str  # LITERAL, ENV or FILE
+    #: The variable's name, or the file's path (relative to the jobs file's folder).
+    ref: str = ""
+    value: str = field(default="", repr=False)
+    #: Where it was written, for messages.
+    line: int = field(default=0, compare=False)
+    key: str = field(default="", compare=False)
+
+    def describe(self) -> str:
+        """Where the URL comes from, for messages and the definition hash:
+        never its value."""
+        if self.source == ENV:
+            return f"env {self.ref}"
+        if self.source == FILE:
+            return f"file {self.ref}"
+        return "literal"
+
+    def definition(self) -> str:
+        """What defines it across hosts: a variable's or file's name (each
+        host may hold its own value), a literal's text (hashed, never shown)."""
+        return self.value if self.source == LITERAL else self.describe()
+
+
+#: What ``notify: {on: [...]}`` may name, and what it is when left out.
+NOTIFY_EVENTS = ("failure", "recovery", "timeout", "missed")
+
+
+@dataclass(frozen=True)
+class Notify:
+    """``notify:``: apprise URLs, and the events sent to them."""
+
+    urls: tuple[SecretUrl, ...]
+    on: tuple[str, ...] = NOTIFY_EVENTS
+
+    def definition(self) -> dict[str, object]:
+        return {"urls": [url.definition() for url in self.urls], "on": list(self.on)}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of the jobs file. Durations are in seconds."""
+
+    name: str
+    command: Command
+    cron: str | None = None
+    rate: float | None = None
+    lock_at_most: float = 3600.0
+    lock_at_least: float = 0.0
+    timezone: str = "UTC"
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str | None = None
+    shell: str = "/bin/sh"
+    starting_deadline: float | None = None
+    retries: int = 0
+    retry_delay: float = 10.0
+    on_failure: OnFailure = field(default_factory=OnFailure)
+    jitter: float = 0.0
+    description: str = ""
+    enabled: bool = True
+    items: tuple[str, ...] | None = None
+    items_command: Command | None = None
+    parallel: int = 1
+    batch: int = 1
+    history_limit: int = 1000
+    #: Run the command as this user (the daemon must be root); None: as the daemon.
+    user: str | None = None
+    #: ``env-inherit:``: what the command takes of the daemon's environment:
+    #: ``all``, ``none`` or the names (``LC_*`` a prefix) in a tuple; None:
+    #: ``all``, or ``none`` for a ``user:`` job (dblockrun/running/runjob.py inherited_env).
+    env_inherit: str | tuple[str, ...] | None = None
+    #: ``run-on:``: only hosts whose labels match claim it (empty: every host may).
+    run_on: RunOn = ()
+    #: ``on: every-host``: each matching host runs each slot, under its own lock row.
+    every_host: bool = False
+    #: Notifications (apprise) and heartbeat pings (dblockrun/notify/notifier.py).
+    notify: Notify | None = None
+    ping: SecretUrl | None = None
+    #: After downtime (dblockrun/catchup.py): ``latest``, ``none`` or ``all``.
+    catch_up: str = "latest"
+    #: ``catch-up: all``: at most this many missed slots run (None: the default).
+    catch_up_limit: int | None = None
+    #: The fleet-wide limit group (``groups:`` at the top) the job runs in.
+    group: str | None = None
+    line: int = 0  # line of the job's name in the file; not part of the definition
+
+    @property
+    def fan_out(self) -> bool:
+        """One row per work item (``items`` or ``items-command``)."""
+        return self.items is not None or self.items_command is not None
+
+    @property
+    def file_name(self) -> str:
+        """The name in the jobs file (an every-host job's row adds ``@HOST``)."""
+        return self.name.split(EVERY_HOST_SEP, 1)[0]
+
+    def definition_hash(self) -> str:
+        """A short hash of everything that defines the job (not its line)."""
+        data = asdict(self)
+        data.pop("line")
+        if data["user"] is None:
+            del data["user"]  # hashes stay those of versions without `user:`
+        for key in ("run_on", "every_host"):  # ... and without targeting
+            if not data[key]:
+                del data[key]
+        for key in ("notify", "ping"):  # the same; a secret's source, not its value
+            secret = getattr(self, key)
+            if secret is None:
+                del data[key]
+            else:
+                data[key] = secret.definition()
+        if data["catch_up"] == "latest" and data["catch_up_limit"] is None:
+            del data["catch_up"], data["catch_up_limit"]  # likewise without `catch-up:`
+        if data["group"] is None:
+            del data["group"]  # nor `group:`
+        if data["env_inherit"] is None:
+            del data["env_inherit"]  # nor `env-inherit:`
+        import hashlib  # here: exec never hashes, and starts faster without them
+        import json
+
+        blob = json.dumps(data, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class JobsFile:
+    path: str
+    database: str | None
+    jobs: tuple[Job, ...]
+    #: ``database-file:``, relative to the jobs file's folder.
+    database_file: str | None = None
+    #: ``groups:``: (group, at most this many of its jobs at once in the fleet).
+    groups: tuple[tuple[str, int], ...] = ()
+
+    def job(self, name: str) -> Job | None:
+        return self._by_name.get(name)
+
+    @cached_property
+    def _by_name(self) -> dict[str, Job]:
+        # A daemon looks a job up for each attempt: 2,000 jobs due at once
+        # were 4 million name comparisons with a scan.
+        return {job.name: job for job in self.jobs}

@@ -1,0 +1,830 @@
+"""Load a jobs file (YAML) into frozen :class:`~dblockrun.config.jobs.Job` objects.
+
+Every problem is a :class:`~dblockrun.errors.ConfigError` rendered as
+``file:line: job 'x': key: why``; no other exception leaves
+:func:`load_jobs_text`, whatever the text.
+
+``defaults`` are merged under each job key by key, except ``env``, which is
+merged variable by variable. A ``null`` value unsets an optional key (``cron``,
+``rate``, ``workdir``, ``starting-deadline``, ``items``, ``items-command``,
+``on-failure``, ``run-on``, ``notify``, ``ping``, ``catch-up-limit``) that ``defaults``
+set.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import pwd
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import yaml
+
+from dblockrun.config.durations import format_duration, parse_duration
+from dblockrun.config.jobs import (
+    CATCH_UP,
+    ENV,
+    FILE,
+    JOB_NAME,
+    LITERAL,
+    MAX_ARG,
+    MAX_COMMAND_BYTES,
+    NOTIFY_EVENTS,
+    Command,
+    Job,
+    JobsFile,
+    Notify,
+    OnFailure,
+    RunOn,
+    SecretUrl,
+)
+from dblockrun.config.secreturl import check_url
+from dblockrun.errors import ConfigError
+from dblockrun.scheduling.cron import validate_cron, validate_timezone
+from dblockrun.scheduling.targeting import check_word
+from dblockrun.withheld import DATABASE_VARS
+
+TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups")
+MAX_JOB_NAME = 200
+MAX_INT = 2**31 - 1
+#: A group's seats are lock rows named ``group:NAME:N`` (dblockrun/scheduling/limits.py).
+MAX_GROUP_NAME = 100
+MAX_GROUP_LIMIT = 1000
+ON_FAILURE_KEYS = ("disable-for", "command")
+NOTIFY_KEYS = ("urls", "on")
+SECRET_SOURCES = (ENV, FILE)
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _Invalid(ValueError):
+    """A value is wrong; the caller knows the file, line, job and key."""
+
+    def __init__(self, why: str, *, line: int | None = None, key: str | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.line = line  # a nested key's line, if not the key's own
+        self.key = key  # a nested key, appended to the key
+
+
+# --- YAML with line numbers and duplicate keys --------------------------------------
+
+
+class _Mapping(dict[Any, Any]):
+    """A YAML mapping that remembers each key's line and the keys it repeats."""
+
+    def __init__(self, line: int) -> None:
+        super().__init__()
+        self.line = line
+        self.lines: dict[Any, int] = {}
+        self.duplicates: list[tuple[Any, int]] = []
+
+
+class _Loader(yaml.SafeLoader):
+    """A safe loader whose mappings are :class:`_Mapping` objects."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._own_keys: dict[int, set[int]] = {}
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, OverflowError) as exc:
+            # e.g. `2026-02-30` is a timestamp to YAML, and a bare ValueError from PyYAML.
+            what = repr(node.value) if isinstance(node, yaml.ScalarNode) else "value"
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {what}: {exc}", node.start_mark
+            ) from exc
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        # Remember the keys written in the mapping itself before `<<` merges add others.
+        if id(node) not in self._own_keys:
+            self._own_keys[id(node)] = {id(key) for key, _ in node.value if key.tag != _MERGE_TAG}
+        super().flatten_mapping(node)
+
+    def fill_mapping(self, data: _Mapping, node: yaml.MappingNode) -> None:
+        self.flatten_mapping(node)
+        own = self._own_keys[id(node)]
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    "found unhashable key",
+                    key_node.start_mark,
+                ) from None
+            line = key_node.start_mark.line + 1
+            if key is True and key_node.value.lower() == "on":
+                key = key_node.value  # a key `on:` (every-host jobs): the word, not YAML's true
+            if id(key_node) in own:
+                if key in seen:
+                    data.duplicates.append((key, line))
+                seen.add(key)
+            data[key] = self.construct_object(value_node)
+            data.lines[key] = line
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Iterator[_Mapping]:
+    data = _Mapping(node.start_mark.line + 1)
+    yield data
+    loader.fill_mapping(data, node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+
+
+# --- entry points ------------------------------------------------------------------
+
+
+def load_jobs(path: str) -> JobsFile:
+    """Read and validate the jobs file at ``path``."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            text = stream.read()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read: not UTF-8 text ({exc.reason})", file=path) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=path) from exc
+    return load_jobs_text(text, path)
+
+
+def load_jobs_text(text: str, path: str) -> JobsFile:
+    """Validate the jobs file ``text``; ``path`` is only used in messages."""
+    try:
+        return _Parser(path).parse(_load_yaml(text))
+    except ConfigError:
+        raise
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        why = _yaml_hint(exc, text) or ", ".join(
+            part for part in (exc.context, exc.problem) if part) or "cannot parse"
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError(f"invalid YAML: {why}", file=path, line=line) from exc
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        code = ord(exc.character) if isinstance(exc.character, str) else exc.character
+        why = f"invalid YAML: {exc.reason} (character #x{code:04x})"
+        raise ConfigError(why, file=path, line=line) from exc
+    except RecursionError as exc:
+        raise ConfigError("invalid YAML: nested too deeply", file=path) from exc
+    except Exception as exc:
+        # The contract: any text gives a JobsFile or a ConfigError (e.g. `2026-02-30`
+        # makes PyYAML raise a bare ValueError).
+        raise ConfigError(f"invalid YAML: {exc}", file=path) from exc
+
+
+#: A plain (unquoted) ``key: value`` line, to show the value quoted.
+_PLAIN_VALUE = re.compile(r"^\s*(?:-\s+)?([\w.-]+):\s+(.*?)\s*$")
+
+
+def _yaml_hint(exc: yaml.MarkedYAMLError, text: str) -> str | None:
+    """What to do about the YAML mistakes users make most, in their words
+    rather than the scanner's; None for the others."""
+    mark = exc.problem_mark
+    problem = exc.problem or ""
+    lines = text.splitlines()
+    line = lines[mark.line] if mark is not None and mark.line < len(lines) else ""
+    if "found character '\\t'" in problem:
+        where = f"column {mark.column + 1}" if mark is not None else "this line"
+        if mark is not None and not line[: mark.column].strip(" -"):
+            return f"a tab in the indentation ({where}): indent with spaces, not tabs"
+        return f"a tab ({where}): YAML wants spaces there, not tabs"
+    start = ""
+    if exc.context == "while scanning an alias" or problem.startswith("found undefined alias"):
+        start = "*"  # *x is a YAML alias
+    elif "found character '@'" in problem or "found character '`'" in problem:
+        start = problem.split("'")[1]  # reserved indicators
+    if not start:
+        return None
+    if start == "*":
+        why = "a value starting with * must be quoted (* starts a YAML alias)"
+    else:
+        why = f"a value starting with {start} must be quoted"
+    plain = _PLAIN_VALUE.match(line)
+    if plain is not None and plain.group(2).startswith(start):
+        key, value = plain.groups()
+        return f'{why}: write {key}: "{value.replace(chr(34), chr(92) + chr(34))}"'
+    return f'{why}; quote cron expressions: cron: "*/5 * * * *"'
+
+
+def _load_yaml(text: str) -> Any:
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+# --- describing values -------------------------------------------------------------
+
+
+def _kind(value: Any) -> str:
+    """``value`` for a message: scalars shown (shortened), containers named."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, str | int | float):
+        shown = repr(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        return f"{'a string' if isinstance(value, str) else 'a number'} ({shown})"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _suggest(key: Any, known: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key (did you mean '{close[0]}'?)"
+    return f"unknown key (known: {', '.join(known)})"
+
+
+# --- value parsers: each returns the Job field's value or raises _Invalid -----------
+
+
+def _string(value: Any, *, empty: bool = True) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"must be a string, got {_kind(value)}")
+    if not empty and not value.strip():
+        raise _Invalid("must not be empty")
+    if "\0" in value:
+        raise _Invalid("must not contain a NUL character")
+    return value
+
+
+def _word(value: Any, what: str) -> str:
+    """A string or number as the string a process sees (items, arguments, env values)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise _Invalid(f"{what} must be a string or number, got {_kind(value)} (quote it)")
+    text = str(value)
+    if "\0" in text:
+        raise _Invalid(f"{what} must not contain a NUL character")
+    return text
+
+
+def _duration(value: Any, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise _Invalid(f"must be a duration like 90s, 5m or 1h30m, got {_kind(value)}")
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+    if positive and seconds <= 0:
+        raise _Invalid(f"must be more than zero, got {str(value).strip()}")
+    return seconds
+
+
+def _integer(value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Invalid(f"must be a whole number, got {_kind(value)}")
+    if value < minimum:
+        raise _Invalid(f"must be at least {minimum}, got {value}")
+    if value > MAX_INT:
+        raise _Invalid(f"must be at most {MAX_INT}, got {value}")
+    return value
+
+
+def _command(value: Any) -> Command:
+    if isinstance(value, str):
+        return _string(value, empty=False)
+    if isinstance(value, list):
+        if not value:
+            raise _Invalid("must not be an empty list")
+        words = tuple(_word(word, "each argument") for word in value)
+        if not words[0].strip():
+            raise _Invalid("the program (first item) must not be empty")
+        return words
+    raise _Invalid(f"must be a string or a list of arguments, got {_kind(value)}")
+
+
+def _cron(value: Any) -> str:
+    text = _string(value)
+    try:
+        validate_cron(text)
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+    return text.strip()
+
+
+def _timezone(value: Any) -> str:
+    name = _string(value)
+    try:
+        validate_timezone(name)
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+    return name
+
+
+def _user(value: Any) -> str:
+    name = _string(value, empty=False)
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise _Invalid(f"unknown user {name!r}") from None
+    return name
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"must be true or false, got {_kind(value)}")
+    return value
+
+
+def _mapping(value: Any) -> _Mapping:
+    if not isinstance(value, _Mapping):
+        raise _Invalid(f"must be a mapping, got {_kind(value)}")
+    return value
+
+
+def _env(value: Any) -> tuple[tuple[str, str], ...]:
+    pairs: list[tuple[str, str]] = []
+    mapping = _mapping(value)
+    for name, raw in mapping.items():
+        line = mapping.lines[name]
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise _Invalid(
+                f"variable names must be non-empty strings without '=', got {_kind(name)}",
+                line=line,
+            )
+        try:
+            pairs.append((name, _word(raw, "the value")))
+        except _Invalid as exc:
+            raise _Invalid(exc.why, line=line, key=name) from None
+    return tuple(sorted(pairs))
+
+
+#: ``env-inherit:`` names: a variable, or a prefix ending in ``*`` (``LC_*``).
+_INHERIT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?|\*")
+
+
+def _env_inherit(value: Any) -> str | tuple[str, ...]:
+    """``all``, ``none`` or a list of variable names (``LC_*``: a prefix)."""
+    if value in ("all", "none"):
+        return str(value)
+    if not isinstance(value, list):
+        raise _Invalid(f"must be all, none or a list of variable names, got {_kind(value)}")
+    names: list[str] = []
+    for name in value:
+        if not isinstance(name, str) or not _INHERIT_NAME.fullmatch(name):
+            raise _Invalid("each name must be a variable name (letters, digits, '_'), or a "
+                           f"prefix ending in '*' (LC_*), got {_kind(name)}")
+        if name == "*":
+            raise _Invalid("'*' is every variable: write env-inherit: all")
+        if name.startswith(DATABASE_VARS):
+            raise _Invalid(f"{name} would pass on the daemon's database URL "
+                           f"({DATABASE_VARS}*), which no command inherits")
+        names.append(name)
+    return tuple(names)
+
+
+def _items(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise _Invalid(f"must be a list, got {_kind(value)}")
+    items = tuple(_word(item, "each item") for item in value)
+    for item in items:
+        if items.count(item) > 1:
+            raise _Invalid(f"item {item!r} is listed twice")
+    return items
+
+
+def _on_failure(value: Any) -> OnFailure:
+    if value is None:
+        return OnFailure()
+    mapping = _mapping(value)
+    parsed: dict[str, Any] = {}
+    for key, raw in mapping.items():
+        line = mapping.lines[key]
+        if key not in ON_FAILURE_KEYS:
+            raise _Invalid(_suggest(key, ON_FAILURE_KEYS), line=line, key=str(key))
+        try:
+            if key == "disable-for":
+                parsed["disable_for"] = _duration(raw, positive=True)
+            else:
+                parsed["command"] = _command(raw)
+        except _Invalid as exc:
+            raise _Invalid(exc.why, line=line, key=key) from None
+    return OnFailure(**parsed)
+
+
+def _label_word(value: Any, what: str) -> str:
+    text = _word(value, what)
+    try:
+        return check_word(text, what)
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+
+
+def _run_on(value: Any) -> RunOn:
+    mapping = _mapping(value)
+    if not mapping:
+        raise _Invalid("must name at least one label, e.g. run-on: {role: db}")
+    pairs: list[tuple[str, tuple[str, ...]]] = []
+    for key, raw in mapping.items():
+        line = mapping.lines[key]
+        try:
+            name = _label_word(key, "the label name")
+            values = raw if isinstance(raw, list) else [raw]
+            if not values:
+                raise _Invalid("must list at least one value")
+            words = tuple(sorted({_label_word(v, "each value") for v in values}))
+        except _Invalid as exc:
+            raise _Invalid(exc.why, line=line, key=str(key)) from None
+        pairs.append((name, words))
+    return tuple(sorted(pairs))
+
+
+#: ``on:``: which hosts run each slot.
+ON_VALUES = ("one-host", "every-host")
+
+
+def _on(value: Any) -> bool:
+    """True for ``every-host``."""
+    if value not in ON_VALUES:
+        raise _Invalid(f"must be every-host (each matching host runs each slot) or one-host "
+                       f"(the default), got {_kind(value)}")
+    return bool(value == "every-host")
+def _secret_url(value: Any, key: str, line: int = 0) -> SecretUrl:
+    """A URL that may hold a secret: a literal, ``{env: VAR}`` or ``{file:
+    PATH}``; the variable and file are read by
+    :func:`~dblockrun.config.secreturl.resolve_secrets`. Messages never show it."""
+    if isinstance(value, str):
+        why = check_url(value)
+        if why is not None:
+            raise _Invalid(f"{why}; or write {{env: VARIABLE}} or {{file: PATH}}")
+        return SecretUrl(LITERAL, value=value.strip(), line=line, key=key)
+    if isinstance(value, _Mapping):
+        if len(value) != 1 or next(iter(value)) not in SECRET_SOURCES:
+            raise _Invalid("must be a URL, {env: VARIABLE} or {file: PATH}", line=value.line)
+        source, ref = next(iter(value.items()))
+        try:
+            name = _string(ref, empty=False)
+        except _Invalid as exc:
+            raise _Invalid(f"{source}: {exc.why}", line=value.line) from None
+        if source == ENV and ("=" in name or name.strip() != name):
+            raise _Invalid("env: must be a variable name", line=value.line)
+        return SecretUrl(source, ref=name, line=value.line, key=key)
+    kind = "a string" if isinstance(value, str) else _kind(value)
+    raise _Invalid(f"must be a URL, {{env: VARIABLE}} or {{file: PATH}}, got {kind}")
+
+
+def _notify(value: Any) -> Notify | None:
+    if value is None:
+        return None
+    mapping = _mapping(value)
+    urls: tuple[SecretUrl, ...] = ()
+    on: tuple[str, ...] = NOTIFY_EVENTS
+    for written, raw in mapping.items():
+        line = mapping.lines[written]
+        # YAML 1.1 (PyYAML) reads a bare `on` key as the boolean true.
+        key = "on" if written is True else written
+        if key not in NOTIFY_KEYS:
+            raise _Invalid(_suggest(key, NOTIFY_KEYS), line=line, key=str(key))
+        if not isinstance(raw, list) or not raw:
+            kind = "an empty list" if raw == [] else _kind(raw)
+            raise _Invalid(f"must be a non-empty list, got {kind}", line=line, key=key)
+        if key == "urls":
+            parsed = []
+            for i, entry in enumerate(raw):
+                try:
+                    parsed.append(_secret_url(entry, f"notify.urls[{i}]", line))
+                except _Invalid as exc:
+                    raise _Invalid(exc.why, line=exc.line or line, key=f"urls[{i}]") from None
+            urls = tuple(parsed)
+        else:
+            for event in raw:
+                if event not in NOTIFY_EVENTS:
+                    why = (f"unknown event {_kind(event)} (known: {', '.join(NOTIFY_EVENTS)})")
+                    raise _Invalid(why, line=line, key=key)
+            on = tuple(e for e in NOTIFY_EVENTS if e in raw)
+    if not urls:
+        raise _Invalid("needs urls: a list of apprise URLs", line=mapping.line)
+    return Notify(urls=urls, on=on)
+
+
+def _ping(value: Any) -> SecretUrl:
+    url = _secret_url(value, "ping")
+    if url.source == LITERAL and not url.value.lower().startswith(("http://", "https://")):
+        raise _Invalid("must be an http:// or https:// URL")
+    return url
+def _catch_up(value: Any) -> str:
+    if value not in CATCH_UP:
+        raise _Invalid(f"must be one of {', '.join(CATCH_UP)}, got {_kind(value)}")
+    return str(value)
+
+
+def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``parse``, with ``null`` meaning unset."""
+
+    def parse_optional(value: Any) -> Any:
+        return None if value is None else parse(value)
+
+    return parse_optional
+
+
+def _required(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def parse_required(value: Any) -> Any:
+        if value is None:
+            raise _Invalid("needs a value")
+        return parse(value)
+
+    return parse_required
+
+
+#: YAML key -> (Job field, parser).
+JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "cron": ("cron", _optional(_cron)),
+    "rate": ("rate", _optional(lambda v: _duration(v, positive=True))),
+    "command": ("command", _required(_command)),
+    "lock-at-most": ("lock_at_most", _required(lambda v: _duration(v, positive=True))),
+    "lock-at-least": ("lock_at_least", _required(_duration)),
+    "timezone": ("timezone", _required(_timezone)),
+    "env": ("env", _required(_env)),
+    "env-inherit": ("env_inherit", _optional(_env_inherit)),
+    "workdir": ("workdir", _optional(lambda v: _string(v, empty=False))),
+    "shell": ("shell", _required(lambda v: _string(v, empty=False))),
+    "starting-deadline": ("starting_deadline", _optional(lambda v: _duration(v, positive=True))),
+    "retries": ("retries", _required(lambda v: _integer(v, 0))),
+    "retry-delay": ("retry_delay", _required(_duration)),
+    "on-failure": ("on_failure", _on_failure),
+    "jitter": ("jitter", _required(_duration)),
+    "description": ("description", _required(_string)),
+    "enabled": ("enabled", _required(_bool)),
+    "items": ("items", _optional(_items)),
+    "items-command": ("items_command", _optional(_command)),
+    "parallel": ("parallel", _required(lambda v: _integer(v, 1))),
+    "batch": ("batch", _required(lambda v: _integer(v, 1))),
+    "history-limit": ("history_limit", _required(lambda v: _integer(v, 1))),
+    "user": ("user", _optional(_user)),
+    "run-on": ("run_on", lambda v: () if v is None else _run_on(v)),
+    "on": ("every_host", _required(_on)),
+    "notify": ("notify", _notify),
+    "ping": ("ping", _optional(_ping)),
+    "catch-up": ("catch_up", _required(_catch_up)),
+    "catch-up-limit": ("catch_up_limit", _optional(lambda v: _integer(v, 1))),
+    "group": ("group", _optional(lambda v: _string(v, empty=False))),
+}
+_KNOWN_JOB_KEYS = tuple(JOB_KEYS)
+
+
+def _size(text: str) -> int:
+    """Bytes of ``text`` as the command gets it (with its NUL)."""
+    return len(text.encode("utf-8", "surrogateescape")) + 1
+
+
+def _too_large(job: Job) -> tuple[str, str] | None:
+    """(key, why) if what ``job`` hands its command cannot be executed or
+    is more than a job may hand it (jobs.MAX_ARG, jobs.MAX_COMMAND_BYTES)."""
+    def words(command: Command | None) -> tuple[str, ...]:
+        return () if command is None else (command,) if isinstance(command, str) else command
+
+    def over_arg(key: str, text: str, what: str) -> tuple[str, str] | None:
+        size = _size(text)
+        if size <= MAX_ARG:
+            return None
+        return key, (f"{what} is {size:,} bytes: at most {MAX_ARG:,} (Linux's limit for "
+                     "one argument or variable)")
+
+    for key, command in (("command", job.command), ("on-failure.command",
+                                                    job.on_failure.command),
+                         ("items-command", job.items_command)):
+        for word in words(command):
+            if (bad := over_arg(key, word, "an argument")) is not None:
+                return bad
+    for name, value in job.env:
+        if (bad := over_arg(f"env.{name}", f"{name}={value}", "the variable")) is not None:
+            return bad
+    total = sum(_size(word) for word in words(job.command)) + sum(
+        _size(f"{name}={value}") for name, value in job.env)
+    if total > MAX_COMMAND_BYTES:
+        return "command", (f"the command and env: are {total:,} bytes together: at most "
+                     f"{MAX_COMMAND_BYTES:,}")
+    if job.items:
+        for item in job.items:
+            if (bad := over_arg("items", f"DBLOCKRUN_ITEM={item}", "an item")) is not None:
+                return bad
+        largest = sorted((_size(item) for item in job.items), reverse=True)[:job.batch]
+        batch = len("DBLOCKRUN_ITEMS=") + sum(largest)
+        if job.batch > 1 and batch > MAX_ARG:
+            return "batch", (f"{len(largest)} of the items make a DBLOCKRUN_ITEMS of "
+                             f"{batch:,} bytes: at most {MAX_ARG:,} (Linux's limit for one "
+                             "variable); lower batch")
+    return None
+
+
+# --- the file ------------------------------------------------------------------------
+
+
+_NEEDS_JOBS = ("a jobs file needs a jobs: mapping of job names to jobs "
+               "(see dblockrun-jobs(5))")
+
+
+class _Parser:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.groups: dict[str, int] = {}
+
+    def error(
+        self, why: str, line: int | None, job: str | None = None, key: str | None = None
+    ) -> ConfigError:
+        return ConfigError(why, file=self.path, line=line, job=job, key=key)
+
+    def parse(self, data: Any) -> JobsFile:
+        if data is None:
+            raise self.error(f"the file is empty: {_NEEDS_JOBS}", None)
+        if not isinstance(data, _Mapping):
+            raise self.error(f"the file must be a mapping with a jobs: key, got {_kind(data)}", 1)
+        self.check_duplicates(data)
+        for key in data:
+            if key not in TOP_LEVEL_KEYS:
+                raise self.error(_suggest(key, TOP_LEVEL_KEYS), data.lines[key], key=str(key))
+        if "jobs" not in data:
+            raise self.error(f"no jobs: key: {_NEEDS_JOBS}", data.line)
+        database = data.get("database")
+        if database is not None:
+            try:
+                database = _string(database, empty=False)
+            except _Invalid as exc:
+                raise self.error(exc.why, data.lines["database"], key="database") from None
+        database_file = data.get("database-file")
+        if database_file is not None:
+            try:
+                database_file = _string(database_file, empty=False)
+            except _Invalid as exc:
+                line = data.lines["database-file"]
+                raise self.error(exc.why, line, key="database-file") from None
+            # Relative to the jobs file, like any path a reader of the file would follow.
+            database_file = os.path.join(os.path.dirname(self.path), database_file)
+        defaults = self.parse_defaults(data)
+        self.groups = self.parse_groups(data)
+        groups = tuple(sorted(self.groups.items()))
+        jobs = data["jobs"]
+        if jobs is None:
+            return JobsFile(path=self.path, database=database, jobs=(),
+                            database_file=database_file, groups=groups)
+        if not isinstance(jobs, _Mapping):
+            why = f"must be a mapping of job names to jobs, got {_kind(jobs)}"
+            raise self.error(why, data.lines["jobs"], key="jobs")
+        parsed = tuple(
+            self.parse_job(name, body, jobs.lines[name], defaults) for name, body in jobs.items()
+        )
+        return JobsFile(path=self.path, database=database, jobs=parsed,
+                        database_file=database_file, groups=groups)
+
+    def parse_groups(self, data: _Mapping) -> dict[str, int]:
+        """``groups:``: each group's fleet-wide limit (jobs of it at once)."""
+        raw = data.get("groups")
+        if raw is None:
+            return {}
+        if not isinstance(raw, _Mapping):
+            why = f"must be a mapping of group names to limits, got {_kind(raw)}"
+            raise self.error(why, data.lines["groups"], key="groups")
+        groups: dict[str, int] = {}
+        for name, value in raw.items():
+            line = raw.lines[name]
+            key = f"groups.{name}"
+            if not isinstance(name, str) or not JOB_NAME.fullmatch(name):
+                why = "bad group name: use letters, digits, '.', '_' and '-'"
+                raise self.error(why, line, key=key)
+            if len(name) > MAX_GROUP_NAME:
+                why = f"group name is {len(name)} characters long (at most {MAX_GROUP_NAME})"
+                raise self.error(why, line, key=key)
+            try:
+                groups[name] = _integer(value, 1)
+            except _Invalid as exc:
+                raise self.error(exc.why, line, key=key) from None
+            if groups[name] > MAX_GROUP_LIMIT:
+                why = f"must be at most {MAX_GROUP_LIMIT}, got {value}"
+                raise self.error(why, line, key=key)
+        return groups
+
+    def check_duplicates(self, data: _Mapping) -> None:
+        """Reject a key written twice in any mapping of the file."""
+        stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+        seen: set[int] = set()
+        while stack:
+            value, where = stack.pop()
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            if isinstance(value, _Mapping):
+                if value.duplicates:
+                    key, line = value.duplicates[0]
+                    raise self.duplicate(where, key, line)
+                children = [(child, (*where, str(key))) for key, child in value.items()]
+            elif isinstance(value, list | tuple | set):
+                children = [(child, where) for child in value]
+            else:
+                continue
+            stack.extend(reversed(children))
+
+    def duplicate(self, where: tuple[str, ...], key: Any, line: int) -> ConfigError:
+        if where == ("jobs",):
+            return self.error(f"duplicate job {str(key)!r}", line)
+        why = f"duplicate key {str(key)!r}"
+        if len(where) >= 2 and where[0] == "jobs":
+            nested = ".".join(where[2:]) or None
+            return self.error(why, line, job=where[1], key=nested)
+        return self.error(why, line, key=".".join(where) or None)
+
+    def parse_defaults(self, data: _Mapping) -> dict[str, tuple[Any, int]]:
+        raw = data.get("defaults")
+        if raw is None:
+            return {}
+        if not isinstance(raw, _Mapping):
+            why = f"must be a mapping of job keys, got {_kind(raw)}"
+            raise self.error(why, data.lines["defaults"], key="defaults")
+        return self.parse_keys(raw, job=None, prefix="defaults.")
+
+    def parse_keys(
+        self, raw: _Mapping, job: str | None, prefix: str = ""
+    ) -> dict[str, tuple[Any, int]]:
+        """Each key of a job (or of defaults) -> (Job field value, line)."""
+        parsed: dict[str, tuple[Any, int]] = {}
+        for key, value in raw.items():
+            line = raw.lines[key]
+            if key not in JOB_KEYS:
+                raise self.error(_suggest(key, _KNOWN_JOB_KEYS), line, job, f"{prefix}{key}")
+            _field, parse = JOB_KEYS[key]
+            try:
+                parsed[key] = (parse(value), line)
+            except _Invalid as exc:
+                nested = f"{prefix}{key}.{exc.key}" if exc.key else f"{prefix}{key}"
+                raise self.error(exc.why, exc.line or line, job, nested) from None
+        return parsed
+
+    def parse_job(
+        self, name: Any, body: Any, line: int, defaults: dict[str, tuple[Any, int]]
+    ) -> Job:
+        if not isinstance(name, str):
+            raise self.error(f"job names must be strings, got {_kind(name)} (quote it)", line)
+        if not JOB_NAME.fullmatch(name):
+            why = "bad job name: use letters, digits, '.', '_' and '-'"
+            raise self.error(why, line, job=name)
+        if len(name) > MAX_JOB_NAME:
+            why = f"job name is {len(name)} characters long (at most {MAX_JOB_NAME})"
+            raise self.error(why, line, job=name[:40] + "...")
+        if not isinstance(body, _Mapping):
+            raise self.error(f"must be a mapping of job keys, got {_kind(body)}", line, job=name)
+        own = self.parse_keys(body, job=name)
+        keys = {**defaults, **own}
+        if "env" in defaults and "env" in own:
+            env = dict(defaults["env"][0]) | dict(own["env"][0])
+            keys["env"] = (tuple(sorted(env.items())), own["env"][1])
+
+        def value(key: str) -> Any:
+            return keys[key][0] if key in keys else None
+
+        if value("command") is None:
+            raise self.error("missing (every job needs a command)", line, name, "command")
+        if value("cron") is None and value("rate") is None:
+            why = "missing (a job needs cron, rate or both)"
+            raise self.error(why, line, name, "cron")
+        if value("items") is not None and value("items-command") is not None:
+            why = "cannot be used together with items (use one)"
+            raise self.error(why, keys["items-command"][1], name, "items-command")
+        if value("on") and (value("items") is not None or value("items-command") is not None):
+            why = ("every-host cannot be used with items or items-command (fan-out spreads "
+                   "items over the hosts; every-host runs the whole job on each)")
+            raise self.error(why, keys["on"][1], name, "on")
+        job = Job(
+            name=name,
+            line=line,
+            **{JOB_KEYS[key][0]: parsed for key, (parsed, _line) in keys.items()},
+        )
+        if job.lock_at_least > job.lock_at_most:
+            why = (
+                f"{format_duration(job.lock_at_least)} is longer than "
+                f"lock-at-most {format_duration(job.lock_at_most)}"
+            )
+            raise self.error(why, keys["lock-at-least"][1], name, "lock-at-least")
+        too_large = _too_large(job)
+        if too_large is not None:
+            key, why = too_large
+            top = key.split(".", 1)[0]
+            raise self.error(why, keys[top][1] if top in keys else line, name, key)
+        if job.catch_up_limit is not None and job.catch_up != "all":
+            why = f"only with catch-up: all (this job's catch-up is {job.catch_up})"
+            raise self.error(why, keys["catch-up-limit"][1], name, "catch-up-limit")
+        if job.group is not None:
+            where = keys["group"][1]
+            if job.group not in self.groups:
+                known = ", ".join(sorted(self.groups))
+                why = (f"unknown group {job.group!r} (groups: {known})" if known else
+                       f"unknown group {job.group!r}: define it under groups: at the top "
+                       "(groups: {" + job.group + ": 1})")
+                raise self.error(why, where, name, "group")
+            if job.fan_out:
+                why = "a fan-out job (items, items-command) cannot be in a group"
+                raise self.error(why, where, name, "group")
+        return job

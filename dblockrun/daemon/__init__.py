@@ -1,0 +1,1 @@
+"""The daemon: its main loop, its attempts and the threads beside it."""

@@ -1,0 +1,378 @@
+"""The daemon's attempts: for each due attempt the planner decides, this
+claims (alone or in a batch), records through the slot book, reads the
+database when the plan is in doubt, and starts the runs won. Every attempt
+ends in an :class:`Outcome` the planner consumes (dblockrun/scheduling/planner.py); no
+"when next" is decided here."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.daemon.fleet import FleetBooks
+from dblockrun.daemon.registry import Runs
+from dblockrun.errors import DatabaseError
+from dblockrun.metrics import Metrics
+from dblockrun.running.fanout import FanOut
+from dblockrun.running.heartbeat import DbClock
+from dblockrun.running.runjob import JobRun, RunContext
+from dblockrun.scheduling.limits import Seat, full_reason, take_seat
+from dblockrun.scheduling.planner import (
+    SHARE_WAIT,
+    Act,
+    Cause,
+    Decision,
+    Outcome,
+    Planner,
+    Row,
+    single,
+)
+from dblockrun.scheduling.slotbook import SlotBook
+from dblockrun.store import Store
+from dblockrun.store import models as m
+from dblockrun.store.outage import Outage
+from dblockrun.timetext import utc
+
+log = logging.getLogger("dblockrun")
+
+
+@dataclass(frozen=True)
+class Settings:
+    holder: str
+    lease: float
+    heartbeat: float
+
+
+class Firing:
+    def __init__(self, store: Store, settings: Settings, clock: DbClock, outage: Outage,
+                 metrics: Metrics, planner: Planner, runs: Runs, book: SlotBook,
+                 ctx: RunContext, books: FleetBooks, jobs: Callable[[], JobsFile],
+                 stopping: Callable[[], bool], pause: Callable[[float], None]) -> None:
+        self.store = store
+        self.s = settings
+        self.clock = clock
+        self.outage = outage
+        self.metrics = metrics
+        self.planner = planner
+        self.runs = runs
+        self.book = book
+        self.ctx = ctx
+        self.books = books
+        self._jobs = jobs
+        self._stopping = stopping
+        self._pause = pause
+        #: Per job, the highest fencing token won here and the newest slot run here.
+        self._seen: dict[str, tuple[int, float | None]] = {}
+
+    @property
+    def margin(self) -> float:
+        return self.clock.uncertainty + 0.001
+
+    # -- the due attempts ----------------------------------------------------------
+
+    def fire_due(self) -> None:
+        batch: list[tuple[Job, float, float]] = []
+        resync: list[tuple[Job, Cause, float | None]] = []
+        while not self._stopping():
+            now = self.clock.now()
+            due = self.planner.agenda.pop_due(now)
+            if due is None:
+                break
+            job = self._jobs().job(due.name)
+            if job is None or not job.enabled:
+                continue
+            full = self.runs.full()
+            decision = self.planner.decide(job, due, now, busy=self.runs.busy(job.name),
+                                           full=full,
+                                           winding_up=self.runs.winding_up(job.name))
+            if decision.act is Act.RESYNC:
+                assert decision.cause is not None
+                resync.append((job, decision.cause, decision.slot))
+            elif decision.act is Act.CLAIM and decision.batch:
+                assert decision.slot is not None and decision.due_next is not None
+                batch.append((job, decision.slot, decision.due_next))
+            else:
+                self._act(job, decision, now)
+        if resync:
+            self.resync(resync)
+        if len(batch) == 1:
+            job, slot, due_next = batch[0]
+            self._act(job, Decision(Act.CLAIM, slot, due_next), self.clock.now())
+        elif batch:
+            self._fire_batch(batch)
+
+    def _act(self, job: Job, decision: Decision, now: float) -> None:
+        """Carry out ``decision`` and plan what follows from its outcome."""
+        slot, delay = decision.slot, 0.0
+        if decision.act is Act.WAIT:
+            return
+        if decision.act is Act.DEFER:
+            outcome, delay = Outcome.AT_LIMIT, SHARE_WAIT
+        elif decision.act is Act.RECORD:
+            outcome, delay = self._record(job, decision)
+        elif job.fan_out:
+            outcome = self._fan_out(job, slot, decision.due_next)
+        elif slot is None and self.runs.full():
+            outcome = Outcome.AT_LIMIT
+        else:
+            outcome, delay = self._claim(job, slot, decision.due_next)
+        self._after(job, slot, outcome, delay)
+
+    def _after(self, job: Job, slot: float | None, outcome: Outcome, delay: float = 0.0) -> None:
+        """Hand the outcome to the planner; read the job's row if it asks."""
+        if not self.planner.after(job, slot, outcome, self.clock.now(), self.margin,
+                                  delay=delay):
+            return
+        try:
+            lock = self.store.lock_state(job.name)
+            self.outage.ok()
+        except DatabaseError as exc:
+            delay = self.outage.failed(f"read {job.name}", exc)
+            self.planner.after(job, slot, Outcome.DB_ERROR, self.clock.now(), self.margin,
+                               delay=delay)
+            return
+        row = Row() if lock is None else Row(lock.last_slot, lock.last_start, lock.lock_until)
+        self.planner.after(job, slot, outcome, self.clock.now(), self.margin, row=row)
+
+    def _record(self, job: Job, decision: Decision) -> tuple[Outcome, float]:
+        """Record the decision's slot through the slot book."""
+        assert decision.plan is not None
+        plan = decision.plan
+        if plan.cause is Cause.HOST_FULL:
+            plan = replace(plan, reason=full_reason(self.s.holder, self.runs.cap or 0,
+                                                     SHARE_WAIT))
+        try:
+            self.book.record(job, plan, self.clock.now())
+            self.outage.ok()
+        except DatabaseError as exc:
+            return self._failed(job, exc, f"record {job.name}")
+        return Outcome.RECORDED, 0.0
+
+    def _claim(self, job: Job, slot: float | None,
+               due_next: float | None) -> tuple[Outcome, float]:
+        """Claim ``slot`` (None: a rate-only job's turn) with its first
+        attempt's record, and start the run won."""
+        sent = time.monotonic()
+        try:
+            won = self.store.claim_and_record(job.name, self.s.holder, self.s.lease,
+                                              slot=slot, rate=job.rate, next_due=due_next)
+            self.outage.ok()
+        except DatabaseError as exc:
+            return self._failed(job, exc, f"claim {job.name}")
+        self.metrics.claims.labels(job.name, "won" if won is not None else "lost").inc()
+        if won is None:
+            return Outcome.LOST, 0.0
+        return self._start(job, won.token, slot, sent, won.run_id), 0.0
+
+    def _failed(self, job: Job, exc: DatabaseError, what: str) -> tuple[Outcome, float]:
+        """An attempt the database failed: counted; after the outage's
+        backoff the job's last slot is read again and what passed planned."""
+        self.metrics.claims.labels(job.name, "error").inc()
+        return Outcome.DB_ERROR, self.outage.failed(what, exc)
+
+    def _fire_batch(self, batch: list[tuple[Job, float, float]]) -> None:
+        """Many jobs due at once: claim them in few statements, this host's
+        share first so the work spreads over the fleet, then (a moment later)
+        whatever no other host took."""
+        groups: dict[tuple[float, float, float | None], list[Job]] = {}
+        for job, slot, due_next in batch:
+            groups.setdefault((slot, due_next, job.rate), []).append(job)
+        for (slot, due_next, rate), jobs in groups.items():
+            by_name = {job.name: job for job in jobs}
+            outcomes: dict[str, tuple[Outcome, float]] = {}
+            pending = list(by_name)
+            random.shuffle(pending)
+            hosts = self.books.live_hosts
+            share = len(pending) if len(pending) < 4 * hosts else -(-len(pending) // hosts)
+            first = time.monotonic()
+            capped = False  # --max-running held this host back in the last pass
+            for limit in (share, len(pending)):
+                if not pending or self._stopping():
+                    break
+                if limit != share:
+                    self._pause(first + SHARE_WAIT - time.monotonic())
+                free = self.runs.free()
+                take = limit if free is None else min(limit, free)
+                capped = take < limit
+                if take <= 0:
+                    continue
+                sent = time.monotonic()
+                try:
+                    won = self.store.claim_batch(pending, self.s.holder, self.s.lease,
+                                                 slot=slot, next_due=due_next, rate=rate,
+                                                 limit=take)
+                    self.outage.ok()
+                except DatabaseError as exc:
+                    delay = self.outage.failed(f"claim {len(pending)} jobs", exc)
+                    for name in pending:
+                        self.metrics.claims.labels(name, "error").inc()
+                        outcomes[name] = (Outcome.DB_ERROR, delay)
+                    pending = []
+                    break
+                for claimed in won:
+                    self.metrics.claims.labels(claimed.name, "won").inc()
+                    outcomes[claimed.name] = (self._start(
+                        by_name[claimed.name], claimed.token, slot, sent, claimed.run_id), 0.0)
+                taken = {c.name for c in won}
+                pending = [name for name in pending if name not in taken]
+            look_again = max(0.0, first + SHARE_WAIT - time.monotonic())
+            for name in pending:
+                if capped:  # left to the other hosts: looked at once more
+                    outcomes[name] = (Outcome.AT_LIMIT, look_again)
+                else:
+                    self.metrics.claims.labels(name, "lost").inc()
+                    outcomes[name] = (Outcome.LOST, 0.0)
+            for job in jobs:
+                outcome, delay = outcomes.get(job.name, (Outcome.LOST, 0.0))
+                self._after(job, slot, outcome, delay)
+
+    # -- plans in doubt --------------------------------------------------------------
+
+    def resync(self, wanted: list[tuple[Job, Cause, float | None]]) -> None:
+        """Read the last slot of each job in ``wanted`` (one statement) and
+        record what its plan does not run; on a database error all are read
+        again after the backoff."""
+        now = self.clock.now()
+        try:
+            if len(wanted) == 1:
+                lock = self.store.lock_state(wanted[0][0].name)
+                locks = {} if lock is None else {lock.name: lock}
+            else:
+                locks, now = self.store.lock_states()
+            self.outage.ok()
+        except DatabaseError as exc:
+            delay = self.outage.failed("read the lock rows", exc)
+            for job, cause, since in wanted:
+                self.planner.not_recorded(job, self.clock.now(), cause, since, delay)
+            return
+        for job, cause, since in wanted:
+            lock = locks.get(job.name)
+            disabled = lock is not None and (lock.token < 0 or (
+                lock.disabled_until is not None and lock.disabled_until > now))
+            row = None if lock is None else Row(lock.last_slot, lock.last_start, lock.lock_until)
+            plan = self.planner.resynced(job, row, now, cause, since, self.margin,
+                                         disabled=disabled)
+            if plan is None:
+                continue
+            try:
+                recorded = self.book.record(job, plan, now)
+                self.outage.ok()
+            except DatabaseError as exc:
+                delay = self.outage.failed(f"record the passed slots of {job.name}", exc)
+                self.planner.not_recorded(job, self.clock.now(), cause, since, delay)
+                continue
+            if not recorded:  # another host recorded or ran some first: read again
+                self.planner.not_recorded(job, self.clock.now(), cause, since, 0.0)
+
+    def finished(self) -> None:
+        """Plan again the jobs whose run just ended: a backlog's next slot, a
+        rate-only job's next start (its lease is over now)."""
+        for name in self.runs.finished():
+            job = self._jobs().job(name)
+            if job is not None and job.enabled:
+                self._after(job, None, Outcome.ENDED)
+
+    # -- run-now requests -----------------------------------------------------------
+
+    def requested(self, names: list[str]) -> None:
+        """Run the jobs an operator asked for with `dblockrun run JOB`
+        (enabled jobs of the local file; fan-out jobs follow their items)."""
+        for name in names:
+            job = self._jobs().job(name)
+            if job is None or not job.enabled or job.fan_out or self.runs.busy(name):
+                continue
+            if self.runs.full():
+                continue  # the request stays for a host with room
+            sent = time.monotonic()
+            token = self.store.claim_requested(name, self.s.holder, self.s.lease)
+            if token is not None:
+                log.info("job %s: run requested by an operator", name)
+                self._start(job, token, None, sent)
+
+    # -- starting -------------------------------------------------------------------
+
+    def _start(self, job: Job, token: int, slot: float | None, claimed_mono: float,
+               run_id: int | None = None) -> Outcome:
+        if self._went_back(job, token, slot, run_id):
+            return Outcome.RECORDED
+        seat = None
+        if job.group is not None:
+            seat = self._seat(job, token, slot, run_id)
+            if seat is None:
+                return Outcome.GROUP_FULL
+        run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self.runs.done,
+                     run_id=run_id, seat=seat)
+        self.runs.add(run)
+        run.start()
+        return Outcome.STARTED
+
+    def _seat(self, job: Job, token: int, slot: float | None,
+              run_id: int | None) -> Seat | None:
+        """A grouped job's claim won: take a seat of its group too (one more
+        round trip). With none free (or the database failing), the claim is
+        released and its slot recorded skipped with the reason (it is taken,
+        so no host runs it late)."""
+        try:
+            got = take_seat(self.store, self._jobs(), job, self.s.holder, self.s.lease)
+            self.outage.ok()
+        except DatabaseError as exc:
+            self.outage.failed(f"claim a seat of group {job.group}", exc)
+            got = f"could not take a seat of group {job.group}: database error"
+        if not isinstance(got, str):
+            return got
+        try:
+            self.book.claimed(job, single(slot or self.clock.now(), Cause.GROUP_FULL, got),
+                              token, run_id, self.clock.now())
+        except DatabaseError as exc:  # its lease runs out; the run is recorded lost
+            self.outage.failed(f"release {job.name}", exc)
+        return None
+
+    def _went_back(self, job: Job, token: int, slot: float | None,
+                   run_id: int | None) -> bool:
+        """Whether the database lost writes this daemon saw committed (a
+        failover to a standby that had not received them): a fencing token
+        no higher than one it already won, or a slot it already ran. Either
+        is logged and counted; a slot already run here is not run again (its
+        claim is recorded skipped and released)."""
+        seen_token, seen_slot = self._seen.get(job.name, (0, None))
+        again = slot is not None and seen_slot is not None and slot <= seen_slot
+        if token > seen_token and not again:
+            self._seen[job.name] = (token, slot if slot is not None else seen_slot)
+            return False
+        self.metrics.went_backwards.labels(job.name).inc()
+        log.error("job %s: the database went backwards (token %d after %d, last slot %s after "
+                  "%s this daemon ran): it lost committed writes, e.g. in a failover to an "
+                  "asynchronous standby%s", job.name, token, seen_token,
+                  utc(slot) if slot is not None else "-",
+                  utc(seen_slot) if seen_slot is not None else "-",
+                  "; not running that slot again" if again else "")
+        self._seen[job.name] = (token, seen_slot)  # the database's sequence from here on
+        if not again:
+            return False
+        try:
+            if run_id is not None:
+                self.store.finish_and_release(run_id, job.name, self.s.holder, token, m.SKIPPED,
+                                              None, "not run: this daemon already ran the slot")
+            else:
+                self.store.release(job.name, self.s.holder, token)
+        except DatabaseError as exc:
+            self.outage.failed(f"release {job.name}", exc)
+        return True
+
+    def _fan_out(self, job: Job, slot: float | None, due_next: float | None) -> Outcome:
+        """Work through the job's items unless still at it."""
+        if self.runs.busy(job.name):
+            log.info("job %s: still working through the items of the previous slot", job.name)
+            return Outcome.LOST
+        if self.runs.full():
+            log.info("job %s: at --max-running: its items are left to the other hosts", job.name)
+            return Outcome.AT_LIMIT
+        worker = FanOut(self.ctx, job, slot, on_done=self.runs.done, next_due=due_next,
+                        room=self.runs.free)
+        self.runs.add(worker)
+        worker.start()
+        return Outcome.STARTED

@@ -1,0 +1,236 @@
+"""A daemon's fleet bookkeeping, on its own timer: the database clock
+samples, this host's row, recording lost runs (and the slots their dead
+holder blocked), definition drift between hosts, and how many hosts are live
+(for the batch share).
+
+It runs in its own thread, one round every :data:`ROUND_EVERY` heartbeats,
+apart from the lease renewals (:class:`~dblockrun.running.heartbeat.Renewer`): a
+slow sweep or host read never delays a renewal. On PostgreSQL an idle round
+is one statement (:meth:`Store.books_round`), so an idle daemon sends 5 a
+minute at the default heartbeat; it also hands the round's run-now requests
+to the daemon, which hears them at once through LISTEN
+(:mod:`dblockrun.daemon.listen`) unless that connection is down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dblockrun import __version__
+from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.errors import DatabaseError
+from dblockrun.events import Events, RunLost
+from dblockrun.metrics import Metrics
+from dblockrun.running.heartbeat import DbClock
+from dblockrun.scheduling.planner import Cause, passed
+from dblockrun.store import Store
+from dblockrun.store.engine import LostRun
+from dblockrun.store.outage import Outage
+from dblockrun.supervise import Policy, Threads
+from dblockrun.timetext import utc
+
+if TYPE_CHECKING:
+    from dblockrun.scheduling.slotbook import SlotBook
+
+log = logging.getLogger("dblockrun")
+
+#: A round every 1.2 heartbeats: 12 s by default, 5 rounds a minute, and a
+#: host row at most 12 s old, inside the 15 s within which ``status`` calls
+#: a host live (store/status.py ``LIVE_WITHIN``).
+ROUND_EVERY = 1.2
+
+
+class FleetBooks:
+    """One daemon's bookkeeping rounds (see the module)."""
+
+    def __init__(self, store: Store, holder: str, heartbeat: float, clock: DbClock,
+                 outage: Outage, metrics: Metrics, jobs: Callable[[], JobsFile],
+                 running: Callable[[], int],
+                 requested: Callable[[list[str]], None] | None = None, *,
+                 labels: str | None = None,
+                 targets: Callable[[], str | None] | None = None,
+                 book: SlotBook | None = None,
+                 threads: Threads | None = None,
+                 events: Events | None = None) -> None:
+        self.store = store
+        self.holder = holder
+        self.heartbeat = heartbeat
+        self.clock = clock
+        self.outage = outage
+        self.metrics = metrics
+        self._jobs = jobs
+        self._running = running
+        #: Given the jobs with a run-now request, when a round read them.
+        self._requested = requested
+        #: Published with the host row: this host's labels and its file's
+        #: targeting (JSON; dblockrun/scheduling/targeting.py).
+        self._labels = labels
+        self._targets = targets
+        #: Records the slots a dead holder blocked (dblockrun/scheduling/slotbook.py).
+        self._book = book
+        #: Told of each run this host records lost (notifications, pings).
+        self.events = events
+        #: Daemons seen within three heartbeats (at least 1): the batch share.
+        self.live_hosts = 1
+        self._drift_seen: set[tuple[str, str]] = set()
+        self._defs_for: JobsFile | None = None
+        self._defs: tuple[dict[str, str], str] = ({}, "{}")
+        self._stop = threading.Event()
+        # A crash is restarted after a backoff of at most a round's interval:
+        # meanwhile the other hosts sweep lost runs and the renewals go on.
+        self._supervised = (threads or Threads()).supervise(
+            "bookkeeping", Policy(max_delay=self.interval))
+        self._thread = self._supervised.thread(self._loop, self._stop)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    @property
+    def interval(self) -> float:
+        return ROUND_EVERY * self.heartbeat
+
+    def _loop(self) -> None:
+        delay = self.interval
+        while not self._stop.wait(delay):
+            try:
+                self.round()
+                self.outage.ok()
+                delay = self.interval
+            except DatabaseError as exc:
+                delay = min(self.interval, self.outage.failed("bookkeeping", exc))
+            self._supervised.ok()
+
+    def round(self) -> None:
+        """One round: host row, clock sample, lost runs, live hosts, drift,
+        run-now requests (one statement on PostgreSQL when idle)."""
+        mine, mine_json = self._definitions()
+        if not self.clock.known:
+            # The first round writes the host row with the offset known before
+            # it: sample once first, or `status` shows none until the next round.
+            self.clock.add(self.store.clock_sample())
+        done = self.store.books_round(
+            self.holder,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            version=__version__,
+            clock_offset=self.clock.offset,
+            running=self._running(),
+            jobs=mine_json,
+            within=3 * self.heartbeat,
+            labels=self._labels,
+            targets=self._targets() if self._targets is not None else None,
+        )
+        self.clock.add(done.sample)
+        self.live_hosts = 1 + done.live_others
+        for lost in done.lost:
+            self._tell_lost(lost)
+            self._blocked_slots(lost)
+        self._check_drift(mine, done.differing)
+        if done.requested and self._requested is not None:
+            self._requested(done.requested)
+
+    def report_bad_rows(self) -> None:
+        """Lock rows edited into a state no claim takes: logged once each."""
+        for name, token in self.store.bad_tokens(j.name for j in self._jobs().jobs):
+            self.store.lock.bad_token(name, token)
+
+    def _tell_lost(self, lost: LostRun) -> None:
+        """A run this host's sweep recorded lost (once fleet-wide: the sweep
+        that wrote it), told to the subscribers: its failure notification
+        and ``/fail`` ping, which its dead host cannot send. Not one of this
+        host's own runs (its lease ran out while the database was away): its
+        lifecycle tells its end, once it has written it."""
+        if self.events is not None and lost.host != self.holder:
+            self.events.emit(RunLost(job=self._jobs().job(lost.job), name=lost.job,
+                                     host=lost.host, run_id=lost.id, slot=lost.slot,
+                                     ended=lost.ended, recorded_by=self.holder, item=lost.item))
+
+    def _blocked_slots(self, lost: LostRun) -> None:
+        """A run this host recorded lost (its holder stopped renewing). The
+        slots that came after its last renewal and before the job could be
+        claimed again started nowhere: recorded skipped through the slot
+        book, saying why. The one host whose sweep recorded the loss does
+        this, so each slot is recorded once."""
+        log.warning("job %s: run %d on %s lost: its lease was last renewed at %s",
+                    lost.job, lost.id, lost.host, utc(lost.ended))
+        job = self._jobs().job(lost.job)
+        if lost.item is not None or job is None or job.cron is None or self._book is None:
+            return
+        after = max(lost.ended, lost.slot or 0.0)
+        if lost.lock_until is not None:
+            # Nobody had claimed it since: the slots up to the lease's end,
+            # after those already handled (a daemon's resync may have
+            # recorded some), taken off the job by the conditional write so
+            # no late claim runs one. Read again if another host moved first.
+            why_end = f"its lease ran out at {utc(lost.lock_until)}"
+            for _ in range(3):
+                lock = self.store.lock_state(job.name)
+                if lock is None or lock.token != lost.token:
+                    break  # claimed since
+                floor = max(after, lock.last_slot if lock.last_slot is not None else after)
+                if self._record_blocked(job, lost, floor, lost.lock_until, why_end, True):
+                    return
+        # Claimed since: the slots before the first one that ran again, after
+        # the newest one already recorded.
+        nxt = self.store.next_run_slot(job.name, lost.id)
+        if nxt is not None:
+            newest = self.store.newest_record_slot(job.name, nxt)
+            floor = max(after, newest if newest is not None else after)
+            self._record_blocked(job, lost, floor, nxt - 0.001,
+                                 "until another host claimed it", False)
+
+    def _record_blocked(self, job: Job, lost: LostRun, after: float, upto: float,
+                        why_end: str, conditional: bool) -> bool:
+        reason = (f"{lost.host} held the lock and stopped renewing it at {utc(lost.ended)} "
+                  f"(run {lost.id}, lost), {why_end}")
+        now = self.clock.now()
+        plan = passed(job, after, now, Cause.DEAD_HOLDER, upto=upto, reason=reason)
+        assert self._book is not None
+        return plan is None or self._book.record(job, plan, now, conditional=conditional)
+
+    def _definitions(self) -> tuple[dict[str, str], str]:
+        """Each job's definition hash (and as JSON), once per jobs file: an idle
+        heartbeat then costs the same whatever the number of jobs."""
+        jobs = self._jobs()
+        if self._defs_for is not jobs:
+            defs = {j.name: j.definition_hash() for j in jobs.jobs}
+            self._defs = (defs, json.dumps(defs))
+            self._defs_for = jobs
+        return self._defs
+
+    def _check_drift(self, mine: dict[str, str],
+                     differing: list[tuple[str, str | None]]) -> None:
+        """Warn once per (job, other definition) seen on another live host
+        (``differing``: those whose definitions are not this host's)."""
+        seen: dict[str, dict[str, list[str]]] = {}
+        for host, text in differing:
+            try:
+                defs = json.loads(text or "{}")
+            except ValueError:
+                continue
+            if isinstance(defs, dict):
+                for name, digest in defs.items():
+                    seen.setdefault(str(name), {}).setdefault(str(digest), []).append(host)
+        for name, defs in seen.items():
+            if name not in mine:
+                continue
+            for digest, hosts in defs.items():
+                key = (name, digest)
+                if digest != mine[name] and key not in self._drift_seen:
+                    self._drift_seen.add(key)
+                    log.warning(
+                        "job %s: defined differently on %s (definition %s, here %s): "
+                        "check that every host has the same jobs file",
+                        name, ", ".join(hosts), digest, mine[name],
+                    )

@@ -1,0 +1,395 @@
+"""The daemon: its main loop and lifecycle. It sleeps until the planner's
+next attempt by the database clock (dblockrun/scheduling/planner.py), has the attempts
+made (dblockrun/daemon/firing.py), hands run-now requests from its inbox
+(dblockrun/daemon/inbox.py) to them, and starts, reloads and stops the parts that
+work beside it: lease renewals, bookkeeping, the request listener,
+notifications, metrics (ARCHITECTURE.md names each thread and its owner)."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import threading
+import time
+from dataclasses import dataclass
+
+from dblockrun.config.jobs import JobsFile
+from dblockrun.config.load import load_jobs
+from dblockrun.config.secreturl import resolve_secrets
+from dblockrun.daemon.firing import Firing, Settings
+from dblockrun.daemon.fleet import FleetBooks
+from dblockrun.daemon.inbox import HeardInbox, Inbox, inbox_for
+from dblockrun.daemon.registry import Runs
+from dblockrun.daemon.sdnotify import SystemdNotifier
+from dblockrun.daemon.wakeup import Wakeup
+from dblockrun.errors import (
+    ConfigError,
+    DatabaseError,
+    DatabaseRefused,
+    SchemaTooNew,
+    ThreadCrashed,
+)
+from dblockrun.events import Events
+from dblockrun.metrics import Metrics, serve
+from dblockrun.metrics import url_of as metrics_url
+from dblockrun.notify.notifier import Notifier
+from dblockrun.running import spawn
+from dblockrun.running.heartbeat import DbClock, Renewer
+from dblockrun.running.holder import new_holder_id as new_holder_id
+from dblockrun.running.runjob import RunContext
+from dblockrun.running.runlog import log_run
+from dblockrun.running.runloop import RunLoop
+from dblockrun.scheduling.planner import Planner
+from dblockrun.scheduling.slotbook import SlotBook
+from dblockrun.scheduling.targeting import (
+    LocalJobs,
+    label_text,
+)
+from dblockrun.store import Store
+from dblockrun.store.dburl import describe as describe_db
+from dblockrun.store.engine import CLAIM_TOLERANCE
+from dblockrun.store.outage import Outage
+from dblockrun.store.outage import describe as describe_outage
+from dblockrun.supervise import Threads
+
+log = logging.getLogger("dblockrun")
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    heartbeat: float = 10.0
+    lease: float = 30.0
+    grace: float = 30.0
+    kill_grace: float = 5.0
+    #: How often the daemon looks for `dblockrun run` requests (one statement)
+    #: on MySQL and SQLite; on PostgreSQL it hears them (dblockrun/daemon/listen.py).
+    request_poll: float = 1.0
+    #: Serve Prometheus metrics and /healthz on [HOST:]PORT.
+    metrics_addr: str | None = None
+    #: This host's labels (``--label``, ``DBLOCKRUN_LABELS``); ``hostname``
+    #: defaults to this machine's (dblockrun/scheduling/targeting.py).
+    labels: tuple[tuple[str, str], ...] = ()
+    #: Commands at once on this host (None: no limit); at it, the host leaves
+    #: slots to the others (dblockrun/scheduling/limits.py).
+    max_running: int | None = None
+
+
+def _raise_open_files_limit() -> None:
+    """Each running command holds a few descriptors (output pipes and
+    lifeline here, pidfd and copies in the spawn service, which inherits
+    the limit): lift the soft limit (often 1,024) to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+
+
+class Signals:
+    """What the signal handlers asked for. A handler runs on the main thread
+    between any two of its bytecodes: it must take no lock the main thread
+    might hold (so no Event.set()), hence plain flags and a pipe to wake it."""
+
+    def __init__(self) -> None:
+        self.wake = Wakeup()
+        self.stop_requested = False
+        self.stop_now = False
+        self.reload = False
+        #: Monotonic time the shutdown grace ends (None: not stopping).
+        self.deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What works beside the main loop, each on its own thread, and their
+    supervision (dblockrun/supervise.py): a crashed one fails /healthz and
+    stops the watchdog pings."""
+
+    threads: Threads
+    events: Events
+    book: SlotBook
+    renewer: Renewer
+    books: FleetBooks
+    inbox: Inbox
+    notifier: Notifier
+
+
+class Daemon:
+    def __init__(
+        self,
+        jobs: JobsFile,
+        store: Store,
+        options: DaemonOptions = DaemonOptions(),
+        *,
+        stop: threading.Event | None = None,
+        holder: str | None = None,
+    ) -> None:
+        self.store = store
+        self.options = options
+        self.local = LocalJobs(jobs, dict(options.labels))
+        self.stop = stop or threading.Event()
+        self.holder = holder or new_holder_id()
+        #: systemd's notify socket, if started by it (before the environment
+        #: commands start from is read: they don't inherit its variables).
+        self.systemd = SystemdNotifier(alive=lambda: self.parts.threads.problem() is None)
+        self.clock = DbClock()
+        self.outage = Outage()
+        self.metrics = Metrics()
+        self.signals = Signals()
+        self.parts = self._parts(Threads())
+        self.firing = self._firing()
+        self.metrics.watch(self._live_metrics)
+        self.metrics.watch_threads(self.parts.threads)
+
+    def _parts(self, threads: Threads) -> Parts:
+        events = Events()
+        book = SlotBook(self.store, self.holder, events)
+        renewer = Renewer(self.store, self.options.heartbeat, self.outage, threads)
+        inbox = inbox_for(self.store, self.signals.wake.set, self.options.heartbeat,
+                          self.options.request_poll, killed=renewer.renew_now, threads=threads)
+        books = FleetBooks(
+            self.store, self.holder, self.options.heartbeat, self.clock, self.outage,
+            self.metrics, lambda: self.local.jobs, lambda: self.firing.runs.count(),
+            inbox.hear if isinstance(inbox, HeardInbox) else None,
+            labels=self.local.labels_json, targets=lambda: self.local.targets,
+            book=book, threads=threads, events=events)
+        notifier = Notifier(self.store, self.holder, self.metrics, threads=threads)
+        # The log, metrics, notifications and pings hear of runs and slots.
+        for hear in (log_run, self.metrics.hear, notifier.hear):
+            events.subscribe(hear)
+        return Parts(threads, events, book, renewer, books, inbox, notifier)
+
+    def _firing(self) -> Firing:
+        opts, parts = self.options, self.parts
+        ctx = RunContext(
+            store=self.store, holder=self.holder, lease=opts.lease, kill_grace=opts.kill_grace,
+            renewer=parts.renewer, outage=self.outage, stop=self.stop,
+            stop_grace=lambda: self.signals.deadline,
+            loop=RunLoop(self.stop, threads=parts.threads),
+            metrics=self.metrics, events=parts.events)
+        return Firing(
+            self.store, Settings(self.holder, opts.lease, opts.heartbeat), self.clock,
+            self.outage, self.metrics, Planner(opts.heartbeat, CLAIM_TOLERANCE),
+            Runs(opts.max_running, self.signals.wake.set),
+            parts.book, ctx, parts.books,
+            lambda: self.local.jobs, self._stopping, self._pause)
+
+    # -- control from signal handlers ---------------------------------------
+
+    def request_stop(self) -> None:
+        """SIGTERM: stop claiming; running jobs get ``grace`` to finish."""
+        if self.signals.deadline is None:
+            self.signals.deadline = time.monotonic() + self.options.grace
+        self.signals.stop_requested = True
+        self.signals.wake.set()
+
+    def interrupt(self) -> None:
+        """SIGINT: the first is a stop request; one while stopping ends the
+        grace now (a second Ctrl-C): running commands are stopped at once
+        and recorded killed. (A repeated SIGTERM, as some supervisors send,
+        keeps the grace.)"""
+        if self.signals.stop_requested:
+            self.signals.deadline = time.monotonic()
+            self.signals.stop_now = True
+        self.request_stop()
+
+    def request_reload(self) -> None:
+        self.signals.reload = True
+        self.signals.wake.set()
+
+    def _stopping(self) -> bool:
+        """Whether to stop; passes a requested stop on to the run threads."""
+        if self.parts.threads.fatal is not None and not self.signals.stop_requested:
+            self.request_stop()  # a thread gave up (dblockrun/supervise.py): exit status 1
+        if self.signals.stop_requested and not self.stop.is_set():
+            self.stop.set()
+        return self.stop.is_set()
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep on the main thread; a stop request cuts it short."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping() and (left := deadline - time.monotonic()) > 0:
+            self.systemd.watchdog()
+            self.signals.wake.wait(min(left, self.systemd.sleep_cap() or left))
+
+    # -- main loop ------------------------------------------------------------
+
+    def run(self) -> None:
+        count = len(self.local.file.jobs)
+        log.info("daemon %s starting: %d %s from %s, database %s", self.holder, count,
+                 "job" if count == 1 else "jobs", self.local.jobs.path,
+                 describe_db(self.store.url, self.store.prefix))
+        if self.local.targeted:
+            log.info("labels %s: %d of the %d jobs run on this host",
+                     label_text(self.local.labels), len(self.local.jobs.jobs), count)
+        _raise_open_files_limit()
+        # Every command is started by the spawn service, started now, before
+        # this process has a thread of its own (nothing forks the daemon).
+        spawn.start()
+        server = None
+        if self.options.metrics_addr:
+            server = serve(self.metrics, self.options.metrics_addr, self.problem,
+                           self.parts.threads)
+            log.info("metrics on %s", metrics_url(server))
+        try:
+            self._run()
+        finally:
+            if server is not None:
+                server.shutdown()
+            self.signals.wake.close()
+            self.systemd.close()
+        if self.parts.threads.fatal is not None:
+            raise ThreadCrashed(f"{self.parts.threads.fatal}: stopped")
+
+    def healthy(self) -> bool:
+        """What /healthz answers: no problem (see :meth:`problem`)."""
+        return self.problem() is None
+
+    def problem(self) -> str | None:
+        """Why this daemon is unhealthy: a background thread crashed (and
+        has not completed a round since), or the database did not answer
+        within the last three heartbeats; None: healthy."""
+        return self.parts.threads.problem() or (None if self._database_up()
+                                                else "database unreachable")
+
+    def _database_up(self) -> bool:
+        """The database answered within the last three heartbeats."""
+        return (not self.outage.down
+                and time.monotonic() - self.outage.last_ok < 3 * self.options.heartbeat)
+
+    def _live_metrics(self) -> dict[str, float | None]:
+        return {
+            "running": self.parts.renewer.count,
+            "db_errors": self.outage.errors,
+            "clock_offset": self.clock.offset,
+            "db_up": 1.0 if self._database_up() else 0.0,
+        }
+
+    def _run(self) -> None:
+        if not self._startup():
+            self.systemd.stopping("stopped before it reached the database")
+            return
+        parts = self.parts
+        parts.renewer.start()
+        parts.books.start()
+        parts.inbox.start()
+        self._plan_all()
+        self.systemd.ready(self._describe())
+        try:
+            while not self._stopping():
+                self.systemd.watchdog()
+                if self.signals.reload:
+                    self.signals.reload = False
+                    self._reload()
+                self.firing.fire_due()
+                self._take_requests()
+                self.firing.finished()
+                self.signals.wake.wait(self._sleep_time())
+        finally:
+            self._shutdown()
+
+    def _startup(self) -> bool:
+        while not self._stopping():
+            try:
+                self.store.ensure_schema()
+                self.local.ensure_rows(self.store)
+                self.parts.books.report_bad_rows()
+                self.parts.books.round()
+                self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
+                self.local.publish_next_due(self.store, self.clock.now())
+                self.outage.ok()
+                return True
+            except (DatabaseRefused, SchemaTooNew):
+                raise  # retrying cannot fix these: exit status 1 with the reason
+            except DatabaseError as exc:
+                delay = self.outage.failed("startup", exc)
+                self.systemd.status(f"waiting for the database: {describe_outage(exc)}")
+                self._pause(delay)
+        return False
+
+    def _describe(self) -> str:
+        """What the daemon runs, for systemd's STATUS= (no secret in it)."""
+        count = len(self.local.jobs.jobs)
+        return (f"{count} {'job' if count == 1 else 'jobs'} from {self.local.jobs.path}, "
+                f"database {describe_db(self.store.url, self.store.prefix)}")
+
+    def _sleep_time(self) -> float:
+        until_poll = self.parts.inbox.due_in()
+        next_at = self.firing.planner.agenda.next_at()
+        # (the watchdog's cap: the loop pings systemd at least that often)
+        longest = min(self.options.heartbeat, self.systemd.sleep_cap() or self.options.heartbeat)
+        if next_at is None:
+            return max(0.0, min(longest, until_poll))
+        return max(0.0, min(longest, next_at - self.clock.now(), until_poll))
+
+    def _take_requests(self) -> None:
+        """Run the jobs an operator asked for with `dblockrun run JOB`."""
+        try:
+            names = self.parts.inbox.take()
+            if names:
+                self.firing.requested(names)
+            self.outage.ok()
+        except DatabaseError as exc:
+            self.outage.failed("run requests", exc)
+
+    def _plan_all(self, before: JobsFile | None = None) -> None:
+        """Plan every enabled job: at start from its last slot in the
+        database, so what passed while no daemon ran it is recorded; after a
+        reload, the jobs whose definition changed (or are new) from now."""
+        planner, now = self.firing.planner, self.clock.now()
+        enabled = [job for job in self.local.jobs.jobs if job.enabled]
+        if before is None:
+            planner.start(enabled, now)
+        else:
+            planner.reload(enabled, before.job, now, self.firing.margin)
+
+    # -- reload and shutdown --------------------------------------------------
+
+    def _reload(self) -> None:
+        path = self.local.jobs.path
+        try:
+            new = resolve_secrets(load_jobs(path))
+        except ConfigError as exc:
+            log.error("reload failed, keeping the %d jobs loaded before: %s",
+                      len(self.local.file.jobs), exc.message)
+            return
+        before = self.local.jobs
+        self.local.load(new)
+        try:
+            self.local.ensure_rows(self.store)
+            self.parts.books.report_bad_rows()
+            self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
+        except DatabaseError as exc:
+            self.outage.failed("reload", exc)
+        self._plan_all(before=before)
+        try:
+            self.local.publish_next_due(self.store, self.clock.now())
+        except DatabaseError as exc:
+            self.outage.failed("reload", exc)
+        log.info("reloaded %s: %d %s", new.path, len(new.jobs),
+                 "job" if len(new.jobs) == 1 else "jobs")
+
+    def _shutdown(self) -> None:
+        runs = self.firing.runs.all()
+        self.systemd.stopping(f"stopping: {len(runs)} running job(s) to finish or stop")
+        if runs:
+            log.info("stopping: waiting up to %gs for %d running job(s) "
+                     "(interrupt again to stop them now)", self.options.grace, len(runs))
+        told = False
+        while left := sum(run.is_alive() for run in runs):
+            if self.signals.stop_now and not told:
+                told = True
+                log.warning("interrupted again: stopping %d running job(s) now", left)
+            self.systemd.watchdog()
+            self.signals.wake.wait(0.1)  # rung by a finished run or a signal handler
+        parts = self.parts
+        parts.inbox.stop()
+        parts.notifier.close(timeout=5.0)  # the last runs' notifications and pings
+        parts.books.stop()
+        parts.renewer.stop()
+        try:
+            self.store.remove_host(self.holder)
+        except DatabaseError:
+            pass
+        log.info("daemon %s stopped", self.holder)

@@ -1,0 +1,1 @@
+"""Notifications (apprise) and heartbeat pings."""

@@ -1,0 +1,1 @@
+"""Operator commands over the database: status, history, kill, pause, audit."""

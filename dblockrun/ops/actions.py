@@ -1,0 +1,160 @@
+"""Operator actions: which database they act on, and those that take more
+than one store call.
+
+Operator commands never create a database by accident: ``status``,
+``history`` and ``audit`` (READ) never create a file or a table, and
+``disable``, ``enable``, ``run``, ``unlock``, ``kill``, ``pause`` and
+``resume`` (WRITE) act only on a database that has dblockrun's tables and
+only on jobs it knows. Only ``init-db``, ``disable
+--create``, ``exec`` and the daemon (CREATE) create what is missing.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from dblockrun.errors import DblockrunError, UsageError
+from dblockrun.store import Store
+from dblockrun.store.control import Audit
+from dblockrun.store.dburl import default_url, describe, missing_sqlite_file
+from dblockrun.store.models import RunRecord
+
+
+class Access(enum.Enum):
+    #: Never create a file or a table; the schema must be this version.
+    READ = "read"
+    #: The schema must exist (an older one is migrated); nothing else is created.
+    WRITE = "write"
+    #: Create the SQLite file and the schema if missing.
+    CREATE = "create"
+
+
+class NoDatabase(DblockrunError):
+    """The database has no dblockrun tables."""
+
+
+def open_store(url: str, prefix: str, access: Access) -> Store:
+    """A Store on ``url`` for an operator command; :class:`NoDatabase` when
+    ``access`` forbids creating what is missing."""
+    from dblockrun.store.schema import SCHEMA_VERSION
+
+    where = describe(url, prefix)
+    advice = "start a daemon on it or run `dblockrun init-db`"
+    if url == default_url():
+        advice = ("nothing names a database: give --db, or a jobs file with `database:` "
+                  "(-f, DBLOCKRUN_JOBS, /etc/dblockrun/jobs.yaml)")
+    if access is not Access.CREATE:
+        why = missing_sqlite_file(url)
+        if why is not None:
+            raise NoDatabase(f"no dblockrun database at {where}: {why}; {advice}")
+    store = Store(url, prefix, create=access is not Access.READ)
+    if access is Access.CREATE:
+        return store
+    try:
+        version = store.schema_version()
+        if version is None:
+            raise NoDatabase(f"the database {where} has no dblockrun tables; {advice}")
+        if access is Access.READ and version < SCHEMA_VERSION:
+            raise NoDatabase(
+                f"the dblockrun tables in {where} are schema version {version}, this "
+                f"dblockrun reads version {SCHEMA_VERSION}: run `dblockrun init-db` "
+                "(or start a daemon) to upgrade them"
+            )
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def no_such_job(store: Store, names: list[str], hint: str = "") -> UsageError:
+    return UsageError(f"no such job in {describe(store.url, store.prefix)}: "
+                      f"{', '.join(names)}{hint}")
+
+
+def require_job(store: Store, job: str, hint: str = "") -> None:
+    """UsageError unless the database knows ``job`` (has its lock row)."""
+    if store.lock_state(job) is None:
+        raise no_such_job(store, [job], hint)
+
+
+def request_run(store: Store, job: str, wait: float | None,
+                audit: Audit | None = None) -> RunRecord | None:
+    """File a run-now request for ``job`` (recording the operator's
+    ``audit``); with ``wait``, return the run a daemon started for it, or
+    raise if none did in time."""
+    before = store.lock_state(job)
+    if before is None:
+        raise no_such_job(store, [job], " (has a daemon loaded it?)")
+    if before.disabled_until is not None and before.disabled_until > store.db_now():
+        raise UsageError(f"{job} is disabled; `dblockrun enable {job}` first")
+    store.request_run(job, audit)
+    if wait is None:
+        return None
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        state = store.lock_state(job)
+        if state is not None and state.token > before.token:
+            for run in store.history(job, 5, output=False):
+                if run.token == state.token:
+                    return run
+        time.sleep(0.1)
+    raise DblockrunError(
+        f"no daemon started {job} within {wait:g}s; the request stays filed "
+        "(is a daemon with this job enabled in its jobs file running?)"
+    )
+
+
+def request_runs(store: Store, job: str, wait: float | None,
+                 audit: Audit | None = None) -> list[tuple[str, RunRecord | None]] | None:
+    """``dblockrun run JOB``: (row, the run started for it, or None if none
+    did in time) per lock row asked to run; None with no ``wait``. An
+    every-host job: its row on every live host (dblockrun/scheduling/targeting.py), each
+    run there; else :func:`request_run`."""
+    from dblockrun.scheduling.targeting import (
+        HOSTNAME,
+        describe,
+        loads_labels,
+        loads_targets,
+        matches,
+        row_name,
+    )
+    from dblockrun.store.status import LIVE_WITHIN
+
+    hosts = store.hosts(LIVE_WITHIN)
+    for host in hosts:  # the job's run-on, as the live hosts' files have it
+        run_on, _every = loads_targets(host.targets).get(job, ((), False))
+        if run_on and not any(matches(loads_labels(h.labels), run_on) for h in hosts):
+            raise UsageError(f"no live host matches run-on {describe(run_on)} of {job}: "
+                             "no daemon would run it")
+    rows = store.with_every_host([job])[1:]
+    if not rows:
+        run = request_run(store, job, wait, audit)
+        return None if run is None else [(job, run)]
+
+    base = store.lock_state(job)
+    if base is not None and base.disabled_until is not None and (
+            base.disabled_until > store.db_now()):
+        raise UsageError(f"{job} is disabled; `dblockrun enable {job}` first")
+    live = {loads_labels(h.labels).get(HOSTNAME) for h in hosts}
+    rows = [row for row in rows if any(row == row_name(job, h) for h in live if h)]
+    if not rows:
+        raise DblockrunError(f"{job} runs on every host, and no live host has run it "
+                             f"(no {job}@HOST row of a live host)")
+    before = {row: store.lock_state(row) for row in rows}
+    for i, row in enumerate(rows):  # the operator's action is recorded once
+        store.request_run(row, audit if i == 0 else None)
+    if wait is None:
+        return None
+    started: dict[str, RunRecord] = {}
+    deadline = time.monotonic() + wait
+    while len(started) < len(rows) and time.monotonic() < deadline:
+        for row in rows:
+            state, old = store.lock_state(row), before[row]
+            if row in started or state is None or old is None or state.token <= old.token:
+                continue
+            for run in store.history(row, 5, output=False):
+                if run.job == row and run.token == state.token:
+                    started[row] = run
+        time.sleep(0.1)
+    return [(row, started.get(row)) for row in rows]

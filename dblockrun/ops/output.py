@@ -1,0 +1,752 @@
+"""Rendering for people (rich tables) and programs (JSON); the only module
+that imports rich, and only when a table is drawn (``--json`` does not load it).
+
+The tables never break a word (a job name or host id stays whole; a cell
+wraps at its spaces), fit the terminal's width (``COLUMNS`` included) when
+they can, and are never wrapped when piped without ``COLUMNS``, so each row
+stays one line for grep. The table and ``--json`` show the same facts:
+:func:`job_view` decides them once for both.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import io
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from dblockrun.config.durations import format_duration
+from dblockrun.config.jobs import EVERY_HOST_SEP, RunOn
+from dblockrun.printable import printable
+from dblockrun.scheduling.targeting import (
+    describe,
+    label_text,
+    loads_labels,
+    loads_targets,
+    matches,
+)
+from dblockrun.store import FOREVER
+from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions
+
+if TYPE_CHECKING:
+    from rich.box import Box
+    from rich.console import Console, ConsoleOptions, RenderResult
+    from rich.table import Table
+
+    from dblockrun.store.control import AuditRecord, Pause
+    from dblockrun.store.models import GroupUsage
+
+#: Bumped only on incompatible changes to the ``--json`` shapes.
+JSON_VERSION = 1
+
+#: Why a job has no next run time (the table's "next run" cell, JSON ``next_run_note``).
+DISABLED = "disabled"
+NO_LIVE_DAEMON = "no live daemon"
+NOT_ON_LIVE_DAEMON = "no live daemon has this job"
+#: An every-host job's own row: its runs are its hosts' rows (dblockrun/scheduling/targeting.py).
+EVERY_HOST = "on every host: rows {job}@HOST"
+PAUSED = "fleet paused"
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _uncollected(render: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``render`` with the cyclic garbage collector paused. Rendering 10,000
+    jobs makes about a million short-lived objects and no cycles, and every
+    700 of them the collector would walk the young objects, every few
+    hundred thousand all of them (the jobs too): a quarter of the time."""
+
+    @functools.wraps(render)
+    def paused(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not gc.isenabled():
+            return render(*args, **kwargs)
+        gc.disable()
+        try:
+            return render(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return paused
+
+
+# -- times ------------------------------------------------------------------------
+
+
+def _datetime(ts: float) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(ts, UTC)
+    except (OverflowError, OSError, ValueError):  # a timestamp edited into nonsense
+        return None
+
+
+def iso(ts: float | None) -> str | None:
+    """``2026-11-22T21:53:17.123Z`` (what ``datetime.isoformat`` gives, at a
+    third of its cost: ``status --json`` writes 30,000 for 10,000 jobs)."""
+    if ts is None:
+        return None
+    if ts >= FOREVER:
+        return "forever"
+    try:
+        whole = math.floor(ts)
+        micros = round((ts - whole) * 1_000_000)  # as datetime rounds, then cuts to ms
+        if micros == 1_000_000:
+            whole, micros = whole + 1, 0
+        return f"{_iso_second(whole)}.{micros // 1000:03d}Z"
+    except (OverflowError, OSError, ValueError):  # a timestamp edited into nonsense
+        return repr(ts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _iso_second(whole: int) -> str:
+    t = time.gmtime(whole)
+    return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}"
+            f"T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}")
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 60 else _whole(round(seconds))
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole(seconds: int) -> str:
+    """format_duration of whole seconds: 10,000 jobs share a few hundred."""
+    return format_duration(seconds)
+
+
+def _short(ts: float | None, now: float) -> str:
+    """``21:53:17Z (in 5.0s)``, ``2026-11-23 06:00Z (in 8h6m)``."""
+    if ts is None:
+        return "-"
+    if ts >= FOREVER:
+        return "until enabled"
+    when = _datetime(ts)
+    if when is None:
+        return repr(ts)
+    delta = ts - now
+    fmt = "%H:%M:%SZ" if abs(delta) < 86400 else "%Y-%m-%d %H:%MZ"
+    rel = _ago(abs(delta))
+    return f"{when.strftime(fmt)} ({'in ' + rel if delta >= 0 else rel + ' ago'})"
+
+
+def _stamp(ts: float | None) -> str:
+    """``2026-11-22 21:53:17Z``: history's absolute times."""
+    if ts is None:
+        return "-"
+    when = _datetime(ts) if ts < FOREVER else None
+    return repr(ts) if when is None else when.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _took(run: RunRecord) -> str:
+    d = run.duration
+    if d is None:
+        return "-"
+    return f"{d:.2f}s" if abs(d) < 60 else format_duration(round(d))
+
+
+def clock_offset(seconds: float | None) -> str:
+    """``+2.1 ms``, ``-0.4 ms``; ``0.0 ms`` without a sign (never ``-0.0``)."""
+    if seconds is None:
+        return "-"
+    millis = round(seconds * 1000, 1)
+    return "0.0 ms" if millis == 0 else f"{millis:+.1f} ms"
+
+
+# -- what a job shows, for the table and the JSON alike ----------------------------
+
+
+@dataclass(frozen=True)
+class JobView:
+    status: JobStatus
+    #: The lock's lease has not run out: holder and lock until are shown.
+    held: bool
+    #: The run holding the lock (None when the lock is free).
+    running: RunRecord | None
+    #: None when there is a next run time to show; else why there is none.
+    next_note: str | None
+
+
+class Fleet:
+    """The live hosts as the job views need them, worked out once."""
+
+    def __init__(self, hosts: Sequence[HostStatus], paused: Pause | None = None) -> None:
+        self.hosts = list(hosts)
+        #: The fleet-wide pause in effect: no job's next run comes while it lasts.
+        self.paused = paused
+        self.defs = definitions(self.hosts)
+        #: Job names some live daemon has; None if a host did not say.
+        self.known: set[str] | None = (
+            set(self.defs) if all(_jobs_known(h) for h in self.hosts) else None)
+        #: Each live host's labels, and the targeting of the jobs their files
+        #: have (the first host's, if they differ: drift warns of that).
+        self.labels = {h.id: loads_labels(h.labels) for h in self.hosts}
+        self.targets: dict[str, tuple[RunOn, bool]] = {}
+        for h in self.hosts:
+            for name, spec in loads_targets(h.targets).items():
+                self.targets.setdefault(name, spec)
+
+    def target(self, name: str) -> tuple[RunOn, bool] | None:
+        """The job's ``run-on`` and every-host, as live hosts' files say
+        (a row ``JOB@HOST``: its every-host job's); None: no targeting."""
+        if name in self.targets:
+            return self.targets[name]
+        spec = self.targets.get(name.split(EVERY_HOST_SEP, 1)[0])
+        return spec if spec is not None and spec[1] else None
+
+    def unmatched(self, name: str) -> str | None:
+        """Why the job runs nowhere: live hosts there are, none matching its run-on."""
+        spec = self.targets.get(name)
+        if not self.hosts or spec is None or not spec[0]:
+            return None
+        if any(matches(labels, spec[0]) for labels in self.labels.values()):
+            return None
+        return f"no live host matches run-on {describe(spec[0])}"
+
+
+def job_view(s: JobStatus, fleet: Fleet) -> JobView:
+    held = s.lock.lock_until is not None and s.lock.lock_until > s.db_now
+    note: str | None = None
+    spec = fleet.targets.get(s.lock.name)
+    if s.state == "disabled":
+        note = DISABLED
+    elif (nowhere := fleet.unmatched(s.lock.name)) is not None:
+        note = nowhere
+    elif spec is not None and spec[1]:
+        note = EVERY_HOST.format(job=s.lock.name)
+    elif fleet.paused is not None and s.lock.next_due is not None:
+        note = PAUSED
+    elif s.lock.next_due is not None:
+        if not fleet.hosts:
+            note = NO_LIVE_DAEMON
+        elif fleet.known is not None and s.lock.name not in fleet.known:
+            note = NOT_ON_LIVE_DAEMON
+    return JobView(status=s, held=held, running=s.running if held else None, next_note=note)
+
+
+def _jobs_known(host: HostStatus) -> bool:
+    """The host reported which jobs its file has."""
+    try:
+        return isinstance(json.loads(host.jobs or ""), dict)
+    except ValueError:
+        return False
+
+
+def warnings(jobs: Sequence[JobStatus], fleet: Fleet, live_within: float) -> list[str]:
+    """What the operator should know first: no live daemon; jobs that live
+    hosts define differently."""
+    out: list[str] = []
+    if not fleet.hosts:
+        out.append(f"no live daemons: no daemon has sent a heartbeat in the last "
+                   f"{format_duration(live_within)}, so no job starts on schedule")
+    names = {s.lock.name for s in jobs}
+    for name, defs in sorted(fleet.defs.items()):
+        if len(defs) > 1 and name in names:
+            where = "; ".join(f"{d} on {', '.join(h)}" for d, h in sorted(defs.items()))
+            out.append(f"job {name} is defined differently: {where}")
+    for name in sorted(names):
+        if (nowhere := fleet.unmatched(name)) is not None:
+            out.append(f"job {name}: {nowhere}, so it runs nowhere")
+    return out
+
+
+# -- JSON --------------------------------------------------------------------------
+
+
+def run_json(run: RunRecord | None) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    return {
+        "id": run.id,
+        "job": run.job,
+        "item": run.item,
+        "host": run.host,
+        "slot": iso(run.slot),
+        "token": run.token,
+        "attempt": run.attempt,
+        "started": iso(run.started),
+        "finished": iso(run.finished),
+        "duration": run.duration,
+        "exit_code": run.exit_code,
+        "result": run.result,
+    }
+
+
+def host_json(h: HostStatus) -> dict[str, Any]:
+    return {
+        "id": h.id,
+        "hostname": h.hostname,
+        "pid": h.pid,
+        "version": h.version,
+        "started": iso(h.started),
+        "last_seen": iso(h.last_seen),
+        "clock_offset": h.clock_offset,
+        "running": h.running,
+        "labels": loads_labels(h.labels) if h.labels is not None else None,
+    }
+
+
+def pause_json(paused: Pause | None) -> dict[str, Any] | None:
+    if paused is None:
+        return None
+    return {"since": iso(paused.since), "until": iso(paused.ends), "by": paused.who,
+            "reason": paused.reason}
+
+
+def pause_line(paused: Pause, now: float) -> str:
+    """What ``status`` says first while the fleet is paused."""
+    until = "until resumed" if paused.ends >= FOREVER else f"until {_short(paused.ends, now)}"
+    reason = f": {paused.reason}" if paused.reason else ""
+    return (f"PAUSED {until}, by {paused.who} since {_short(paused.since, now)}{reason}; "
+            "no new run starts on any host (`dblockrun resume` ends it)")
+
+
+@_uncollected
+def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
+                live_within: float = 15.0, paused: Pause | None = None,
+                groups: Sequence[GroupUsage] = ()) -> str:
+    fleet = Fleet(hosts, paused)
+    defs = fleet.defs
+    out = []
+    for s in jobs:
+        v = job_view(s, fleet)
+        out.append({
+            "name": s.lock.name,
+            "state": s.state,
+            "holder": s.lock.holder if v.held else None,
+            "lock_until": iso(s.lock.lock_until) if v.held else None,
+            "token": s.lock.token,
+            "last_slot": iso(s.lock.last_slot),
+            "next_run": None if v.next_note else iso(s.lock.next_due),
+            "next_run_note": v.next_note,
+            "disabled_until": iso(s.lock.disabled_until) if s.state == "disabled" else None,
+            "disabled_reason": s.lock.disabled_reason if s.state == "disabled" else None,
+            "disabled_by": s.lock.disabled_by if s.state == "disabled" else None,
+            "last_run": run_json(s.last_run),
+            "running": run_json(v.running),
+            "items": s.items,
+            "definitions": defs.get(s.lock.name, {}),
+            "drift": len(defs.get(s.lock.name, {})) > 1,
+            **_target_json(fleet.target(s.lock.name)),
+        })
+    return dumps({
+        "version": JSON_VERSION,
+        "db_time": iso(db_now),
+        "live_within": live_within,
+        "paused": pause_json(paused),
+        "jobs": out,
+        "hosts": [host_json(h) for h in hosts],
+        "groups": [{"name": g.group, "seats": g.seats, "held": len(g.held),
+                    "holders": [{"job": j, "host": h} for j, h in g.held]} for g in groups],
+        "warnings": warnings(jobs, fleet, live_within),
+    })
+
+
+def _target_json(spec: tuple[RunOn, bool] | None) -> dict[str, Any]:
+    """A job's ``run_on`` ({label: [values]} or null) and ``every_host``."""
+    run_on, every = spec if spec is not None else ((), False)
+    return {"run_on": {k: list(v) for k, v in run_on} or None, "every_host": every}
+
+
+@_uncollected
+def history_json(runs: Sequence[RunRecord]) -> str:
+    return dumps({"version": JSON_VERSION, "runs": [run_json(r) for r in runs]})
+
+
+def audit_entry_json(e: AuditRecord) -> dict[str, Any]:
+    return {"id": e.id, "at": iso(e.at), "who": e.who, "action": e.action, "job": e.job,
+            "detail": e.detail, "reason": e.reason}
+
+
+def audit_json(entries: Sequence[AuditRecord]) -> str:
+    return dumps({"version": JSON_VERSION, "entries": [audit_entry_json(e) for e in entries]})
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    """``doc`` with one key a line, and one element a line in its lists of
+    objects (a job, a host, a run): easy to read and to grep, and written
+    by json's C encoder (``indent`` takes the pure Python one, 1 s for
+    10,000 jobs)."""
+    parts = []
+    for key, value in doc.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            inner = ",\n".join("    " + json.dumps(v) for v in value)
+            parts.append(f"  {json.dumps(key)}: [\n{inner}\n  ]")
+        else:
+            parts.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}"
+
+
+# -- tables (rich) ------------------------------------------------------------------
+
+#: The width piped output is laid out in when ``COLUMNS`` is not set: wide
+#: enough that rich wraps no row, so each row stays one line for grep.
+UNBOUNDED = 1_000_000
+
+
+def terminal_width() -> int | None:
+    """The width to fit, as rich's console finds it: ``COLUMNS``, else the
+    terminal's. None when piped without ``COLUMNS``: never wrapped."""
+    from rich.console import Console
+
+    console = Console(file=sys.stdout)
+    columns = os.environ.get("COLUMNS", "")
+    if console.width > 0 and (console.is_terminal or columns.isdigit()):
+        return console.width
+    return None
+
+
+class _Page:
+    """Plain text laid out by rich (no colour, markup, highlighting or emoji:
+    a job name is shown as typed) in ``width`` columns, or unbounded (None),
+    lines never cropped, trailing spaces dropped."""
+
+    def __init__(self, width: int | None) -> None:
+        from rich.console import Console
+
+        self.width = width
+        self._buffer = io.StringIO()
+        options: dict[str, Any] = dict(file=self._buffer, color_system=None, markup=False,
+                                       emoji=False, highlight=False, legacy_windows=False)
+        self.console = Console(width=width or UNBOUNDED, **options)
+        #: Draws the tables, whose column widths are decided on ``console``
+        #: beforehand: rich must not narrow them again when a table whose
+        #: words do not fit is wider than the page.
+        self._unbounded = Console(width=UNBOUNDED, **options)
+
+    def line(self, text: str = "") -> None:
+        from rich.text import Text
+
+        self.console.print(Text(printable(text)), crop=False)
+
+    def paragraphs(self, lines: Sequence[str]) -> None:
+        """``lines`` wrapped at spaces; a word longer than the width (a job
+        name) stays whole on a wider line."""
+        from rich.table import Table
+        from rich.text import Text
+
+        grid = Table.grid()
+        grid.add_column(min_width=None if self.width is None else _longest_word(lines))
+        for text in lines:
+            grid.add_row(Text(printable(text)))
+        self.console.print(grid, crop=False)
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]],
+              whole: Collection[str]) -> None:
+        """Columns two spaces apart (a cell's right padding and an empty
+        divider), a dashed rule under the headers. Columns named in ``whole``
+        (names, numbers) never wrap; the others wrap at spaces. To fit a
+        width, each column is at least as wide as its header and its longest
+        word (its whole longest cell if it never wraps): a table whose words
+        do not fit is wider than the width, never broken mid-word or cut.
+
+        rich lays a cell out on its own, about 0.1 ms a cell, whatever its
+        size: 6 s for 10,000 jobs. So rich decides the column widths once, on
+        a proxy of the headers and a row of each column's longest cell (it
+        measures a column by its widest cell and its longest word: the
+        proxy's), wraps the cells that do not fit their column
+        (:func:`_column_lines`), and draws the table with the widths fixed
+        (nothing measured again) and every row in one cell a column, which it
+        pads line by line as it pads each cell."""
+        from rich.cells import cell_len
+        from rich.text import Text
+
+        cells = [[printable(c) for c in row] for row in rows]
+        columns = list(zip(*cells, strict=True)) or [() for _ in headers]
+        least: list[int] | None = None
+        if self.width is not None:
+            least = [max(cell_len(header), max(map(cell_len, column), default=0)
+                         if header in whole else _longest_word(column))
+                     for header, column in zip(headers, columns, strict=True)]
+        proxy = _new_table(headers, whole, least=least)
+        proxy.add_row(*(Text(max(column, key=cell_len, default="")) for column in columns))
+        if self.width is not None:
+            proxy.width = self._fit(proxy)
+        spans = self._spans(proxy)
+        # A cell is its column's span less its right padding (none on the last).
+        widths = [span - (index < len(spans) - 1) for index, span in enumerate(spans)]
+        table = _new_table(headers, whole, spans=spans)
+        if cells:  # a row of no lines would still be drawn one line high
+            table.add_row(*map(_Lines, _column_lines(
+                self.console, cells, widths, [header in whole for header in headers])))
+        self._unbounded.print(table, crop=False)
+
+    def _spans(self, proxy: Table) -> list[int]:
+        """Each column's width with its padding as rich draws ``proxy`` on
+        the page, read off the header rule: a run of dashes a column, one
+        space apart."""
+        from rich.segment import Segment
+
+        for line in Segment.split_lines(self.console.render(proxy)):
+            text = "".join(segment.text for segment in line)
+            if "-" in text and not text.strip("- "):
+                return [len(run) for run in text.split(" ")][:len(proxy.columns)]
+        raise AssertionError("a table drawn without its header rule")
+
+    def _fit(self, proxy: Table) -> int | None:
+        """The table width to ask rich for (None: the page's). rich narrows
+        the widest wrapping columns first, then widens again any column
+        below its minimum, so at the page's width it can draw a table wider
+        than the page that would have fitted; asked for too little, it drops
+        columns. ``proxy`` (the table's columns and a row of their longest
+        cells) is laid out as the table is, so widths are tried on it
+        cheaply (bisection: the narrower the width asked, the narrower the
+        drawing): the widest whose drawing fits the page, or is as narrow as
+        the table can be, with every header whole."""
+        from rich.segment import Segment
+
+        assert self.width is not None
+        least = self.console.measure(
+            proxy, options=self.console.options.update_width(UNBOUNDED)).minimum
+        bound = max(self.width, least)
+        headers = [word for column in proxy.columns for word in str(column.header).split()]
+
+        def fits(target: int | None) -> tuple[bool, bool]:
+            """Whether the drawing fits, and whether it shows every header whole."""
+            proxy.width = target  # a width also widens a narrower table to it
+            lines = list(Segment.split_lines(self.console.render(proxy)))
+            whole = "".join(segment.text for segment in lines[0]).split() == headers
+            return max(map(Segment.get_line_length, lines)) <= bound, whole
+
+        if all(fits(None)):
+            return None
+        low, high = 0, bound  # at 0, no column is left; at bound, too wide
+        while high - low > 1:
+            middle = (low + high) // 2
+            fit, whole = fits(middle)
+            if fit or not whole:
+                low = middle
+            else:
+                high = middle
+        return low if low and all(fits(low)) else high
+
+    def text(self) -> str:
+        return "\n".join(line.rstrip() for line in self._buffer.getvalue().splitlines()) + "\n"
+
+
+def _longest_word(texts: Iterable[str]) -> int:
+    """The width of the longest word in ``texts``, as rich measures a text's minimum."""
+    from rich.cells import cell_len
+
+    return max((cell_len(word) for text in texts for word in text.split()), default=0)
+
+
+def _new_table(headers: Sequence[str], whole: Collection[str], *,
+               least: Sequence[int] | None = None,
+               spans: Sequence[int] | None = None) -> Table:
+    """The table: columns at least ``least`` wide, with one space of padding
+    on their right (not the last one's), rich deciding the widths; or
+    exactly ``spans`` wide, padding included, rich measuring nothing."""
+    from rich.table import Table
+
+    table = Table(box=_header_rule(), show_edge=False, pad_edge=False,
+                  padding=(0, 1, 0, 0) if spans is None else 0,
+                  header_style=None, highlight=False)
+    for index, header in enumerate(headers):
+        table.add_column(header, no_wrap=header in whole, overflow="fold",
+                         min_width=None if least is None else least[index],
+                         width=None if spans is None else spans[index])
+    return table
+
+
+def _column_lines(console: Console, cells: Sequence[Sequence[str]], widths: Sequence[int],
+                  no_wrap: Sequence[bool]) -> list[list[str]]:
+    """Each column's lines, row after row, in columns of cells ``widths``
+    wide: a cell that fits is one line, the others rich wraps as it wraps a
+    table's cell; a row is as many lines as its tallest cell, the others
+    aligned to its top (as rich's table aligns them)."""
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    out: list[list[str]] = [[] for _ in widths]
+    for row in cells:
+        lines = [[cell] if cell_len(cell) <= width else
+                 [line.plain for line in Text(cell).wrap(console, width, justify="left",
+                                                          overflow="fold", no_wrap=keep)]
+                 for cell, width, keep in zip(row, widths, no_wrap, strict=True)]
+        height = max(map(len, lines))
+        for column, cell_lines in zip(out, lines, strict=True):
+            column.extend(cell_lines)
+            if len(cell_lines) < height:
+                column.extend([""] * (height - len(cell_lines)))
+    return out
+
+
+class _Lines:
+    """A table cell of lines that fit its column, for rich to pad (a
+    renderable by rich's console protocol)."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        self.lines = lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        from rich.segment import Segment
+
+        new_line = Segment.line()
+        for line in self.lines:
+            yield Segment(line)
+            yield new_line
+
+
+@functools.cache
+def _header_rule() -> Box:
+    """No borders; a dashed rule under each header. ASCII, so the text is the
+    same whatever the terminal's encoding."""
+    from rich.box import Box
+
+    return Box("    \n"
+               "    \n"
+               " -  \n"
+               "    \n"
+               "    \n"
+               "    \n"
+               "    \n"
+               "    \n", ascii=True)
+
+
+def _state_cell(v: JobView, now: float) -> str:
+    s = v.status
+    text = s.state
+    if s.state == "disabled":
+        until = _short(s.lock.disabled_until, now)
+        text += " " + until if until == "until enabled" else f" until {until}"
+        if s.lock.disabled_by:
+            text += f" by {s.lock.disabled_by}"
+        if s.lock.disabled_reason:
+            text += f": {s.lock.disabled_reason}"
+    if s.items is not None:
+        c = s.items
+        text += (f"; items {c['done']}/{c['total']} done, {c['running']} running, "
+                 f"{c['waiting']} waiting, {c['failed']} failed")
+    return text
+
+
+def _last_run_cell(run: RunRecord | None, now: float) -> str:
+    if run is None:
+        return "-"
+    code = "" if run.exit_code is None else f" exit {run.exit_code}"
+    took = "" if run.duration is None else f" in {_took(run)}"
+    return f"{run.result}{code}{took}, {_short(run.started, now)} on {run.host}"
+
+
+def _labels_cell(labels: dict[str, str]) -> str:
+    return label_text(labels) or "-"
+
+
+def _next_run_cell(v: JobView, now: float) -> str:
+    if v.next_note is not None:
+        return v.next_note
+    due = v.status.lock.next_due
+    if due is not None and due <= now:
+        return f"due since {_short(due, now)}"
+    return _short(due, now)
+
+
+@_uncollected
+def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
+                live_within: float = 15.0, width: int | None = None,
+                paused: Pause | None = None, groups: Sequence[GroupUsage] = ()) -> str:
+    fleet = Fleet(hosts, paused)
+    rows = []
+    for s in jobs:
+        v = job_view(s, fleet)
+        holder = "-"
+        if v.held:
+            holder = f"{s.lock.holder or '(none)'} until {_short(s.lock.lock_until, db_now)}"
+        rows.append([s.lock.name, _state_cell(v, db_now), holder, str(s.lock.token),
+                     _last_run_cell(s.last_run, db_now), _next_run_cell(v, db_now)])
+    page = _Page(width)
+    if paused is not None:
+        page.paragraphs([pause_line(paused, db_now)])
+        page.line()
+    page.line("jobs")
+    page.table(("job", "state", "holder", "token", "last run", "next run"), rows,
+               ("job", "token"))
+    page.line()
+    within = format_duration(live_within)
+    if hosts:
+        page.line(f"live hosts (a heartbeat in the last {within})")
+        # Labels (host targeting), once a host publishes them.
+        labelled = any(h.labels is not None for h in hosts)
+        page.table(("host", "pid", "version", "last seen", "clock offset", "running")
+                   + (("labels",) if labelled else ()),
+                   [[h.id, str(h.pid), h.version, _short(h.last_seen, db_now),
+                     clock_offset(h.clock_offset), str(h.running)]
+                    + ([_labels_cell(fleet.labels[h.id])] if labelled else []) for h in hosts],
+                   ("host", "pid", "version", "clock offset", "running"))
+    else:
+        page.line(f"live hosts (a heartbeat in the last {within}): none")
+    if groups:  # dblockrun/scheduling/limits.py
+        page.line()
+        page.line("groups")
+        page.table(("group", "in use", "held by"),
+                   [[g.group, f"{len(g.held)}/{g.seats}",
+                     ", ".join(f"{j} on {h}" for j, h in g.held) or "-"] for g in groups],
+                   ("group", "in use"))
+    found = warnings(jobs, fleet, live_within)
+    if found:
+        page.line()
+        page.paragraphs([f"warning: {line}" for line in found])
+    return page.text()
+
+
+def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
+                 live_within: float = 15.0, paused: Pause | None = None,
+                 groups: Sequence[GroupUsage] = ()) -> None:
+    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width(), paused,
+                                 groups))
+
+
+@_uncollected
+def history_text(runs: Sequence[RunRecord], width: int | None = None) -> str:
+    rows = [
+        [str(r.id), r.job, r.item if r.item is not None else "-", r.host, _stamp(r.slot),
+         "-" if r.token is None else str(r.token), str(r.attempt), _stamp(r.started),
+         _took(r), "-" if r.exit_code is None else str(r.exit_code), r.result]
+        for r in runs
+    ]
+    page = _Page(width)
+    page.line("runs")
+    page.table(("id", "job", "item", "host", "slot", "token", "attempt", "started", "duration",
+                "exit", "result"), rows,
+               ("id", "job", "item", "host", "token", "attempt", "duration", "exit", "result"))
+    return page.text()
+
+
+def output_text(text: str, *, raw: bool = False) -> str:
+    """A run's stored output as ``history --output`` prints it: passwords in
+    URLs hidden as in the log, control characters escaped (lines and tabs
+    kept) unless ``raw``."""
+    from dblockrun.logs import scrub
+
+    text = scrub(text)
+    return text if raw else printable(text, lines=True)
+
+
+def print_history(runs: Sequence[RunRecord], db_now: float) -> None:
+    del db_now  # history shows absolute times
+    sys.stdout.write(history_text(runs, terminal_width()))
+
+
+@_uncollected
+def audit_text(entries: Sequence[AuditRecord], width: int | None = None) -> str:
+    rows = [[str(e.id), _stamp(e.at), e.who, e.action, e.job or "-",
+             "; ".join(part for part in (e.detail, e.reason) if part) or "-"]
+            for e in entries]
+    page = _Page(width)
+    page.line("operator actions")
+    page.table(("id", "at", "who", "action", "job", "detail"), rows,
+               ("id", "who", "action", "job"))
+    return page.text()
+
+
+def print_audit(entries: Sequence[AuditRecord]) -> None:
+    sys.stdout.write(audit_text(entries, terminal_width()))

@@ -1,0 +1,1 @@
+"""One run: its lifecycle, its command through the spawn service, its lease."""

@@ -1,0 +1,207 @@
+"""Lease renewal and the database clock, shared by the daemon and ``exec``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+from dblockrun.errors import DatabaseError
+from dblockrun.running.runner import LeaseWatch
+from dblockrun.store.base import RunStore
+from dblockrun.store.models import ClockSample
+from dblockrun.store.outage import Outage
+from dblockrun.supervise import Policy, Threads
+
+log = logging.getLogger("dblockrun")
+
+
+class DbClock:
+    """This host's estimate of the database clock, from timed reads of it."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self._samples: deque[ClockSample] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+
+    def add(self, sample: ClockSample) -> None:
+        with self._lock:
+            self._samples.append(sample)
+
+    def _best(self) -> ClockSample | None:
+        with self._lock:
+            return min(self._samples, key=lambda s: s.rtt) if self._samples else None
+
+    @property
+    def known(self) -> bool:
+        return self._best() is not None
+
+    def now(self) -> float:
+        """The database time now (epoch seconds), by the best recent sample."""
+        best = self._best()
+        if best is None:
+            return time.time()
+        return time.monotonic() + best.mono_offset
+
+    @property
+    def offset(self) -> float | None:
+        """The database clock minus this host's wall clock."""
+        best = self._best()
+        return None if best is None else best.offset
+
+    @property
+    def uncertainty(self) -> float:
+        best = self._best()
+        return 0.0 if best is None else best.rtt / 2
+
+
+class Renewer:
+    """Renews held leases every ``heartbeat`` seconds, retrying quickly on
+    error, and nothing else: the daemon's bookkeeping has its own timer
+    (:mod:`dblockrun.daemon.fleet`), so it never delays a renewal.
+
+    Supervised (dblockrun/supervise.py): a crash is retried after a backoff
+    of at most a heartbeat (the round then comes at once), so a one-off
+    costs no lease; one that keeps coming for three heartbeats (by then a
+    default lease, three heartbeats, has run out) stops the daemon, exit
+    status 1, rather than have it win claims it cannot keep."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        heartbeat: float,
+        outage: Outage,
+        threads: Threads | None = None,
+    ) -> None:
+        self.store = store
+        self.heartbeat = heartbeat
+        self.outage = outage
+        self._leases: dict[int, LeaseWatch] = {}
+        self._lock = threading.Lock()
+        #: Held while one lease is being renewed (see remove).
+        self._renewing = threading.Lock()
+        self._stop = threading.Event()
+        self._kick = threading.Event()
+        self._supervised = (threads or Threads()).supervise(
+            "heartbeat", Policy(max_delay=heartbeat, give_up=3 * heartbeat))
+        self._thread = self._supervised.thread(self._loop, self._stop)
+        #: When the next round starts (monotonic); a restart after a crash
+        #: finds it passed and renews at once.
+        self._next_at = 0.0
+        #: No extra renewal (:meth:`renew_now`) before this (time.monotonic()).
+        self._extra_after = 0.0
+
+    def start(self) -> None:
+        self._next_at = time.monotonic() + self.heartbeat
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kick.set()
+        self._thread.join(timeout=30)
+
+    def renew_now(self) -> None:
+        """Renew at once (a kill was announced: the renewal reads it), then
+        every heartbeat from then on; at most once per heartbeat. Any role
+        that can connect to PostgreSQL can announce (NOTIFY needs no table
+        privilege): a flood of announcements costs one extra renewal per
+        heartbeat, not one per announcement, and a kill announced meanwhile
+        is still read within a heartbeat, by the next regular renewal."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._extra_after:
+                return
+            self._extra_after = now + self.heartbeat
+        self._kick.set()
+
+    def add(self, watch: LeaseWatch) -> None:
+        with self._lock:
+            self._leases[id(watch)] = watch
+
+    def remove(self, watch: LeaseWatch) -> None:
+        """Stop renewing ``watch``; returns once no renewal of it is on its
+        way, so that a release that follows cannot be overtaken by one."""
+        with self._lock:
+            self._leases.pop(id(watch), None)
+        with self._renewing:
+            pass
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self._leases)
+
+    def _loop(self) -> None:
+        # Rounds start a heartbeat apart, however long each took: a lease is
+        # renewed every heartbeat, not every heartbeat plus a round trip.
+        while not self._stop.is_set():
+            self._kick.wait(max(0.0, self._next_at - time.monotonic()))
+            self._kick.clear()
+            if self._stop.is_set():
+                return
+            began = time.monotonic()
+            try:
+                if self.renew_all():  # an idle round says nothing about the database
+                    self.outage.ok()
+                self._next_at = began + self.heartbeat
+            except DatabaseError as exc:
+                self._next_at = began + min(self.heartbeat,
+                                            self.outage.failed("heartbeat", exc))
+            self._supervised.ok()
+
+    def renew_all(self) -> bool:
+        """Renew every held lease: a holder's job locks in one statement per
+        500 (whatever their number), other leases (fan-out items) one by one.
+        Whether the database answered anything."""
+        answered = False
+        with self._lock:
+            leases = list(self._leases.values())
+        groups: dict[tuple[str, float], list[LeaseWatch]] = {}
+        for watch in leases:
+            if watch.renew is None:
+                groups.setdefault((watch.holder, watch.lease), []).append(watch)
+        for (holder, lease), watches in groups.items():
+            for i in range(0, len(watches), 500):
+                with self._renewing:
+                    live = self._live(watches[i:i + 500])
+                    if not live:
+                        continue
+                    sent = time.monotonic()
+                    # A grouped run's seat is renewed with its lock, in the same statement.
+                    renewed = self.store.renew_many(holder, [r for w in live for r in w.rows()],
+                                                    lease)
+                    answered = True
+                for watch in live:
+                    # Lost if the lock or its seat is; a kill request is on the lock.
+                    held = all(n in renewed for n, _ in watch.rows())
+                    self._settle(watch, renewed.get(watch.name, False) if held else False, sent)
+        for watch in leases:
+            if watch.renew is None:
+                continue
+            with self._renewing:
+                if not self._live([watch]):
+                    continue
+                sent = time.monotonic()
+                ok = watch.renew()
+                answered = True
+            self._settle(watch, ok, sent)
+        return answered
+
+    def _live(self, watches: list[LeaseWatch]) -> list[LeaseWatch]:
+        """Those still held and not removed meanwhile."""
+        with self._lock:
+            return [w for w in watches if not w.lost and self._leases.get(id(w)) is w]
+
+    @staticmethod
+    def _settle(watch: LeaseWatch, ok: bool | str | None, sent: float) -> None:
+        """``ok``: renewed (True or None), lost (False), or renewed with a
+        kill request (who and why), which the run's watcher then applies."""
+        if ok is not False:
+            watch.renewed(sent)
+            if isinstance(ok, str) and watch.killed is None:
+                watch.killed = ok
+                log.warning("job %s: killed by %s; stopping its command", watch.name, ok)
+        else:
+            watch.lost = True
+            log.error("job %s: lock lost (token %d no longer current); stopping its command",
+                      watch.name, watch.token)

@@ -1,0 +1,496 @@
+"""One claimed run of a job: record it, run the command under the lease,
+retry, record the result, release the lock, apply on-failure."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Protocol
+
+from dblockrun.config.durations import fence_margin
+from dblockrun.config.jobs import Job
+from dblockrun.errors import DatabaseError
+from dblockrun.events import Events, RunEnded, RunStarted
+from dblockrun.running.heartbeat import Renewer
+from dblockrun.running.runloop import RunLoop
+from dblockrun.running.runner import LeaseWatch, Outcome, Process, argv_for
+from dblockrun.store import models as m
+from dblockrun.store.base import Disables, RunStore
+from dblockrun.store.outage import Outage
+from dblockrun.withheld import withheld
+
+if TYPE_CHECKING:
+    from dblockrun.metrics import Metrics
+
+log = logging.getLogger("dblockrun")
+out_log = logging.getLogger("dblockrun.output")
+
+_RESULT = {"timeout": m.TIMEOUT, "fenced": m.KILLED, "stopped": m.KILLED, "killed": m.KILLED,
+           "error": m.FAILED}
+
+
+@dataclass(frozen=True)
+class RunContext:
+    store: RunStore
+    holder: str
+    lease: float
+    kill_grace: float
+    renewer: Renewer
+    outage: Outage
+    stop: threading.Event
+    stop_grace: Callable[[], float | None]
+    #: Takes each step of the runs and watches their commands.
+    loop: RunLoop
+    metrics: Metrics | None = None
+    #: The environment commands start from, read once: dict(os.environ)
+    #: decodes every variable again, 0.5 ms a start with a few dozen.
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: Where the runs' starts and ends are told (dblockrun/events.py): the
+    #: log, metrics, notifications and pings subscribe there.
+    events: Events | None = None
+
+
+def result_of(outcome: Outcome) -> str:
+    if outcome.reason == "exit":
+        return m.OK if outcome.exit_code == 0 else m.FAILED
+    return _RESULT[outcome.reason]
+
+
+def exit_status(code: int | None) -> int | None:
+    """A shell-style exit status: 128+N for a command killed by signal N."""
+    if code is None:
+        return None
+    return 128 - code if code < 0 else code
+
+
+def stored_text(data: bytes) -> str:
+    """Command output as the runs table keeps it: UTF-8 with bad bytes
+    replaced, and NUL (which PostgreSQL text cannot hold) as U+FFFD."""
+    return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+def stored_output(outcome: Outcome) -> str:
+    """The output tail a run is recorded with; a command that could not
+    start, or that was stopped (an operator's kill, lock-at-most, its lease,
+    a shutdown), ends with why (``killed by alice@web-1: ...``,
+    ``reached lock-at-most``)."""
+    output = stored_text(outcome.tail)
+    if outcome.detail:
+        output = (output + outcome.detail + "\n")[-65536:]
+    return output
+
+
+#: PATH of a command that inherits none of the daemon's (cron's).
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: What a ``user:`` job's login environment sets (runner.RunAs.env), never
+#: the daemon's user's.
+_LOGIN_VARS = ("HOME", "USER", "LOGNAME", "SHELL")
+
+
+def inherited_env(job: Job, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a command of ``job`` takes from ``environ`` (the daemon's
+    environment), as its ``env-inherit`` says: all of it, none, or the
+    variables named (``LC_*``: every name starting ``LC_``); a ``user:`` job
+    inherits none unless it says so. The daemon's secrets
+    (dblockrun/withheld.py) never; a PATH always (cron's when none is
+    inherited)."""
+    inherit = job.env_inherit if job.env_inherit is not None else (
+        "none" if job.user else "all")
+    if inherit == "all":
+        env = {k: v for k, v in environ.items() if not withheld(k)}
+    elif inherit == "none":
+        env = {}
+    else:
+        names = tuple(n for n in inherit if not n.endswith("*"))
+        prefixes = tuple(n[:-1] for n in inherit if n.endswith("*"))
+        env = {k: v for k, v in environ.items()
+               if (k in names or (prefixes and k.startswith(prefixes))) and not withheld(k)}
+    if job.user:
+        for name in _LOGIN_VARS:  # the user's own, set when it starts
+            env.pop(name, None)
+    env.setdefault("PATH", DEFAULT_PATH)
+    return env
+
+
+def base_env(job: Job, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What ``job``'s command inherits of ``environ`` (default: this
+    process's environment), the job's ``env`` and ``DBLOCKRUN_JOB``."""
+    env = inherited_env(job, os.environ if environ is None else environ)
+    env.update(dict(job.env))
+    env["DBLOCKRUN_JOB"] = job.file_name  # an every-host job: its name in the file
+    return env
+
+
+def command_env(job: Job, *, holder: str, run_id: int, token: int, slot: float | None,
+                item: str | None = None, environ: Mapping[str, str] | None = None,
+                ) -> dict[str, str]:
+    env = base_env(job, environ)
+    env.update(
+        DBLOCKRUN_RUN_ID=str(run_id),
+        DBLOCKRUN_FENCING_TOKEN=str(token),
+        DBLOCKRUN_HOST_ID=holder,
+    )
+    if slot is not None:
+        env["DBLOCKRUN_SLOT"] = datetime.fromtimestamp(slot, UTC).isoformat().replace(
+            "+00:00", "Z"
+        )
+    if item is not None:
+        env["DBLOCKRUN_ITEM"] = item
+    return env
+
+
+def line_logger(prefix: str, **fields: object) -> Callable[[bytes], None]:
+    """Log each output line of a command, prefixed (``[job] ``), with ``fields``."""
+
+    def on_line(line: bytes) -> None:
+        out_log.info("%s%s", prefix, line.decode("utf-8", "replace").rstrip("\r\n"),
+                     extra=fields)
+
+    return on_line
+
+
+class ItemHook(Protocol):
+    """What a run of fan-out items (dblockrun/running/fanout.py) holds instead of
+    the job's lock row: a batch of claimed items, each with its own lease,
+    token and run record. Its attempts are recorded, finished and released
+    through it; the rest of the lifecycle is the same as a job's."""
+
+    #: The batch's first item, and how logs name the batch (``a +2``).
+    item: str
+    label: str
+
+    def env(self) -> dict[str, str]:
+        """``DBLOCKRUN_ITEM`` (a batch of one) and ``DBLOCKRUN_ITEMS``."""
+
+    def renew(self) -> bool | str:
+        """Extend the items' leases (as :attr:`LeaseWatch.renew`)."""
+
+    def record(self, attempt: int) -> int:
+        """Record attempt ``attempt`` (above 1) of each item; its first run's id."""
+
+    def finish(self, result: str, code: int | None, output: str) -> bool:
+        """An attempt's result, the items still held."""
+
+    def finish_and_release(self, result: str, code: int | None, output: str,
+                           lock_at_least: float) -> tuple[bool, bool]:
+        """The last attempt's result and the items' release."""
+
+    def release(self, lock_at_least: float) -> bool:
+        """Free the items (their result already recorded)."""
+
+
+class JobRun:
+    """One claimed run, without a thread of its own: each step (start,
+    result, retry, on-failure) is taken on the context's run loop, whose
+    watcher applies the command's stops; the spawn service watches the
+    lease (the lifeline)."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        job: Job,
+        token: int,
+        slot: float | None,
+        claimed_mono: float,
+        on_done: Callable[[JobRun], None] | None = None,
+        line_sink: Callable[[bytes], None] | None = None,
+        on_start: Callable[[int], None] | None = None,
+        run_id: int | None = None,
+        err_sink: Callable[[bytes], None] | None = None,
+        seat: tuple[str, int] | None = None,
+        item: ItemHook | None = None,
+    ) -> None:
+        """``run_id``: the first attempt's run record, when the claim made it.
+        ``line_sink``: the command's output lines (default: logged);
+        ``err_sink``: its stderr lines apart (default: with the output);
+        ``seat``: the group seat the run holds (dblockrun/scheduling/limits.py), renewed
+        with its lease and released at its end; ``item``: a run of fan-out
+        items, which it records, renews and releases."""
+        self.ctx = ctx
+        self.job = job
+        self.token = token
+        self.slot = slot
+        self.item = item
+        #: The job, or the job and its items, as logs name the run.
+        self.label = job.name if item is None else f"{job.name}:{item.label}"
+        self.watch = LeaseWatch(job.name, ctx.holder, token, ctx.lease, last_ok=claimed_mono,
+                                seat=seat, renew=item.renew if item is not None else None)
+        # The lease counts from the claim's request (it may have expired by
+        # then); lock-at-most from its answer, a few ms before the command
+        # starts: a slow claim (exec's first, making the schema: 0.3 s) must
+        # not shorten the run.
+        self.deadline = time.monotonic() + job.lock_at_most
+        self.on_done = on_done
+        self.line_sink = line_sink
+        self.err_sink = err_sink
+        self.on_start = on_start
+        self.last_outcome: Outcome | None = None
+        self.last_run_id: int | None = None
+        self.done = threading.Event()
+        self._recorded = run_id
+        self._released = False
+        self._first_run_id: int | None = None
+        self._seat_released = False
+        self._winding_up = False
+
+    def start(self) -> None:
+        """Start the run; :attr:`done` is set once it is over."""
+        self.ctx.renewer.add(self.watch)
+        self._step(lambda: self._attempt(1))
+
+    def run(self) -> None:
+        """Start the run and wait for its end (``exec``)."""
+        self.start()
+        self.done.wait()
+
+    def is_alive(self) -> bool:
+        return not self.done.is_set()
+
+    def _step(self, step: Callable[[], None]) -> None:
+        """``step`` on a worker of the run loop; the run ends if it fails,
+        and the worker reports the crash (dblockrun/supervise.py: logged with
+        its traceback, counted, /healthz red until a step completes)."""
+
+        def guarded() -> None:
+            try:
+                step()
+            except BaseException as exc:
+                log.error("job %s: run failed (%s: %s); ending it", self.job.name,
+                          type(exc).__name__, exc, extra={"job": self.job.name})
+                self._end()
+                raise
+
+        self.ctx.loop.submit(guarded)
+
+    def _attempt(self, attempt: int) -> None:
+        """Record the attempt (unless the claim did) and start the command."""
+        job, ctx = self.job, self.ctx
+        run_id = self._recorded if attempt == 1 else None
+        item = self.item
+        if run_id is None:
+            run_id = ctx.outage.retry(
+                f"record run of {job.name}",
+                (lambda: item.record(attempt)) if item is not None else
+                lambda: ctx.store.start_run(job.name, ctx.holder, token=self.token,
+                                            slot=self.slot, attempt=attempt),
+                self.watch.fence_at(ctx.kill_grace + 1))
+            if run_id is None:
+                log.error("job %s: could not record the run; not starting it", job.name)
+                self._end()
+                return
+        self.last_run_id = run_id
+        if attempt == 1:
+            self._first_run_id = run_id
+        env = self._env(run_id)
+        self._emit(RunStarted(job=job, host=ctx.holder, run_id=run_id, token=self.token,
+                              slot=self.slot, attempt=attempt,
+                              item=item.item if item is not None else None))
+        process = Process(
+            argv_for(job.command, job.shell),
+            env=env,
+            cwd=job.workdir,
+            on_line=self.line_sink or line_logger(f"[{self.label}] ", job=job.name, run_id=run_id,
+                                                  item=item.item if item else None),
+            deadline=self.deadline,
+            watch=self.watch,
+            stop=ctx.stop,
+            kill_grace=ctx.kill_grace,
+            stop_grace=ctx.stop_grace,
+            on_start=self.on_start,
+            user=job.user,
+            on_err_line=self.err_sink,
+        )
+        started = time.monotonic()
+
+        def ended(outcome: Outcome | None = None) -> None:
+            ctx.loop.unwatch(process)
+            self._ended(attempt, run_id, outcome or process.finish(), started)
+
+        failed = process.start(on_end=lambda: self._step(ended))
+        if failed is not None:
+            ended(failed)
+        else:
+            ctx.loop.watch(process)
+
+    def _env(self, run_id: int) -> dict[str, str]:
+        """The environment of the run's commands (its items' too)."""
+        env = command_env(self.job, holder=self.ctx.holder, run_id=run_id, token=self.token,
+                          slot=self.slot, environ=self.ctx.environ)
+        if self.item is not None:
+            env.update(self.item.env())
+        return env
+
+    def _ended(self, attempt: int, run_id: int, outcome: Outcome, started: float) -> None:
+        """An attempt's command ended: record it and tell it, then retry,
+        apply on-failure or end the run."""
+        job, ctx = self.job, self.ctx
+        self.last_outcome = outcome
+        result = result_of(outcome)
+        took = time.monotonic() - started
+        retry = (result == m.FAILED and attempt <= job.retries and not self.watch.lost
+                 and self.watch.killed is None  # an operator's kill ends the run, retries too
+                 and not ctx.stop.is_set() and time.monotonic() + 0.1 < self.deadline)
+        # A command that failed or ran into lock-at-most triggers on-failure;
+        # one stopped by a shutdown or fencing does not.
+        on_failure = not retry and result in (m.FAILED, m.TIMEOUT) and not ctx.stop.is_set()
+        last = not retry and not (on_failure and job.on_failure.wanted)
+        # Nothing but the record and the release follows: the run no longer
+        # holds up the job's next slot (:meth:`winding_up`).
+        self._winding_up = last
+        output = stored_output(outcome)
+        self._record_result(run_id, outcome, output, took, release=last)
+        self._emit(RunEnded(
+            job=job, host=ctx.holder, run_id=run_id, first_run_id=self._first_run_id or run_id,
+            slot=self.slot, attempt=attempt, result=result,
+            exit_code=exit_status(outcome.exit_code), duration=took, output=output,
+            detail=outcome.detail, final=not retry, token=self.token,
+            item=self.item.item if self.item is not None else None))
+        if retry:
+            ctx.loop.call_later(job.retry_delay, lambda: self._step(lambda: self._retry(attempt)))
+        elif on_failure:
+            self._on_failure(outcome)
+        else:
+            self._end()
+
+    def _emit(self, event: RunStarted | RunEnded) -> None:
+        if self.ctx.events is not None:
+            self.ctx.events.emit(event)
+
+    def winding_up(self) -> bool:
+        """Whether the run's command is over and only its bookkeeping (its
+        record, the release; retried through an outage) is left: its job's
+        next slot then waits for it rather than being skipped."""
+        return self._winding_up
+
+    def _retry(self, attempt: int) -> None:
+        """After a failed attempt's retry delay (cut short by a shutdown)."""
+        ctx = self.ctx
+        if self.watch.lost or time.monotonic() >= self.watch.fence_at(
+                fence_margin(ctx.lease, ctx.kill_grace)):
+            # Not renewed in time (the daemon was stopped, the database away):
+            # another host may hold the job now; no attempt starts without it.
+            log.warning("job %s: not retrying: its lease could not be renewed in time",
+                        self.label)
+            self._end()
+            return
+        if ctx.stop.is_set() or time.monotonic() + 0.1 >= self.deadline:
+            if not ctx.stop.is_set() and self.last_outcome is not None:
+                self._on_failure(self.last_outcome)
+            else:
+                self._end()
+            return
+        log.info("job %s: retrying (attempt %d of %d)", self.job.name, attempt + 1,
+                 self.job.retries + 1)
+        self._attempt(attempt + 1)
+
+    def _end(self) -> None:
+        """Stop renewing, release the lock unless the result did, and say so."""
+        if self.done.is_set():
+            return
+        try:
+            self.ctx.renewer.remove(self.watch)
+            if not self._released:
+                self._release()
+            if self.watch.seat is not None and not self._seat_released:
+                self._release_seat(self.watch.seat)
+        finally:
+            self.done.set()
+            if self.on_done is not None:
+                self.on_done(self)
+
+    def _record_result(self, run_id: int, outcome: Outcome, output: str, took: float, *,
+                       release: bool) -> None:
+        """The run's result, its command's duration ``took`` (not until the
+        write got through an outage); with ``release`` the lock's release in
+        the same round trip (where the store can), the lease's renewals
+        stopped first."""
+        job, ctx = self.job, self.ctx
+        result = result_of(outcome)
+        code = exit_status(outcome.exit_code)
+        store, what, until = ctx.store, f"record result of {job.name}", time.monotonic() + 60
+        written: bool | None
+        item = self.item
+        if release:
+            ctx.renewer.remove(self.watch)
+            both = ctx.outage.retry(what, (lambda: item.finish_and_release(
+                result, code, output, job.lock_at_least)) if item is not None else
+                lambda: store.finish_and_release(
+                run_id, job.name, ctx.holder, self.token, result, code, output,
+                job.lock_at_least, seat=self.watch.seat, took=took), until)
+            written = None if both is None else both[0]
+            self._released = self._seat_released = both is not None
+            if self._released:
+                self._prune()
+        else:
+            written = ctx.outage.retry(what, (lambda: item.finish(result, code, output))
+                                       if item is not None else lambda: store.finish_run(
+                run_id, job.name, self.token, result, code, output, took=took), until)
+        if written is False:
+            log.warning("job %s: run %d result not recorded: token %d is no longer current",
+                        job.name, run_id, self.token)
+
+    def _release(self) -> None:
+        job, ctx, item = self.job, self.ctx, self.item
+        ctx.outage.retry(f"release {job.name}",
+                         (lambda: item.release(job.lock_at_least)) if item is not None else
+                         lambda: ctx.store.release(job.name, ctx.holder, self.token,
+                                                   job.lock_at_least),
+                         time.monotonic() + 30)
+        self._prune()
+
+    def _release_seat(self, seat: tuple[str, int]) -> None:
+        """Free the group seat the run held (its lock-at-least holds the job, not the seat)."""
+        ctx = self.ctx
+        ctx.outage.retry(f"release {seat[0]}",
+                         lambda: ctx.store.release_seat(seat, ctx.holder),
+                         time.monotonic() + 30)
+
+    def _prune(self) -> None:
+        job, ctx = self.job, self.ctx
+        if job.history_limit and self.last_run_id and self.last_run_id % 50 == 0:
+            try:
+                ctx.store.prune_runs(job.name, job.history_limit)
+            except DatabaseError:
+                pass
+
+    def _on_failure(self, outcome: Outcome) -> None:
+        """Disable the job and/or start its on-failure command; the run ends
+        after that command (its lock stays held while it runs)."""
+        job, ctx = self.job, self.ctx
+        disable_for = job.on_failure.disable_for
+        store = ctx.store
+        if disable_for and isinstance(store, Disables):
+            reason = (f"on-failure: run {self.last_run_id} exited "
+                      f"{exit_status(outcome.exit_code)} on {ctx.holder}")
+            if ctx.outage.retry(f"disable {job.name}",
+                                lambda: store.disable(job.name, for_seconds=disable_for,
+                                                      reason=reason),
+                                time.monotonic() + 30) is not None:
+                log.warning("job %s: disabled for %gs after failure", job.name, disable_for)
+        if job.on_failure.command is None:
+            self._end()
+            return
+        env = self._env(self.last_run_id or 0)
+        env["DBLOCKRUN_EXIT_CODE"] = str(exit_status(outcome.exit_code))
+        process = Process(
+            argv_for(job.on_failure.command, job.shell), env=env, cwd=job.workdir,
+            on_line=line_logger(f"[{job.name} on-failure] ", job=job.name,
+                                run_id=self.last_run_id),
+            deadline=time.monotonic() + 300, watch=None, stop=ctx.stop,
+            kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace, user=job.user,
+        )
+
+        def ended() -> None:
+            ctx.loop.unwatch(process)
+            process.finish()
+            self._end()
+
+        if process.start(on_end=lambda: self._step(ended)) is not None:
+            self._end()
+        else:
+            ctx.loop.watch(process)

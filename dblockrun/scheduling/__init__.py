@@ -1,0 +1,1 @@
+"""When a job is due and what becomes of each slot."""

@@ -1,0 +1,76 @@
+"""Limits: ``daemon --max-running N`` (commands at once on one host) and
+groups (``groups: {backups: 1}`` at the top, ``group: backups`` on a job: at
+most that many of the group's jobs at once across the fleet).
+
+A group of limit N has N *seat* rows in the locks table, ``group:NAME:1``
+... ``group:NAME:N`` (no job can be called that: a job name has no ``:``).
+A grouped job's run takes one seat once its own claim has won, with the same
+conditional write (:meth:`Queries.claimable
+<dblockrun.store.queries.Queries.claimable>`), lease and fencing token as a
+job's lock; the heartbeat renews the seat in the statement that renews the
+job's lease, and the run's end releases it. A holder that dies loses it when
+its lease runs out, like any lock.
+
+The daemon (:mod:`dblockrun.daemon.loop`) applies both: a host at its
+``--max-running`` does not claim, and records a slot nobody took skipped;
+a grouped claim that finds no free seat is released and its slot recorded
+skipped, with the holders named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.store.models import SEAT_PREFIX
+
+if TYPE_CHECKING:
+    from dblockrun.store import Store
+
+#: A seat held: (its row's name, its fencing token).
+Seat = tuple[str, int]
+
+
+def seat_names(group: str, limit: int) -> list[str]:
+    """The seat rows of ``group``, whose limit is ``limit``."""
+    return [f"{SEAT_PREFIX}{group}:{i}" for i in range(1, limit + 1)]
+
+
+def all_seats(jobs: JobsFile) -> list[str]:
+    """Every seat row of the jobs file's groups (made with the jobs' rows)."""
+    return [seat for group, limit in jobs.groups for seat in seat_names(group, limit)]
+
+
+def full_reason(holder: str, limit: int, waited: float) -> str:
+    """Why a slot was skipped by a host at its ``--max-running`` limit."""
+    return (f"{holder} was at its --max-running limit ({limit}) and no other host "
+            f"took the slot within {waited:g}s")
+
+
+def group_reason(group: str, limit: int, holders: Sequence[tuple[str, str]]) -> str:
+    """Why a grouped job's slot was skipped: every seat of its group held."""
+    held = ", ".join(f"{job} on {host}" for job, host in holders)
+    return f"group {group} at its limit ({limit})" + (f": held by {held}" if held else "")
+
+
+def take_seat(store: Store, jobs: JobsFile, job: Job, holder: str,
+              lease: float) -> Seat | str:
+    """A seat of ``job``'s group for its run (one statement), or the reason
+    none is free (one more read, only then)."""
+    assert job.group is not None
+    limit = dict(jobs.groups)[job.group]
+    seats = seat_names(job.group, limit)
+    got = store.claim_seat(seats, holder, lease, job.name)
+    if got is not None:
+        return got
+    holders = store.seat_holders(seats)
+    if not holders:
+        # No seat held, none taken: its rows are missing (a reload that could
+        # not make them, rows deleted by hand). Make them and try once more.
+        store.ensure_jobs(seats)
+        got = store.claim_seat(seats, holder, lease, job.name)
+        if got is not None:
+            return got
+        holders = store.seat_holders(seats)
+    return group_reason(job.group, limit, holders)

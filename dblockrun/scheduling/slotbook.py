@@ -1,0 +1,83 @@
+"""The slot book: the one writer of the slots that ran nowhere.
+
+Whatever passed a slot (:class:`~dblockrun.scheduling.planner.Cause`), its
+plan is recorded here: the job's last slot advanced over them and their
+records inserted, two statements whatever their number
+(:meth:`LockEngine.record_slots <dblockrun.store.engine.LockEngine.record_slots>`),
+one log line, and a :class:`~dblockrun.events.SlotPassed` event per record
+(metrics and notifications subscribe). The write is conditional on none of
+the slots being handled yet, so of the daemons that plan the same slots one
+records them; the others read again and plan what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dblockrun.config.jobs import Job
+from dblockrun.events import Events, SlotPassed
+from dblockrun.scheduling.planner import Plan, record_texts
+from dblockrun.store.base import RunStore
+from dblockrun.timetext import utc
+
+log = logging.getLogger("dblockrun")
+
+
+class SlotBook:
+    def __init__(self, store: RunStore, holder: str, events: Events) -> None:
+        self.store = store
+        self.holder = holder
+        self.events = events
+
+    def record(self, job: Job, plan: Plan, now: float, *, conditional: bool = True) -> bool:
+        """Record ``plan``'s slots (those it runs are claimed as usual);
+        False when another host handled one of them first (read again).
+        Raises :class:`~dblockrun.errors.DatabaseError`."""
+        rows = record_texts(plan)
+        if not rows:
+            return True
+        first = plan.first if conditional else None
+        if not self.store.record_slots(job.name, self.holder, plan.result,
+                                       [(slot, text) for slot, text, _ in rows], first=first):
+            return False
+        self._log(job, plan)
+        for slot, _text, count in rows:
+            self.events.emit(SlotPassed(
+                job=job, host=self.holder, slot=slot, result=plan.result, reason=plan.reason,
+                cause=plan.cause.value, late=now - slot, count=count,
+                first=plan.summary.first if count > 1 and plan.summary else None))
+        return True
+
+    def claimed(self, job: Job, plan: Plan, token: int, run_id: int | None,
+                now: float) -> None:
+        """A slot this host claimed but cannot run (no free seat in its
+        group): its claim's record ends ``skipped`` with the reason and the
+        lock is released, in one round trip where the claim made the record."""
+        (slot, text, _count), = record_texts(plan)
+        if run_id is not None:
+            self.store.finish_and_release(run_id, job.name, self.holder, token, plan.result,
+                                          None, text)
+        else:
+            self.store.release(job.name, self.holder, token)
+            self.store.start_run(job.name, self.holder, token=token, slot=slot,
+                                 result=plan.result, output=text)
+        self._log(job, plan)
+        self.events.emit(SlotPassed(job=job, host=self.holder, slot=slot, result=plan.result,
+                                    reason=plan.reason, cause=plan.cause.value,
+                                    late=now - slot))
+
+    def _log(self, job: Job, plan: Plan) -> None:
+        count, last = plan.count, plan.last
+        assert last is not None
+        more = "more than " if plan.summary is not None and plan.summary.more else ""
+        if count == 1:
+            what = f"slot {utc(last)} {plan.result}"
+        else:
+            first = plan.first
+            assert first is not None
+            what = f"{more}{count} slots from {utc(first)} to {utc(last)} {plan.result}"
+        runs = ""
+        if plan.run:
+            runs = (f"; running the newest {len(plan.run)}, oldest first" if len(plan.run) > 1
+                    else "; running the newest")
+        log.warning("job %s: %s: %s%s", job.name, what, plan.reason, runs)
