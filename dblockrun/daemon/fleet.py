@@ -44,6 +44,9 @@ log = logging.getLogger("dblockrun")
 #: host row at most 12 s old, inside the 15 s within which ``status`` calls
 #: a host live (store/status.py ``LIVE_WITHIN``).
 ROUND_EVERY = 1.2
+#: Every this many rounds, the slots a lock held with no run kept from
+#: everyone are recorded (:meth:`FleetBooks.held_slots`).
+HELD_EVERY = 5
 
 
 class FleetBooks:
@@ -102,9 +105,13 @@ class FleetBooks:
 
     def _loop(self) -> None:
         delay = self.interval
+        rounds = 0
         while not self._stop.wait(delay):
             try:
                 self.round()
+                rounds += 1
+                if rounds % HELD_EVERY == 0:
+                    self.held_slots()
                 self.outage.ok()
                 delay = self.interval
             except DatabaseError as exc:
@@ -155,6 +162,33 @@ class FleetBooks:
             self.events.emit(RunLost(job=self._jobs().job(lost.job), name=lost.job,
                                      host=lost.host, run_id=lost.id, slot=lost.slot,
                                      ended=lost.ended, recorded_by=self.holder, item=lost.item))
+
+    def held_slots(self) -> None:
+        """The slots a job's lock kept from every host while no run held it
+        (a retry's delay, or a lock-at-least window, on a host that died or
+        restarted since): for each cron job that can hold its lock between
+        runs, those after its last slot up to the end of a lock that has run
+        out, recorded skipped through the slot book (one host does: the
+        conditional write). A live holder records its own as they come; a
+        running run whose holder died is recorded lost, with its slots
+        (:meth:`_blocked_slots`). One statement, only for such jobs."""
+        jobs = [j for j in self._jobs().jobs
+                if j.enabled and j.cron is not None and not j.fan_out
+                and (j.lock_at_least > 0 or j.retries > 0)]
+        if not jobs or self._book is None:
+            return
+        locks, now = self.store.lock_states()
+        for job in jobs:
+            lock = locks.get(job.name)
+            if (lock is None or lock.token < 0 or lock.last_slot is None
+                    or lock.lock_until is None or lock.lock_until > now - 1.0):
+                continue
+            why = (f"the lock was held until {utc(lock.lock_until)} (token {lock.token}, "
+                   f"{lock.holder or 'no holder'}) with no run")
+            plan = passed(job, lock.last_slot, now, Cause.LOCK_HELD, upto=lock.lock_until,
+                          reason=why)
+            if plan is not None:
+                self._book.record(job, plan, now)
 
     def _blocked_slots(self, lost: LostRun) -> None:
         """A run this host recorded lost (its holder stopped renewing). The

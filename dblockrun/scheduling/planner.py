@@ -69,11 +69,12 @@ class Cause(StrEnum):
     GROUP_FULL = "group-full"  # no free seat in the job's group
     DEAD_HOLDER = "dead-holder"  # the lock was held by a host that died
     LOCK_AT_LEAST = "lock-at-least"  # within lock-at-least of the job's last start
+    LOCK_HELD = "lock-held"  # the lock held with no run (a dead host's retry or window)
 
 
 #: Causes whose slots run none and are recorded ``skipped``.
 SKIPPING = frozenset({Cause.BUSY, Cause.HOST_FULL, Cause.GROUP_FULL, Cause.DEAD_HOLDER,
-                      Cause.LOCK_AT_LEAST})
+                      Cause.LOCK_AT_LEAST, Cause.LOCK_HELD})
 
 
 @dataclass(frozen=True)
