@@ -29,7 +29,7 @@ from helpers import TestDb
 
 from dblockrun.store import models as m
 
-SOAK_SECONDS = float(os.environ.get("DBLOCKRUN_SOAK_SECONDS") or 100)
+SOAK_SECONDS = float(os.environ.get("DBLOCKRUN_SOAK_SECONDS") or 120)
 HOSTS = ("d1", "d2", "d3")
 T0 = 1_800_000_000.0  # a whole second, so whole seconds are slots of `* * * * * *`
 
