@@ -327,8 +327,9 @@ class Daemon:
         """Run the jobs an operator asked for with `dblockrun run JOB`."""
         try:
             names = self.parts.inbox.take()
-            if names:
-                self.firing.requested(names)
+            if names is None:
+                return  # nothing was read: says nothing of the database
+            self.firing.requested(names)
             self.outage.ok()
         except DatabaseError as exc:
             self.outage.failed("run requests", exc)
