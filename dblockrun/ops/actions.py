@@ -78,6 +78,14 @@ def require_job(store: Store, job: str, hint: str = "") -> None:
         raise no_such_job(store, [job], hint)
 
 
+def _with_reason(store: Store, run: RunRecord) -> RunRecord:
+    """A run not started (``skipped``) with its output, which says why (the
+    history is read without outputs)."""
+    if run.result != "skipped":
+        return run
+    return store.run(run.id) or run
+
+
 def request_run(store: Store, job: str, wait: float | None,
                 audit: Audit | None = None) -> RunRecord | None:
     """File a run-now request for ``job`` (recording the operator's
@@ -97,7 +105,7 @@ def request_run(store: Store, job: str, wait: float | None,
         if state is not None and state.token > before.token:
             for run in store.history(job, 5, output=False):
                 if run.token == state.token:
-                    return run
+                    return _with_reason(store, run)
         time.sleep(0.1)
     raise DblockrunError(
         f"no daemon started {job} within {wait:g}s; the request stays filed "
@@ -155,6 +163,6 @@ def request_runs(store: Store, job: str, wait: float | None,
                 continue
             for run in store.history(row, 5, output=False):
                 if run.job == row and run.token == state.token:
-                    started[row] = run
+                    started[row] = _with_reason(store, run)
         time.sleep(0.1)
     return [(row, started.get(row)) for row in rows]
