@@ -50,7 +50,7 @@ def at_every_call(frame, event, arg):
     global armed, requests
     if event != "call":
         return None
-    if frame.f_code.co_name == "_replan_finished":
+    if frame.f_code.co_name == "finished":  # Firing.finished: the loop's last step
         armed = True  # the loop has fired what was due and is heading for its sleep
     if armed:
         requests += 1
