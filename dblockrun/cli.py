@@ -54,11 +54,12 @@ def _setup_logging(level: int, fmt: str = "text") -> None:
 
 def _duration(value: str, name: str, *, zero_ok: bool = False) -> float:
     """The seconds of a duration option; one line and exit 2 naming the
-    option when it is not a duration, or zero where zero makes no sense."""
-    from dblockrun.config.durations import parse_duration
+    option when it is not a duration (a number needs its unit), or zero
+    where zero makes no sense."""
+    from dblockrun.config.durations import parse_option_duration
 
     try:
-        seconds = parse_duration(value)
+        seconds = parse_option_duration(value)
     except ValueError as exc:
         raise UsageError(f"{name}: {exc}") from exc
     if seconds <= 0 and not zero_ok:
@@ -377,7 +378,7 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
 def disable(job: str, for_: str | None, until: str | None, reason: str | None,
             create: bool) -> None:
     """Pause JOB on every host (no duration: until `enable`)."""
-    from dblockrun.ops.actions import Access, require_job
+    from dblockrun.ops.actions import Access, disable_job
     from dblockrun.ops.output import iso
 
     if for_ and until:
@@ -387,13 +388,17 @@ def disable(job: str, for_: str | None, until: str | None, reason: str | None,
     seconds = None if for_ is None else _duration(for_, "--for")
     until_ts = _parse_time(until) if until is not None else None
     with _open(Access.CREATE if create else Access.WRITE, _jobs_for_db()) as store:
-        if not create:
-            require_job(store, job, " (--create to disable it before a daemon has loaded it)")
-        end = store.disable(job, for_seconds=seconds, until=until_ts, reason=reason,
-                            audit=_audit("disable", job, reason=reason,
-                                         detail=_for_until(for_, until)))
+        done = disable_job(store, job, for_seconds=seconds, until=until_ts, reason=reason,
+                           create=create, audit=_audit("disable", job, reason=reason,
+                                                       detail=_for_until(for_, until)))
         where = _where(store)
-    click.echo(f"{job} disabled until {iso(end)} in {where}")
+    line = f"{job} disabled until {iso(done.until)} in {where}"
+    was = done.replaced
+    if was is not None:
+        by = f" by {was.by}" if was.by else ""
+        why = f" ({was.reason})" if was.reason else ""
+        line += f"; this replaces the disable until {iso(was.until)}{by}{why}"
+    click.echo(_shown(line))
 
 
 def _audit(action: str, job: str | None = None, *, reason: str | None = None,
@@ -435,14 +440,16 @@ def _parse_time(text: str) -> float:
 @handle_errors
 def enable(job: str) -> None:
     """Clear a `disable` of JOB."""
-    from dblockrun.ops.actions import Access, no_such_job
+    from dblockrun.ops.actions import Access, enable_job
 
     _check_name(job, host_row=True)
     with _open(Access.WRITE, _jobs_for_db()) as store:
-        if not store.enable(job, _audit("enable", job)):
-            raise no_such_job(store, [job])
+        cleared = enable_job(store, job, _audit("enable", job))
         where = _where(store)
-    click.echo(f"{job} enabled in {where}")
+    if cleared:
+        click.echo(f"{job} enabled in {where}")
+    else:
+        click.echo(f"{job} was not disabled in {where}: nothing to do (nothing recorded)")
 
 
 @cli.command()

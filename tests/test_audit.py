@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import re
 import socket
 from datetime import datetime
 from typing import Any
@@ -122,3 +123,50 @@ def test_who_is_the_user_behind_sudo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(getpass, "getuser", lambda: "bob")
     monkeypatch.setenv("SUDO_USER", "alice")  # bob's own shell, sudo's variable left over
     assert operator_id() == "bob@ops-1"
+
+
+def test_a_second_disable_says_what_it_replaced_and_enable_of_an_enabled_job_records_nothing(
+        db: TestDb, store: Store) -> None:
+    """Issue 23, item 10."""
+    store.ensure_jobs(["backup"])
+    me, where = operator_id(), f"{db.url} (table prefix {db.prefix})"
+    first = ok(db, "disable", "backup", "--until", "2099-01-02T03:04:05Z", "--reason", "disk full")
+    assert first == f"backup disabled until 2099-01-02T03:04:05.000Z in {where}\n"
+    second = ok(db, "disable", "backup", "--until", "2099-02-01T00:00:00Z")
+    assert second == (f"backup disabled until 2099-02-01T00:00:00.000Z in {where}; this "
+                      f"replaces the disable until 2099-01-02T03:04:05.000Z by {me} "
+                      "(disk full)\n")
+    assert ok(db, "enable", "backup") == f"backup enabled in {where}\n"
+    assert ok(db, "enable", "backup") == (
+        f"backup was not disabled in {where}: nothing to do (nothing recorded)\n")
+    # A disable that ran out is no disable: nothing to replace, nothing to clear.
+    store.disable("backup", until=store.db_now() - 10)
+    assert ok(db, "enable", "backup").startswith("backup was not disabled in ")
+    assert ok(db, "disable", "backup", "--for", "1h").endswith(f" in {where}\n")
+    assert [e["action"] for e in entries(db)] == ["disable", "enable", "disable", "disable"]
+
+
+def test_disable_until_a_passed_time_is_refused(db: TestDb, store: Store) -> None:
+    store.ensure_jobs(["backup"])
+    result = invoke(db, "disable", "backup", "--until", "2020-01-01T00:00:00Z")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert re.fullmatch(r"dblockrun: --until 2020-01-01T00:00:00\.000Z has passed \(the "
+                        r"database's clock reads \S+Z\): nothing would be disabled\n",
+                        result.stderr), result.stderr
+    assert report(store, ["backup"]).jobs[0].state == "idle"
+    assert entries(db) == []
+
+
+@pytest.mark.parametrize("args", [
+    ["disable", "backpu"], ["enable", "backpu"], ["unlock", "backpu"], ["run", "backpu"],
+    ["status", "backpu"], ["history", "backpu"], ["kill", "backpu"], ["audit", "backpu"],
+])
+def test_every_operator_command_suggests_a_known_job(db: TestDb, store: Store,
+                                                     args: list[str]) -> None:
+    store.ensure_jobs(["backup", "backup-users", "report"])
+    result = invoke(db, *args)
+    hint = {"disable": " (--create to disable it before a daemon has loaded it)",
+            "run": " (has a daemon loaded it?)"}.get(args[0], "")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (f"dblockrun: no such job in {db.url} (table prefix {db.prefix}): "
+                             f"backpu (did you mean backup?){hint}\n")

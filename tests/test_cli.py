@@ -572,7 +572,8 @@ def test_an_operator_command_reads_etc_dblockrun_jobs_yaml_by_default(
     etc_jobs = write(tmp_path / "etc" / "jobs.yaml", "database-file: db-url\n" + GOOD)
     monkeypatch.setattr(dblockrun.store.dburl, "DEFAULT_JOBS_FILE", etc_jobs)
     result = CliRunner().invoke(cli, ["--table-prefix", sqlite_db.prefix, "enable", "nightly"])
-    assert (result.exit_code, result.stdout) == (0, f"nightly enabled in {where(sqlite_db)}\n")
+    assert (result.exit_code, result.stdout) == (
+        0, f"nightly was not disabled in {where(sqlite_db)}: nothing to do (nothing recorded)\n")
     assert not (tmp_path / "state").exists()
 
 
@@ -863,3 +864,37 @@ def test_validate_takes_the_jobs_file_from_f_or_dblockrun_jobs(
     result = invoke(None, "validate", other, "-f", path)
     assert (result.exit_code, result.stderr) == (
         2, f"dblockrun: two jobs files ({other} and -f {path}): give one\n")
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["disable", "backup", "--for", "3"], "--for"),
+    (["pause", "--for", "90"], "--for"),
+    (["run", "backup", "--timeout", "5"], "--timeout"),
+    (["status", "--live-within", "30"], "--live-within"),
+    (["daemon", "--heartbeat", "2"], "--heartbeat"),
+])
+def test_a_duration_option_without_a_unit_says_so(sqlite_db: TestDb, args: list[str],
+                                                  option: str) -> None:
+    """Issue 23, item 10: `--for 3` is not three seconds by surprise."""
+    result = invoke(sqlite_db, *args)
+    number = args[-1]
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (f"dblockrun: {option}: '{number}' has no unit: write {number}s, "
+                             f"{number}m, {number}h or {number}d\n")
+    assert not sqlite_file(sqlite_db).exists()  # nothing was done
+
+
+def test_a_plain_exec_with_a_lease_without_a_unit_says_so(sqlite_db: TestDb) -> None:
+    """The exec path without click (dblockrun/__main__.py) refuses it too."""
+    result = run_cli(["--db", sqlite_db.url, "exec", "-n", "x", "--lease", "30", "true"])
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "dblockrun: --lease: '30' has no unit: write 30s, 30m, 30h or 30d\n"
+
+
+def test_cron_every_points_to_rate(tmp_path: Path) -> None:
+    path = write(tmp_path / "jobs.yaml", 'jobs:\n  a:\n    cron: "@every 5m"\n'
+                                          '    command: "true"\n')
+    result = invoke(None, "validate", path)
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (f"dblockrun: {path}:3: job 'a': cron: '@every 5m' is not cron: "
+                             "for a fixed interval write `rate: 5m` instead of `cron:`\n")

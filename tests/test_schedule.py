@@ -91,8 +91,8 @@ FIELDS_HINT = "use 5 (minute hour day-of-month month day-of-week), 6 with the se
         ),
         (
             "@every",
-            "unknown macro '@every' (use @yearly, @annually, @monthly, @weekly, @daily, "
-            "@midnight, @hourly)",
+            "'@every' is not cron: for a fixed interval write `rate: 5m (a duration)` "
+            "instead of `cron:`",
         ),
         ("61 * * * *", "bad minute field '61' (allowed: 0-59)"),
         ("*/0 * * * *", "bad minute field '*/0': the step must be 1-60"),

@@ -99,7 +99,7 @@ def test_rate_condition(store: Store) -> None:
 
 def test_disable_for_until_and_enable(store: Store) -> None:
     store.ensure_jobs(["job"])
-    end = store.disable("job", for_seconds=3 * 3600, reason="maintenance; 'quoted' %s")
+    end = store.disable("job", for_seconds=3 * 3600, reason="maintenance; 'quoted' %s").until
     assert end == pytest.approx(store.db_now() + 3 * 3600, abs=5)
     assert store.claim("job", "h1", 30) is None
     status = report(store, ["job"]).jobs[0]
@@ -107,7 +107,7 @@ def test_disable_for_until_and_enable(store: Store) -> None:
     assert status.lock.disabled_reason == "maintenance; 'quoted' %s"
     assert store.enable("job")
     assert store.claim("job", "h1", 30) is not None
-    past = store.disable("other", until=store.db_now() - 10)
+    past = store.disable("other", until=store.db_now() - 10).until
     assert past < store.db_now()
     assert store.claim("other", "h1", 30) is not None
 

@@ -55,6 +55,16 @@ def parse_duration(text: str | int | float) -> float:
     return _checked(seconds, shown)
 
 
+def parse_option_duration(text: str) -> float:
+    """:func:`parse_duration` of a command-line option: a number without a
+    unit (``--for 3``: seconds? hours?) is refused, saying so; ``0`` is zero."""
+    body = text.strip()
+    if _NUMBER.fullmatch(body) and float(body) != 0:
+        shown = repr(text) if len(text) <= 40 else repr(text[:40] + "...")
+        raise ValueError(f"{shown} has no unit: write {body}s, {body}m, {body}h or {body}d")
+    return parse_duration(text)
+
+
 def _checked(seconds: float, shown: str) -> float:
     if math.isnan(seconds) or math.isinf(seconds):
         raise ValueError(f"{shown} is not a duration ({FORMS})")

@@ -18,7 +18,7 @@ from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.store import Store
 from dblockrun.store.control import Audit
 from dblockrun.store.dburl import default_url, describe, missing_sqlite_file
-from dblockrun.store.models import RunRecord
+from dblockrun.store.models import Disabled, RunRecord
 
 
 class Access(enum.Enum):
@@ -68,14 +68,48 @@ def open_store(url: str, prefix: str, access: Access) -> Store:
 
 
 def no_such_job(store: Store, names: list[str], hint: str = "") -> UsageError:
+    """The error of every operator command given a job the database does not
+    know, suggesting the names it knows that are close (a typo)."""
+    import difflib
+
+    known = store.job_names()
+    close = list(dict.fromkeys(match for name in names
+                               for match in difflib.get_close_matches(name, known, n=3)))
+    guess = f" (did you mean {' or '.join(close)}?)" if close else ""
     return UsageError(f"no such job in {describe(store.url, store.prefix)}: "
-                      f"{', '.join(names)}{hint}")
+                      f"{', '.join(names)}{guess}{hint}")
 
 
 def require_job(store: Store, job: str, hint: str = "") -> None:
     """UsageError unless the database knows ``job`` (has its lock row)."""
     if store.lock_state(job) is None:
         raise no_such_job(store, [job], hint)
+
+
+def disable_job(store: Store, job: str, *, for_seconds: float | None,
+                until: float | None, reason: str | None, audit: Audit,
+                create: bool = False) -> Disabled:
+    """``dblockrun disable``: a job the database knows (or any, ``create``),
+    until a time that has not passed on the database clock."""
+    if not create:
+        require_job(store, job, " (--create to disable it before a daemon has loaded it)")
+    if until is not None:
+        now = store.db_now()
+        if until <= now:
+            from dblockrun.ops.output import iso
+
+            raise UsageError(f"--until {iso(until)} has passed (the database's clock reads "
+                             f"{iso(now)}): nothing would be disabled")
+    return store.disable(job, for_seconds=for_seconds, until=until, reason=reason, audit=audit)
+
+
+def enable_job(store: Store, job: str, audit: Audit) -> bool:
+    """``dblockrun enable``: True if a disable was cleared (and audited),
+    False if the job was not disabled (nothing recorded)."""
+    cleared = store.enable(job, audit)
+    if cleared is None:
+        raise no_such_job(store, [job])
+    return cleared
 
 
 def _with_reason(store: Store, run: RunRecord) -> RunRecord:

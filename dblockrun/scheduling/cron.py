@@ -306,6 +306,11 @@ def _macro(text: str) -> str:
         raise ValueError(
             f"unknown macro {text!r} (macros are lower case, as in cron: {text.lower()})"
         )
+    every, _, interval = text.partition(" ")
+    if every.lower() == "@every":  # robfig/cron's (Go: dkron, supercronic)
+        rate = interval.strip() or "5m (a duration)"
+        raise ValueError(f"{text!r} is not cron: for a fixed interval write `rate: {rate}` "
+                         "instead of `cron:`")
     raise ValueError(f"unknown macro {text!r} (use {', '.join(MACROS)})")
 
 

@@ -96,6 +96,25 @@ class LockState:
 
 
 @dataclass(frozen=True)
+class Disable:
+    """A job's disable: until when (database clock; ``FOREVER``: until
+    enabled), by whom (None: on-failure) and why."""
+
+    until: float
+    by: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Disabled:
+    """What ``disable`` did: the new end, and the disable in effect that it
+    replaced (None: the job was enabled)."""
+
+    until: float
+    replaced: Disable | None
+
+
+@dataclass(frozen=True)
 class JobStatus:
     lock: LockState
     last_run: RunRecord | None

@@ -498,10 +498,10 @@ class Store:
     # -- flags --------------------------------------------------------------
 
     def disable(self, name: str, *, for_seconds: float | None = None, until: float | None = None,
-                reason: str | None = None, audit: Audit | None = None) -> float:
-        """Pause a job cluster-wide (an every-host job: on every host);
-        returns the database time it ends. An operator's ``audit`` is
-        recorded with it, and names who disabled it."""
+                reason: str | None = None, audit: Audit | None = None) -> m.Disabled:
+        """Pause a job cluster-wide (an every-host job: on every host): the
+        database time it ends, and the disable in effect it replaced. An
+        operator's ``audit`` is recorded with it, and names who disabled it."""
         self.ensure_jobs([name])
         locks = self.t.locks
         end: Any = FOREVER if until is None else until
@@ -510,20 +510,39 @@ class Store:
         stmt = locks.update().where(locks.c.name.in_(self.with_every_host([name]))).values(
             disabled_until=end, disabled_reason=reason,
             disabled_by=audit.who if audit else None)
-        read = sa.select(locks.c.disabled_until).where(locks.c.name == name)
+        read = sa.select(locks.c.disabled_until, locks.c.disabled_by, locks.c.disabled_reason
+                         ).where(locks.c.name == name)
+        before = read.where(locks.c.disabled_until > self.now)
 
-        def go(conn: Connection) -> float:
+        def go(conn: Connection) -> m.Disabled:
+            was = conn.execute(before).first()
             conn.execute(stmt)
-            return float(conn.execute(read).scalar_one())
+            replaced = None if was is None else m.Disable(float(was[0]), was[1], was[2])
+            return m.Disabled(float(conn.execute(read).scalar_one()), replaced)
 
         return self.control.audited(go, audit)
 
-    def enable(self, name: str, audit: Audit | None = None) -> bool:
-        """Clear a disable (an every-host job: on every host); False: no such job."""
+    def enable(self, name: str, audit: Audit | None = None) -> bool | None:
+        """Clear a disable (an every-host job: on every host). True: cleared;
+        False: nothing to clear (no disable in effect: no audit row); None:
+        no such job."""
         locks = self.t.locks
-        stmt = locks.update().where(locks.c.name.in_(self.with_every_host([name]))).values(
+        rows = locks.c.name.in_(self.with_every_host([name]))
+        stmt = locks.update().where(rows).values(
             disabled_until=None, disabled_reason=None, disabled_by=None)
-        return self.control.audited(lambda c: c.execute(stmt).rowcount >= 1, audit)
+        disabled = sa.func.sum(sa.case((locks.c.disabled_until > self.now, 1), else_=0))
+        read = sa.select(sa.func.count(), disabled).where(rows)
+
+        def go(conn: Connection) -> bool | None:
+            count, now_disabled = conn.execute(read).one()
+            if not count:
+                return None
+            if not now_disabled:
+                return False
+            conn.execute(stmt)
+            return True
+
+        return self.control.audited(go, audit)
 
     def request_run(self, name: str, audit: Audit | None = None) -> None:
         self.ensure_jobs([name])
@@ -597,6 +616,13 @@ class Store:
         from dblockrun.store.status import lock_rows
 
         return self._run(lambda c: lock_rows(self, c))
+
+    def job_names(self) -> list[str]:
+        """Every job's lock row name (not the groups' seat rows), sorted."""
+        locks = self.t.locks
+        stmt = (sa.select(locks.c.name)
+                .where(locks.c.name.not_like(f"{m.SEAT_PREFIX}%")).order_by(locks.c.name))
+        return self._run(lambda c: [str(r[0]) for r in c.execute(stmt)])
 
     def lock_state(self, name: str) -> m.LockState | None:
         locks = self.t.locks
