@@ -163,8 +163,8 @@ def _echo_err(message: str = "") -> None:
 def _run_fast(group: Options, options: Options, command: tuple[str, ...]) -> int | None:
     """fast_exec with what dblockrun.cli.handle_errors and click's main do
     around a command: one line and status 2 (usage) or 1 for our errors,
-    "Aborted!" on ^C, status 1 and no noise on a closed pipe."""
-    from dblockrun.errors import ConfigError, DblockrunError, UsageError
+    status 130 and no noise on ^C, status 1 and no noise on a closed pipe."""
+    from dblockrun.errors import EXIT_INTERRUPTED, ConfigError, DblockrunError, UsageError
 
     try:
         try:
@@ -174,7 +174,9 @@ def _run_fast(group: Options, options: Options, command: tuple[str, ...]) -> int
                 raise
             _echo_err(f"dblockrun: {exc.message}")
             return 2 if isinstance(exc, ConfigError | UsageError) else 1
-    except (EOFError, KeyboardInterrupt):
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED  # as dblockrun.cli.handle_errors
+    except EOFError:
         _echo_err()
         _echo_err("Aborted!")
         return 1

@@ -13,12 +13,12 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
 
 from dblockrun import __version__
-from dblockrun.errors import ConfigError, DblockrunError, UsageError
+from dblockrun.errors import EXIT_INTERRUPTED, ConfigError, DblockrunError, UsageError
 
 if TYPE_CHECKING:
     from dblockrun.config.jobs import JobsFile
@@ -68,7 +68,8 @@ def _duration(value: str, name: str, *, zero_ok: bool = False) -> float:
 
 
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Map dblockrun's exceptions to one line on stderr and an exit status."""
+    """Map dblockrun's exceptions to one line on stderr and an exit status;
+    Ctrl-C to status 130 without a word (not click's "Aborted!", status 1)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -86,6 +87,8 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
                 raise
             click.echo(f"dblockrun: {_shown(exc.message)}", err=True)
             ctx.exit(EXIT_RUNTIME)
+        except KeyboardInterrupt:
+            ctx.exit(EXIT_INTERRUPTED)
         raise AssertionError("unreachable")
 
     return wrapper
@@ -193,6 +196,32 @@ def _where(store: Store) -> str:
     return describe(store.url, store.prefix)
 
 
+#: Where global options given after the command wait during shell completion.
+_GIVEN_LATER = "dblockrun.globals-after-command"
+
+
+def _complete_job(ctx: click.Context, _param: click.Parameter,
+                  incomplete: str) -> list[click.shell_completion.CompletionItem]:
+    """Shell completion of a JOB argument: the names the database knows
+    (the one the command would use: --db, -f, DBLOCKRUN_DB, ... as given
+    so far), none when it cannot be read. Never creates anything."""
+    from click.shell_completion import CompletionItem
+
+    root = ctx.find_root()
+    given = {**root.params, **root.meta.get(_GIVEN_LATER, {})}
+    root.obj = Globals(db=given.get("db"), db_file=given.get("db_file"),
+                       prefix=given.get("prefix") or "dblockrun_", debug=False, verbose=0,
+                       file=given.get("file"), password_warned=True)
+    try:
+        from dblockrun.ops.actions import Access
+
+        with ctx, _open(Access.READ, _jobs_for_db()) as store:
+            names = store.job_names()
+    except Exception:  # noqa: BLE001 - completion must never fail the shell
+        return []
+    return [CompletionItem(name) for name in names if name.startswith(incomplete)]
+
+
 # -- global options: before the command name, or after it --------------------------
 
 _DB_HELP = ("Database URL (postgresql://, mysql://, mariadb://, sqlite:///path). "
@@ -210,28 +239,37 @@ _DEBUG_HELP = "Show tracebacks and debug logs."
 def _set_global(ctx: click.Context, param: click.Parameter, value: object) -> None:
     """A global option given after the command name overrides one before it."""
     g = ctx.find_object(Globals)
-    if g is not None and param.name is not None and value is not None and value is not False:
+    if param.name is None or value is None or value is False:
+        return
+    if g is not None:
         setattr(g, param.name, value)
+    else:  # shell completion: the group's callback has not run (_complete_job)
+        ctx.find_root().meta.setdefault(_GIVEN_LATER, {})[param.name] = value
 
 
 def global_options(*, jobs_file: bool = True) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """The group's options, accepted after a command's name too."""
 
     def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        # Described once, in `dblockrun --help`; a command's help points there.
+        def option(*names: str, **attrs: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
+            return click.option(*names, expose_value=False, callback=_set_global, hidden=True,
+                                **attrs)
+
         opts = [
-            click.option("--db", metavar="URL", expose_value=False, callback=_set_global,
-                         help=_DB_HELP),
-            click.option("--db-file", metavar="PATH", expose_value=False,
-                         callback=_set_global, help=_DB_FILE_HELP),
-            click.option("-f", "--file", metavar="FILE", expose_value=False,
-                         callback=_set_global, help=_FILE_HELP),
-            click.option("--table-prefix", "prefix", metavar="PREFIX", expose_value=False,
-                         callback=_set_global, help=_PREFIX_HELP),
-            click.option("--debug", is_flag=True, default=None, expose_value=False,
-                         callback=_set_global, help=_DEBUG_HELP),
+            option("--db", metavar="URL", help=_DB_HELP),
+            option("--db-file", metavar="PATH", help=_DB_FILE_HELP),
+            option("-f", "--file", metavar="FILE", help=_FILE_HELP),
+            option("--table-prefix", "prefix", metavar="PREFIX", help=_PREFIX_HELP),
+            option("--debug", is_flag=True, default=None, help=_DEBUG_HELP),
         ]
         if not jobs_file:
             del opts[2]
+        names = ", ".join(["--db", "--db-file", *(["-f"] if jobs_file else []),
+                           "--table-prefix", "--debug"])
+        fn.__doc__ = (f"{(fn.__doc__ or '').rstrip()}\n\n"
+                      f"Global options ({names}) may also follow the command name: see "
+                      "`dblockrun --help`.")
         for opt in reversed(opts):
             fn = opt(fn)
         return fn
@@ -337,7 +375,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
 
 
 @cli.command()
-@click.argument("jobs", nargs=-1)
+@click.argument("jobs", nargs=-1, shell_complete=_complete_job)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--live-within", default="15s", show_default=True, metavar="DURATION",
               help="A daemon is live if its last heartbeat is this recent.")
@@ -366,7 +404,7 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
 
 
 @cli.command()
-@click.argument("job")
+@click.argument("job", shell_complete=_complete_job)
 @click.option("--for", "for_", metavar="DURATION", help="How long, e.g. 3h.")
 @click.option("--until", metavar="TIME",
               help="ISO 8601 time, e.g. 2026-12-01T06:00:00Z; without a zone, local time.")
@@ -435,7 +473,7 @@ def _parse_time(text: str) -> float:
 
 
 @cli.command()
-@click.argument("job")
+@click.argument("job", shell_complete=_complete_job)
 @global_options()
 @handle_errors
 def enable(job: str) -> None:
@@ -453,7 +491,7 @@ def enable(job: str) -> None:
 
 
 @cli.command()
-@click.argument("job")
+@click.argument("job", shell_complete=_complete_job)
 @global_options()
 @handle_errors
 def unlock(job: str) -> None:
@@ -473,7 +511,7 @@ def unlock(job: str) -> None:
 
 
 @cli.command()
-@click.argument("job", required=False)
+@click.argument("job", required=False, shell_complete=_complete_job)
 @click.option("--run", "run_id", type=click.IntRange(1), metavar="ID",
               help="Kill this run (an id from `history`) instead of JOB's runs.")
 @click.option("--item", metavar="ITEM", help="Only this item's run (fan-out jobs).")
@@ -554,8 +592,8 @@ def resume() -> None:
 
 
 @cli.command()
-@click.argument("job", required=False)
-@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 100000),
+@click.argument("job", required=False, shell_complete=_complete_job)
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100000),
               metavar="N", help="How many entries, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @global_options()
@@ -676,8 +714,8 @@ def init_db() -> None:
 
 
 @cli.command()
-@click.argument("job", required=False)
-@click.option("--limit", "-n", default=20, show_default=True, type=click.IntRange(1, 100000),
+@click.argument("job", required=False, shell_complete=_complete_job)
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100000),
               metavar="N", help="How many runs, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--output", "output_of", type=int, metavar="RUN",
@@ -715,7 +753,7 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None, r
 
 
 @cli.command(name="run")
-@click.argument("job")
+@click.argument("job", shell_complete=_complete_job)
 @click.option("--timeout", default="10s", show_default=True, metavar="DURATION",
               help="How long to wait for a daemon to start it.")
 @click.option("--no-wait", is_flag=True, help="Only file the request.")

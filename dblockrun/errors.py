@@ -7,6 +7,10 @@ Each class's docstring is its default message. The CLI maps
 
 from __future__ import annotations
 
+#: The exit status of a command interrupted by Ctrl-C (SIGINT), as shells
+#: report it (128 + 2).
+EXIT_INTERRUPTED = 130
+
 
 class DblockrunError(Exception):
     """dblockrun failed."""

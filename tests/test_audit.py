@@ -82,7 +82,7 @@ def test_every_operator_action_is_audited(db: TestDb, store: Store) -> None:
     assert [e["action"] for e in entries(db, "backup")] == ["unlock", "run", "enable", "disable"]
     assert [e["action"] for e in entries(db, "--limit", "2")] == ["disable", "kill"]
     # The table.
-    table = ok(db, "audit", "backup", "-n", "1").splitlines()
+    table = ok(db, "audit", "backup", "--limit", "1").splitlines()
     assert table[0] == "operator actions"
     assert table[1].split() == ["id", "at", "who", "action", "job", "detail"]
     assert table[3].split()[3:] == [me, "unlock", "backup", "-"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 from collections.abc import Sequence
@@ -782,7 +783,7 @@ def option_help(command: str, option: str) -> click.Option:
 
 
 def test_options_have_help_and_durations_say_so() -> None:
-    assert option_help("history", "-n").help == "How many runs, newest first."
+    assert option_help("history", "--limit").help == "How many runs, newest first."
     assert option_help("next", "-c").help == "How many fire times per job."
     durations = [("daemon", "--heartbeat"), ("daemon", "--lease"), ("daemon", "--grace"),
                  ("exec", "--lock-at-most"), ("exec", "--lock-at-least"), ("exec", "--lease"),
@@ -898,3 +899,89 @@ def test_cron_every_points_to_rate(tmp_path: Path) -> None:
     assert (result.exit_code, result.stdout) == (2, "")
     assert result.stderr == (f"dblockrun: {path}:3: job 'a': cron: '@every 5m' is not cron: "
                              "for a fixed interval write `rate: 5m` instead of `cron:`\n")
+
+
+# -- issue 23, item 13: command-line consistency --------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["history", "audit"])
+def test_dash_n_is_execs_name_only(sqlite_db: TestDb, command: str) -> None:
+    """`-n` was `--limit` here and `--name` in exec: it is exec's alone now."""
+    known(sqlite_db, "backup")
+    result = invoke(sqlite_db, command, "-n", "3")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert "No such option '-n'" in result.stderr
+    assert invoke(sqlite_db, command, "--limit", "3").exit_code == 0
+    assert [o for _c, o in _short_options() if o == "-n"] == ["-n"]  # exec's --name
+
+
+def _short_options() -> list[tuple[str, str]]:
+    return [(name, opt) for name, command in cli.commands.items() for param in command.params
+            if isinstance(param, click.Option) and not param.hidden
+            for opt in param.opts if not opt.startswith("--")]
+
+
+def test_global_options_are_described_once_in_help() -> None:
+    top = invoke(None, "--help")
+    assert top.exit_code == 0 and "--db URL" in top.stdout and "--table-prefix" in top.stdout
+    for name in cli.commands:
+        result = invoke(None, name, "--help")
+        assert result.exit_code == 0, name
+        assert "--db URL" not in result.stdout and "--debug" not in result.stdout.split(
+            "Options:")[1], name
+        assert "may also follow the command name: see `dblockrun --help`." in " ".join(
+            result.stdout.split()), name
+    # Still accepted after the command name.
+    assert invoke(None, "validate", "--debug", "--help").exit_code == 0
+
+
+def test_ctrl_c_while_kill_waits_exits_130_without_aborted(sqlite_db: TestDb) -> None:
+    with Store(sqlite_db.url, sqlite_db.prefix) as store:
+        store.ensure_jobs(["report"])
+        won = store.claim_and_record("report", "web-1:7:ab", 300)  # a run no daemon stops
+        assert won is not None
+        proc = subprocess.Popen(
+            [*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix,
+             "kill", "report", "--timeout", "60s"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_without_db())
+        try:
+            wait_for(lambda: bool(store.control.entries("report")), 30, what="the kill request")
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert (proc.returncode, out, err) == (130, "", "")
+
+
+def test_json_durations_are_rounded_to_the_millisecond() -> None:
+    from dblockrun.ops.output import run_json
+    from dblockrun.store.models import RunRecord
+
+    run = RunRecord(id=1, job="j", item=None, host="h", slot=None, token=1, attempt=1,
+                    started=1000.0, finished=1001.23456789, exit_code=0, result="ok")
+    doc = run_json(run)
+    assert doc is not None and doc["duration"] == 1.235
+
+
+def test_shell_completion_completes_job_names(sqlite_db: TestDb,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.shell_completion import ShellComplete
+
+    known(sqlite_db, "backup", "backup-users", "report")
+
+    def complete(*words: str) -> list[str]:
+        found = ShellComplete(cli, {}, "dblockrun", "_DBLOCKRUN_COMPLETE").get_completions(
+            list(words[:-1]), words[-1])
+        return [item.value for item in found]
+
+    head = ("--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix)
+    assert complete(*head, "disable", "ba") == ["backup", "backup-users"]
+    assert complete(*head, "status", "backup", "") == ["backup", "backup-users", "report"]
+    # Global options after the command name count too.
+    assert complete("kill", *head, "r") == ["report"]
+    # No database in reach: nothing, and nothing created.
+    monkeypatch.setenv("XDG_STATE_HOME", str(sqlite_file(sqlite_db).parent / "state"))
+    assert complete("enable", "b") == []
+    assert not (sqlite_file(sqlite_db).parent / "state").exists()

@@ -39,6 +39,7 @@ from dblockrun.running.holder import new_holder_id as new_holder_id
 from dblockrun.running.runjob import RunContext
 from dblockrun.running.runlog import log_run
 from dblockrun.running.runloop import RunLoop
+from dblockrun.running.runner import GRACE_RAN_OUT, SECOND_INTERRUPT
 from dblockrun.scheduling.planner import Planner
 from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.scheduling.targeting import (
@@ -166,6 +167,7 @@ class Daemon:
             store=self.store, holder=self.holder, lease=opts.lease, kill_grace=opts.kill_grace,
             renewer=parts.renewer, outage=self.outage, stop=self.stop,
             stop_grace=lambda: self.signals.deadline,
+            stop_why=lambda: SECOND_INTERRUPT if self.signals.stop_now else GRACE_RAN_OUT,
             loop=RunLoop(self.stop, threads=parts.threads),
             metrics=self.metrics, events=parts.events)
         return Firing(

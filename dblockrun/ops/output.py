@@ -274,7 +274,7 @@ def run_json(run: RunRecord | None) -> dict[str, Any] | None:
         "attempt": run.attempt,
         "started": iso(run.started),
         "finished": iso(run.finished),
-        "duration": run.duration,
+        "duration": None if run.duration is None else round(run.duration, 3),
         "exit_code": run.exit_code,
         "result": run.result,
     }

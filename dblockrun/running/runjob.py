@@ -18,7 +18,7 @@ from dblockrun.errors import DatabaseError
 from dblockrun.events import Events, RunEnded, RunStarted
 from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.runloop import RunLoop
-from dblockrun.running.runner import LeaseWatch, Outcome, Process, argv_for
+from dblockrun.running.runner import GRACE_RAN_OUT, LeaseWatch, Outcome, Process, argv_for
 from dblockrun.store import models as m
 from dblockrun.store.base import Disables, RunStore
 from dblockrun.store.outage import Outage
@@ -53,6 +53,8 @@ class RunContext:
     #: Where the runs' starts and ends are told (dblockrun/events.py): the
     #: log, metrics, notifications and pings subscribe there.
     events: Events | None = None
+    #: Why the shutdown stops a command (dblockrun/running/runner.py).
+    stop_why: Callable[[], str] = lambda: GRACE_RAN_OUT
 
 
 def result_of(outcome: Outcome) -> str:
@@ -301,6 +303,7 @@ class JobRun:
             stop=ctx.stop,
             kill_grace=ctx.kill_grace,
             stop_grace=ctx.stop_grace,
+            stop_why=ctx.stop_why,
             on_start=self.on_start,
             user=job.user,
             on_err_line=self.err_sink,
@@ -482,7 +485,8 @@ class JobRun:
             on_line=line_logger(f"[{job.name} on-failure] ", job=job.name,
                                 run_id=self.last_run_id),
             deadline=time.monotonic() + 300, watch=None, stop=ctx.stop,
-            kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace, user=job.user,
+            kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace, stop_why=ctx.stop_why,
+            user=job.user,
         )
 
         def ended() -> None:

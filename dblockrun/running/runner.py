@@ -28,6 +28,11 @@ log = logging.getLogger("dblockrun")
 OUTPUT_TAIL = 64 * 1024
 #: The longest the run's wait sleeps between looks at its lease and a stop
 #: request; lock-at-most and the fence are waited for to the instant.
+#: Why a shutdown stopped a command (its record's output ends with it).
+GRACE_RAN_OUT = "shutdown grace ran out"
+#: ... when a second SIGINT (Ctrl-C again) ended the grace.
+SECOND_INTERRUPT = "stopped by a second interrupt"
+
 LOOK_EVERY = 0.1
 
 @dataclass
@@ -218,8 +223,9 @@ class Process:
     go there (the tail holds both, as read). ``deadline`` is monotonic
     (lock-at-most): the command is stopped at that instant. ``stop`` asks
     for a shutdown: the command then gets until ``stop_grace()`` (monotonic)
-    before it is stopped. ``user``: run the command as that user (its groups,
-    HOME, USER, LOGNAME); the spawn service that starts and watches it
+    before it is stopped, the record then saying ``stop_why()``. ``user``:
+    run the command as that user (its groups, HOME, USER, LOGNAME); the spawn
+    service that starts and watches it
     (:mod:`dblockrun.running.spawner`) stays with the daemon's user, so the command
     cannot kill its own watchdog. The command leads its own process group;
     with a ``watch`` the service also stops it once the lease is not
@@ -240,6 +246,7 @@ class Process:
         stop: threading.Event,
         kill_grace: float = 5.0,
         stop_grace: Callable[[], float | None] = lambda: None,
+        stop_why: Callable[[], str] = lambda: GRACE_RAN_OUT,
         on_start: Callable[[int], None] | None = None,
         user: str | None = None,
         on_err_line: LineSink | None = None,
@@ -254,6 +261,7 @@ class Process:
         self.stop = stop
         self.kill_grace = kill_grace
         self.stop_grace = stop_grace
+        self.stop_why = stop_why
         self.on_start = on_start
         self.user = user
         self.fence_margin = fence_margin(watch.lease, kill_grace) if watch else kill_grace + 1.0
@@ -359,7 +367,7 @@ class Process:
             elif watch is not None and now >= watch.fence_at(self.fence_margin):
                 self.reason, self.detail = "fenced", "lease could not be renewed before it expired"
             elif self.stop.is_set() and ((until := self.stop_grace()) is None or now >= until):
-                self.reason, self.detail = "stopped", "shutdown grace ran out"
+                self.reason, self.detail = "stopped", self.stop_why()
             else:
                 return _wait_time(deadline, watch, self.fence_margin)
             self._stopping = True
