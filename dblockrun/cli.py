@@ -810,9 +810,12 @@ def run_(job: str, timeout: str, no_wait: bool) -> None:
 def import_crontab(file: str, system: bool | None, out: str | None) -> None:
     """Translate the crontab FILE (- for stdin) into a jobs file.
 
-    Each line that cannot be translated (@reboot, MAILTO=, an unescaped %, a bad
+    Each line that cannot be translated (@reboot, an unescaped %, a bad
     schedule...) is reported on stderr as `FILE:LINE: cannot translate: why`; the
-    other jobs are still written. Exit status 0 if every line translated, 1 if
+    other jobs are still written. MAILTO= becomes a mail notification on failure
+    and timeout, with a `FILE:LINE: warning: why`. Schedules keep this host's time
+    zone (TZ, /etc/timezone, /etc/localtime) as timezone:, and keys every job
+    shares go under defaults:. Exit status 0 if every line translated, 1 if
     some were skipped, 2 if FILE cannot be read or OUT written.
     """
     from dblockrun.config.crontab import import_crontab as translate

@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 
 import dblockrun.config.crontab
 from dblockrun.cli import cli
-from dblockrun.config.crontab import Translation, is_system_path, translate_crontab
+from dblockrun.config.crontab import (
+    Translation,
+    host_timezone,
+    is_system_path,
+    translate_crontab,
+)
 from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.config.load import load_jobs_text
 
@@ -491,22 +496,23 @@ def test_the_user_field_becomes_user_or_a_comment_for_root() -> None:
         """,
         system=True,
     )
-    assert body(result) == textwrap.dedent(
+    assert result.text.split("\n", 3)[3] == textwrap.dedent(  # a key of both: in defaults
         """\
+        defaults:
+          shell: /bin/sh
         jobs:
           run-parts-cron.hourly:
             # cron ran this as user root; dblockrun runs it as the daemon's user
             description: Hourly scripts
             cron: 17 * * * *
-            shell: /bin/sh
             command: cd / && run-parts --report /etc/cron.hourly
           cleanup:
             cron: '@daily'
-            shell: /bin/sh
             user: nobody
             command: /srv/app/cleanup
         """
     )
+    assert [job.shell for job in loaded(result).jobs] == ["/bin/sh", "/bin/sh"]
     assert [job.user for job in loaded(result).jobs] == [None, "nobody"]
     assert result.problems == ()
     assert result.warnings == ()
@@ -846,7 +852,8 @@ def test_cli_prints_the_jobs_file_and_exits_0(tmp_path: Path) -> None:
     result = invoke(str(crontab))
     assert result.exit_code == 0, result.output
     assert result.stderr == ""
-    assert result.stdout == translate_crontab(crontab.read_text(), str(crontab)).text
+    assert result.stdout == translate_crontab(crontab.read_text(), str(crontab),
+                                              host_zone=host_timezone()).text
     assert load_jobs_text(result.stdout, "x").jobs[0].description == "Nightly"
 
 
@@ -936,7 +943,7 @@ def test_cli_writes_to_output(tmp_path: Path) -> None:
 def test_cli_reads_stdin() -> None:
     result = invoke("-", "--system", stdin="0 2 * * * root backup\n")
     assert result.exit_code == 0, result.output
-    assert "# Translated from - by" in result.stdout
+    assert "# Translated from stdin by" in result.stdout
     assert "    # cron ran this as user root;" in result.stdout
 
 
@@ -982,3 +989,102 @@ def test_cli_help_documents_the_exit_status() -> None:
     text = " ".join(result.stdout.split())
     assert "FILE:LINE: cannot translate: why" in text
     assert "Exit status 0 if every line translated, 1 if some were skipped" in text
+
+
+# --- issue 23, item 9: the host's time zone, defaults:, stdin, --help ---------------
+
+
+def test_cli_writes_the_hosts_time_zone_under_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under TZ=Europe/Berlin, cron ran `0 3 * * *` at 03:00 Berlin time: the
+    jobs file says so, or the job would move by an hour or two."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    crontab = tmp_path / "crontab"
+    crontab.write_text("FOO=1\n0 3 * * * /usr/bin/backup\n30 4 * * * report\n"
+                       "CRON_TZ=Asia/Tokyo\n0 9 * * * tokyo\nCRON_TZ=\n0 5 * * * late\n")
+    result = invoke(str(crontab))
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout == textwrap.dedent(
+        f"""\
+        # Translated from {crontab} by `dblockrun import-crontab`.
+        # cron read schedules in this host's time zone (Europe/Berlin): written as timezone:.
+        # Commands get the daemon's environment plus env:.
+        defaults:
+          env:
+            FOO: '1'
+        jobs:
+          backup:
+            cron: 0 3 * * *
+            timezone: Europe/Berlin
+            command: /usr/bin/backup
+          report:
+            cron: 30 4 * * *
+            timezone: Europe/Berlin
+            command: report
+          tokyo:
+            cron: 0 9 * * *
+            timezone: Asia/Tokyo
+            command: tokyo
+          late:
+            cron: 0 5 * * *
+            timezone: Europe/Berlin
+            command: late
+        """
+    )
+    jobs = load_jobs_text(result.stdout, "x").jobs
+    assert [job.timezone for job in jobs] == ["Europe/Berlin"] * 2 + ["Asia/Tokyo", "Europe/Berlin"]
+    assert {dict(job.env)["FOO"] for job in jobs} == {"1"}
+    # Every job in the host's zone: the zone goes under defaults too.
+    crontab.write_text("0 3 * * * /usr/bin/backup\n30 4 * * * report\n")
+    result = invoke(str(crontab))
+    assert result.stdout.split("\n", 3)[3].startswith(
+        "defaults:\n  timezone: Europe/Berlin\njobs:\n  backup:\n    cron: 0 3 * * *\n"
+        "    command: /usr/bin/backup\n")
+
+
+@pytest.mark.parametrize(("tz", "zone"), [
+    (":Europe/Berlin", "Europe/Berlin"), ("/usr/share/zoneinfo/America/New_York",
+                                          "America/New_York"),
+    ("UTC", None), ("Etc/UTC", None),
+])
+def test_the_hosts_time_zone_comes_from_tz(monkeypatch: pytest.MonkeyPatch, tz: str,
+                                           zone: str | None) -> None:
+    monkeypatch.setenv("TZ", tz)
+    assert host_timezone() == zone
+
+
+def test_cli_warns_when_local_time_has_no_zone_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    monkeypatch.setenv("TZ", "XYZ-3")  # POSIX: 3 hours east of UTC, no zone name
+    time.tzset()
+    try:
+        crontab = tmp_path / "crontab"
+        crontab.write_text("0 3 * * * backup\n")
+        result = invoke(str(crontab))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert result.exit_code == 0
+    assert result.stderr == (
+        f"{crontab}: warning: this host's local time is not UTC and TZ, /etc/timezone and "
+        "/etc/localtime name no zone: cron read these schedules in local time, dblockrun "
+        "reads them in UTC: add timezone: (under defaults:)\n")
+
+
+def test_cli_calls_standard_input_stdin() -> None:
+    result = invoke("-", stdin="0 2 * * * backup\n@reboot start\n")
+    assert result.exit_code == 1
+    assert result.stdout.startswith("# Translated from stdin by `dblockrun import-crontab`.\n")
+    assert result.stderr == ("stdin:2: cannot translate: @reboot: a fleet has no single boot "
+                             "(use a cron expression or rate)\n")
+
+
+def test_cli_help_says_mailto_is_translated() -> None:
+    text = " ".join(invoke("--help").stdout.split())
+    assert "MAILTO= becomes a mail notification on failure and timeout" in text
+    assert "(@reboot, an unescaped %" in text and "MAILTO=, an" not in text
+    assert "FILE (- for stdin)" in text

@@ -75,7 +75,8 @@ _TIMEZONE = ("CRON_TZ", "TZ")
 
 @dataclass(frozen=True)
 class Problem:
-    """A crontab line that was left out of the jobs file, and why."""
+    """A crontab line that was left out of the jobs file, and why (line 0:
+    the whole file)."""
 
     line: int
     why: str
@@ -97,7 +98,8 @@ class Translation:
         """``FILE:LINE: cannot translate: why`` and ``FILE:LINE: warning: why``, by line."""
         tagged = [(p.line, "cannot translate", p.why) for p in self.problems]
         tagged += [(p.line, "warning", p.why) for p in self.warnings]
-        return [f"{self.path}:{line}: {tag}: {why}" for line, tag, why in sorted(tagged)]
+        return [f"{self.path}{f':{line}' if line else ''}: {tag}: {why}"
+                for line, tag, why in sorted(tagged)]
 
 
 def is_system_path(path: str) -> bool:
@@ -128,14 +130,71 @@ def write_jobs(path: str, text: str) -> None:
 
 
 def import_crontab(path: str, *, system: bool | None = None) -> Translation:
-    """Read the crontab at ``path`` and translate it (see :func:`translate_crontab`)."""
-    return translate_crontab(read_crontab(path), path, system=system)
+    """Read the crontab at ``path`` and translate it (see :func:`translate_crontab`)
+    with this host's time zone, as cron read it."""
+    text = read_crontab(path)
+    zone = host_timezone()
+    translation = translate_crontab(text, path, system=system, host_zone=zone)
+    if zone is None and translation.jobs and _local_offsets_differ_from_utc():
+        translation = translate_crontab(text, path, system=system, host_zone=zone,
+                                        unnamed_zone=True)
+    return translation
 
 
-def translate_crontab(text: str, path: str, *, system: bool | None = None) -> Translation:
+def host_timezone() -> str | None:
+    """The name of this host's time zone, in which cron reads a schedule
+    without ``CRON_TZ``: ``TZ`` (``:Europe/Berlin`` or a zoneinfo path),
+    else ``/etc/timezone``, else where ``/etc/localtime`` links into a
+    zoneinfo folder; None when it is UTC (what dblockrun reads schedules in
+    anyway) or none of them names a zone dblockrun knows."""
+    candidates: list[str] = []
+    tz = os.environ.get("TZ")
+    if tz is not None:
+        candidates.append(tz)
+    else:
+        try:
+            with open("/etc/timezone", encoding="utf-8") as stream:
+                candidates.append(stream.readline().strip())
+        except (OSError, UnicodeDecodeError):
+            pass
+        candidates.append(os.path.realpath("/etc/localtime"))
+    for candidate in candidates:
+        zone = candidate.removeprefix(":")
+        if "zoneinfo/" in zone:
+            zone = zone.split("zoneinfo/", 1)[1]
+        try:
+            validate_timezone(zone)
+        except ValueError:
+            continue
+        return None if zone.removeprefix("Etc/") in _UTC_NAMES else zone
+    return None
+
+
+#: The zone names of UTC itself (a zone such as Europe/London is not one).
+_UTC_NAMES = frozenset("UTC UCT Universal Zulu GMT GMT0 GMT+0 GMT-0 Greenwich".split())
+
+
+def _local_offsets_differ_from_utc() -> bool:
+    """Whether this host's local time is not UTC (now, or half a year away)."""
+    import time
+
+    now = time.time()
+    return any(time.localtime(t).tm_gmtoff != 0 for t in (now, now + 182 * 86400))
+
+
+def shown_path(path: str) -> str:
+    """How messages and the header name the crontab: ``-`` is stdin."""
+    return "stdin" if path == "-" else path
+
+
+def translate_crontab(text: str, path: str, *, system: bool | None = None,
+                      host_zone: str | None = None, unnamed_zone: bool = False) -> Translation:
     """Translate the crontab ``text``; ``path`` names it in messages and the header.
 
     ``system``: whether lines have a user field; ``None``: if ``path`` is under /etc/.
+    ``host_zone``: the zone cron read schedules in where no ``CRON_TZ``/``TZ``
+    line says otherwise (written as their ``timezone:``); ``unnamed_zone``:
+    the host's local time is not UTC and has no name (a warning says so).
     """
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     if lines and lines[-1] == "":
@@ -146,14 +205,19 @@ def translate_crontab(text: str, path: str, *, system: bool | None = None) -> Tr
         if not system:
             found = _user_column(lines)
             system = found is not None
-    translator = _Translator(system)
+    translator = _Translator(system, host_zone=host_zone, timezone=host_zone)
     if found is not None:
         translator.warnings.append(found)
+    if unnamed_zone:
+        translator.warnings.append(Problem(0, (
+            "this host's local time is not UTC and TZ, /etc/timezone and /etc/localtime "
+            "name no zone: cron read these schedules in local time, dblockrun reads them "
+            "in UTC: add timezone: (under defaults:)")))
     for number, line in enumerate(lines, start=1):
         translator.line(number, line)
     return Translation(
-        path=path,
-        text=_render(path, translator.jobs),
+        path=shown_path(path),
+        text=_render(shown_path(path), translator.jobs, host_zone),
         jobs=len(translator.jobs),
         problems=tuple(translator.problems),
         warnings=tuple(translator.warnings),
@@ -217,6 +281,8 @@ class _Job:
 @dataclass
 class _Translator:
     system: bool
+    #: The zone of the schedules before any CRON_TZ= or TZ= line (the host's).
+    host_zone: str | None = None
     jobs: list[_Job] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
@@ -280,7 +346,7 @@ class _Translator:
         if name in _TIMEZONE:
             zone = value.removeprefix(":")
             if not zone:
-                self.timezone = None
+                self.timezone = self.host_zone  # cron: local time again
                 return
             try:
                 validate_timezone(zone)
@@ -432,15 +498,52 @@ def _unescape(command: str) -> str:
 # --- writing the jobs file ---------------------------------------------------------
 
 
-def _render(path: str, jobs: list[_Job]) -> str:
-    head = [
-        f"# Translated from {_shown(path)} by `dblockrun import-crontab`.",
-        "# cron read schedules in the host's local time; dblockrun reads them in UTC",
-        "# unless a job sets timezone:. Commands get the daemon's environment plus env:.",
-    ]
+#: Keys that go under ``defaults:`` when every job has the same value
+#: (``env``: each variable every job has with the same value).
+_SHARED_KEYS = ("timezone", "shell", "notify")
+
+
+def _shared(jobs: list[_Job]) -> dict[str, Any]:
+    """The keys every job has with the same value, taken out of the jobs
+    (two jobs at least: one job keeps its keys)."""
+    if len(jobs) < 2:
+        return {}
+    shared: dict[str, Any] = {}
+    for key in _SHARED_KEYS:
+        values = [job.keys.get(key) for job in jobs]
+        if values[0] is not None and all(v == values[0] for v in values):
+            shared[key] = values[0]
+    envs = [job.keys.get("env", {}) for job in jobs]
+    env = {k: v for k, v in envs[0].items() if all(e.get(k, None) == v for e in envs)}
+    if env:
+        shared["env"] = env
+    for job in jobs:
+        for key in shared:
+            if key == "env":
+                left = {k: v for k, v in job.keys["env"].items() if k not in env}
+                if left:
+                    job.keys["env"] = left
+                else:
+                    del job.keys["env"]
+            else:
+                del job.keys[key]
+    return shared
+
+
+def _render(path: str, jobs: list[_Job], host_zone: str | None = None) -> str:
+    zone = ([f"# cron read schedules in this host's time zone ({_shown(host_zone)}): "
+             "written as timezone:.", "# Commands get the daemon's environment plus env:."]
+            if host_zone else
+            ["# cron read schedules in the host's local time; dblockrun reads them in UTC",
+             "# unless a job sets timezone:. Commands get the daemon's environment plus env:."])
+    head = [f"# Translated from {_shown(path)} by `dblockrun import-crontab`.", *zone]
     if not jobs:
         return "\n".join([*head, "jobs: {}", ""])
-    out = [*head, "jobs:"]
+    shared = _shared(jobs)
+    out = head
+    if shared:
+        out += ["defaults:", *(f"  {line}" for line in _dump(shared).splitlines())]
+    out.append("jobs:")
     for job in jobs:
         dumped = _dump({job.name: job.keys}).splitlines()
         out.append(f"  {dumped[0]}")
