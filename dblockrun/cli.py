@@ -599,7 +599,7 @@ def resume() -> None:
 @global_options()
 @handle_errors
 def audit(job: str | None, limit: int, as_json: bool) -> None:
-    """Operator actions (disable, enable, run, kill, unlock, pause, resume),
+    """Operator actions (disable, enable, run, cancel-run, kill, unlock, pause, resume),
     newest first: when, who, what and why."""
     from dblockrun.ops import output
     from dblockrun.ops.actions import Access, require_job
@@ -757,14 +757,36 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None, r
 @click.option("--timeout", default="10s", show_default=True, metavar="DURATION",
               help="How long to wait for a daemon to start it.")
 @click.option("--no-wait", is_flag=True, help="Only file the request.")
+@click.option("--wait", "wait_end", is_flag=True,
+              help="Also wait for the run to end, and exit with its status: 0 ok, the "
+                   "command's exit status if it failed, else 1.")
+@click.option("--cancel", is_flag=True, help="Withdraw JOB's filed request instead.")
 @global_options()
 @handle_errors
-def run_(job: str, timeout: str, no_wait: bool) -> None:
+def run_(job: str, timeout: str, no_wait: bool, wait_end: bool, cancel: bool) -> None:
     """Ask the fleet to run JOB now: some daemon that has it claims it, under
-    the same lock, within about a second."""
-    from dblockrun.ops.actions import Access, request_runs
+    the same lock, within about a second. When none can (the fleet paused, no
+    live daemon, the job busy), it says why; the request stays filed."""
+    from dblockrun.ops.actions import (
+        Access,
+        exit_status,
+        no_such_job,
+        request_runs,
+        wait_for_ends,
+    )
 
     _check_name(job, host_row=True)
+    if sum((no_wait, wait_end, cancel)) > 1:
+        raise UsageError("give one of --no-wait, --wait and --cancel")
+    if cancel:
+        with _open(Access.WRITE, _jobs_for_db()) as store:
+            withdrawn = store.cancel_request(job, _audit("cancel-run", job))
+            if withdrawn is None:
+                raise no_such_job(store, [job])
+            where = _where(store)
+        click.echo(f"{job}: run request withdrawn in {where}" if withdrawn else
+                   f"{job}: no run request filed in {where}: nothing to do (nothing recorded)")
+        return
     wait = None if no_wait else _duration(timeout, "--timeout")
     jobs = _jobs_for_db(always=True)
     defined = jobs.job(job) if jobs is not None else None
@@ -775,27 +797,35 @@ def run_(job: str, timeout: str, no_wait: bool) -> None:
     with _open(Access.WRITE, jobs) as store:
         runs = request_runs(store, job, wait, _audit("run", job))
         where = _where(store)
-    if runs is None:
-        click.echo(f"{job}: run requested in {where}")
-        return
-    skipped = False
-    for row, run in runs:  # an every-host job: a line per host
-        if run is None:
-            continue
-        if run.result == "skipped":  # its group was at its limit (dblockrun/scheduling/limits.py)
-            why = (run.output or "skipped").strip().removeprefix("skipped: ")
-            click.echo(_shown(f"dblockrun: {row}: run {run.id} not started on {run.host}: "
-                              f"{why}"), err=True)
-            skipped = True
-        else:
-            click.echo(_shown(f"{row}: run {run.id} started on {run.host} "
-                              f"(token {run.token}) in {where}"))
-    late = [row for row, run in runs if run is None]
-    if late:
-        raise DblockrunError(f"no daemon started {', '.join(late)} within {wait:g}s; the "
-                             "request stays filed")
-    if skipped:
-        sys.exit(EXIT_RUNTIME)
+        if runs is None:
+            click.echo(f"{job}: run requested in {where}")
+            return
+        status = 0
+        for row, run in runs:  # an every-host job: a line per host
+            if run is None:
+                continue
+            if run.result == "skipped":  # its group was at its limit (scheduling/limits.py)
+                why = (run.output or "skipped").strip().removeprefix("skipped: ")
+                click.echo(_shown(f"dblockrun: {row}: run {run.id} not started on {run.host}: "
+                                  f"{why}"), err=True)
+                status = EXIT_RUNTIME
+            else:
+                click.echo(_shown(f"{row}: run {run.id} started on {run.host} "
+                                  f"(token {run.token}) in {where}"))
+        late = [row for row, run in runs if run is None]
+        if late:
+            raise DblockrunError(f"no daemon started {', '.join(late)} within {wait:g}s; the "
+                                 "request stays filed")
+        if wait_end:
+            started = [run for _row, run in runs if run is not None and run.result != "skipped"]
+            for run in wait_for_ends(store, started):
+                code = "" if run.exit_code is None else f" (exit {run.exit_code})"
+                took = "" if run.duration is None else f" in {run.duration:.2f}s"
+                click.echo(_shown(f"{run.job}: run {run.id} on {run.host} ended "
+                                  f"{run.result}{code}{took}"))
+                status = status or exit_status(run)
+    if status:
+        sys.exit(status)
 
 
 @cli.command(name="import-crontab")

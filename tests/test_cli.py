@@ -8,6 +8,7 @@ import re
 import signal
 import stat
 import subprocess
+import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -985,3 +986,42 @@ def test_shell_completion_completes_job_names(sqlite_db: TestDb,
     monkeypatch.setenv("XDG_STATE_HOME", str(sqlite_file(sqlite_db).parent / "state"))
     assert complete("enable", "b") == []
     assert not (sqlite_file(sqlite_db).parent / "state").exists()
+
+
+# -- issue 23, item 6: `run` tells the truth -------------------------------------------------
+
+
+def test_run_says_at_once_when_no_daemon_is_live_or_the_fleet_is_paused(
+        db: TestDb, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    known(db, "backup")
+    filed = ("; the request stays filed (`dblockrun run backup --cancel` withdraws it)\n")
+    started = time.monotonic()
+    result = invoke(db, "run", "backup", "--timeout", "30s")
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == ("dblockrun: backup: no daemon is live (none sent a heartbeat in "
+                             "the last 15s); it starts once one that has backup is" + filed)
+    assert time.monotonic() - started < 10  # not the 30 s timeout
+    line = [s for s in invoke(db, "status").stdout.splitlines() if s.startswith("backup ")]
+    assert re.match(r"backup +idle; run requested \d+\.\ds ago +- ", line[0]), line
+
+    assert invoke(db, "pause", "--reason", "db upgrade").exit_code == 0
+    result = invoke(db, "run", "backup")
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == (f"dblockrun: backup: the fleet is paused (by {operator_id()}: db "
+                             "upgrade); it starts after `dblockrun resume`" + filed)
+    # --no-wait files it and says no more.
+    result = invoke(db, "run", "backup", "--no-wait")
+    assert (result.exit_code, result.stdout) == (0, f"backup: run requested in {where(db)}\n")
+
+    assert invoke(db, "run", "backup", "--cancel").stdout == (
+        f"backup: run request withdrawn in {where(db)}\n")
+    assert invoke(db, "run", "backup", "--cancel").stdout == (
+        f"backup: no run request filed in {where(db)}: nothing to do (nothing recorded)\n")
+    assert job_of(status_doc(db), "backup")["run_requested"] is None
+    with Store(db.url, db.prefix) as store:
+        assert [e.action for e in store.control.entries("backup")] == [
+            "cancel-run", "run", "run", "run"]
+    result = invoke(db, "run", "backup", "--wait", "--no-wait")
+    assert (result.exit_code, result.stderr) == (
+        2, "dblockrun: give one of --no-wait, --wait and --cancel\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -114,9 +115,59 @@ def test_run_now_leaves_a_job_disabled_in_the_jobs_file_alone(db: TestDb, tmp_pa
         res = d.cli("run", "manual", "--timeout", "3s")
         assert (res.returncode, res.stdout) == (1, "")
         assert res.stderr == (
-            "dblockrun: no daemon started manual within 3s; the request stays filed (is a "
-            "daemon with this job enabled in its jobs file running?)\n")
+            "dblockrun: manual: no daemon started it within 3s (is a daemon with this job "
+            "enabled in its jobs file running?); the request stays filed (`dblockrun run "
+            "manual --cancel` withdraws it)\n")
         assert store.history("manual") == []
+    finally:
+        store.close()
+        assert d.stop() == 0
+
+
+TRUTH_JOBS = """\
+jobs:
+  slow:
+    rate: 1d
+    command: exec sleep 60
+  failing:
+    rate: 1d
+    command: sleep 0.2; exit 3
+"""
+
+
+@pytest.mark.slow
+def test_run_says_busy_and_run_wait_exits_with_the_runs_status(db: TestDb,
+                                                                tmp_path: Path) -> None:
+    """Issue 23, item 6: `run` of a running job said "no daemon started it
+    ... is a daemon running?" and the job ran later without a word; `run
+    failing` exited 0."""
+    d = Daemon(db, tmp_path, "--grace", "0s", jobs_text=TRUTH_JOBS)
+    store = Store(db.url, db.prefix)
+    try:
+        (slow,) = wait_for(lambda: store.control.running("slow") or None, 20,
+                           what="the first run of slow")
+        wait_for(lambda: any(r.result == "failed" for r in store.history("failing")) or None,
+                 20, what="the first run of failing")
+        res = d.cli("run", "slow", "--timeout", "1s")
+        assert (res.returncode, res.stdout) == (1, "")
+        assert re.fullmatch(
+            rf"dblockrun: slow: slow is busy: run {slow.id} on {re.escape(slow.host)} has run "
+            r"since \S+Z; it starts when that run ends; the request stays filed \(`dblockrun "
+            r"run slow --cancel` withdraws it\)\n", res.stderr), res.stderr
+        status = json.loads(d.cli("status", "--json", "slow").stdout)
+        assert status["jobs"][0]["run_requested"] is not None
+        where = f"{db.url} (table prefix {db.prefix})"
+        assert d.cli("run", "slow", "--cancel").stdout == (
+            f"slow: run request withdrawn in {where}\n")
+        assert json.loads(d.cli("status", "--json", "slow").stdout)["jobs"][0][
+            "run_requested"] is None
+
+        res = d.cli("run", "failing", "--wait")
+        assert res.returncode == 3, res.stderr
+        started, ended = res.stdout.splitlines()
+        run_id = int(re.fullmatch(r"failing: run (\d+) started on .*", started)[1])  # type: ignore[index]
+        assert re.fullmatch(rf"failing: run {run_id} on \S+ ended failed \(exit 3\) in "
+                            r"0\.\d\ds", ended), ended
     finally:
         store.close()
         assert d.stop() == 0

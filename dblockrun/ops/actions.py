@@ -18,7 +18,7 @@ from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.store import Store
 from dblockrun.store.control import Audit
 from dblockrun.store.dburl import default_url, describe, missing_sqlite_file
-from dblockrun.store.models import Disabled, RunRecord
+from dblockrun.store.models import OK, RUNNING, Disabled, HostStatus, RunRecord, jobs_known
 
 
 class Access(enum.Enum):
@@ -120,11 +120,68 @@ def _with_reason(store: Store, run: RunRecord) -> RunRecord:
     return store.run(run.id) or run
 
 
-def request_run(store: Store, job: str, wait: float | None,
-                audit: Audit | None = None) -> RunRecord | None:
+#: How often ``run`` looks whether its run started, and ``run --wait`` whether it ended.
+POLL = 0.1
+WAIT_POLL = 0.5
+
+
+class NotStarted(DblockrunError):
+    """No daemon started the requested run: the request stays filed."""
+
+
+def _filed(job: str, why: str) -> NotStarted:
+    return NotStarted(f"{job}: {why}; the request stays filed (`dblockrun run {job} "
+                      "--cancel` withdraws it)")
+
+
+def not_now(store: Store, job: str, hosts: list[HostStatus],
+            live_within: float) -> str | None:
+    """Why no daemon starts ``job`` now, known without waiting: the fleet is
+    paused, no daemon is live, or no live daemon's file has the job."""
+    from dblockrun.config.durations import format_duration
+    from dblockrun.config.jobs import EVERY_HOST_SEP
+
+    paused = store.control.paused()
+    if paused is not None:
+        reason = f": {paused.reason}" if paused.reason else ""
+        return (f"the fleet is paused (by {paused.who}{reason}); it starts after "
+                "`dblockrun resume`")
+    if not hosts:
+        return (f"no daemon is live (none sent a heartbeat in the last "
+                f"{format_duration(live_within)}); it starts once one that has {job} is")
+    known = jobs_known(hosts)
+    base = job.split(EVERY_HOST_SEP, 1)[0]  # every-host rows: JOB@HOST, on HOST only
+    if known is not None and base not in {name.split(EVERY_HOST_SEP, 1)[0] for name in known}:
+        return (f"no live daemon has {base} in its jobs file; it starts once one that "
+                "has it is live")
+    return None
+
+
+def _busy(store: Store, row: str) -> str | None:
+    """Why ``row`` has not started yet when its lock is held: the run holding it."""
+    from dblockrun.ops.output import iso
+
+    running = store.control.running(row)
+    if not running:
+        state = store.lock_state(row)
+        if state is None or state.holder is None or state.lock_until is None or (
+                state.lock_until <= store.db_now()):
+            return None
+        return f"{row} is busy (its lock is held by {state.holder} until {iso(state.lock_until)})"
+    run = running[-1]
+    return (f"{row} is busy: run {run.id} on {run.host} has run since {iso(run.started)}; "
+            "it starts when that run ends")
+
+
+def request_run(store: Store, job: str, wait: float | None, audit: Audit | None = None,
+                hosts: list[HostStatus] | None = None) -> RunRecord | None:
     """File a run-now request for ``job`` (recording the operator's
     ``audit``); with ``wait``, return the run a daemon started for it, or
-    raise if none did in time."""
+    raise :class:`NotStarted` saying why none did: at once when no daemon
+    can start it now (:func:`not_now`; ``hosts``: the live ones, if read),
+    else after ``wait``."""
+    from dblockrun.store.status import LIVE_WITHIN
+
     before = store.lock_state(job)
     if before is None:
         raise no_such_job(store, [job], " (has a daemon loaded it?)")
@@ -133,6 +190,9 @@ def request_run(store: Store, job: str, wait: float | None,
     store.request_run(job, audit)
     if wait is None:
         return None
+    live = store.hosts(LIVE_WITHIN) if hosts is None else hosts
+    if (why := not_now(store, job, live, LIVE_WITHIN)) is not None:
+        raise _filed(job, why)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         state = store.lock_state(job)
@@ -140,11 +200,10 @@ def request_run(store: Store, job: str, wait: float | None,
             for run in store.history(job, 5, output=False):
                 if run.token == state.token:
                     return _with_reason(store, run)
-        time.sleep(0.1)
-    raise DblockrunError(
-        f"no daemon started {job} within {wait:g}s; the request stays filed "
-        "(is a daemon with this job enabled in its jobs file running?)"
-    )
+        time.sleep(POLL)
+    busy = _busy(store, job)
+    raise _filed(job, busy or f"no daemon started it within {wait:g}s (is a daemon with this "
+                 "job enabled in its jobs file running?)")
 
 
 def request_runs(store: Store, job: str, wait: float | None,
@@ -152,7 +211,9 @@ def request_runs(store: Store, job: str, wait: float | None,
     """``dblockrun run JOB``: (row, the run started for it, or None if none
     did in time) per lock row asked to run; None with no ``wait``. An
     every-host job: its row on every live host (dblockrun/scheduling/targeting.py), each
-    run there; else :func:`request_run`."""
+    run there; else :func:`request_run`. With ``wait``, what keeps every
+    daemon from starting it now (a pause, no live daemon) raises
+    :class:`NotStarted` at once, the request filed."""
     from dblockrun.scheduling.targeting import (
         HOSTNAME,
         describe,
@@ -171,7 +232,7 @@ def request_runs(store: Store, job: str, wait: float | None,
                              "no daemon would run it")
     rows = store.with_every_host([job])[1:]
     if not rows:
-        run = request_run(store, job, wait, audit)
+        run = request_run(store, job, wait, audit, hosts)
         return None if run is None else [(job, run)]
 
     base = store.lock_state(job)
@@ -188,6 +249,8 @@ def request_runs(store: Store, job: str, wait: float | None,
         store.request_run(row, audit if i == 0 else None)
     if wait is None:
         return None
+    if (why := not_now(store, job, hosts, LIVE_WITHIN)) is not None:
+        raise _filed(job, why)
     started: dict[str, RunRecord] = {}
     deadline = time.monotonic() + wait
     while len(started) < len(rows) and time.monotonic() < deadline:
@@ -198,5 +261,27 @@ def request_runs(store: Store, job: str, wait: float | None,
             for run in store.history(row, 5, output=False):
                 if run.job == row and run.token == state.token:
                     started[row] = _with_reason(store, run)
-        time.sleep(0.1)
+        time.sleep(POLL)
     return [(row, started.get(row)) for row in rows]
+
+
+def wait_for_ends(store: Store, runs: list[RunRecord]) -> list[RunRecord]:
+    """``run --wait``: the runs as they ended (polled; Ctrl-C stops waiting)."""
+    ended: dict[int, RunRecord] = {}
+    while True:
+        for run in runs:
+            if run.id not in ended:
+                now = store.run(run.id)
+                if now is None or now.result != RUNNING:
+                    ended[run.id] = now or run
+        if len(ended) == len(runs):
+            return [ended[run.id] for run in runs]
+        time.sleep(WAIT_POLL)
+
+
+def exit_status(run: RunRecord) -> int:
+    """``run --wait``'s exit status for a run that ended: 0 if ok, its
+    command's exit status if it failed with one, else 1."""
+    if run.result == OK:
+        return 0
+    return run.exit_code if run.exit_code is not None and 0 < run.exit_code < 256 else 1

@@ -34,7 +34,7 @@ from dblockrun.scheduling.targeting import (
     matches,
 )
 from dblockrun.store import FOREVER
-from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions
+from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions, jobs_known
 
 if TYPE_CHECKING:
     from rich.box import Box
@@ -184,8 +184,7 @@ class Fleet:
         self.paused = paused
         self.defs = definitions(self.hosts)
         #: Job names some live daemon has; None if a host did not say.
-        self.known: set[str] | None = (
-            set(self.defs) if all(_jobs_known(h) for h in self.hosts) else None)
+        self.known = jobs_known(self.hosts)
         #: Each live host's labels, and the targeting of the jobs their files
         #: have (the first host's, if they differ: drift warns of that).
         self.labels = {h.id: loads_labels(h.labels) for h in self.hosts}
@@ -230,14 +229,6 @@ def job_view(s: JobStatus, fleet: Fleet) -> JobView:
         elif fleet.known is not None and s.lock.name not in fleet.known:
             note = NOT_ON_LIVE_DAEMON
     return JobView(status=s, held=held, running=s.running if held else None, next_note=note)
-
-
-def _jobs_known(host: HostStatus) -> bool:
-    """The host reported which jobs its file has."""
-    try:
-        return isinstance(json.loads(host.jobs or ""), dict)
-    except ValueError:
-        return False
 
 
 def warnings(jobs: Sequence[JobStatus], fleet: Fleet, live_within: float) -> list[str]:
@@ -330,6 +321,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             "disabled_until": iso(s.lock.disabled_until) if s.state == "disabled" else None,
             "disabled_reason": s.lock.disabled_reason if s.state == "disabled" else None,
             "disabled_by": s.lock.disabled_by if s.state == "disabled" else None,
+            "run_requested": iso(s.lock.run_requested),
             "last_run": run_json(s.last_run),
             "running": run_json(v.running),
             "items": s.items,
@@ -622,6 +614,8 @@ def _state_cell(v: JobView, now: float) -> str:
             text += f" by {s.lock.disabled_by}"
         if s.lock.disabled_reason:
             text += f": {s.lock.disabled_reason}"
+    if s.lock.run_requested is not None:  # dblockrun run: filed, not yet started
+        text += f"; run requested {_ago(max(0.0, now - s.lock.run_requested))} ago"
     if s.items is not None:
         c = s.items
         text += (f"; items {c['done']}/{c['total']} done, {c['running']} running, "

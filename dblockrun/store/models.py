@@ -93,6 +93,9 @@ class LockState:
     disabled_reason: str | None
     #: Who disabled it (``user@host``; None: on-failure, or before schema 4).
     disabled_by: str | None = None
+    #: When an operator's run-now request was filed (``dblockrun run``), until
+    #: a daemon claims it or it is withdrawn.
+    run_requested: float | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,22 @@ def from_row(kind: type[R], row: Mapping[Any, Any]) -> R:
             value = row[name]
             values[name] = value if value is None or number is None else number(value)
     return kind(**values)
+
+
+def jobs_known(hosts: list[HostStatus]) -> set[str] | None:
+    """The job names the hosts' files have; None if a host did not say."""
+    import json
+
+    names: set[str] = set()
+    for host in hosts:
+        try:
+            jobs = json.loads(host.jobs or "")
+        except ValueError:
+            return None
+        if not isinstance(jobs, dict):
+            return None
+        names.update(str(name) for name in jobs)
+    return names
 
 
 def definitions(hosts: list[HostStatus]) -> dict[str, dict[str, list[str]]]:

@@ -38,7 +38,7 @@ _ITEM_COUNTS = ("total", "done", "running", "waiting", "failed")
 #: MariaDB, PyMySQL decodes every value in Python.
 _LOCK_COLUMNS = ("name", "holder", "lock_until", "locked_at", "token", "last_slot",
                  "last_start", "next_due", "disabled_until", "disabled_reason", "disabled_by",
-                 "held_for")
+                 "held_for", "run_requested")
 
 
 @dataclass(frozen=True)

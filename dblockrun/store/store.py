@@ -550,6 +550,27 @@ class Store:
         if audit is not None:  # the request is the lock engine's statement: then its record
             self._run(lambda c: self.control.record(c, audit))
 
+    def cancel_request(self, name: str, audit: Audit | None = None) -> bool | None:
+        """Withdraw the run-now request of ``name`` (an every-host job: of
+        each host's row). True: withdrawn; False: none was filed (nothing
+        recorded); None: no such job."""
+        locks = self.t.locks
+        rows = locks.c.name.in_(self.with_every_host([name]))
+        filed = sa.func.sum(sa.case((locks.c.run_requested.is_not(None), 1), else_=0))
+        read = sa.select(sa.func.count(), filed).where(rows)
+        stmt = locks.update().where(rows).values(run_requested=None)
+
+        def go(conn: Connection) -> bool | None:
+            count, requested = conn.execute(read).one()
+            if not count:
+                return None
+            if not requested:
+                return False
+            conn.execute(stmt)
+            return True
+
+        return self.control.audited(go, audit)
+
     def requested(self) -> list[str]:
         """Jobs an operator asked to run now (one statement, whatever the job count)."""
         locks = self.t.locks
