@@ -379,9 +379,12 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--live-within", default="15s", show_default=True, metavar="DURATION",
               help="A daemon is live if its last heartbeat is this recent.")
+@click.option("--check", is_flag=True,
+              help="For monitoring: print the problems (no live daemon, a last run failed, "
+                   "a job not started for twice its period) and exit 1 if there is one.")
 @global_options()
 @handle_errors
-def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
+def status(jobs: tuple[str, ...], as_json: bool, live_within: str, check: bool) -> None:
     """Show jobs (state, holder, lock, last and next run) and live hosts."""
     from dblockrun.ops import output
     from dblockrun.ops.actions import Access, no_such_job
@@ -395,7 +398,21 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str) -> None:
         if missing:
             raise no_such_job(store, missing)
         where = _where(store)
-    if as_json:
+    if check:
+        from dblockrun.ops.check import problems
+
+        found = problems(got)
+        if as_json:
+            click.echo(output.dumps({"version": output.JSON_VERSION, "ok": not found,
+                                     "problems": found}))
+        elif found:
+            for line in found:
+                click.echo(_shown(f"problem: {line}"))
+        else:
+            click.echo(f"ok: {len(got.jobs)} job(s), {len(got.hosts)} live daemon(s) in {where}")
+        if found:
+            sys.exit(EXIT_RUNTIME)
+    elif as_json:
         click.echo(output.status_json(got.jobs, got.hosts, got.db_now, within, got.paused,
                                       got.groups))
     else:
@@ -555,6 +572,23 @@ def kill(job: str | None, run_id: int | None, item: str | None, reason: str | No
 
 
 @cli.command()
+@click.argument("job", shell_complete=_complete_job)
+@global_options()
+@handle_errors
+def forget(job: str) -> None:
+    """Delete JOB's rows, items and runs from the database: a job no live
+    daemon defines (an exec one-off, a job deleted from the jobs file; JOB@HOST:
+    a renamed host's every-host row). Refused while a live daemon has it."""
+    from dblockrun.ops.actions import Access, forget_job
+
+    _check_name(job, host_row=True)
+    with _open(Access.WRITE, _jobs_for_db()) as store:
+        rows, runs = forget_job(store, job, _audit("forget", job))
+        where = _where(store)
+    click.echo(f"{job} forgotten in {where}: {rows} lock row(s) and {runs} run(s) deleted")
+
+
+@cli.command()
 @click.option("--for", "for_", metavar="DURATION", help="How long, e.g. 1h (default: until "
               "`resume`).")
 @click.option("--reason", metavar="TEXT", help="Shown in status and the audit trail.")
@@ -599,8 +633,8 @@ def resume() -> None:
 @global_options()
 @handle_errors
 def audit(job: str | None, limit: int, as_json: bool) -> None:
-    """Operator actions (disable, enable, run, cancel-run, kill, unlock, pause, resume),
-    newest first: when, who, what and why."""
+    """Operator actions (disable, enable, run, cancel-run, kill, unlock, forget, pause,
+    resume), newest first: when, who, what and why."""
     from dblockrun.ops import output
     from dblockrun.ops.actions import Access, require_job
 

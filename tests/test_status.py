@@ -489,3 +489,81 @@ def test_status_reads_last_and_running_runs_and_item_counts(store: Store) -> Non
     assert (a.items, b.items) == (None, None)
     assert fan.items == {"total": 4, "done": 1, "running": 1, "waiting": 1, "failed": 1}
     assert [s.lock.name for s in report(store, ["fan", "a"]).jobs] == ["a", "fan"]
+
+
+# -- issue 23, item 7: status --check and forget ------------------------------------------
+
+
+def finished(store: Store, job: str, result: str, exit_code: int | None) -> int:
+    """A run of ``job`` that ended ``result`` (exit ``exit_code``); its id."""
+    store.ensure_jobs([job])
+    won = store.claim_and_record(job, "web-1:7:ab", 30)
+    assert won is not None and won.run_id is not None
+    store.finish_and_release(won.run_id, job, "web-1:7:ab", won.token, result, exit_code,
+                             None, 0.0)
+    return won.run_id
+
+
+def test_status_check_is_a_monitoring_exit_status(db: TestDb, store: Store) -> None:
+    store.ensure_schema()
+    result = invoke(db, "status", "--check")
+    assert (result.exit_code, result.stdout) == (1, (
+        "problem: no live daemon: none sent a heartbeat in the last 15s, so no job starts "
+        "on schedule\n"))
+    beat(store, "web-1:7:ab", ["backup", "report", "cleanup"])
+    store.ensure_jobs(["cleanup"])
+    result = invoke(db, "status", "--check")
+    assert (result.exit_code, result.stdout) == (
+        0, f"ok: 1 job(s), 1 live daemon(s) in {db.url} (table prefix {db.prefix})\n")
+
+    failed = finished(store, "backup", "failed", 3)
+    finished(store, "report", "ok", 0)
+    locks = store.t.locks
+    with store.engine.connect() as conn:  # started 3h ago, next planned 2h ago: a 1h period
+        conn.execute(locks.update().where(locks.c.name == "report").values(
+            last_start=store.now - 3 * 3600, next_due=store.now - 2 * 3600))
+    result = invoke(db, "status", "--check")
+    assert (result.exit_code, result.stdout) == (1, (
+        f"problem: job backup: last run {failed} failed (exit 3) on web-1:7:ab, 0s ago\n"
+        "problem: job report: has not started for 3h, more than twice its period (1h)\n"))
+    doc = json.loads(invoke(db, "status", "--check", "--json").stdout)
+    assert (doc["ok"], len(doc["problems"])) == (False, 2)
+    # Disabled jobs and a paused fleet are an operator's choice, not a problem.
+    assert invoke(db, "disable", "backup").exit_code == 0
+    assert invoke(db, "pause").exit_code == 0
+    assert invoke(db, "status", "--check").exit_code == 0
+
+
+def test_forget_removes_a_job_no_live_daemon_defines(db: TestDb, store: Store) -> None:
+    where = f"{db.url} (table prefix {db.prefix})"
+    store.heartbeat_host("web-1:7:ab", hostname="web-1", pid=1, version="0.1.0",
+                         clock_offset=0.0, running=0, jobs=json.dumps({"backup": "d1",
+                                                                      "rotate": "d2"}),
+                         labels=json.dumps({"hostname": "web-1"}))
+    finished(store, "oneoff", "ok", 0)
+    store.ensure_jobs(["backup", "rotate", "rotate@web-1", "rotate@old-host"])
+
+    result = invoke(db, "forget", "backup")
+    assert (result.exit_code, result.stderr) == (2, (
+        "dblockrun: live daemon web-1:7:ab has backup in its jobs file: forget is for jobs no "
+        "live daemon defines (remove it from the file and reload first)\n"))
+    assert invoke(db, "forget", "rotate@web-1").exit_code == 2
+    assert invoke(db, "forget", "oneof").stderr.endswith(": oneof (did you mean oneoff?)\n")
+
+    won = store.claim_and_record("oneoff", "web-2:8:cd", 30)  # an exec of it, running
+    assert won is not None
+    result = invoke(db, "forget", "oneoff")
+    assert (result.exit_code, result.stderr) == (1, (
+        "dblockrun: oneoff is held (a run may be going on): wait for it to end, or "
+        "`dblockrun kill oneoff`, then forget it\n"))
+    assert won.run_id is not None
+    store.finish_and_release(won.run_id, "oneoff", "web-2:8:cd", won.token, "ok", 0, None, 0.0)
+    result = invoke(db, "forget", "oneoff")
+    assert (result.exit_code, result.stdout) == (
+        0, f"oneoff forgotten in {where}: 1 lock row(s) and 2 run(s) deleted\n")
+    assert invoke(db, "forget", "rotate@old-host").stdout == (
+        f"rotate@old-host forgotten in {where}: 1 lock row(s) and 0 run(s) deleted\n")
+    assert [s.lock.name for s in report(store).jobs] == ["backup", "rotate", "rotate@web-1"]
+    assert store.history("oneoff") == []
+    assert [(e.action, e.job) for e in store.control.entries()] == [
+        ("forget", "rotate@old-host"), ("forget", "oneoff")]

@@ -112,6 +112,36 @@ def enable_job(store: Store, job: str, audit: Audit) -> bool:
     return cleared
 
 
+def forget_job(store: Store, job: str, audit: Audit) -> tuple[int, int]:
+    """``dblockrun forget``: delete the rows of ``job`` (and of its every-host
+    rows ``job@HOST``; or the one row ``JOB@HOST``), its items and its runs,
+    when no live daemon defines it: an ``exec`` one-off, a job deleted from
+    the file, a renamed host's every-host row. (lock rows, runs) deleted."""
+    from dblockrun.config.jobs import EVERY_HOST_SEP
+    from dblockrun.scheduling.targeting import HOSTNAME, loads_labels
+    from dblockrun.store.status import LIVE_WITHIN
+
+    require_job(store, job)
+    base, _sep, on_host = job.partition(EVERY_HOST_SEP)
+    for host in store.hosts(LIVE_WITHIN):
+        known = jobs_known([host])
+        if known is None:
+            raise UsageError(f"live daemon {host.id} does not say which jobs it has (an older "
+                             f"version?): cannot tell whether it defines {base}")
+        name = loads_labels(host.labels).get(HOSTNAME, host.hostname)
+        if base in {k.split(EVERY_HOST_SEP, 1)[0] for k in known} and (
+                not on_host or name == on_host):
+            raise UsageError(f"live daemon {host.id} has {base} in its jobs file: forget is "
+                             "for jobs no live daemon defines (remove it from the file and "
+                             "reload first)")
+    rows = [job] if on_host else store.with_every_host([job])
+    done = store.forget(rows, audit)
+    if done is None:
+        raise DblockrunError(f"{job} is held (a run may be going on): wait for it to end, "
+                             f"or `dblockrun kill {job}`, then forget it")
+    return done
+
+
 def _with_reason(store: Store, run: RunRecord) -> RunRecord:
     """A run not started (``skipped``) with its output, which says why (the
     history is read without outputs)."""

@@ -571,6 +571,27 @@ class Store:
 
         return self.control.audited(go, audit)
 
+    def forget(self, rows: Sequence[str], audit: Audit | None = None) -> tuple[int, int] | None:
+        """Delete the lock rows ``rows`` of a job no daemon defines, their
+        fan-out items and their runs, in one transaction with the operator's
+        ``audit``: (lock rows, runs) deleted; None (nothing done) while one
+        of them is held by a live lease (a command may be running)."""
+        locks, items, runs, now = self.t.locks, self.t.items, self.t.runs, self.now
+        names = list(rows)
+        held = sa.select(sa.func.count()).where(locks.c.name.in_(names), locks.c.lock_until > now)
+        held_items = sa.select(sa.func.count()).where(items.c.job.in_(names),
+                                                      items.c.lock_until > now)
+
+        def go(conn: Connection) -> tuple[int, int] | None:
+            if conn.execute(held).scalar() or conn.execute(held_items).scalar():
+                return None
+            gone = conn.execute(runs.delete().where(runs.c.job.in_(names))).rowcount
+            conn.execute(items.delete().where(items.c.job.in_(names)))
+            count = conn.execute(locks.delete().where(locks.c.name.in_(names))).rowcount
+            return count, gone
+
+        return self.control.audited(go, audit)
+
     def requested(self) -> list[str]:
         """Jobs an operator asked to run now (one statement, whatever the job count)."""
         locks = self.t.locks
