@@ -31,6 +31,8 @@ R = TypeVar("R")
 
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
+#: How often ``status --watch`` redraws (seconds).
+WATCH_EVERY = 2.0
 
 
 @dataclass
@@ -379,17 +381,28 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--live-within", default="15s", show_default=True, metavar="DURATION",
               help="A daemon is live if its last heartbeat is this recent.")
+@click.option("--wide", is_flag=True,
+              help="Every fact: holder, token, absolute times, pid, version, labels (the "
+                   "default table fits 80 columns).")
+@click.option("--watch", is_flag=True,
+              help="Redraw the table in place every 2 seconds, until Ctrl-C.")
 @click.option("--check", is_flag=True,
               help="For monitoring: print the problems (no live daemon, a last run failed, "
                    "a job not started for twice its period) and exit 1 if there is one.")
 @global_options()
 @handle_errors
-def status(jobs: tuple[str, ...], as_json: bool, live_within: str, check: bool) -> None:
-    """Show jobs (state, holder, lock, last and next run) and live hosts."""
+def status(jobs: tuple[str, ...], as_json: bool, live_within: str, wide: bool, watch: bool,
+           check: bool) -> None:
+    """Show jobs (state, last and next run; --wide: holder, lock, token...)
+    and live hosts."""
+    import time
+
     from dblockrun.ops import output
     from dblockrun.ops.actions import Access, no_such_job
     from dblockrun.store.status import report
 
+    if watch and (as_json or check):
+        raise UsageError("--watch draws the table: not with --json or --check")
     within = _duration(live_within, "--live-within") or 0.0
     with _open(Access.READ, _jobs_for_db()) as store:
         # An every-host job: its own row and every host's (JOB@HOST).
@@ -398,6 +411,14 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str, check: bool) 
         if missing:
             raise no_such_job(store, missing)
         where = _where(store)
+        while watch:  # until Ctrl-C (exit status 130)
+            sys.stdout.write(output.REDRAW)
+            click.echo(f"database: {where}")
+            output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused,
+                                got.groups, wide=wide)
+            sys.stdout.flush()
+            time.sleep(WATCH_EVERY)
+            got = report(store, store.with_every_host(list(jobs)) or None, within)
     if check:
         from dblockrun.ops.check import problems
 
@@ -417,7 +438,8 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str, check: bool) 
                                       got.groups))
     else:
         click.echo(f"database: {where}")
-        output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused, got.groups)
+        output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused, got.groups,
+                            wide=wide)
 
 
 @cli.command()

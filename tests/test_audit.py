@@ -106,7 +106,7 @@ def test_status_shows_who_disabled_a_job(db: TestDb, store: Store) -> None:
     assert (jobs["backup"]["disabled_by"], jobs["backup"]["disabled_reason"]) == (
         operator_id(), "disk full")
     assert jobs["report"]["disabled_by"] is None
-    line = [s for s in ok(db, "status").splitlines() if s.startswith("backup ")]
+    line = [s for s in ok(db, "status", "--wide").splitlines() if s.startswith("backup ")]
     assert f"disabled until enabled by {operator_id()}: disk full" in line[0]
     # Enabled: nobody disabled it any more.
     ok(db, "enable", "backup")

@@ -274,7 +274,7 @@ def test_status_table_shows_disabled_reason(
     monkeypatch.setenv("COLUMNS", "200")  # rich folds cells on narrow terminals
     known(sqlite_db, "backup")
     invoke(sqlite_db, "disable", "backup", "--reason", "disk full")
-    result = invoke(sqlite_db, "status")
+    result = invoke(sqlite_db, "status", "--wide")
     assert result.exit_code == 0
     assert "backup" in result.stdout
     # Who disabled it, as the audit trail names them.
@@ -1002,7 +1002,8 @@ def test_run_says_at_once_when_no_daemon_is_live_or_the_fleet_is_paused(
     assert result.stderr == ("dblockrun: backup: no daemon is live (none sent a heartbeat in "
                              "the last 15s); it starts once one that has backup is" + filed)
     assert time.monotonic() - started < 10  # not the 30 s timeout
-    line = [s for s in invoke(db, "status").stdout.splitlines() if s.startswith("backup ")]
+    table = invoke(db, "status", "--wide").stdout.splitlines()
+    line = [s for s in table if s.startswith("backup ")]
     assert re.match(r"backup +idle; run requested \d+\.\ds ago +- ", line[0]), line
 
     assert invoke(db, "pause", "--reason", "db upgrade").exit_code == 0

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -373,7 +376,7 @@ def test_json_and_table_agree_on_an_idle_job_a_dead_host_held(
     assert backup["next_run_note"] is None and backup["next_run"] is not None
     assert (orphan["next_run"], orphan["next_run_note"]) == (None, "no live daemon has this job")
     assert doc["warnings"] == []
-    table = invoke(sqlite_db, "status", columns=200).stdout.splitlines()
+    table = invoke(sqlite_db, "status", "--wide", columns=200).stdout.splitlines()
     backup_row = next(line for line in table if line.startswith("backup "))
     assert backup_row.split()[:4] == ["backup", "idle", "-", "1"]
     assert next(line for line in table if line.startswith("orphan ")).endswith(
@@ -385,8 +388,8 @@ def test_last_run_names_its_host(sqlite_store: Store, sqlite_db: TestDb) -> None
     won = sqlite_store.claim_and_record("backup", "web-3:9:cc", 30)
     assert won is not None and won.run_id is not None
     sqlite_store.finish_and_release(won.run_id, "backup", "web-3:9:cc", won.token, "ok", 0, "")
-    row = next(line for line in invoke(sqlite_db, "status", columns=300).stdout.splitlines()
-               if line.startswith("backup "))
+    table = invoke(sqlite_db, "status", "--wide", columns=300).stdout.splitlines()
+    row = next(line for line in table if line.startswith("backup "))
     assert re.search(r"  ok exit 0 in \d+\.\d\ds, \d\d:\d\d:\d\dZ \(\d+\.\ds ago\) "
                      r"on web-3:9:cc  ", row), row
 
@@ -395,10 +398,10 @@ def test_piped_status_keeps_each_row_on_one_line_and_follows_columns(
         sqlite_store: Store, sqlite_db: TestDb) -> None:
     reason = "the bucket is being migrated to the new region, ask ops before enabling"
     sqlite_store.disable(LONG, reason=reason)
-    piped = invoke(sqlite_db, "status").stdout.splitlines()
+    piped = invoke(sqlite_db, "status", "--wide").stdout.splitlines()
     assert piped[4] == (
         f"{LONG}  disabled until enabled: {reason}  -       0      -         disabled")
-    narrow = invoke(sqlite_db, "status", columns=100).stdout.splitlines()
+    narrow = invoke(sqlite_db, "status", "--wide", columns=100).stdout.splitlines()
     assert max(len(line) for line in narrow[1:]) <= 100  # [0]: the database
     assert narrow[4].split()[0] == LONG
 
@@ -567,3 +570,91 @@ def test_forget_removes_a_job_no_live_daemon_defines(db: TestDb, store: Store) -
     assert store.history("oneoff") == []
     assert [(e.action, e.job) for e in store.control.entries()] == [
         ("forget", "rotate@old-host"), ("forget", "oneoff")]
+
+
+# -- issue 23, item 7: 80 columns by default, --wide, colours ----------------------------------
+
+
+NARROW = """\
+jobs
+job             state                       last run               next run
+--------------- --------------------------- ---------------------- --------
+scrape-website  running on web-3            ok, 5m ago             in 1m
+backup          idle                        failed exit 3, 2d ago  in 3h
+move-to-cold    disabled for 3h: disk full  -                      disabled
+
+live hosts (a heartbeat in the last 15s)
+host               last seen  clock offset  running
+------------------ ---------- ------------- -------
+web-1:4121:9f2c1a  4.0s ago   +2.1 ms       1
+"""
+
+
+@pytest.mark.parametrize("width", [80, 120, None])
+def test_the_default_table_fits_80_columns_one_line_a_job(width: int | None) -> None:
+    """It was 200 columns piped, and 3 to 4 lines a job at 80 (issue 23,
+    item 7): holder, token, absolute times, pid and version are --wide's."""
+    jobs = fleet_jobs()
+    jobs[0] = JobStatus(
+        lock("scrape-website", holder=WEB3, lock_until=NOW + 25, token=42, next_due=NOW + 60),
+        last_run=run(17, "scrape-website", token=41),
+        running=run(18, "scrape-website", host=WEB3, token=42, started=NOW - 5, finished=None,
+                    exit_code=None, result="running"), db_now=NOW)
+    text = output.status_text(jobs, [host(WEB1, {"scrape-website": "a", "backup": "b"})], NOW,
+                              15.0, width, wide=False)
+    assert text == NARROW
+
+
+def test_status_wide_shows_every_fact(sqlite_store: Store, sqlite_db: TestDb) -> None:
+    sqlite_store.ensure_jobs(["backup"])
+    narrow = invoke(sqlite_db, "status").stdout.splitlines()
+    wide = invoke(sqlite_db, "status", "--wide").stdout.splitlines()
+    assert narrow[2].split() == ["job", "state", "last", "run", "next", "run"]
+    assert wide[2].split() == ["job", "state", "holder", "token", "last", "run", "next", "run"]
+
+
+def test_failed_lost_disabled_and_paused_are_coloured_on_a_terminal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    red, yellow, reset = "\x1b[31m", "\x1b[33m", "\x1b[0m"
+    assert output.coloured("backup  idle  failed exit 3, 2d ago  disabled\n"
+                           "x  lost, 1m ago  fleet paused\nfailed-import  timeout\n") == (
+        f"backup  idle  {red}failed{reset} exit 3, 2d ago  {yellow}disabled{reset}\n"
+        f"x  {red}lost{reset}, 1m ago  fleet {yellow}paused{reset}\n"
+        f"failed-import  {red}timeout{reset}\n")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("TERM", raising=False)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert output.use_colour()
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not output.use_colour()
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert not output.use_colour()  # piped: plain text
+
+
+def test_status_watch_redraws_in_place_until_ctrl_c(sqlite_store: Store,
+                                                    sqlite_db: TestDb) -> None:
+    from helpers import clean_env, dblockrun_cmd, wait_for
+
+    sqlite_store.ensure_jobs(["backup"])
+    out = Path(sqlite_db.url.removeprefix("sqlite:///")).with_name("watch.out")
+    with out.open("wb") as stream:
+        proc = subprocess.Popen([*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix",
+                                 sqlite_db.prefix, "status", "--watch"],
+                                stdout=stream, stderr=subprocess.PIPE, env=clean_env())
+    try:
+        frames = wait_for(lambda: f if len(f := out.read_text().split(output.REDRAW)[1:]) >= 2
+                          else None, 20, what="two frames")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None and proc.stderr.read() == b""
+    assert frames[0].startswith(f"database: {sqlite_db.url} (table prefix {sqlite_db.prefix})"
+                                "\njobs\n")
+    assert "\nbackup  idle " in frames[0]
+    result = invoke(sqlite_db, "status", "--watch", "--json")
+    assert (result.exit_code, result.stderr) == (
+        2, "dblockrun: --watch draws the table: not with --json or --check\n")

@@ -16,6 +16,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -644,14 +645,74 @@ def _next_run_cell(v: JobView, now: float) -> str:
     return _short(due, now)
 
 
+# -- the narrow table (status without --wide): relative times, no holder or token --
+
+
+def _relative(ts: float | None, now: float) -> str:
+    """``in 5m``, ``2d ago``: the narrow table's times."""
+    if ts is None:
+        return "-"
+    if ts >= FOREVER:
+        return "never"
+    delta = ts - now
+    return f"in {_ago(delta)}" if delta >= 0 else f"{_ago(-delta)} ago"
+
+
+def host_name(holder: str) -> str:
+    """The host name of a holder id (``web-3:77:0b1d2e`` is ``web-3``)."""
+    return holder.rsplit(":", 2)[0] if holder.count(":") >= 2 else holder
+
+
+def _narrow_state(v: JobView, now: float) -> str:
+    s = v.status
+    text = s.state
+    if v.running is not None:
+        text += f" on {host_name(v.running.host)}"
+    if s.state == "disabled":
+        until = s.lock.disabled_until
+        text += (" until enabled" if until is None or until >= FOREVER
+                 else f" for {_ago(until - now)}")
+        if s.lock.disabled_reason:
+            text += f": {s.lock.disabled_reason}"
+    if s.lock.run_requested is not None:
+        text += "; run requested"
+    if s.items is not None:
+        text += f"; items {s.items['done']}/{s.items['total']}"
+    return text
+
+
+def _narrow_last_run(run: RunRecord | None, now: float) -> str:
+    if run is None:
+        return "-"
+    code = "" if run.exit_code in (None, 0) else f" exit {run.exit_code}"
+    return f"{run.result}{code}, {_relative(run.started, now)}"
+
+
+def _narrow_next_run(v: JobView, now: float) -> str:
+    if v.next_note is not None:
+        return v.next_note
+    due = v.status.lock.next_due
+    if due is not None and due <= now:
+        return f"due {_relative(due, now)}"
+    return _relative(due, now)
+
+
 @_uncollected
 def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
                 live_within: float = 15.0, width: int | None = None,
-                paused: Pause | None = None, groups: Sequence[GroupUsage] = ()) -> str:
+                paused: Pause | None = None, groups: Sequence[GroupUsage] = (),
+                *, wide: bool = True) -> str:
+    """The status tables; ``wide``: every fact (holder, token, absolute
+    times, pid, version, labels), else what fits 80 columns: relative
+    times, the running host's name."""
     fleet = Fleet(hosts, paused)
     rows = []
     for s in jobs:
         v = job_view(s, fleet)
+        if not wide:
+            rows.append([s.lock.name, _narrow_state(v, db_now),
+                         _narrow_last_run(s.last_run, db_now), _narrow_next_run(v, db_now)])
+            continue
         holder = "-"
         if v.held:
             holder = f"{s.lock.holder or '(none)'} until {_short(s.lock.lock_until, db_now)}"
@@ -662,11 +723,19 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         page.paragraphs([pause_line(paused, db_now)])
         page.line()
     page.line("jobs")
-    page.table(("job", "state", "holder", "token", "last run", "next run"), rows,
-               ("job", "token"))
+    if wide:
+        page.table(("job", "state", "holder", "token", "last run", "next run"), rows,
+                   ("job", "token"))
+    else:
+        page.table(("job", "state", "last run", "next run"), rows, ("job",))
     page.line()
     within = format_duration(live_within)
-    if hosts:
+    if hosts and not wide:
+        page.line(f"live hosts (a heartbeat in the last {within})")
+        page.table(("host", "last seen", "clock offset", "running"),
+                   [[h.id, _relative(h.last_seen, db_now), clock_offset(h.clock_offset),
+                     str(h.running)] for h in hosts], ("host", "clock offset", "running"))
+    elif hosts:
         page.line(f"live hosts (a heartbeat in the last {within})")
         # Labels (host targeting), once a host publishes them.
         labelled = any(h.labels is not None for h in hosts)
@@ -694,9 +763,38 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
 
 def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
                  live_within: float = 15.0, paused: Pause | None = None,
-                 groups: Sequence[GroupUsage] = ()) -> None:
-    sys.stdout.write(status_text(jobs, hosts, db_now, live_within, terminal_width(), paused,
-                                 groups))
+                 groups: Sequence[GroupUsage] = (), *, wide: bool = False) -> None:
+    text = status_text(jobs, hosts, db_now, live_within, terminal_width(), paused, groups,
+                       wide=wide)
+    sys.stdout.write(coloured(text) if use_colour() else text)
+
+
+#: Cursor home and clear to the end of the screen: ``status --watch`` draws
+#: each table over the last.
+REDRAW = "\x1b[H\x1b[J"
+
+
+# -- colours ---------------------------------------------------------------------
+
+#: Words coloured on a terminal: what needs the operator's eye.
+_RED, _YELLOW, _RESET = "\x1b[31m", "\x1b[33m", "\x1b[0m"
+_COLOURED = {"failed": _RED, "lost": _RED, "timeout": _RED, "disabled": _YELLOW,
+             "paused": _YELLOW, "PAUSED": _YELLOW}
+_COLOURED_WORD = re.compile(r"(?<![\w.:@-])(" + "|".join(_COLOURED) + r")(?![\w:@-])")
+
+
+def use_colour() -> bool:
+    """Colours on a terminal, unless ``NO_COLOR`` is set (https://no-color.org)
+    or the terminal is ``dumb``."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return sys.stdout.isatty()
+
+
+def coloured(text: str) -> str:
+    """``text`` with the words of :data:`_COLOURED` in their colour (after
+    the layout: escape codes take no columns)."""
+    return _COLOURED_WORD.sub(lambda m: f"{_COLOURED[m[1]]}{m[1]}{_RESET}", text)
 
 
 @_uncollected
