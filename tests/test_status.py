@@ -330,10 +330,10 @@ def test_status_says_no_live_daemons_and_shows_no_time_in_the_past(
     assert result.stdout == f"""\
 database: {sqlite_db.url} (table prefix {sqlite_db.prefix})
 jobs
-job     state                              holder  token  last run  next run
-------- ---------------------------------- ------- ------ --------- --------------
-backup  disabled until enabled: disk full  -       0      -         disabled
-report  idle                               -       0      -         no live daemon
+job     state                              last run  next run
+------- ---------------------------------- --------- --------------
+backup  disabled until enabled: disk full  -         disabled
+report  idle                               -         no live daemon
 
 live hosts (a heartbeat in the last 15s): none
 
