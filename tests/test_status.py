@@ -489,3 +489,20 @@ def test_status_reads_last_and_running_runs_and_item_counts(store: Store) -> Non
     assert (a.items, b.items) == (None, None)
     assert fan.items == {"total": 4, "done": 1, "running": 1, "waiting": 1, "failed": 1}
     assert [s.lock.name for s in report(store, ["fan", "a"]).jobs] == ["a", "fan"]
+
+
+def test_a_failed_attempt_waiting_for_its_retry_reads_retrying(store: Store) -> None:
+    """Between a failed attempt and its retry the holder keeps the lock and
+    no command runs: the job reads `retrying`, not an unexplained `locked`;
+    once the retry starts it is `running` again, and after the release `idle`."""
+    store.ensure_jobs(["job"])
+    token = store.claim("job", "h1", 30)
+    assert token is not None
+    first = store.start_run("job", "h1", token=token)
+    assert store.finish_run(first, "job", token, "failed", 1, "")
+    assert report(store, ["job"]).jobs[0].state == "retrying"
+    retry = store.start_run("job", "h1", token=token, attempt=2)
+    assert report(store, ["job"]).jobs[0].state == "running"
+    assert store.finish_run(retry, "job", token, "ok", 0, "")
+    assert store.release("job", "h1", token)
+    assert report(store, ["job"]).jobs[0].state == "idle"

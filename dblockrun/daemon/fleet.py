@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import socket
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,7 +31,7 @@ from dblockrun.scheduling.planner import Cause, passed
 from dblockrun.store import Store
 from dblockrun.store.engine import LostRun
 from dblockrun.store.outage import Outage
-from dblockrun.supervise import Policy, Threads
+from dblockrun.supervise import Loop, Policy, Threads
 from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
@@ -84,20 +83,15 @@ class FleetBooks:
         self._drift_seen: set[tuple[str, str]] = set()
         self._defs_for: JobsFile | None = None
         self._defs: tuple[dict[str, str], str] = ({}, "{}")
-        self._stop = threading.Event()
         # A crash is restarted after a backoff of at most a round's interval:
         # meanwhile the other hosts sweep lost runs and the renewals go on.
-        self._supervised = (threads or Threads()).supervise(
-            "bookkeeping", Policy(max_delay=self.interval))
-        self._thread = self._supervised.thread(self._loop, self._stop)
+        self._worker = Loop(threads, "bookkeeping", Policy(max_delay=self.interval), self._loop)
 
     def start(self) -> None:
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        self._worker.stop()
 
     @property
     def interval(self) -> float:
@@ -106,7 +100,7 @@ class FleetBooks:
     def _loop(self) -> None:
         delay = self.interval
         rounds = 0
-        while not self._stop.wait(delay):
+        while not self._worker.wait(delay):
             try:
                 self.round()
                 rounds += 1
@@ -116,7 +110,7 @@ class FleetBooks:
                 delay = self.interval
             except DatabaseError as exc:
                 delay = min(self.interval, self.outage.failed("bookkeeping", exc))
-            self._supervised.ok()
+            self._worker.ok()
 
     def round(self) -> None:
         """One round: host row, clock sample, lost runs, live hosts, drift,
@@ -160,7 +154,8 @@ class FleetBooks:
         lifecycle tells its end, once it has written it."""
         if self.events is not None and lost.host != self.holder:
             self.events.emit(RunLost(job=self._jobs().job(lost.job), name=lost.job,
-                                     host=lost.host, run_id=lost.id, slot=lost.slot,
+                                     host=lost.host, run_id=lost.id, first_run_id=lost.first_id,
+                                     slot=lost.slot,
                                      ended=lost.ended, recorded_by=self.holder, item=lost.item))
 
     def held_slots(self) -> None:

@@ -72,6 +72,7 @@ class LostRun:
     lock_until: float | None  # when its lease ran out (None: taken over since)
     ended: float  # its lease's last renewal
     slot: float | None  # the slot it ran for
+    first_id: int  # the run's first attempt (its pings are keyed by it)
 
 
 @dataclass(frozen=True)
@@ -428,11 +429,13 @@ class LockEngine:
         return self.x.run(go)
 
     def finish_items(self, job: str, holder: str, items: Sequence[ClaimedItem], result: str,
-                     exit_code: int | None, output: str | None) -> bool:
+                     exit_code: int | None, output: str | None,
+                     took: float | None = None) -> bool:
         """An attempt's result for the batch's runs (``run_id`` of each), only
-        while every token is ours; the items stay held (a retry follows)."""
+        while every token is ours; the items stay held (a retry follows).
+        ``took``: the command's duration (as :meth:`finish_run`)."""
         params = self._items_params(job, holder, items, result=result, code=exit_code,
-                                    output=output, took=None)
+                                    output=output, took=took)
         return self.x.run(lambda cur: int(self.x.send(
             cur, self.q.items_finish(len(items)), params).rowcount) == len(items))
 
@@ -446,12 +449,13 @@ class LockEngine:
 
     def finish_and_release_items(self, job: str, holder: str, items: Sequence[ClaimedItem],
                                  result: str, exit_code: int | None, output: str | None,
-                                 lock_at_least: float) -> tuple[bool, bool]:
+                                 lock_at_least: float,
+                                 took: float | None = None) -> tuple[bool, bool]:
         """The batch's result (only while every token is ours) and the release
         of its items, in one round trip: (result written, released)."""
         n, q, send = len(items), self.q, self.x.send
         params = self._items_params(job, holder, items, result=result, code=exit_code,
-                                    output=output, least=float(lock_at_least), took=None)
+                                    output=output, least=float(lock_at_least), took=took)
 
         def go(cur: Any) -> tuple[bool, bool]:
             if self.dialect == "sqlite":  # embedded: two statements
@@ -614,12 +618,13 @@ class LockEngine:
         """Record the dead runs ``found`` (rows of ``lost_runs``) lost: those
         this host recorded (not another host at the same moment)."""
         lost: list[LostRun] = []
-        for run_id, job, item, host, token, lock_until, ended, slot in found:
+        for run_id, job, item, host, token, lock_until, ended, slot, first_id in found:
             params = {"id": int(run_id), "ended": float(ended)}
             if self.x.send(cur, self.q.mark_lost, params).rowcount == 1:
                 lost.append(LostRun(int(run_id), str(job), item, str(host), int(token),
                                     None if lock_until is None else float(lock_until),
-                                    float(ended), None if slot is None else float(slot)))
+                                    float(ended), None if slot is None else float(slot),
+                                    int(first_id if first_id is not None else run_id)))
         return lost
 
     def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,

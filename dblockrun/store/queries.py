@@ -523,11 +523,16 @@ class Queries:
     @cached_property
     def lost_runs(self) -> str:
         """The dead runs of all jobs (each daemon's heartbeat): (id, job,
-        item, host, token, the lease's end, when the run ended, its slot)."""
+        item, host, token, the lease's end, when the run ended, its slot, the
+        id of the run's first attempt: a retry's attempts share its token)."""
         runs, locks = self.runs, self.locks
+        first = (f"(SELECT min(f.id) FROM {runs} f WHERE f.job = {runs}.job "
+                 f"AND f.token = {runs}.token AND f.host = {runs}.host "
+                 f"AND (f.item = {runs}.item OR (f.item IS NULL AND {runs}.item IS NULL)))")
         return (f"SELECT {runs}.id, {runs}.job, {runs}.item, {runs}.host, {runs}.token, "
                 f"(SELECT {locks}.lock_until FROM {locks} WHERE {self.holding(locks, False)}), "
-                f"{self.lost_end()}, {runs}.slot FROM {runs} WHERE {self.lost_where('1 = 1')}")
+                f"{self.lost_end()}, {runs}.slot, {first} "
+                f"FROM {runs} WHERE {self.lost_where('1 = 1')}")
 
     @cached_property
     def mark_lost(self) -> str:
@@ -587,8 +592,8 @@ class Queries:
                 f"(SELECT json_agg({locks}.name) FROM {locks} "
                 f"WHERE {locks}.run_requested IS NOT NULL), "
                 "(SELECT json_agg(json_build_array(d.id, d.job, d.item, d.host, d.token, "
-                f"d.lock_until, d.ended, d.slot)) FROM ({self.lost_runs}) "
-                "AS d(id, job, item, host, token, lock_until, ended, slot))")
+                f"d.lock_until, d.ended, d.slot, d.first_id)) FROM ({self.lost_runs}) "
+                "AS d(id, job, item, host, token, lock_until, ended, slot, first_id))")
 
     @cached_property
     def clock(self) -> str:
