@@ -76,6 +76,22 @@ class LostRun:
 
 
 @dataclass(frozen=True)
+class HeldGap:
+    """A slot claim that moved a job's row on from ``after`` (the slot
+    before) while the lock had been held until ``until``, a second or more
+    past it (schema 5, ``Queries.claim_write``): the job's slots between
+    were kept from every host, and whoever should have recorded them (the
+    holder of a lock-at-least window or a retry's delay, the bookkeeping
+    after a dead holder) may not have."""
+
+    name: str
+    token: int  # the claim's
+    after: float
+    until: float
+    last_slot: float
+
+
+@dataclass(frozen=True)
 class BooksRound:
     """What one bookkeeping round read (PostgreSQL: one statement)."""
 
@@ -584,13 +600,16 @@ class LockEngine:
         self.x.run(go)
 
     def record_slots(self, name: str, host: str, result: str,
-                     rows: Sequence[tuple[float, str]], *, first: float | None) -> bool:
+                     rows: Sequence[tuple[float, str]], *, first: float | None,
+                     gap_of: int | None = None) -> bool:
         """Record slots that ran nowhere (``rows``: slot, output): with
         ``first``, only while the job's last slot is still before it,
         advancing it to the newest of ``rows`` (True for the one host that
-        did); without, unconditionally (a dead holder's blocked slots, whose
-        loss this host alone recorded). Two statements at most, whatever
-        the number of rows."""
+        did); with ``gap_of``, only while the claim with that token is the
+        row's last and its held gap unseen (:meth:`held_gaps`: the slots a
+        claim moved on over); with neither, unconditionally (a dead
+        holder's blocked slots, whose loss this host alone recorded). Two
+        statements at most, whatever the number of rows."""
         insert = self._text("passed_runs", len(rows))
         params: dict[str, Any] = {"job": name, "host": host, "result": result}
         for i, (slot, text) in enumerate(rows):
@@ -601,10 +620,29 @@ class LockEngine:
             if first is not None and self.x.send(cur, self.q.pass_slots,
                                                  advance).rowcount != 1:
                 return False
+            if gap_of is not None and self.x.send(cur, self.q.held_gap_seen, {
+                    "name": name, "token": gap_of}).rowcount != 1:
+                return False
             self.x.send(cur, insert, params)
             return True
 
         return self.x.run(go)
+
+    def held_gaps(self) -> list[HeldGap]:
+        """The slot claims that moved a job on over a lock held past its slot
+        before, not looked at yet (one statement; rows only after such a claim)."""
+        return [HeldGap(str(name), int(token), float(after), float(until), float(last))
+                for name, token, after, until, last in self.x.run(
+                    lambda cur: self.x.send(cur, self.q.held_gaps).fetchall())]
+
+    def held_gaps_seen(self, gaps: Sequence[HeldGap]) -> None:
+        """Mark ``gaps`` looked at (they held no slot to record)."""
+
+        def go(cur: Any) -> None:
+            for gap in gaps:
+                self.x.send(cur, self.q.held_gap_seen, {"name": gap.name, "token": gap.token})
+
+        self.x.run(go)
 
     def sweep_lost(self) -> list[LostRun]:
         """Record as ``lost`` the runs whose lease ran out or was taken over,

@@ -23,9 +23,10 @@ from functools import cached_property
 
 from dblockrun.store.models import RUNNING, TOKEN_MAX
 
-SCHEMA_VERSION = 4  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 5  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
-#                       nullable columns and tables, added by store/migrate.py
+#                       nullable columns and tables, added by store/migrate.py;
+#                    5: locks.prev_slot and prev_until (a claim's jump over held slots)
 
 #: The database clock in epoch seconds, read per statement.
 NOW = {
@@ -180,8 +181,19 @@ class Queries:
         """The claim's conditional UPDATE of the ``rows`` (a condition) of
         ``table``: the write that decides, on every path."""
         p, now = self.p, self.now
-        # prev_renewed_at first: MySQL assigns left to right, from new values.
-        sets = [f"prev_renewed_at = {table}.renewed_at", f"holder = {p('holder')}",
+        # prev_* first: MySQL assigns left to right, from new values.
+        sets = [f"prev_renewed_at = {table}.renewed_at"]
+        if table == self.locks and shape.slot:
+            # The slot the row moves on from, and a lock held a second or more
+            # past it (a lock-at-least window, a retry's delay, a dead
+            # holder's lease): the slots between may have no record
+            # (FleetBooks.held_slots records them). A gap not looked at yet
+            # (prev_until set) is kept and widened, never overwritten.
+            sets += [f"prev_slot = CASE WHEN {table}.prev_until IS NULL THEN {table}.last_slot "
+                     f"ELSE {table}.prev_slot END",
+                     f"prev_until = CASE WHEN {table}.lock_until >= {table}.last_slot + 1 "
+                     f"THEN {table}.lock_until ELSE {table}.prev_until END"]
+        sets += [f"holder = {p('holder')}",
                 f"lock_until = ({now} + {p('lease')})", f"locked_at = {now}",
                 f"token = {token or f'{table}.token + 1'}", f"last_start = {now}",
                 f"renewed_at = {now}"]
@@ -499,6 +511,24 @@ class Queries:
         locks, p = self.locks, self.p
         return (f"UPDATE {locks} SET last_slot = {p('slot')} WHERE {locks}.name = {p('name')} "
                 f"AND ({locks}.last_slot IS NULL OR {locks}.last_slot < {p('first')})")
+
+    @cached_property
+    def held_gaps(self) -> str:
+        """The rows whose last slot claim moved on over a lock held a second or
+        more past the slot before (:meth:`claim_write`), not looked at yet:
+        (name, token, that slot, the lock's end, the last slot)."""
+        locks = self.locks
+        return (f"SELECT {locks}.name, {locks}.token, {locks}.prev_slot, {locks}.prev_until, "
+                f"{locks}.last_slot FROM {locks} WHERE {locks}.prev_until IS NOT NULL "
+                f"AND {locks}.prev_slot IS NOT NULL")
+
+    @cached_property
+    def held_gap_seen(self) -> str:
+        """A row's held gap looked at, while the claim that made it is still
+        the last (its token): one host does."""
+        locks, p = self.locks, self.p
+        return (f"UPDATE {locks} SET prev_until = NULL WHERE {locks}.name = {p('name')} "
+                f"AND {locks}.token = {p('token')} AND {locks}.prev_until IS NOT NULL")
 
     def passed_runs(self, count: int) -> str:
         """The records of ``count`` passed slots in one statement (``slotN``,
