@@ -92,6 +92,8 @@ class RunLost:
     #: The dead holder.
     host: str
     run_id: int
+    #: The run's first attempt (its pings are keyed by it; a retry's is earlier).
+    first_run_id: int
     slot: float | None
     #: Its last renewal (database time).
     ended: float

@@ -177,3 +177,43 @@ class Supervised:
             log.debug("thread %s crashed again (%d since its last round): %s; %s", self.name,
                       failures, why, then, exc_info=exc)
         return delay
+
+
+class Loop:
+    """A background loop's thread, stop event and supervision: the one start
+    and stop of every loop that runs until its owner stops it (bookkeeping,
+    heartbeat, run-request listener). ``target`` runs in the thread; it
+    calls :meth:`wait` between rounds and :meth:`ok` after each."""
+
+    def __init__(self, threads: Threads | None, name: str, policy: Policy,
+                 target: Callable[[], None], join_timeout: float = 30.0,
+                 wake: threading.Event | None = None) -> None:
+        self.supervised = (threads or Threads()).supervise(name, policy)
+        self._stop = threading.Event()
+        #: Set with the stop, so that a loop waiting on it too ends at once.
+        self._wake = wake
+        self._join_timeout = join_timeout
+        self._thread = self.supervised.thread(target, self._stop)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the loop to end and wait for it (at most ``join_timeout``)."""
+        self._stop.set()
+        if self._wake is not None:
+            self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._join_timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` or until stopped; whether the loop is stopping."""
+        return self._stop.wait(seconds)
+
+    def ok(self) -> None:
+        """The loop completed a round."""
+        self.supervised.ok()

@@ -6,6 +6,7 @@ import math
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from collections import Counter
@@ -152,3 +153,24 @@ def coverage(records: list[m.RunRecord], store: Store, step: float) -> Counter[f
             count[slot] += 1
             slot += step
     return count
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """GET ``path`` of 127.0.0.1:``port``: (status, body); (0, "") if nothing answers."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""

@@ -205,10 +205,10 @@ def test_the_notifier_hears_starts_final_ends_missed_slots_and_lost_runs(
                              cause="busy", late=1.0))
     notifier.hear(SlotPassed(job=job, host=HOLDER, slot=60.0, result=m.MISSED, reason="r",
                              cause="late", late=1.0))
-    notifier.hear(RunLost(job=job, name="j", host="web-2:1:x", run_id=3, slot=None,
-                          ended=0.0, recorded_by=HOLDER))
-    notifier.hear(RunLost(job=None, name="gone", host="web-2:1:x", run_id=4, slot=None,
-                          ended=0.0, recorded_by=HOLDER))
+    notifier.hear(RunLost(job=job, name="j", host="web-2:1:x", run_id=3, first_run_id=3,
+                          slot=None, ended=0.0, recorded_by=HOLDER))
+    notifier.hear(RunLost(job=None, name="gone", host="web-2:1:x", run_id=4,
+                          first_run_id=4, slot=None, ended=0.0, recorded_by=HOLDER))
     assert sent.items == [
         ("ping", "start"),  # the run's start, not the retry's
         ("ping", "fail"), ("notify", "failure"),  # its end, after the last attempt

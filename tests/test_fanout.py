@@ -85,6 +85,19 @@ def test_item_lease_token_and_rate(store: Store) -> None:
     assert progress == {"total": 2, "done": 1, "running": 0, "waiting": 0, "failed": 1}
 
 
+def test_an_item_run_ends_when_its_command_did_not_when_written(store: Store) -> None:
+    """As a job's run: an item's record ends its command's duration after its
+    start, however late the write got through (an outage holds it back)."""
+    store.items.sync("job", ["x", "y"])
+    a, b = store.items.claim("job", "h1", 30, slot=None, rate=None, limit=2)
+    assert store.items.finish("job", "h1", [a], "failed", 1, "", took=0.25)
+    assert store.items.finish_and_release("job", "h1", [b], "ok", 0, "", 0, took=0.5) == (
+        True, True)
+    for claimed, took in ((a, 0.25), (b, 0.5)):
+        run = store.run(claimed.run_id)
+        assert run is not None and run.duration == pytest.approx(took, abs=0.001)
+
+
 FLEET_JOBS = """\
 jobs:
   sites:

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import pg_admin
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, free_port, wait_for
 from test_security import Daemon, cli, daemon_args, lock_row, runs_of, write_jobs
 
 from dblockrun.store import Store
@@ -220,11 +220,6 @@ class LimitedDaemon(Daemon):
                                      stdout=self._out, stderr=subprocess.STDOUT, env=env,
                                      cwd=REPO)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def listening_on(port: int) -> list[str]:

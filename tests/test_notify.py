@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from helpers import TestDb, clean_env, dblockrun_cmd, stop_across_slots, wait_for
+from helpers import TestDb, clean_env, dblockrun_cmd, free_port, stop_across_slots, wait_for
 
 from dblockrun.notify.pings import run_uuid
 from dblockrun.store import Store
@@ -94,13 +93,6 @@ def hooks() -> Iterator[Hooks]:
     h = Hooks()
     yield h
     h.server.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Daemon:

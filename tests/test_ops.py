@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import TestDb, dblockrun_cmd, wait_for
+from helpers import TestDb, dblockrun_cmd, free_port, http_get, wait_for
 from proxy import Proxy
 
 from dblockrun.store import Store
@@ -29,11 +26,6 @@ jobs:
     command: echo often
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Daemon:
@@ -55,13 +47,7 @@ class Daemon:
             capture_output=True, text=True, timeout=60)
 
     def get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except OSError:
-            return 0, ""
+        return http_get(self.port, path)
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -17,8 +17,15 @@ from helpers import TestDb, coverage, output_of, wait_for
 from proxy import Proxy
 from test_daemon import DaemonProc, runs_of
 
+from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.daemon.fleet import FleetBooks, unrecorded_runs
+from dblockrun.events import Events
+from dblockrun.metrics import Metrics
+from dblockrun.running.heartbeat import DbClock
+from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.outage import Outage
 
 JOB = 'jobs:\n  tick:\n    cron: "*/2 * * * * *"\n    command: "true"\n'
 STEP = 2.0
@@ -98,3 +105,62 @@ def test_every_slot_of_a_database_outage_has_exactly_one_record(
     assert passed_over, "the outage's slots are recorded missed"
     reasons = {output_of(store, r).split(";")[0] for r in passed_over}
     assert any("the database could not be reached" in text for text in reasons), reasons
+
+
+# -- a claim that moves a job on over slots a held lock kept ---------------------
+
+EVERY_SECOND = Job(name="held", cron="* * * * * *", command="true")
+
+
+def books_of(store: Store, host: str, job: Job) -> FleetBooks:
+    jobs = JobsFile("jobs.yaml", None, (job,))
+    return FleetBooks(store, host, 1.0, DbClock(), Outage(), Metrics(), lambda: jobs,
+                      lambda: 0, book=SlotBook(store, host, Events()))
+
+
+def test_slots_a_dead_holders_lock_kept_are_recorded_once_after_the_next_claim(
+        store: Store) -> None:
+    """A holder claims slot P and dies; its lease keeps the job from every
+    host for a while; another host claims a later slot before any host's
+    bookkeeping recorded the slots between (the race the fault soak found
+    behind frozen and killed holders). Those slots, and only those, get one
+    `skipped` record each, from one of the hosts that look."""
+    store.ensure_jobs(["held"])
+    now = store.db_now()
+    prev = float(int(now)) - 4.0  # a slot 4 s back: 3 or 4 slots after it are kept
+    assert store.claim("held", "dead-host", 0.6, slot=prev) is not None
+    held_until = store.lock_state("held").lock_until  # type: ignore[union-attr]
+    assert held_until is not None
+    nxt = wait_for(lambda: store.claim("held", "h2", 30, slot=float(int(store.db_now())) + 1.0),
+                   10, what="the dead holder's lease to run out")
+    # Another claim before any host looked: the gap is kept, not overwritten.
+    assert store.release("held", "h2", nxt, 0.0)
+    again = wait_for(lambda: store.claim("held", "h3", 30, slot=float(int(store.db_now())) + 1.0),
+                     10, what="the next slot")
+    hosts = [books_of(store, host, EVERY_SECOND) for host in ("h2", "h3")]
+    for books in hosts * 2:  # each host looks twice: each slot is recorded once
+        books.held_slots()
+    kept = [prev + k for k in range(1, 10) if prev + k < held_until]
+    records = runs_of(store, "held")
+    assert sorted(r.slot or 0.0 for r in records if r.result == m.SKIPPED) == kept
+    assert all("the lock was held until" in output_of(store, r) for r in records
+               if r.result == m.SKIPPED)
+    assert store.held_gaps() == []  # looked at: no host reads it again
+    assert (nxt, again) == (2, 3)
+
+
+def test_the_unrecorded_slots_of_a_gap_come_in_runs() -> None:
+    job = Job(name="j", cron="* * * * * *", command="true")
+    assert unrecorded_runs(job, 100.0, 108.0, {102.0, 103.0, 106.0}) == [
+        (100.0, 101.0), (103.0, 105.0), (106.0, 108.0)]
+    assert unrecorded_runs(job, 100.0, 102.5, {101.0, 102.0}) == []
+
+
+def test_a_claim_after_a_lock_released_in_time_leaves_nothing_to_look_at(
+        store: Store) -> None:
+    store.ensure_jobs(["held"])
+    slot = store.db_now() - 0.1  # released within the second after its slot, as runs are
+    won = store.claim("held", "h1", 30, slot=slot)
+    assert won is not None and store.release("held", "h1", won, 0.0)
+    assert store.claim("held", "h2", 30, slot=slot + 0.05) is not None
+    assert store.held_gaps() == []

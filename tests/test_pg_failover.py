@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import time
 import urllib.request
@@ -29,7 +28,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from conftest import new_prefix, selected_backends, strict
-from helpers import REPO, clean_env, dblockrun_cmd, wait_for
+from helpers import REPO, clean_env, dblockrun_cmd, free_port, wait_for
 
 from dblockrun.store import Store
 
@@ -131,11 +130,6 @@ class Line:
     pid: int
     at: float
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Fleet:

@@ -383,3 +383,29 @@ def test_a_lock_held_at_a_fork_cannot_stop_a_command_from_starting() -> None:
     assert res.returncode == 0, res.stderr
     # Guarded and unguarded: the command ran once, and this process never forked.
     assert res.stdout.splitlines() == ["0 exit 0", "0 exit 0", "ran", "ran"], res.stdout
+
+
+def test_the_fence_counts_from_the_renewals_send_time_not_the_beats_arrival() -> None:
+    # A renewal that waited behind another transaction's row lock: the
+    # database counted the lease from when it got the statement, so the
+    # service counts the fence from the send time the beat carries.
+    service = spawn.start()
+    fence = 2.0
+    line = spawn.Lifeline()
+    r, w = os.pipe()
+    try:
+        child = service.spawn(["sleep", "60"], env=dict(os.environ), cwd=None, out_fd=w,
+                              err_fd=w, beat_fd=line.read_fd, fence=fence, grace=0.5, ids=None,
+                              streams=[(r, lambda _b: None)])
+    finally:
+        os.close(w)
+        line.handed_over()
+    try:
+        beat = time.monotonic()
+        line.beat(beat - 1.8)  # sent 1.8 s ago: 0.2 s of the fence are left
+        assert child.wait(10) and child.returncode == -signal.SIGTERM
+        gone = time.monotonic() - beat
+        assert gone < 1.2, f"stopped {gone:.2f}s after the beat (from its arrival: {fence}s)"
+    finally:
+        child.kill()
+        line.close()

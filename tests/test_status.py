@@ -658,3 +658,20 @@ def test_status_watch_redraws_in_place_until_ctrl_c(sqlite_store: Store,
     result = invoke(sqlite_db, "status", "--watch", "--json")
     assert (result.exit_code, result.stderr) == (
         2, "dblockrun: --watch draws the table: not with --json or --check\n")
+
+
+def test_a_failed_attempt_waiting_for_its_retry_reads_retrying(store: Store) -> None:
+    """Between a failed attempt and its retry the holder keeps the lock and
+    no command runs: the job reads `retrying`, not an unexplained `locked`;
+    once the retry starts it is `running` again, and after the release `idle`."""
+    store.ensure_jobs(["job"])
+    token = store.claim("job", "h1", 30)
+    assert token is not None
+    first = store.start_run("job", "h1", token=token)
+    assert store.finish_run(first, "job", token, "failed", 1, "")
+    assert report(store, ["job"]).jobs[0].state == "retrying"
+    retry = store.start_run("job", "h1", token=token, attempt=2)
+    assert report(store, ["job"]).jobs[0].state == "running"
+    assert store.finish_run(retry, "job", token, "ok", 0, "")
+    assert store.release("job", "h1", token)
+    assert report(store, ["job"]).jobs[0].state == "idle"

@@ -11,6 +11,7 @@ from helpers import TestDb, wait_for
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.engine import LostRun
 from dblockrun.store.status import report
 
 
@@ -173,6 +174,31 @@ def test_sweep_marks_runs_of_dead_holders_lost_at_their_last_renewal(store: Stor
     # It ended at the last renewal (lease end - lease), not when it was swept.
     assert rec.finished == pytest.approx(renewed.lock_until - 0.5, abs=0.01)
     assert store.sweep_lost() == []  # recorded once
+
+
+def test_a_lost_retry_names_its_runs_first_attempt(store: Store) -> None:
+    """Pings of a run are keyed by its first attempt: a retry recorded lost
+    by the sweep (or PostgreSQL's one-statement bookkeeping round) says which."""
+    store.ensure_jobs(["job", "other"])
+    token = store.claim("job", "h1", 0.5)
+    other = store.claim("other", "h1", 0.5)
+    assert token is not None and other is not None
+    first = store.start_run("job", "h1", token=token)
+    assert store.finish_run(first, "job", token, m.FAILED, 1, "")
+    store.start_run("other", "h1", token=other)  # another job's run, token alike
+    retry = store.start_run("job", "h1", token=token, attempt=2)
+    assert store.renew("job", "h1", token, 0.5) and store.renew("other", "h1", other, 0.5)
+    if store.lock.q.one_round:
+        def swept() -> list[LostRun] | None:
+            return store.books_round("h2:1:x", hostname="h2", pid=1, version="0",
+                                     clock_offset=None, running=0, jobs=None,
+                                     within=60).lost or None
+    else:
+        def swept() -> list[LostRun] | None:
+            return store.sweep_lost() or None
+    lost = wait_for(swept, 10, what="the leases to run out")
+    assert {(r.job, r.id, r.first_id) for r in lost} >= {("job", retry, first)}
+    assert all(r.first_id == r.id for r in lost if r.job == "other")
 
 
 def test_hosts_register_with_offset(store: Store) -> None:

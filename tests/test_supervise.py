@@ -13,6 +13,7 @@ quick tests first pin the supervisor's own backoff, log and give-up.
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import subprocess
@@ -23,10 +24,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TestDb, clean_env, wait_for
+from helpers import REPO, TestDb, clean_env, free_port, http_get, wait_for
 from test_daemon import pass_time
 from test_notify import Hooks
-from test_ops import free_port
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -117,17 +117,17 @@ class Broken:
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def get(self, path: str) -> tuple[int, str]:
-        import urllib.error
-        import urllib.request
+    @functools.cached_property
+    def store(self) -> Store:
+        """The daemon's database (closed with the daemon by the fixture)."""
+        return Store(self.db.url, self.db.prefix)
 
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-        except OSError:
-            return 0, ""
+    def results(self, job: str) -> list[str]:
+        """The job's run results, oldest first."""
+        return [r.result for r in sorted(self.store.history(job, 1000), key=lambda r: r.id)]
+
+    def get(self, path: str) -> tuple[int, str]:
+        return http_get(self.port, path)
 
     def crashes(self, thread: str) -> float:
         code, body = self.get("/metrics")
@@ -203,6 +203,8 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Broken]]:
             d.proc.kill()
             d.proc.wait()
         d.notify.close()
+        if "store" in d.__dict__:
+            d.store.close()
 
 
 def test_backoff_doubles_to_its_cap_logs_once_and_a_round_heals(
@@ -243,10 +245,6 @@ def test_a_loop_that_gives_up_makes_the_daemon_stop() -> None:
     assert threads.problem() == threads.fatal
 
 
-def results(store: Store, job: str) -> list[str]:
-    return [r.result for r in sorted(store.history(job, 1000), key=lambda r: r.id)]
-
-
 @pytest.mark.slow
 def test_a_crashing_heartbeat_restarts_and_renews_again(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
@@ -255,16 +253,12 @@ def test_a_crashing_heartbeat_restarts_and_renews_again(
     d = start(sqlite_db, "dblockrun.running.heartbeat.Renewer.renew_all",
               "jobs:\n  long:\n    rate: 1h\n    command: sleep 14\n",
               "--heartbeat", "2s", "--lease", "12s")
-    store = Store(sqlite_db.url, sqlite_db.prefix)
-    try:
-        d.ready()
-        d.wait(lambda: results(store, "long") == [m.RUNNING], 20, "the run")
-        d.break_until_crashed("heartbeat")
-        d.heal("heartbeat")
-        d.wait(lambda: results(store, "long") == [m.OK], 30, "the run to end ok")
-        assert d.stop() == 0
-    finally:
-        store.close()
+    d.ready()
+    d.wait(lambda: d.results("long") == [m.RUNNING], 20, "the run")
+    d.break_until_crashed("heartbeat")
+    d.heal("heartbeat")
+    d.wait(lambda: d.results("long") == [m.OK], 30, "the run to end ok")
+    assert d.stop() == 0
 
 
 @pytest.mark.slow
@@ -293,17 +287,13 @@ def test_a_crashing_bookkeeping_round_restarts_and_the_host_is_live_again(
     d = start(sqlite_db, "dblockrun.daemon.fleet.FleetBooks.round",
               "jobs:\n  tick:\n    rate: 1h\n    command: 'true'\n",
               "--heartbeat", "1s", "--lease", "3s")
-    store = Store(sqlite_db.url, sqlite_db.prefix)
-    try:
-        d.ready()
-        d.break_until_crashed("bookkeeping")
-        # Its host row is written by the round: `status` no longer sees it live.
-        d.wait(lambda: store.hosts(2.0) == [], 10, "the host row to go stale")
-        d.heal("bookkeeping")
-        d.wait(lambda: len(store.hosts(2.0)) == 1, 10, "the host live again")
-        assert d.stop() == 0
-    finally:
-        store.close()
+    d.ready()
+    d.break_until_crashed("bookkeeping")
+    # Its host row is written by the round: `status` no longer sees it live.
+    d.wait(lambda: d.store.hosts(2.0) == [], 10, "the host row to go stale")
+    d.heal("bookkeeping")
+    d.wait(lambda: len(d.store.hosts(2.0)) == 1, 10, "the host live again")
+    assert d.stop() == 0
 
 
 @pytest.mark.slow
@@ -316,20 +306,16 @@ def test_a_crashing_run_request_listener_restarts_and_hears_requests_again(
     d = start(db, "psycopg.Connection.notifies",
               "jobs:\n  manual:\n    rate: 1d\n    command: 'true'\n",
               "--heartbeat", "30s", "--lease", "90s")
-    store = Store(db.url, db.prefix)
-    try:
-        d.ready()
-        d.wait(lambda: results(store, "manual") == [m.OK], 20, "the first run")
-        d.break_until_crashed("run-requests")
-        d.heal("run-requests")
-        asked = subprocess.run(
-            [sys.executable, "-m", "dblockrun", "--db", db.url, "--table-prefix", db.prefix,
-             "run", "manual", "--timeout", "5s"], capture_output=True, text=True, timeout=60,
-            env=clean_env())
-        assert asked.returncode == 0, asked.stderr
-        assert d.stop() == 0
-    finally:
-        store.close()
+    d.ready()
+    d.wait(lambda: d.results("manual") == [m.OK], 20, "the first run")
+    d.break_until_crashed("run-requests")
+    d.heal("run-requests")
+    asked = subprocess.run(
+        [sys.executable, "-m", "dblockrun", "--db", db.url, "--table-prefix", db.prefix,
+         "run", "manual", "--timeout", "5s"], capture_output=True, text=True, timeout=60,
+        env=clean_env())
+    assert asked.returncode == 0, asked.stderr
+    assert d.stop() == 0
 
 
 @pytest.mark.slow
@@ -377,19 +363,15 @@ def test_a_crashing_run_watcher_goes_on_and_applies_the_stops_again(
     d = start(sqlite_db, "dblockrun.running.runner.Process.check",
               "jobs:\n  long:\n    rate: 1h\n    lock-at-most: 2s\n    command: sleep 60\n",
               "--heartbeat", "1s", "--lease", "3s")
-    store = Store(sqlite_db.url, sqlite_db.prefix)
-    try:
-        d.ready()
-        d.wait(lambda: results(store, "long") == [m.RUNNING], 20, "the run")
-        d.break_until_crashed("run-watcher")
-        started = store.history("long")[0].started
-        d.wait(lambda: time.time() > started + 3, 10, "lock-at-most to pass")
-        assert results(store, "long") == [m.RUNNING]
-        d.heal("run-watcher")
-        d.wait(lambda: results(store, "long") == [m.TIMEOUT], 20, "the command stopped")
-        assert d.stop() == 0
-    finally:
-        store.close()
+    d.ready()
+    d.wait(lambda: d.results("long") == [m.RUNNING], 20, "the run")
+    d.break_until_crashed("run-watcher")
+    started = d.store.history("long")[0].started
+    d.wait(lambda: time.time() > started + 3, 10, "lock-at-most to pass")
+    assert d.results("long") == [m.RUNNING]
+    d.heal("run-watcher")
+    d.wait(lambda: d.results("long") == [m.TIMEOUT], 20, "the command stopped")
+    assert d.stop() == 0
 
 
 @pytest.mark.slow
@@ -398,14 +380,10 @@ def test_a_crashing_run_step_ends_its_run_and_the_workers_go_on(
     d = start(sqlite_db, "dblockrun.running.runjob.JobRun._attempt",
               "jobs:\n  tick:\n    rate: 1s\n    command: 'true'\n",
               "--heartbeat", "1s", "--lease", "3s")
-    store = Store(sqlite_db.url, sqlite_db.prefix)
-    try:
-        d.ready()
-        d.break_until_crashed("run-worker")
-        assert "job tick: run failed (RuntimeError: injected fault); ending it" in d.text()
-        ok = results(store, "tick").count(m.OK)
-        d.heal("run-worker")
-        d.wait(lambda: results(store, "tick").count(m.OK) > ok, 10, "runs again")
-        assert d.stop() == 0
-    finally:
-        store.close()
+    d.ready()
+    d.break_until_crashed("run-worker")
+    assert "job tick: run failed (RuntimeError: injected fault); ending it" in d.text()
+    ok = d.results("tick").count(m.OK)
+    d.heal("run-worker")
+    d.wait(lambda: d.results("tick").count(m.OK) > ok, 10, "runs again")
+    assert d.stop() == 0

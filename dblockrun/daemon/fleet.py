@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import socket
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,11 +27,12 @@ from dblockrun.errors import DatabaseError
 from dblockrun.events import Events, RunLost
 from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock
+from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, passed
 from dblockrun.store import Store
 from dblockrun.store.engine import LostRun
 from dblockrun.store.outage import Outage
-from dblockrun.supervise import Policy, Threads
+from dblockrun.supervise import Loop, Policy, Threads
 from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
@@ -47,6 +47,35 @@ ROUND_EVERY = 1.2
 #: Every this many rounds, the slots a lock held with no run kept from
 #: everyone are recorded (:meth:`FleetBooks.held_slots`).
 HELD_EVERY = 5
+
+
+#: The most slots of one held gap looked at one by one (a summary covers more).
+GAP_SLOTS = 10_000
+
+
+def unrecorded_runs(job: Job, after: float, upto: float,
+                    recorded: set[float]) -> list[tuple[float, float]]:
+    """The job's slots in (``after``, ``upto``] without a record, as runs of
+    consecutive slots: (the slot before the run, the run's last slot) each."""
+    assert job.cron is not None
+    out: list[tuple[float, float]] = []
+    before, start, last = after, None, None
+    slot = next_slot_at(job.cron, job.timezone, after)
+    for _ in range(GAP_SLOTS):
+        if slot > upto:
+            break
+        if slot in recorded:
+            if start is not None and last is not None:
+                out.append((start, last))
+            start, last, before = None, None, slot
+        else:
+            if start is None:
+                start = before
+            last = slot
+        slot = next_slot_at(job.cron, job.timezone, slot)
+    if start is not None and last is not None:
+        out.append((start, last))
+    return out
 
 
 class FleetBooks:
@@ -84,20 +113,15 @@ class FleetBooks:
         self._drift_seen: set[tuple[str, str]] = set()
         self._defs_for: JobsFile | None = None
         self._defs: tuple[dict[str, str], str] = ({}, "{}")
-        self._stop = threading.Event()
         # A crash is restarted after a backoff of at most a round's interval:
         # meanwhile the other hosts sweep lost runs and the renewals go on.
-        self._supervised = (threads or Threads()).supervise(
-            "bookkeeping", Policy(max_delay=self.interval))
-        self._thread = self._supervised.thread(self._loop, self._stop)
+        self._worker = Loop(threads, "bookkeeping", Policy(max_delay=self.interval), self._loop)
 
     def start(self) -> None:
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        self._worker.stop()
 
     @property
     def interval(self) -> float:
@@ -106,7 +130,7 @@ class FleetBooks:
     def _loop(self) -> None:
         delay = self.interval
         rounds = 0
-        while not self._stop.wait(delay):
+        while not self._worker.wait(delay):
             try:
                 self.round()
                 rounds += 1
@@ -116,7 +140,7 @@ class FleetBooks:
                 delay = self.interval
             except DatabaseError as exc:
                 delay = min(self.interval, self.outage.failed("bookkeeping", exc))
-            self._supervised.ok()
+            self._worker.ok()
 
     def round(self) -> None:
         """One round: host row, clock sample, lost runs, live hosts, drift,
@@ -160,18 +184,19 @@ class FleetBooks:
         lifecycle tells its end, once it has written it."""
         if self.events is not None and lost.host != self.holder:
             self.events.emit(RunLost(job=self._jobs().job(lost.job), name=lost.job,
-                                     host=lost.host, run_id=lost.id, slot=lost.slot,
+                                     host=lost.host, run_id=lost.id, first_run_id=lost.first_id,
+                                     slot=lost.slot,
                                      ended=lost.ended, recorded_by=self.holder, item=lost.item))
 
     def held_slots(self) -> None:
-        """The slots a job's lock kept from every host while no run held it
-        (a retry's delay, or a lock-at-least window, on a host that died or
-        restarted since): for each cron job that can hold its lock between
-        runs, those after its last slot up to the end of a lock that has run
-        out, recorded skipped through the slot book (one host does: the
-        conditional write). A live holder records its own as they come; a
-        running run whose holder died is recorded lost, with its slots
-        (:meth:`_blocked_slots`). One statement, only for such jobs."""
+        """The slots a job's lock kept from every host that nobody recorded.
+        A live holder records its own as they come; a running run whose
+        holder died is recorded lost, with its slots (:meth:`_blocked_slots`).
+        Two more cases are found here: a lock that has run out while no run
+        held it (a retry's delay, or a lock-at-least window, on a host that
+        died or restarted since), and a claim that moved the job on over
+        slots such a lock held before anyone recorded them (:meth:`_gaps`)."""
+        self._gaps()
         jobs = [j for j in self._jobs().jobs
                 if j.enabled and j.cron is not None and not j.fan_out
                 and (j.lock_at_least > 0 or j.retries > 0)]
@@ -189,6 +214,40 @@ class FleetBooks:
                           reason=why)
             if plan is not None:
                 self._book.record(job, plan, now)
+
+    def _gaps(self) -> None:
+        """The slots between a claim's slot and the slot before it that a
+        lock held a second or more past the slot before kept from every
+        host, those without a record, recorded skipped through the slot
+        book; each claim's gap by one host (the one that marks it seen).
+        One statement when there are none."""
+        if self._book is None:
+            return
+        gaps = self.store.held_gaps()
+        if not gaps:
+            return
+        jobs, now, empty = self._jobs(), self.clock.now(), []
+        for gap in gaps:
+            job = jobs.job(gap.name)
+            if job is None:
+                continue  # not in this file: a host that has it looks
+            if job.cron is None or job.fan_out:
+                empty.append(gap)  # no slots of its own to record
+                continue
+            upto = min(gap.until, gap.last_slot) - 0.001
+            why = (f"the lock was held until {utc(gap.until)} after the slot "
+                   f"{utc(gap.after)}, and the job moved on with token {gap.token}")
+            recorded = self.store.record_slots_in(job.name, gap.after, upto)
+            plans = [plan for after, last in unrecorded_runs(job, gap.after, upto, recorded)
+                     if (plan := passed(job, after, now, Cause.LOCK_HELD, upto=last,
+                                        reason=why)) is not None]
+            if not plans:
+                empty.append(gap)
+            elif self._book.record(job, plans[0], now, gap_of=gap.token):
+                for plan in plans[1:]:  # this host marked the gap seen: the rest is its own
+                    self._book.record(job, plan, now, conditional=False)
+        if empty:
+            self.store.held_gaps_seen(empty)
 
     def _blocked_slots(self, lost: LostRun) -> None:
         """A run this host recorded lost (its holder stopped renewing). The
@@ -213,25 +272,19 @@ class FleetBooks:
                 if lock is None or lock.token != lost.token:
                     break  # claimed since
                 floor = max(after, lock.last_slot if lock.last_slot is not None else after)
-                if self._record_blocked(job, lost, floor, lost.lock_until, why_end, True):
+                if self._record_blocked(job, lost, floor, lost.lock_until, why_end):
                     return
-        # Claimed since: the slots before the first one that ran again, after
-        # the newest one already recorded.
-        nxt = self.store.next_run_slot(job.name, lost.id)
-        if nxt is not None:
-            newest = self.store.newest_record_slot(job.name, nxt)
-            floor = max(after, newest if newest is not None else after)
-            self._record_blocked(job, lost, floor, nxt - 0.001,
-                                 "until another host claimed it", False)
+        # Claimed since: that claim moved the job on over the slots its lease
+        # kept, and _gaps records those nobody did.
 
     def _record_blocked(self, job: Job, lost: LostRun, after: float, upto: float,
-                        why_end: str, conditional: bool) -> bool:
+                        why_end: str) -> bool:
         reason = (f"{lost.host} held the lock and stopped renewing it at {utc(lost.ended)} "
                   f"(run {lost.id}, lost), {why_end}")
         now = self.clock.now()
         plan = passed(job, after, now, Cause.DEAD_HOLDER, upto=upto, reason=reason)
         assert self._book is not None
-        return plan is None or self._book.record(job, plan, now, conditional=conditional)
+        return plan is None or self._book.record(job, plan, now)
 
     def _definitions(self) -> tuple[dict[str, str], str]:
         """Each job's definition hash (and as JSON), once per jobs file: an idle

@@ -20,7 +20,6 @@ requests meanwhile.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +28,7 @@ import sqlalchemy as sa
 
 from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
-from dblockrun.supervise import Policy, Threads
+from dblockrun.supervise import Loop, Policy, Threads
 
 log = logging.getLogger("dblockrun")
 
@@ -54,25 +53,21 @@ class RequestListener:
         self.killed = killed
         self.channel = store.lock.q.channel
         self.kill_channel = store.lock.q.kill_channel
-        self._stop = threading.Event()
         self._conn: Any = None
-        self._supervised = (threads or Threads()).supervise("run-requests",
-                                                            Policy(max_delay=retry))
-        self._thread = self._supervised.thread(self._loop, self._stop)
+        self._worker = Loop(threads, "run-requests", Policy(max_delay=retry), self._loop,
+                            join_timeout=2 * WAIT + 5)
 
     def start(self) -> None:
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=2 * WAIT + 5)
+        self._worker.stop()
 
     def _loop(self) -> None:
         import psycopg  # a PostgreSQL daemon's only
 
         failed = False
-        while not self._stop.is_set():
+        while not self._worker.stopping:
             try:
                 self._listen()
                 failed = False
@@ -83,10 +78,10 @@ class RequestListener:
                                 "every bookkeeping round until it reconnects",
                                 str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
                 failed = True
-                self._supervised.ok()
+                self._worker.ok()
             finally:
                 self._close()
-            self._stop.wait(self.retry)
+            self._worker.wait(self.retry)
 
     def _listen(self) -> None:
         pooled = self.store.engine.raw_connection()
@@ -101,7 +96,7 @@ class RequestListener:
         self.heard(None)
         pending: set[str] = set()
         next_hand = 0.0
-        while not self._stop.is_set():
+        while not self._worker.stopping:
             for note in conn.notifies(timeout=WAIT):
                 if note.channel == self.channel and note.payload:
                     pending.add(note.payload)
@@ -109,7 +104,7 @@ class RequestListener:
                     self.killed()  # (coalesced by the renewer: Renewer.renew_now)
                 next_hand = self._hand(pending, next_hand)
             next_hand = self._hand(pending, next_hand)
-            self._supervised.ok()  # a round: a wait for notifications
+            self._worker.ok()  # a round: a wait for notifications
 
     def _hand(self, pending: set[str], next_hand: float) -> float:
         """Hand the jobs heard to the daemon unless it was handed some less

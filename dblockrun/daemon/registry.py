@@ -16,12 +16,16 @@ class Run(Protocol):
     @property
     def job(self) -> Job: ...
 
+    @property
+    def commands(self) -> int:
+        """The commands it has going (a fan-out counts each of its own)."""
+        ...
+
     def is_alive(self) -> bool: ...
 
-
-def commands(run: Run) -> int:
-    """The commands a run has going: a fan-out counts each of its own."""
-    return int(getattr(run, "commands", 1))
+    def winding_up(self) -> bool:
+        """Whether only its record and release are left (its command is over)."""
+        ...
 
 
 class Runs:
@@ -55,12 +59,12 @@ class Runs:
         (its command is over): its next slot waits for it, not skipped."""
         with self._lock:
             run = self._running.get(name)
-        return run is not None and bool(getattr(run, "winding_up", lambda: False)())
+        return run is not None and run.winding_up()
 
     def count(self) -> int:
         """Commands running here (what --max-running counts)."""
         with self._lock:
-            return sum(commands(run) for run in self._running.values())
+            return sum(run.commands for run in self._running.values())
 
     def free(self) -> int | None:
         """How many more runs this host may start (None: no limit)."""

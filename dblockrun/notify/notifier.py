@@ -241,7 +241,7 @@ class Notifier:
         if job.ping is not None:
             ping = job.ping
             self._put(job.name, "ping", pings.FAIL,
-                      lambda: self._ping(job, ping, pings.FAIL, lost.run_id, b""))
+                      lambda: self._ping(job, ping, pings.FAIL, lost.first_run_id, b""))
         if job.notify is not None and FAILURE in job.notify.on:
             title, body = lost_message(lost)
             self._put(job.name, "notify", FAILURE,

@@ -102,15 +102,16 @@ class ItemBatch:
         self.batch = [dataclasses.replace(c, run_id=ids[c.key]) for c in self.batch]
         return self.batch[0].run_id
 
-    def finish(self, result: str, code: int | None, output: str) -> bool:
+    def finish(self, result: str, code: int | None, output: str, took: float) -> bool:
         self.result = result
-        return self.items.finish(self.job.name, self.holder, self.batch, result, code, output)
+        return self.items.finish(self.job.name, self.holder, self.batch, result, code, output,
+                                 took)
 
     def finish_and_release(self, result: str, code: int | None, output: str,
-                           lock_at_least: float) -> tuple[bool, bool]:
+                           lock_at_least: float, took: float) -> tuple[bool, bool]:
         self.result = result
         return self.items.finish_and_release(self.job.name, self.holder, self.batch, result,
-                                             code, output, lock_at_least)
+                                             code, output, lock_at_least, took)
 
     def release(self, lock_at_least: float) -> bool:
         return self.items.release(self.job.name, self.holder, self.batch, self.result,
@@ -158,6 +159,10 @@ class FanOut:
 
     def is_alive(self) -> bool:
         return not self.done.is_set()
+
+    def winding_up(self) -> bool:
+        """Never: a fan-out's next slot is refused while any of its batches runs."""
+        return False
 
     def _step(self, step: Callable[[], None]) -> None:
         """``step`` on a worker of the run loop; a failure ends the fan-out

@@ -12,7 +12,7 @@ from dblockrun.running.runner import LeaseWatch
 from dblockrun.store.base import RunStore
 from dblockrun.store.models import ClockSample
 from dblockrun.store.outage import Outage
-from dblockrun.supervise import Policy, Threads
+from dblockrun.supervise import Loop, Policy, Threads
 
 log = logging.getLogger("dblockrun")
 
@@ -80,11 +80,10 @@ class Renewer:
         self._lock = threading.Lock()
         #: Held while one lease is being renewed (see remove).
         self._renewing = threading.Lock()
-        self._stop = threading.Event()
         self._kick = threading.Event()
-        self._supervised = (threads or Threads()).supervise(
-            "heartbeat", Policy(max_delay=heartbeat, give_up=3 * heartbeat))
-        self._thread = self._supervised.thread(self._loop, self._stop)
+        self._worker = Loop(threads, "heartbeat", Policy(max_delay=heartbeat,
+                                                         give_up=3 * heartbeat),
+                            self._loop, wake=self._kick)
         #: When the next round starts (monotonic); a restart after a crash
         #: finds it passed and renews at once.
         self._next_at = 0.0
@@ -93,12 +92,10 @@ class Renewer:
 
     def start(self) -> None:
         self._next_at = time.monotonic() + self.heartbeat
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._kick.set()
-        self._thread.join(timeout=30)
+        self._worker.stop()
 
     def renew_now(self) -> None:
         """Renew at once (a kill was announced: the renewal reads it), then
@@ -134,10 +131,10 @@ class Renewer:
     def _loop(self) -> None:
         # Rounds start a heartbeat apart, however long each took: a lease is
         # renewed every heartbeat, not every heartbeat plus a round trip.
-        while not self._stop.is_set():
+        while not self._worker.stopping:
             self._kick.wait(max(0.0, self._next_at - time.monotonic()))
             self._kick.clear()
-            if self._stop.is_set():
+            if self._worker.stopping:
                 return
             began = time.monotonic()
             try:
@@ -147,7 +144,7 @@ class Renewer:
             except DatabaseError as exc:
                 self._next_at = began + min(self.heartbeat,
                                             self.outage.failed("heartbeat", exc))
-            self._supervised.ok()
+            self._worker.ok()
 
     def renew_all(self) -> bool:
         """Renew every held lease: a holder's job locks in one statement per

@@ -175,11 +175,11 @@ class ItemHook(Protocol):
     def record(self, attempt: int) -> int:
         """Record attempt ``attempt`` (above 1) of each item; its first run's id."""
 
-    def finish(self, result: str, code: int | None, output: str) -> bool:
-        """An attempt's result, the items still held."""
+    def finish(self, result: str, code: int | None, output: str, took: float) -> bool:
+        """An attempt's result (its command ran ``took`` seconds), the items still held."""
 
     def finish_and_release(self, result: str, code: int | None, output: str,
-                           lock_at_least: float) -> tuple[bool, bool]:
+                           lock_at_least: float, took: float) -> tuple[bool, bool]:
         """The last attempt's result and the items' release."""
 
     def release(self, lock_at_least: float) -> bool:
@@ -364,6 +364,11 @@ class JobRun:
         if self.ctx.events is not None:
             self.ctx.events.emit(event)
 
+    @property
+    def commands(self) -> int:
+        """Commands it counts for ``--max-running``: one, from its claim to its release."""
+        return 1
+
     def winding_up(self) -> bool:
         """Whether the run's command is over and only its bookkeeping (its
         record, the release; retried through an outage) is left: its job's
@@ -421,7 +426,7 @@ class JobRun:
         if release:
             ctx.renewer.remove(self.watch)
             both = ctx.outage.retry(what, (lambda: item.finish_and_release(
-                result, code, output, job.lock_at_least)) if item is not None else
+                result, code, output, job.lock_at_least, took)) if item is not None else
                 lambda: store.finish_and_release(
                 run_id, job.name, ctx.holder, self.token, result, code, output,
                 job.lock_at_least, seat=self.watch.seat, took=took), until)
@@ -430,7 +435,7 @@ class JobRun:
             if self._released:
                 self._prune()
         else:
-            written = ctx.outage.retry(what, (lambda: item.finish(result, code, output))
+            written = ctx.outage.retry(what, (lambda: item.finish(result, code, output, took))
                                        if item is not None else lambda: store.finish_run(
                 run_id, job.name, self.token, result, code, output, took=took), until)
         if written is False:

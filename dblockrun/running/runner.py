@@ -62,7 +62,7 @@ class LeaseWatch:
     def renewed(self, sent: float) -> None:
         self.last_ok = sent
         if self.pipe is not None:
-            self.pipe.beat()
+            self.pipe.beat(sent)
 
     def fence_at(self, margin: float) -> float:
         """Monotonic time by which the command must be gone."""

@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -61,9 +62,16 @@ class Lifeline:
         os.close(self.read_fd)
         self.read_fd = -1
 
-    def beat(self) -> None:
+    def beat(self, sent: float | None = None) -> None:
+        """The lease was renewed by a statement sent at ``sent``
+        (``time.monotonic()``, the whole machine's clock; default now): the
+        service counts the fence from there, as the database counts the
+        lease from when it got the statement, not from when this beat
+        arrives (a renewal can wait seconds behind another transaction's
+        row lock)."""
+        stamp = time.monotonic() if sent is None else sent
         try:
-            os.write(self.write_fd, b".")
+            os.write(self.write_fd, spawner.BEAT.pack(stamp))
         except OSError:
             pass
 

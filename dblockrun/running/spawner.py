@@ -17,9 +17,10 @@ The service stays with the daemon's user (root for ``user:`` jobs, so a job
 cannot kill its watchdog) and watches every command it started:
 
 * its end, through a pidfd: the exit status goes back to the daemon;
-* its daemon's lifeline, a pipe per run: the daemon writes a byte to it after
-  each successful renewal of the run's lease, with the seconds by which the
-  command must then be gone (the fence) given at the start. No byte within
+* its daemon's lifeline, a pipe per run: the daemon writes a beat to it after
+  each successful renewal of the run's lease (the renewal's send time on the
+  machine's monotonic clock, :data:`BEAT`), with the seconds after it by
+  which the command must then be gone (the fence) given at the start. No byte within
   the fence (a frozen daemon, a database it cannot reach), or the pipe
   closing (the daemon killed, OOM), and the service stops the command's
   group: SIGTERM, then SIGKILL after the grace, with a line in its output;
@@ -59,6 +60,7 @@ import re
 import select
 import signal
 import socket
+import struct
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -440,7 +442,13 @@ class Service:
             data = b""
         if data:
             if not run.stopping and run.fence is not None:
-                run.deadline = time.monotonic() + run.fence  # its heap entry follows when due
+                # From the renewal's send time (never later than now): the
+                # database counted the lease from then. A later fence's heap
+                # entry follows when due; an earlier one (the first beat may
+                # count from before the command's start) is pushed.
+                now = time.monotonic()
+                run.deadline = min(_newest_beat(data, now), now) + run.fence
+                self._arm(run)
             return
         self._unwatch(run.beat)
         run.beat = -1
@@ -462,6 +470,18 @@ class Service:
             os.close(run.err)
             run.err = -1
         self.runs.pop(run.id, None)
+
+
+#: A beat on a lifeline: the renewal's send time (``time.monotonic()``),
+#: a native double; a pipe write this small is never split.
+BEAT = struct.Struct("=d")
+
+
+def _newest_beat(data: bytes, default: float) -> float:
+    """The newest send time of the beats in ``data`` (``default``: none)."""
+    whole = len(data) - len(data) % BEAT.size
+    stamps = [s for (s,) in BEAT.iter_unpack(data[:whole]) if s == s]  # not NaN
+    return max(stamps) if stamps else default
 
 
 _ID = re.compile(rb'\{"id": (\d{1,18}),')

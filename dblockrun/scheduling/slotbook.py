@@ -29,16 +29,21 @@ class SlotBook:
         self.holder = holder
         self.events = events
 
-    def record(self, job: Job, plan: Plan, now: float, *, conditional: bool = True) -> bool:
+    def record(self, job: Job, plan: Plan, now: float, *, conditional: bool = True,
+               gap_of: int | None = None) -> bool:
         """Record ``plan``'s slots (those it runs are claimed as usual);
         False when another host handled one of them first (read again).
+        ``gap_of``: slots a claim moved the job on over (the claim's token;
+        :meth:`LockEngine.held_gaps <dblockrun.store.engine.LockEngine.held_gaps>`),
+        recorded by the one host that marks them seen.
         Raises :class:`~dblockrun.errors.DatabaseError`."""
         rows = record_texts(plan)
         if not rows:
             return True
-        first = plan.first if conditional else None
+        first = plan.first if conditional and gap_of is None else None
         if not self.store.record_slots(job.name, self.holder, plan.result,
-                                       [(slot, text) for slot, text, _ in rows], first=first):
+                                       [(slot, text) for slot, text, _ in rows], first=first,
+                                       gap_of=gap_of):
             return False
         self._log(job, plan)
         for slot, _text, count in rows:

@@ -72,6 +72,23 @@ class LostRun:
     lock_until: float | None  # when its lease ran out (None: taken over since)
     ended: float  # its lease's last renewal
     slot: float | None  # the slot it ran for
+    first_id: int  # the run's first attempt (its pings are keyed by it)
+
+
+@dataclass(frozen=True)
+class HeldGap:
+    """A slot claim that moved a job's row on from ``after`` (the slot
+    before) while the lock had been held until ``until``, a second or more
+    past it (schema 5, ``Queries.claim_write``): the job's slots between
+    were kept from every host, and whoever should have recorded them (the
+    holder of a lock-at-least window or a retry's delay, the bookkeeping
+    after a dead holder) may not have."""
+
+    name: str
+    token: int  # the claim's
+    after: float
+    until: float
+    last_slot: float
 
 
 @dataclass(frozen=True)
@@ -428,11 +445,13 @@ class LockEngine:
         return self.x.run(go)
 
     def finish_items(self, job: str, holder: str, items: Sequence[ClaimedItem], result: str,
-                     exit_code: int | None, output: str | None) -> bool:
+                     exit_code: int | None, output: str | None,
+                     took: float | None = None) -> bool:
         """An attempt's result for the batch's runs (``run_id`` of each), only
-        while every token is ours; the items stay held (a retry follows)."""
+        while every token is ours; the items stay held (a retry follows).
+        ``took``: the command's duration (as :meth:`finish_run`)."""
         params = self._items_params(job, holder, items, result=result, code=exit_code,
-                                    output=output, took=None)
+                                    output=output, took=took)
         return self.x.run(lambda cur: int(self.x.send(
             cur, self.q.items_finish(len(items)), params).rowcount) == len(items))
 
@@ -446,12 +465,13 @@ class LockEngine:
 
     def finish_and_release_items(self, job: str, holder: str, items: Sequence[ClaimedItem],
                                  result: str, exit_code: int | None, output: str | None,
-                                 lock_at_least: float) -> tuple[bool, bool]:
+                                 lock_at_least: float,
+                                 took: float | None = None) -> tuple[bool, bool]:
         """The batch's result (only while every token is ours) and the release
         of its items, in one round trip: (result written, released)."""
         n, q, send = len(items), self.q, self.x.send
         params = self._items_params(job, holder, items, result=result, code=exit_code,
-                                    output=output, least=float(lock_at_least), took=None)
+                                    output=output, least=float(lock_at_least), took=took)
 
         def go(cur: Any) -> tuple[bool, bool]:
             if self.dialect == "sqlite":  # embedded: two statements
@@ -580,13 +600,16 @@ class LockEngine:
         self.x.run(go)
 
     def record_slots(self, name: str, host: str, result: str,
-                     rows: Sequence[tuple[float, str]], *, first: float | None) -> bool:
+                     rows: Sequence[tuple[float, str]], *, first: float | None,
+                     gap_of: int | None = None) -> bool:
         """Record slots that ran nowhere (``rows``: slot, output): with
         ``first``, only while the job's last slot is still before it,
         advancing it to the newest of ``rows`` (True for the one host that
-        did); without, unconditionally (a dead holder's blocked slots, whose
-        loss this host alone recorded). Two statements at most, whatever
-        the number of rows."""
+        did); with ``gap_of``, only while the claim with that token is the
+        row's last and its held gap unseen (:meth:`held_gaps`: the slots a
+        claim moved on over); with neither, unconditionally (a dead
+        holder's blocked slots, whose loss this host alone recorded). Two
+        statements at most, whatever the number of rows."""
         insert = self._text("passed_runs", len(rows))
         params: dict[str, Any] = {"job": name, "host": host, "result": result}
         for i, (slot, text) in enumerate(rows):
@@ -597,10 +620,29 @@ class LockEngine:
             if first is not None and self.x.send(cur, self.q.pass_slots,
                                                  advance).rowcount != 1:
                 return False
+            if gap_of is not None and self.x.send(cur, self.q.held_gap_seen, {
+                    "name": name, "token": gap_of}).rowcount != 1:
+                return False
             self.x.send(cur, insert, params)
             return True
 
         return self.x.run(go)
+
+    def held_gaps(self) -> list[HeldGap]:
+        """The slot claims that moved a job on over a lock held past its slot
+        before, not looked at yet (one statement; rows only after such a claim)."""
+        return [HeldGap(str(name), int(token), float(after), float(until), float(last))
+                for name, token, after, until, last in self.x.run(
+                    lambda cur: self.x.send(cur, self.q.held_gaps).fetchall())]
+
+    def held_gaps_seen(self, gaps: Sequence[HeldGap]) -> None:
+        """Mark ``gaps`` looked at (they held no slot to record)."""
+
+        def go(cur: Any) -> None:
+            for gap in gaps:
+                self.x.send(cur, self.q.held_gap_seen, {"name": gap.name, "token": gap.token})
+
+        self.x.run(go)
 
     def sweep_lost(self) -> list[LostRun]:
         """Record as ``lost`` the runs whose lease ran out or was taken over,
@@ -614,12 +656,13 @@ class LockEngine:
         """Record the dead runs ``found`` (rows of ``lost_runs``) lost: those
         this host recorded (not another host at the same moment)."""
         lost: list[LostRun] = []
-        for run_id, job, item, host, token, lock_until, ended, slot in found:
+        for run_id, job, item, host, token, lock_until, ended, slot, first_id in found:
             params = {"id": int(run_id), "ended": float(ended)}
             if self.x.send(cur, self.q.mark_lost, params).rowcount == 1:
                 lost.append(LostRun(int(run_id), str(job), item, str(host), int(token),
                                     None if lock_until is None else float(lock_until),
-                                    float(ended), None if slot is None else float(slot)))
+                                    float(ended), None if slot is None else float(slot),
+                                    int(first_id if first_id is not None else run_id)))
         return lost
 
     def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,

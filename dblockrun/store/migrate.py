@@ -24,6 +24,11 @@ Version 4: the fleet features' nullable columns and tables, added by
   pause) and ``audit`` (operator actions). Nothing is converted.
 - limits: ``locks.held_for``, the job a group seat row (``group:NAME:N``,
   :mod:`dblockrun.scheduling.limits`) is held for.
+
+Version 5: ``locks.prev_slot`` and ``prev_until``, written by each slot
+claim (the slot it moved the job on from, and a lock held a second or more
+past it), from which a host's bookkeeping records the slots such a lock kept
+from every host that nobody recorded. Nullable; nothing is converted.
 """
 
 from __future__ import annotations

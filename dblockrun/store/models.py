@@ -132,7 +132,12 @@ class JobStatus:
         if lock.disabled_until is not None and lock.disabled_until > self.db_now:
             return "disabled"
         if lock.lock_until is not None and lock.lock_until > self.db_now:
-            return "running" if self.running is not None else "locked"
+            if self.running is not None:
+                return "running"
+            last = self.last_run
+            if last is not None and last.result == FAILED and last.token == lock.token:
+                return "retrying"  # the holder waits out the failed attempt's retry delay
+            return "locked"
         return "idle"
 
 

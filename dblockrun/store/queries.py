@@ -23,9 +23,10 @@ from functools import cached_property
 
 from dblockrun.store.models import RUNNING, TOKEN_MAX
 
-SCHEMA_VERSION = 4  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 5  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
-#                       nullable columns and tables, added by store/migrate.py
+#                       nullable columns and tables, added by store/migrate.py;
+#                    5: locks.prev_slot and prev_until (a claim's jump over held slots)
 
 #: The database clock in epoch seconds, read per statement.
 NOW = {
@@ -180,8 +181,19 @@ class Queries:
         """The claim's conditional UPDATE of the ``rows`` (a condition) of
         ``table``: the write that decides, on every path."""
         p, now = self.p, self.now
-        # prev_renewed_at first: MySQL assigns left to right, from new values.
-        sets = [f"prev_renewed_at = {table}.renewed_at", f"holder = {p('holder')}",
+        # prev_* first: MySQL assigns left to right, from new values.
+        sets = [f"prev_renewed_at = {table}.renewed_at"]
+        if table == self.locks and shape.slot:
+            # The slot the row moves on from, and a lock held a second or more
+            # past it (a lock-at-least window, a retry's delay, a dead
+            # holder's lease): the slots between may have no record
+            # (FleetBooks.held_slots records them). A gap not looked at yet
+            # (prev_until set) is kept and widened, never overwritten.
+            sets += [f"prev_slot = CASE WHEN {table}.prev_until IS NULL THEN {table}.last_slot "
+                     f"ELSE {table}.prev_slot END",
+                     f"prev_until = CASE WHEN {table}.lock_until >= {table}.last_slot + 1 "
+                     f"THEN {table}.lock_until ELSE {table}.prev_until END"]
+        sets += [f"holder = {p('holder')}",
                 f"lock_until = ({now} + {p('lease')})", f"locked_at = {now}",
                 f"token = {token or f'{table}.token + 1'}", f"last_start = {now}",
                 f"renewed_at = {now}"]
@@ -500,6 +512,24 @@ class Queries:
         return (f"UPDATE {locks} SET last_slot = {p('slot')} WHERE {locks}.name = {p('name')} "
                 f"AND ({locks}.last_slot IS NULL OR {locks}.last_slot < {p('first')})")
 
+    @cached_property
+    def held_gaps(self) -> str:
+        """The rows whose last slot claim moved on over a lock held a second or
+        more past the slot before (:meth:`claim_write`), not looked at yet:
+        (name, token, that slot, the lock's end, the last slot)."""
+        locks = self.locks
+        return (f"SELECT {locks}.name, {locks}.token, {locks}.prev_slot, {locks}.prev_until, "
+                f"{locks}.last_slot FROM {locks} WHERE {locks}.prev_until IS NOT NULL "
+                f"AND {locks}.prev_slot IS NOT NULL")
+
+    @cached_property
+    def held_gap_seen(self) -> str:
+        """A row's held gap looked at, while the claim that made it is still
+        the last (its token): one host does."""
+        locks, p = self.locks, self.p
+        return (f"UPDATE {locks} SET prev_until = NULL WHERE {locks}.name = {p('name')} "
+                f"AND {locks}.token = {p('token')} AND {locks}.prev_until IS NOT NULL")
+
     def passed_runs(self, count: int) -> str:
         """The records of ``count`` passed slots in one statement (``slotN``,
         ``outN``; they ran nowhere: no token, started and finished now)."""
@@ -523,11 +553,16 @@ class Queries:
     @cached_property
     def lost_runs(self) -> str:
         """The dead runs of all jobs (each daemon's heartbeat): (id, job,
-        item, host, token, the lease's end, when the run ended, its slot)."""
+        item, host, token, the lease's end, when the run ended, its slot, the
+        id of the run's first attempt: a retry's attempts share its token)."""
         runs, locks = self.runs, self.locks
+        first = (f"(SELECT min(f.id) FROM {runs} f WHERE f.job = {runs}.job "
+                 f"AND f.token = {runs}.token AND f.host = {runs}.host "
+                 f"AND (f.item = {runs}.item OR (f.item IS NULL AND {runs}.item IS NULL)))")
         return (f"SELECT {runs}.id, {runs}.job, {runs}.item, {runs}.host, {runs}.token, "
                 f"(SELECT {locks}.lock_until FROM {locks} WHERE {self.holding(locks, False)}), "
-                f"{self.lost_end()}, {runs}.slot FROM {runs} WHERE {self.lost_where('1 = 1')}")
+                f"{self.lost_end()}, {runs}.slot, {first} "
+                f"FROM {runs} WHERE {self.lost_where('1 = 1')}")
 
     @cached_property
     def mark_lost(self) -> str:
@@ -587,8 +622,8 @@ class Queries:
                 f"(SELECT json_agg({locks}.name) FROM {locks} "
                 f"WHERE {locks}.run_requested IS NOT NULL), "
                 "(SELECT json_agg(json_build_array(d.id, d.job, d.item, d.host, d.token, "
-                f"d.lock_until, d.ended, d.slot)) FROM ({self.lost_runs}) "
-                "AS d(id, job, item, host, token, lock_until, ended, slot))")
+                f"d.lock_until, d.ended, d.slot, d.first_id)) FROM ({self.lost_runs}) "
+                "AS d(id, job, item, host, token, lock_until, ended, slot, first_id))")
 
     @cached_property
     def clock(self) -> str:

@@ -129,6 +129,12 @@ def build_tables(prefix: str) -> Tables:
         # A group's seat (a row named group:NAME:N, dblockrun/scheduling/limits.py): the
         # job its holder took it for (schema 4).
         sa.Column("held_for", sa.String(255)),
+        # The claim of a slot keeps the slot it moved the row on from and, when
+        # the lock was held a second or more past that slot, until when (schema
+        # 5): the slots between, which that lock kept from every host and nobody
+        # recorded, are recorded by a host's bookkeeping (dblockrun/daemon/fleet.py).
+        sa.Column("prev_slot", sa.Double()),
+        sa.Column("prev_until", sa.Double()),
     )
     runs = sa.Table(
         f"{prefix}runs",

@@ -344,6 +344,8 @@ class Store:
     renew_many = on_engine(LockEngine.renew_many)
     release = on_engine(LockEngine.release)
     record_slots = on_engine(LockEngine.record_slots)
+    held_gaps = on_engine(LockEngine.held_gaps)
+    held_gaps_seen = on_engine(LockEngine.held_gaps_seen)
     claim_seat = on_engine(LockEngine.claim_seat)
     release_seat = on_engine(LockEngine.release_seat)
 
@@ -446,14 +448,12 @@ class Store:
         left_out = {"result"} if output else {"result", "output"}
         return sa.select(*[c for c in runs.c if c.name not in left_out], result)
 
-    def next_run_slot(self, job: str, after_id: int) -> float | None:
-        """The slot of the job's first slotted run recorded after run ``after_id``."""
+    def record_slots_in(self, job: str, after: float, upto: float) -> set[float]:
+        """The slots in (``after``, ``upto``] the job has a record of."""
         runs = self.t.runs
-        stmt = sa.select(sa.func.min(runs.c.slot)).where(
-            runs.c.job == job, runs.c.id > after_id, runs.c.item.is_(None),
-            runs.c.slot.is_not(None))
-        found = self._run(lambda c: c.execute(stmt).scalar())
-        return None if found is None else float(found)
+        stmt = sa.select(runs.c.slot).where(
+            runs.c.job == job, runs.c.item.is_(None), runs.c.slot > after, runs.c.slot <= upto)
+        return {float(s) for s in self._run(lambda c: c.execute(stmt).scalars().all())}
 
     def newest_record_slot(self, job: str, before: float) -> float | None:
         """The newest slot before ``before`` the job has a record of."""
