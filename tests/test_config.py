@@ -358,7 +358,8 @@ def test_duplicate_key_in_defaults() -> None:
 KNOWN = (
     "cron, rate, command, lock-at-most, lock-at-least, timezone, env, env-inherit, workdir, "
     "shell, "
-    "starting-deadline, retries, retry-delay, on-failure, jitter, description, enabled, "
+    "starting-deadline, retries, retry-delay, backoff, max-delay, on-failure, jitter, description, "
+    "enabled, "
     "items, items-command, parallel, batch, history-limit, user, run-on, on, notify, ping, "
     "catch-up, catch-up-limit, group"
 )

@@ -77,9 +77,12 @@ def test_notify_and_ping_forms() -> None:
          "jobs.yaml:7: job 'j': notify.when: unknown key (known: urls, on)"),
         ("notify:\n  urls: [json://h.example.com/x]\n  on: [failure, sucess]\n",
          "jobs.yaml:7: job 'j': notify.on: unknown event a string ('sucess') "
-         "(known: failure, recovery, timeout, missed)"),
-        ("notify:\n  urls: [json://h.example.com/x]\n  on: failure\n",
-         "jobs.yaml:7: job 'j': notify.on: must be a non-empty list, got a string ('failure')"),
+         "(known: failure, recovery, timeout, missed, change)"),
+        ("notify:\n  urls: [json://h.example.com/x]\n  on: chnage\n",
+         "jobs.yaml:7: job 'j': notify.on: unknown event a string ('chnage') "
+         "(known: failure, recovery, timeout, missed, change)"),
+        ("notify:\n  urls: [json://h.example.com/x]\n  on: 5\n",
+         "jobs.yaml:7: job 'j': notify.on: must be a non-empty list, got a number (5)"),
         ("notify:\n  urls: [{env: A, file: b}]\n",
          "jobs.yaml:6: job 'j': notify.urls[0]: must be a URL, {env: VARIABLE} or "
          "{file: PATH}"),

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dblockrun.cli import cli
+from dblockrun.config.jobs import Schedule
 from dblockrun.scheduling.cron import (
     describe_next,
     is_wildcard,
@@ -457,7 +458,7 @@ def test_a_rare_slot_is_found_quickly() -> None:
 @pytest.mark.parametrize("after", [math.nan, math.inf, -math.inf, 1e300])
 def test_next_slot_at_rejects_what_is_not_a_time(after: float) -> None:
     with pytest.raises(ValueError) as info:
-        next_slot_at("* * * * *", "UTC", after)
+        next_slot_at(Schedule(("* * * * *",), "UTC"), after)
     assert str(info.value) == f"after must be a time in epoch seconds, not {after!r}"
 
 
