@@ -743,7 +743,7 @@ def next_(jobs_file: str | None, count: int) -> None:
     from zoneinfo import ZoneInfo
 
     from dblockrun.config.durations import format_duration
-    from dblockrun.scheduling.cron import describe_next
+    from dblockrun.scheduling.cron import upcoming
 
     jobs = _load(_jobs_path(jobs_file))
     now = datetime.now(UTC)
@@ -752,8 +752,7 @@ def next_(jobs_file: str | None, count: int) -> None:
             click.echo(f"{job.name}: every {format_duration(job.rate or 0)} (rate)")
             continue
         tz = ZoneInfo(job.timezone)
-        times = [t.astimezone(tz).isoformat() for t in describe_next(job.cron, job.timezone,
-                                                                     now, count)]
+        times = [t.astimezone(tz).isoformat() for t in upcoming(job.schedule, now, count)]
         click.echo(f"{job.name}: {', '.join(times)}")
 
 

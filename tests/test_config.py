@@ -358,7 +358,8 @@ def test_duplicate_key_in_defaults() -> None:
 KNOWN = (
     "cron, rate, command, lock-at-most, lock-at-least, timezone, env, env-inherit, workdir, "
     "shell, "
-    "starting-deadline, retries, retry-delay, on-failure, jitter, description, enabled, "
+    "starting-deadline, retries, retry-delay, backoff, max-delay, on-failure, jitter, description, "
+    "enabled, "
     "items, items-command, parallel, batch, history-limit, user, run-on, on, notify, ping, "
     "catch-up, catch-up-limit, group"
 )
@@ -595,3 +596,54 @@ _FILES = st.fixed_dictionaries(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_any_yaml_document(document: dict[str, Any]) -> None:
     _loads_or_config_error(yaml.safe_dump(document))
+
+
+# --- several schedules, H, retry backoff ------------------------------------------------
+
+
+def test_several_schedules_and_hashed_values() -> None:
+    jobs = load("""
+        jobs:
+          j:
+            cron: ["H 9 * * 1-5", "0 12 * * 6"]
+            command: x
+          k:
+            cron: ["0 0 * * *"]
+            command: x
+    """)
+    j, k = jobs.jobs
+    assert j.cron == ("H 9 * * 1-5", "0 12 * * 6")
+    assert j.schedule.hash_id == "j"
+    # A list of one is the plain expression: the same definition as before lists.
+    assert k.cron == "0 0 * * *" and k.schedule.hash_id == ""
+    assert k.definition_hash() == Job("k", "x", cron="0 0 * * *", line=9).definition_hash()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("cron", "[]", "must not be an empty list"),
+        ("cron", "['0 9 * * *', '0 9 * * *']", "[1]: '0 9 * * *' is listed twice"),
+        ("cron", "['0 9 * * *', '61 * * * *']", "[1]: bad minute field '61' (allowed: 0-59)"),
+        ("cron", "'H(9-9) * * * *'", "bad minute field 'H(9-9)': in H(9-9) the range must "
+                                     "run upwards"),
+        ("backoff", "0.5", "must be from 1 to 100, got 0.5"),
+        ("backoff", "fast", "must be a number like 2 (each retry waits that many times "
+                            "longer), got a string ('fast')"),
+        ("max-delay", "0", "must be more than zero, got 0"),
+    ],
+)
+def test_bad_schedule_and_backoff_values(key: str, value: str, message: str) -> None:
+    line = 3 if key == "cron" else 5
+    assert error(one_job(**{key: value})) == f"jobs.yaml:{line}: job 'j': {key}: {message}"
+
+
+def test_max_delay_needs_a_growing_delay_not_shorter_than_retry_delay() -> None:
+    base = "jobs:\n  j:\n    cron: '@daily'\n    command: x\n    retry-delay: 1m\n"
+    assert error(base + "    max-delay: 5m\n") == (
+        "jobs.yaml:6: job 'j': max-delay: only with backoff above 1 (without it every retry "
+        "waits retry-delay)")
+    assert error(base + "    backoff: 2\n    max-delay: 30s\n") == (
+        "jobs.yaml:7: job 'j': max-delay: 30s is shorter than retry-delay 1m")
+    job = load(base + "    backoff: 2\n    max-delay: 5m\n").jobs[0]
+    assert (job.backoff, job.max_delay) == (2.0, 300.0)

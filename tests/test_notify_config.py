@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, dblockrun_cmd, wait_for
 
-from dblockrun.config.jobs import ENV, FILE, LITERAL, NOTIFY_EVENTS
+from dblockrun.config.jobs import ENV, FILE, LITERAL, NOTIFY_EVENTS, Job, Notify
 from dblockrun.config.load import load_jobs_text
 from dblockrun.config.secreturl import resolve_secrets, scrub, shown
 from dblockrun.errors import ConfigError
@@ -77,9 +77,12 @@ def test_notify_and_ping_forms() -> None:
          "jobs.yaml:7: job 'j': notify.when: unknown key (known: urls, on)"),
         ("notify:\n  urls: [json://h.example.com/x]\n  on: [failure, sucess]\n",
          "jobs.yaml:7: job 'j': notify.on: unknown event a string ('sucess') "
-         "(known: failure, recovery, timeout, missed)"),
-        ("notify:\n  urls: [json://h.example.com/x]\n  on: failure\n",
-         "jobs.yaml:7: job 'j': notify.on: must be a non-empty list, got a string ('failure')"),
+         "(known: failure, recovery, timeout, missed, change)"),
+        ("notify:\n  urls: [json://h.example.com/x]\n  on: chnage\n",
+         "jobs.yaml:7: job 'j': notify.on: unknown event a string ('chnage') "
+         "(known: failure, recovery, timeout, missed, change)"),
+        ("notify:\n  urls: [json://h.example.com/x]\n  on: 5\n",
+         "jobs.yaml:7: job 'j': notify.on: must be a non-empty list, got a number (5)"),
         ("notify:\n  urls: [{env: A, file: b}]\n",
          "jobs.yaml:6: job 'j': notify.urls[0]: must be a URL, {env: VARIABLE} or "
          "{file: PATH}"),
@@ -262,3 +265,28 @@ def test_a_full_queue_drops_the_event_and_counts_it(caplog: pytest.LogCaptureFix
 def pings_counted(metrics: Metrics, outcome: str) -> float | None:
     labels = {"job": "j", "signal": "start", "outcome": outcome}
     return metrics.registry.get_sample_value("dblockrun_pings_total", labels)
+
+
+def test_on_change_sends_a_run_end_only_when_the_result_changed() -> None:
+    from dblockrun.config.jobs import SecretUrl
+    from dblockrun.notify.notifier import Notifier, RunEnd
+    from dblockrun.store import models as m
+
+    history = [m.FAILED, m.FAILED, m.TIMEOUT, m.OK, m.OK]  # runs 1-5
+
+    class Runs:
+        def previous_result(self, job: str, before_id: int) -> str | None:
+            return history[before_id - 2] if before_id > 1 else None
+
+    url = SecretUrl("literal", value="json://127.0.0.1:9/x")
+    job = Job("j", "x", cron="@daily", notify=Notify((url,), on=("change",)))
+    notifier = Notifier(Runs(), "osname:1", hostname="web-1")  # type: ignore[arg-type]
+    sent: list[tuple[str, str]] = []
+    notifier._notify = (  # type: ignore[method-assign]
+        lambda job, event, title, body, kind: sent.append((event, title)))
+    for run_id, result in enumerate(history, 1):
+        notifier.run_ended(RunEnd(job, "osname:1", run_id, run_id, None, result, 1, 0.1, ""))
+    notifier.close(10)
+    assert sent == [("failure", "dblockrun: job j failed on web-1"),
+                    ("timeout", "dblockrun: job j timed out on web-1"),
+                    ("recovery", "dblockrun: job j recovered on web-1")]

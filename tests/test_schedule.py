@@ -12,11 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dblockrun.cli import cli
+from dblockrun.config.jobs import Schedule
 from dblockrun.scheduling.cron import (
     describe_next,
     is_wildcard,
     next_slot,
     next_slot_at,
+    upcoming,
     validate_cron,
     validate_timezone,
 )
@@ -457,7 +459,7 @@ def test_a_rare_slot_is_found_quickly() -> None:
 @pytest.mark.parametrize("after", [math.nan, math.inf, -math.inf, 1e300])
 def test_next_slot_at_rejects_what_is_not_a_time(after: float) -> None:
     with pytest.raises(ValueError) as info:
-        next_slot_at("* * * * *", "UTC", after)
+        next_slot_at(Schedule(("* * * * *",), "UTC"), after)
     assert str(info.value) == f"after must be a time in epoch seconds, not {after!r}"
 
 
@@ -716,3 +718,64 @@ def test_validate_names_the_file_line_job_and_fix(tmp_path: Path, cron: str, why
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == f"dblockrun: {path}:3: job 'nightly': cron: {why}\n"
+
+
+# --- H (hashed values) and several schedules -----------------------------------------
+
+
+def minutes(cron: str, name: str, count: int = 4) -> list[str]:
+    after = utc(2026, 1, 1)
+    return [s.strftime("%d %H:%M:%S") for s in upcoming(Schedule((cron,), "UTC", name), after,
+                                                          count)]
+
+
+def test_h_is_a_value_hashed_from_the_job_name_the_same_in_every_process() -> None:
+    # Pinned values: CRC-32 of the name (Python's hash() would differ per process).
+    assert minutes("H * * * *", "backup") == ["01 00:24:00", "01 01:24:00", "01 02:24:00",
+                                               "01 03:24:00"]
+    assert minutes("H/15 * * * *", "backup") == ["01 00:09:00", "01 00:24:00", "01 00:39:00",
+                                                  "01 00:54:00"]
+    assert minutes("H(0-29)/10 * * * *", "backup") == ["01 00:04:00", "01 00:14:00",
+                                                        "01 00:24:00", "01 01:04:00"]
+    assert minutes("30 H(0-29) * * * *", "backup", 1) == ["01 00:24:30"]
+    # Names spread: 200 jobs written alike land on many minutes, each in range.
+    spread = {minutes("H(0-29) * * * *", f"job-{i}", 1)[0] for i in range(200)}
+    assert len(spread) == 30 and all(int(s[6:8]) < 30 for s in spread)
+
+
+def test_h_in_day_of_month_picks_a_day_every_month_has() -> None:
+    days = {next_slot("0 0 H * *", "UTC", utc(2026, 1, 1), f"j{i}").day for i in range(300)}
+    assert days == set(range(1, 29))
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("1,H * * * *", "bad minute field '1,H': a hashed value is H, H/n, H(a-b) or H(a-b)/n "
+                        "(a capital H), the field's only item"),
+        ("h * * * *", "bad minute field 'h': a hashed value is H, H/n, H(a-b) or H(a-b)/n "
+                      "(a capital H), the field's only item"),
+        ("H(5-5) * * * *", "bad minute field 'H(5-5)': in H(5-5) the range must run upwards"),
+        ("H(0-70) * * * *", "bad minute field 'H(0-70)' (allowed: 0-59)"),
+        ("H(0-29)/31 * * * *", "bad minute field 'H(0-29)/31': the step must be 1-30"),
+        ("0 0 * * H(1-7)", "bad day-of-week field 'H(1-7)': in H(a-b) the range is 0-6"),
+        ("R * * * *", "minute field 'R': random (R) values are not supported; every host "
+                      "must compute the same slots (H spreads jobs by their names)"),
+    ],
+)
+def test_bad_hashed_values(expr: str, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        validate_cron(expr, "backup")
+    assert str(info.value) == message
+
+
+def test_several_schedules_are_the_union_of_their_slots() -> None:
+    # 2026-01-02 is a Friday: 09:00 weekdays, 12:00 Saturdays; Monday 09:00 twice is one slot.
+    schedule = Schedule(("0 9 * * 1-5", "0 12 * * 6", "0 9 * * 1"), "UTC")
+    assert [s.strftime("%a %H:%M") for s in upcoming(schedule, utc(2026, 1, 2), 4)] == [
+        "Fri 09:00", "Sat 12:00", "Mon 09:00", "Tue 09:00"]
+    # Each expression keeps its own daylight-saving rule.
+    both = Schedule(("30 2 * * *", "*/30 * * * *"), AMS)
+    slots = upcoming(both, utc(2026, 3, 29, 0, 15), 4)
+    assert slots == [utc(2026, 3, 29, 0, 30), utc(2026, 3, 29, 1), utc(2026, 3, 29, 1, 30),
+                     utc(2026, 3, 29, 2)]

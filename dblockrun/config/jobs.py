@@ -79,8 +79,15 @@ class SecretUrl:
         return self.value if self.source == LITERAL else self.describe()
 
 
-#: What ``notify: {on: [...]}`` may name, and what it is when left out.
+#: What ``notify: {on: [...]}`` is when left out.
 NOTIFY_EVENTS = ("failure", "recovery", "timeout", "missed")
+#: The run-end events (the others: ``missed``).
+RUN_END_EVENTS = ("failure", "recovery", "timeout")
+#: ``on: change``: a run's end is sent only when its result differs from the
+#: previous run's (with no run-end event named: each of them, so).
+CHANGE = "change"
+#: What ``notify: {on: [...]}`` may name.
+NOTIFY_ON = (*NOTIFY_EVENTS, CHANGE)
 
 
 @dataclass(frozen=True)
@@ -90,8 +97,33 @@ class Notify:
     urls: tuple[SecretUrl, ...]
     on: tuple[str, ...] = NOTIFY_EVENTS
 
+    @property
+    def on_change(self) -> bool:
+        """Whether a run's end is sent only when its result changed."""
+        return CHANGE in self.on
+
+    def sends(self, event: str) -> bool:
+        """Whether ``event`` is sent (a run-end one: when it happens, or with
+        ``change``, when it changes the job's result)."""
+        if event in self.on:
+            return True
+        return (self.on_change and event in RUN_END_EVENTS
+                and not any(e in self.on for e in RUN_END_EVENTS))
+
     def definition(self) -> dict[str, object]:
         return {"urls": [url.definition() for url in self.urls], "on": list(self.on)}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a cron job has slots: those of any of its expressions (a slot two
+    share is one), read in its time zone; ``hash_id``, the job's name in the
+    file, gives ``H`` its values (empty when no expression has one, so jobs
+    that share a schedule share its computation: dblockrun/scheduling/cron.py)."""
+
+    crons: tuple[str, ...]
+    timezone: str
+    hash_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,7 +132,8 @@ class Job:
 
     name: str
     command: Command
-    cron: str | None = None
+    #: One cron expression, or several (``cron: [...]``: the union of their slots).
+    cron: str | tuple[str, ...] | None = None
     rate: float | None = None
     lock_at_most: float = 3600.0
     lock_at_least: float = 0.0
@@ -111,6 +144,12 @@ class Job:
     starting_deadline: float | None = None
     retries: int = 0
     retry_delay: float = 10.0
+    #: ``backoff:``: each retry's delay is this many times the one before
+    #: (1: the same each time); a growing delay is jittered
+    #: (dblockrun/running/runjob.py retry_wait).
+    backoff: float = 1.0
+    #: ``max-delay:``: the longest a growing retry delay gets (None: no cap).
+    max_delay: float | None = None
     on_failure: OnFailure = field(default_factory=OnFailure)
     jitter: float = 0.0
     description: str = ""
@@ -147,6 +186,21 @@ class Job:
         return self.items is not None or self.items_command is not None
 
     @property
+    def crons(self) -> tuple[str, ...]:
+        """The job's cron expressions (none for a rate-only job)."""
+        if self.cron is None:
+            return ()
+        return (self.cron,) if isinstance(self.cron, str) else self.cron
+
+    @cached_property
+    def schedule(self) -> Schedule:
+        """The job's slots, for dblockrun/scheduling/cron.py (a cron job's only)."""
+        if self.cron is None:
+            raise ValueError(f"job {self.file_name} has no cron schedule")
+        hashed = any("H" in cron for cron in self.crons)
+        return Schedule(self.crons, self.timezone, self.file_name if hashed else "")
+
+    @property
     def file_name(self) -> str:
         """The name in the jobs file (an every-host job's row adds ``@HOST``)."""
         return self.name.split(EVERY_HOST_SEP, 1)[0]
@@ -172,6 +226,8 @@ class Job:
             del data["group"]  # nor `group:`
         if data["env_inherit"] is None:
             del data["env_inherit"]  # nor `env-inherit:`
+        if data["backoff"] == 1.0 and data["max_delay"] is None:
+            del data["backoff"], data["max_delay"]  # nor `backoff:`
         import hashlib  # here: exec never hashes, and starts faster without them
         import json
 

@@ -32,6 +32,7 @@ from dblockrun.config.jobs import (
     MAX_ARG,
     MAX_COMMAND_BYTES,
     NOTIFY_EVENTS,
+    NOTIFY_ON,
     Command,
     Job,
     JobsFile,
@@ -308,10 +309,29 @@ def _command(value: Any) -> Command:
     raise _Invalid(f"must be a string or a list of arguments, got {_kind(value)}")
 
 
-def _cron(value: Any) -> str:
+def _cron(value: Any, hash_id: str = "") -> str | tuple[str, ...]:
+    """One expression, or a list of them (the union of their slots); ``H``
+    is checked with ``hash_id`` (a job's name: parse_job checks again with it)."""
+    if not isinstance(value, list):
+        return _one_cron(value, hash_id)
+    if not value:
+        raise _Invalid("must not be an empty list")
+    crons: list[str] = []
+    for i, entry in enumerate(value):
+        try:
+            cron = _one_cron(entry, hash_id)
+        except _Invalid as exc:
+            raise _Invalid(f"[{i}]: {exc.why}") from None
+        if cron in crons:
+            raise _Invalid(f"[{i}]: {cron!r} is listed twice")
+        crons.append(cron)
+    return crons[0] if len(crons) == 1 else tuple(crons)
+
+
+def _one_cron(value: Any, hash_id: str) -> str:
     text = _string(value)
     try:
-        validate_cron(text)
+        validate_cron(text, hash_id)
     except ValueError as exc:
         raise _Invalid(str(exc)) from None
     return text.strip()
@@ -490,6 +510,8 @@ def _notify(value: Any) -> Notify | None:
         key = "on" if written is True else written
         if key not in NOTIFY_KEYS:
             raise _Invalid(_suggest(key, NOTIFY_KEYS), line=line, key=str(key))
+        if key == "on" and isinstance(raw, str):
+            raw = [raw]  # on: change
         if not isinstance(raw, list) or not raw:
             kind = "an empty list" if raw == [] else _kind(raw)
             raise _Invalid(f"must be a non-empty list, got {kind}", line=line, key=key)
@@ -503,10 +525,10 @@ def _notify(value: Any) -> Notify | None:
             urls = tuple(parsed)
         else:
             for event in raw:
-                if event not in NOTIFY_EVENTS:
-                    why = (f"unknown event {_kind(event)} (known: {', '.join(NOTIFY_EVENTS)})")
+                if event not in NOTIFY_ON:
+                    why = (f"unknown event {_kind(event)} (known: {', '.join(NOTIFY_ON)})")
                     raise _Invalid(why, line=line, key=key)
-            on = tuple(e for e in NOTIFY_EVENTS if e in raw)
+            on = tuple(e for e in NOTIFY_ON if e in raw)
     if not urls:
         raise _Invalid("needs urls: a list of apprise URLs", line=mapping.line)
     return Notify(urls=urls, on=on)
@@ -517,6 +539,19 @@ def _ping(value: Any) -> SecretUrl:
     if url.source == LITERAL and not url.value.lower().startswith(("http://", "https://")):
         raise _Invalid("must be an http:// or https:// URL")
     return url
+#: The largest ``backoff:`` factor.
+MAX_BACKOFF = 100
+
+
+def _backoff(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _Invalid(f"must be a number like 2 (each retry waits that many times longer), "
+                       f"got {_kind(value)}")
+    if not 1 <= value <= MAX_BACKOFF:
+        raise _Invalid(f"must be from 1 to {MAX_BACKOFF}, got {value}")
+    return float(value)
+
+
 def _catch_up(value: Any) -> str:
     if value not in CATCH_UP:
         raise _Invalid(f"must be one of {', '.join(CATCH_UP)}, got {_kind(value)}")
@@ -556,6 +591,8 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "starting-deadline": ("starting_deadline", _optional(lambda v: _duration(v, positive=True))),
     "retries": ("retries", _required(lambda v: _integer(v, 0))),
     "retry-delay": ("retry_delay", _required(_duration)),
+    "backoff": ("backoff", _required(_backoff)),
+    "max-delay": ("max_delay", _optional(lambda v: _duration(v, positive=True))),
     "on-failure": ("on_failure", _on_failure),
     "jitter": ("jitter", _required(_duration)),
     "description": ("description", _required(_string)),
@@ -797,6 +834,12 @@ class _Parser:
             why = ("every-host cannot be used with items or items-command (fan-out spreads "
                    "items over the hosts; every-host runs the whole job on each)")
             raise self.error(why, keys["on"][1], name, "on")
+        if "cron" in keys and value("cron") is not None:
+            try:  # H's values come from the job's name (`0 0 31 H *` may never match)
+                cron = value("cron")
+                _cron(list(cron) if isinstance(cron, tuple) else cron, name)
+            except _Invalid as exc:
+                raise self.error(exc.why, keys["cron"][1], name, "cron") from None
         job = Job(
             name=name,
             line=line,
@@ -813,6 +856,13 @@ class _Parser:
             key, why = too_large
             top = key.split(".", 1)[0]
             raise self.error(why, keys[top][1] if top in keys else line, name, key)
+        if job.max_delay is not None and job.backoff == 1:
+            why = "only with backoff above 1 (without it every retry waits retry-delay)"
+            raise self.error(why, keys["max-delay"][1], name, "max-delay")
+        if job.max_delay is not None and job.max_delay < job.retry_delay:
+            why = (f"{format_duration(job.max_delay)} is shorter than retry-delay "
+                   f"{format_duration(job.retry_delay)}")
+            raise self.error(why, keys["max-delay"][1], name, "max-delay")
         if job.catch_up_limit is not None and job.catch_up != "all":
             why = f"only with catch-up: all (this job's catch-up is {job.catch_up})"
             raise self.error(why, keys["catch-up-limit"][1], name, "catch-up-limit")

@@ -60,7 +60,7 @@ def unrecorded_runs(job: Job, after: float, upto: float,
     assert job.cron is not None
     out: list[tuple[float, float]] = []
     before, start, last = after, None, None
-    slot = next_slot_at(job.cron, job.timezone, after)
+    slot = next_slot_at(job.schedule, after)
     for _ in range(GAP_SLOTS):
         if slot > upto:
             break
@@ -72,7 +72,7 @@ def unrecorded_runs(job: Job, after: float, upto: float,
             if start is None:
                 start = before
             last = slot
-        slot = next_slot_at(job.cron, job.timezone, slot)
+        slot = next_slot_at(job.schedule, slot)
     if start is not None and last is not None:
         out.append((start, last))
     return out

@@ -43,6 +43,7 @@ from dblockrun.running.runner import GRACE_RAN_OUT, SECOND_INTERRUPT
 from dblockrun.scheduling.planner import Planner
 from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.scheduling.targeting import (
+    HOSTNAME,
     LocalJobs,
     label_text,
 )
@@ -155,7 +156,8 @@ class Daemon:
             inbox.hear if isinstance(inbox, HeardInbox) else None,
             labels=self.local.labels_json, targets=lambda: self.local.targets,
             book=book, threads=threads, events=events)
-        notifier = Notifier(self.store, self.holder, self.metrics, threads=threads)
+        notifier = Notifier(self.store, self.holder, self.metrics, threads=threads,
+                            hostname=self.local.labels[HOSTNAME])
         # The log, metrics, notifications and pings hear of runs and slots.
         for hear in (log_run, self.metrics.hear, notifier.hear):
             events.subscribe(hear)

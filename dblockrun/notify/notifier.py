@@ -10,8 +10,12 @@ job until one gets through again) and counted in
 changes a run's result, and never delays a start or a renewal. A full queue
 drops the event, logged and counted as ``dropped``.
 
-"recovery" needs the job's previous result (any host): one read, made here
-in the background and only for jobs that ask for recovery notifications.
+"recovery", and ``on: change`` (a run's end sent only when its result
+differs from the previous run's), need the job's previous result (any host):
+one read, made here in the background and only for jobs that ask for them.
+
+A title names the host by its ``hostname`` label (``--label hostname=NAME``),
+as ``status`` and ``run-on`` do; the body's ``host:`` is the daemon's id.
 """
 
 from __future__ import annotations
@@ -81,11 +85,13 @@ def _hostname(holder: str) -> str:
     return holder.split(":", 1)[0]
 
 
-def run_message(end: RunEnd, event: str, previous: str | None = None) -> tuple[str, str]:
-    """The title and body of a notification about a run's end."""
+def run_message(end: RunEnd, event: str, previous: str | None = None,
+                hostname: str | None = None) -> tuple[str, str]:
+    """The title and body of a notification about a run's end; ``hostname``:
+    the host's ``hostname`` label (None: its id's first part)."""
     job = end.job.name
     what = {FAILURE: "failed", TIMEOUT_EVENT: "timed out", RECOVERY: "recovered"}[event]
-    title = f"dblockrun: job {job} {what} on {_hostname(end.host)}"
+    title = f"dblockrun: job {job} {what} on {hostname or _hostname(end.host)}"
     lines = [
         f"job: {job}",
         *([f"item: {end.item}"] if end.item is not None else []),
@@ -109,10 +115,10 @@ def run_message(end: RunEnd, event: str, previous: str | None = None) -> tuple[s
 
 
 def missed_message(job: Job, host: str, slot: float, late: float,
-                   rule: str) -> tuple[str, str]:
+                   rule: str, hostname: str | None = None) -> tuple[str, str]:
     """``rule``: why the slot was not run (its starting-deadline, or passed
     over for a newer slot)."""
-    title = f"dblockrun: job {job.name} missed a slot ({_hostname(host)})"
+    title = f"dblockrun: job {job.name} missed a slot ({hostname or _hostname(host)})"
     body = "\n".join([
         f"job: {job.name}",
         f"event: {MISSED}",
@@ -169,9 +175,12 @@ class Notifier:
     """The daemon's background sender of notifications and pings."""
 
     def __init__(self, store: Store | None, holder: str, metrics: Metrics | None = None,
-                 queue_size: int = QUEUE_SIZE, threads: Threads | None = None) -> None:
+                 queue_size: int = QUEUE_SIZE, threads: Threads | None = None,
+                 hostname: str | None = None) -> None:
         self.store = store
         self.holder = holder
+        #: This host's ``hostname`` label, for titles.
+        self.hostname = hostname
         self.metrics = metrics
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(queue_size)
         self._thread: threading.Thread | None = None
@@ -226,11 +235,14 @@ class Notifier:
         if notify is None:
             return
         event = _EVENT.get(end.result)
-        if event is not None and event in notify.on:
-            title, body_text = run_message(end, event)
+        if event is not None and notify.sends(event):
+            if notify.on_change and self.store is not None:
+                self._put(job.name, "notify", event, lambda: self._if_changed(end, event))
+                return
+            title, body_text = run_message(end, event, hostname=self.hostname)
             self._put(job.name, "notify", event,
                       lambda: self._notify(job, event, title, body_text, "failure"))
-        elif end.result == m.OK and RECOVERY in notify.on and self.store is not None:
+        elif end.result == m.OK and notify.sends(RECOVERY) and self.store is not None:
             self._put(job.name, "notify", RECOVERY, lambda: self._recovery(end))
 
     def run_lost(self, lost: RunLost) -> None:
@@ -249,7 +261,7 @@ class Notifier:
 
     def missed(self, job: Job, slot: float, late: float, rule: str) -> None:
         if job.notify is not None and MISSED in job.notify.on:
-            title, body = missed_message(job, self.holder, slot, late, rule)
+            title, body = missed_message(job, self.holder, slot, late, rule, self.hostname)
             self._put(job.name, "notify", MISSED,
                       lambda: self._notify(job, MISSED, title, body, "warning"))
 
@@ -330,20 +342,33 @@ class Notifier:
             self._attempt(job.name, "notify", event, shown(url.value),
                           partial(send_apprise, url.value, title, body, kind))
 
-    def _recovery(self, end: RunEnd) -> None:
-        """A run that ended ok: a recovery if the job's previous run did not."""
+    def _previous(self, end: RunEnd, event: str) -> tuple[bool, str | None]:
+        """(read, the result of the job's run before ``end``'s)."""
         assert self.store is not None
         try:
-            previous = self.store.previous_result(end.job.name, end.first_run_id)
+            return True, self.store.previous_result(end.job.name, end.first_run_id)
         except DatabaseError as exc:
-            self._count(end.job.name, "notify", RECOVERY, "failed")
-            log.warning("job %s: recovery notification not sent: cannot read the previous "
-                        "run: %s", end.job.name, exc, extra={"job": end.job.name})
+            self._count(end.job.name, "notify", event, "failed")
+            log.warning("job %s: %s notification not sent: cannot read the previous "
+                        "run: %s", end.job.name, event, exc, extra={"job": end.job.name})
+            return False, None
+
+    def _recovery(self, end: RunEnd) -> None:
+        """A run that ended ok: a recovery if the job's previous run did not."""
+        read, previous = self._previous(end, RECOVERY)
+        if not read or previous is None or previous == m.OK:
             return
-        if previous is None or previous == m.OK:
-            return
-        title, body = run_message(end, RECOVERY, previous)
+        title, body = run_message(end, RECOVERY, previous, self.hostname)
         self._notify(end.job, RECOVERY, title, body, "success")
+
+    def _if_changed(self, end: RunEnd, event: str) -> None:
+        """``on: change``: a failure or timeout unless the previous run's
+        result was the same (a first run's is a change)."""
+        read, previous = self._previous(end, event)
+        if not read or previous == end.result:
+            return
+        title, body = run_message(end, event, previous, self.hostname)
+        self._notify(end.job, event, title, body, "failure")
 
     def _ping(self, job: Job, url: SecretUrl | None, signal: str, run_id: int,
               body: bytes) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -55,6 +56,28 @@ class RunContext:
     events: Events | None = None
     #: Why the shutdown stops a command (dblockrun/running/runner.py).
     stop_why: Callable[[], str] = lambda: GRACE_RAN_OUT
+
+
+#: A growing retry delay is shortened by up to this share, at random, so the
+#: retries of jobs that failed together (a database away) spread out.
+RETRY_JITTER = 0.2
+
+
+def retry_wait(job: Job, attempt: int, draw: Callable[[], float] = random.random) -> float:
+    """The pause after failed attempt ``attempt`` (1: the first): ``retry-delay``
+    times ``backoff`` for each retry before, at most ``max-delay`` (and
+    ``lock-at-most``); a growing
+    delay (backoff above 1) then loses up to :data:`RETRY_JITTER` of itself
+    (``draw`` gives 0 to 1). A constant delay is exact, as before backoff."""
+    if job.backoff == 1:
+        return job.retry_delay
+    # No wait outlasts lock-at-most: the run is stopped by then anyway.
+    cap = job.lock_at_most if job.max_delay is None else min(job.max_delay, job.lock_at_most)
+    try:
+        delay = min(job.retry_delay * job.backoff ** (attempt - 1), cap)
+    except OverflowError:
+        delay = cap
+    return delay * (1 - RETRY_JITTER * draw())
 
 
 def result_of(outcome: Outcome) -> str:
@@ -354,7 +377,8 @@ class JobRun:
             detail=outcome.detail, final=not retry, token=self.token,
             item=self.item.item if self.item is not None else None))
         if retry:
-            ctx.loop.call_later(job.retry_delay, lambda: self._step(lambda: self._retry(attempt)))
+            ctx.loop.call_later(retry_wait(job, attempt),
+                                lambda: self._step(lambda: self._retry(attempt)))
         elif on_failure:
             self._on_failure(outcome)
         else:

@@ -10,10 +10,18 @@ Who does what:
 * dblockrun validates the text (:func:`validate_cron`): its policy, stricter
   than croniter's, with the fix written out. Rejected: backward ranges
   (``22-2``: cron never runs them), a step after a single value (``5/10``) or
-  wider than its field, macros not in lower case, Quartz's ``?``, hashed and
-  random values, and the extensions croniter would read differently from
+  wider than its field, macros not in lower case, Quartz's ``?``, random
+  values (``R``), hashed values (``H``) without a job name or not a field's
+  only item, and the extensions croniter would read differently from
   dblockrun-jobs(5): ``nW`` past day 28, ``W`` in a list, ``n#k``/``nL``
   listed with plain days.
+* ``H`` is Jenkins' hashed value: ``H``, ``H/n``, ``H(a-b)``, ``H(a-b)/n``,
+  a value (or a start) picked from the field's range by a hash of the job's
+  name (croniter's ``hash_id``: CRC-32, the same on every host and in every
+  Python), so jobs written alike spread over the range and every host
+  computes the same slots. As in Jenkins, ``H`` in the day-of-month field
+  picks from 1-28 (every month has those days), and in day-of-week from 0-6.
+  For the daylight-saving rule below, ``H/n`` counts as starting with ``*``.
 * croniter finds the next matching naive wall time, with
   ``day_or=True, implement_cron_bug=True``: Debian's day rule (a day field
   counts as ``*`` only when it *starts* with ``*``; then a day must match
@@ -56,12 +64,15 @@ from zoneinfo import ZoneInfo, available_timezones
 
 from croniter import CroniterBadDateError, croniter
 
+from dblockrun.config.jobs import Schedule
+
 __all__ = [
     "MACROS",
     "describe_next",
     "is_wildcard",
     "next_slot",
     "next_slot_at",
+    "upcoming",
     "validate_cron",
     "validate_timezone",
 ]
@@ -85,6 +96,8 @@ _FOREVER_START = datetime(2000, 1, 1)
 # matches at all matches within that many years.
 _CYCLE_YEARS = 400
 _HASHED_OR_RANDOM = re.compile(r"(?:^|[,/-])[hHrR](?:$|[,/(-])")
+_ANY_HASHED_OR_RANDOM = re.compile(r"(?:^|[\s,/-])[hHrR](?:$|[\s,/(-])")
+_HASHED = re.compile(r"H(?:\((\w+)-(\w+)\))?(?:/([0-9]+))?")
 _RANGE = re.compile(r"(\*|[0-9a-z]+)(?:-([0-9a-z]+))?(?:/([0-9]+))?", re.IGNORECASE)
 _NEAREST = re.compile(r"([0-9]+)W", re.IGNORECASE)
 
@@ -125,17 +138,20 @@ class _Cron:
 
     exprs: tuple[str, ...]  # a wall time matches if any of these matches
     seconds: bool
-    wildcard: bool  # seconds, minute or hour starts with `*` (Debian's DST rule)
+    wildcard: bool  # seconds, minute or hour starts with `*` or `H/` (Debian's DST rule)
+    hash_id: str | None = None  # the job's name when a field is hashed (H)
 
 
-def validate_cron(expr: str) -> None:
-    """Raise :class:`ValueError` with the reason if ``expr`` is not a usable cron expression."""
-    _parse(expr)
+def validate_cron(expr: str, hash_id: str | None = None) -> None:
+    """Raise :class:`ValueError` with the reason if ``expr`` is not a usable
+    cron expression; ``hash_id`` (the job's name) allows ``H``."""
+    _parse(expr, hash_id)
 
 
-def is_wildcard(cron: str) -> bool:
-    """Whether ``cron``'s minute, hour or seconds field starts with ``*`` (see module doc)."""
-    return _parse(cron).wildcard
+def is_wildcard(cron: str, hash_id: str | None = None) -> bool:
+    """Whether ``cron``'s minute, hour or seconds field starts with ``*`` or
+    ``H/`` (see module doc)."""
+    return _parse(cron, hash_id).wildcard
 
 
 def validate_timezone(name: str) -> None:
@@ -143,15 +159,15 @@ def validate_timezone(name: str) -> None:
     _zone(name)
 
 
-def next_slot(cron: str, timezone: str, after: datetime) -> datetime:
+def next_slot(cron: str, timezone: str, after: datetime, hash_id: str | None = None) -> datetime:
     """The first slot of ``cron`` strictly after ``after``, as an aware UTC datetime.
 
     ``cron`` is evaluated in the wall-clock time of ``timezone``; ``after`` must
-    be timezone-aware.
+    be timezone-aware; ``hash_id`` (the job's name) gives ``H`` its values.
     """
     if after.tzinfo is None or after.utcoffset() is None:
         raise ValueError("after must be a timezone-aware datetime")
-    parsed = _parse(cron)
+    parsed = _parse(cron, hash_id)
     zone = _zone(timezone)
     try:
         return _next_slot(parsed, zone, after.astimezone(UTC))
@@ -184,18 +200,32 @@ def _next_slot(parsed: _Cron, zone: ZoneInfo, start: datetime) -> datetime:
 
 
 @functools.lru_cache(maxsize=8192)
-def next_slot_at(cron: str, timezone: str, after: float) -> float:
-    """:func:`next_slot` on epoch seconds, remembered: a fleet's jobs often
-    share a schedule, and thousands due at once then cost one computation."""
+def next_slot_at(schedule: Schedule, after: float) -> float:
+    """The first slot of ``schedule`` strictly after ``after``, in epoch
+    seconds: the earliest of its expressions' next slots (a slot two of them
+    share is one slot). Remembered: a fleet's jobs often share a schedule,
+    and thousands due at once then cost one computation."""
     try:
         moment = datetime.fromtimestamp(after, UTC)
     except (OverflowError, OSError, ValueError):
         raise ValueError(f"after must be a time in epoch seconds, not {after!r}") from None
-    return next_slot(cron, timezone, moment).timestamp()
+    hash_id = schedule.hash_id or None
+    return min(next_slot(cron, schedule.timezone, moment, hash_id)
+               for cron in schedule.crons).timestamp()
+
+
+def upcoming(schedule: Schedule, after: datetime, count: int) -> list[datetime]:
+    """The next ``count`` slots of ``schedule`` after ``after`` (aware UTC datetimes)."""
+    slots: list[datetime] = []
+    moment = after.timestamp()
+    for _ in range(count):
+        moment = next_slot_at(schedule, moment)
+        slots.append(datetime.fromtimestamp(moment, UTC))
+    return slots
 
 
 def describe_next(cron: str, timezone: str, after: datetime, count: int) -> list[datetime]:
-    """The next ``count`` slots after ``after`` (aware UTC datetimes)."""
+    """The next ``count`` slots of one expression after ``after`` (aware UTC datetimes)."""
     slots: list[datetime] = []
     for _ in range(count):
         after = next_slot(cron, timezone, after)
@@ -214,6 +244,7 @@ def _croniter(parsed: _Cron, expr: str, start: datetime) -> croniter:
         implement_cron_bug=True,  # Debian: a day field starting with `*` means "both"
         second_at_beginning=parsed.seconds,
         max_years_between_matches=_CYCLE_YEARS,
+        hash_id=parsed.hash_id,
     )
 
 
@@ -237,14 +268,16 @@ def _first_match(parsed: _Cron, wall: datetime, inclusive: bool) -> datetime:
 # --- validation: dblockrun's policy ----------------------------------------------------
 
 
-def _parse(expr: str) -> _Cron:
+def _parse(expr: str, hash_id: str | None = None) -> _Cron:
     if not isinstance(expr, str):
         raise ValueError(f"a cron expression must be a string, not {type(expr).__name__}")
-    return _parse_text(expr)
+    if hash_id is not None and not _ANY_HASHED_OR_RANDOM.search(expr):
+        hash_id = None  # one parse for every job that shares the expression
+    return _parse_text(expr, hash_id)
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse_text(expr: str) -> _Cron:
+def _parse_text(expr: str, hash_id: str | None) -> _Cron:
     text = expr.strip()
     if not text:
         raise ValueError("empty cron expression")
@@ -258,31 +291,67 @@ def _parse_text(expr: str) -> _Cron:
         )
     full = fields if len(fields) == 6 else ["0", *fields]
     specs = (_SECOND, _MINUTE, _HOUR, _DOM, _MONTH, _DOW)
-    for spec, field in zip(specs, full, strict=True):
-        if _HASHED_OR_RANDOM.search(field):
-            raise ValueError(
-                f"{spec.name} field {field!r}: hashed (H) and random (R) values are not "
-                "supported; every host must compute the same slots"
-            )
+    hashed = [False] * 6
+    for i, (spec, field) in enumerate(zip(specs, full, strict=True)):
+        if hash_id is not None and field.startswith("H"):
+            full[i] = _hashed(spec, field)
+            hashed[i] = True
+        elif _HASHED_OR_RANDOM.search(field):
+            raise ValueError(_unhashable(spec, field, hash_id is not None))
     second, minute, hour, dom_field, month, dow_field = full
-    for spec, field in ((_SECOND, second), (_MINUTE, minute), (_HOUR, hour), (_MONTH, month)):
-        for item in field.split(","):
+    for i, spec, field in ((0, _SECOND, second), (1, _MINUTE, minute), (2, _HOUR, hour),
+                           (4, _MONTH, month)):
+        for item in field.split(",") if not hashed[i] else ():
             _check_item(spec, field, item)
-    dom, dom_special = _day_of_month(dom_field)
-    dow, dow_special = _day_of_week(dow_field)
+    dom, dom_special = (dom_field, False) if hashed[3] else _day_of_month(dom_field)
+    dow, dow_special = (dow_field, False) if hashed[5] else _day_of_week(dow_field)
     either = not (dom_field.startswith("*") or dow_field.startswith("*"))
     days = [(dom, "*"), ("*", dow)] if either and (dom_special or dow_special) else [(dom, dow)]
-    times = fields[: len(fields) - 3]
+    times = full[6 - len(fields): 3]  # as written: 5 fields have no seconds
     parsed = _Cron(
         exprs=tuple(" ".join([*times, day, month, weekday]) for day, weekday in days),
         seconds=len(fields) == 6,
-        wildcard=any(field.startswith("*") for field in times),
+        wildcard=any(field.startswith(("*", "H/")) for field in times),
+        hash_id=hash_id if any(hashed) else None,
     )
     # A day rule that never matches (31 February) adds nothing to the other one.
     live = tuple(e for e in parsed.exprs if _ever_matches(parsed, expr, e))
     if not live:
         raise ValueError(f"{expr.strip()!r} never matches a date")
-    return _Cron(live, parsed.seconds, parsed.wildcard)
+    return _Cron(live, parsed.seconds, parsed.wildcard, parsed.hash_id)
+
+
+def _unhashable(spec: _Spec, field: str, named: bool) -> str:
+    """Why ``field``'s hashed or random value is refused."""
+    if not named:
+        return (f"{spec.name} field {field!r}: hashed (H) and random (R) values are not "
+                "supported; every host must compute the same slots")
+    if re.search(r"(?:^|[,/-])[rR](?:$|[,/(-])", field):
+        return (f"{spec.name} field {field!r}: random (R) values are not supported; "
+                "every host must compute the same slots (H spreads jobs by their names)")
+    return (f"bad {spec.name} field {field!r}: a hashed value is H, H/n, H(a-b) or "
+            "H(a-b)/n (a capital H), the field's only item")
+
+
+def _hashed(spec: _Spec, field: str) -> str:
+    """A hashed field (``H``, ``H/n``, ``H(a-b)``, ``H(a-b)/n``) checked, as
+    croniter reads it: Jenkins' ranges for the day fields made explicit."""
+    match = _HASHED.fullmatch(field)
+    if match is None:
+        raise ValueError(_unhashable(spec, field, True))
+    first, last, step = match.groups()
+    # Jenkins: day-of-month 1-28 (in every month), day-of-week 0-6 (7 is 0 again).
+    low, high = (spec.low, 28) if spec is _DOM else (spec.low, spec.star_high)
+    if first is not None and last is not None:
+        low, high = _number(spec, field, first), _number(spec, field, last)
+        if low >= high:
+            raise spec.bad(field, f"in H({first}-{last}) the range must run upwards")
+        if high > spec.star_high:  # day-of-week 7: Sunday is 0 here
+            raise spec.bad(field, f"in H(a-b) the range is {spec.low}-{spec.star_high}")
+    if step is not None and not (len(step) < 10 and 1 <= int(step) <= high - low + 1):
+        raise spec.bad(field, f"the step must be 1-{high - low + 1}")
+    written = f"H({low}-{high})" if (first is not None or spec in (_DOM, _DOW)) else "H"
+    return written + (f"/{step}" if step is not None else "")
 
 
 def _ever_matches(parsed: _Cron, original: str, expr: str) -> bool:

@@ -185,18 +185,18 @@ def newest_slots(job: Job, after: float, upto: float, keep: int) -> list[float]:
     follows ``keep``, not the length of the gap (a job every second, down
     for a week, is 600,000 slots)."""
     assert job.cron is not None
-    cron, zone = job.cron, job.timezone
-    if next_slot_at(cron, zone, after) > upto:
+    schedule = job.schedule
+    if next_slot_at(schedule, after) > upto:
         return []
-    first = next_slot_at(cron, zone, upto)
-    span = max(next_slot_at(cron, zone, first) - first, 0.001) * (keep + 1)
+    first = next_slot_at(schedule, upto)
+    span = max(next_slot_at(schedule, first) - first, 0.001) * (keep + 1)
     while True:
         start = max(after, upto - span)
         found: deque[float] = deque(maxlen=keep)
-        slot = next_slot_at(cron, zone, start)
+        slot = next_slot_at(schedule, start)
         while slot <= upto:
             found.append(slot)
-            slot = next_slot_at(cron, zone, slot)
+            slot = next_slot_at(schedule, slot)
         if len(found) == keep or start == after:
             return list(found)
         span *= 4
@@ -219,11 +219,11 @@ def passed(job: Job, last_slot: float | None, now: float, cause: Cause, *,
     summary = None
     if len(slots) == keep:
         boundary = slots.pop(0)
-        first = slot = next_slot_at(job.cron, job.timezone, last_slot)
+        first = slot = next_slot_at(job.schedule, last_slot)
         count = 1
         while slot < boundary and count <= COUNTED:
             count += 1
-            slot = next_slot_at(job.cron, job.timezone, slot)
+            slot = next_slot_at(job.schedule, slot)
         summary = Summary(first, boundary, min(count, COUNTED), count > COUNTED)
     if cause in SKIPPING:
         run: list[float] = []
@@ -260,7 +260,7 @@ def next_attempt(job: Job, after: float, margin: float,
     or for a rate-only job an attempt at ``after``; ``margin`` (the clock's
     uncertainty) and ``jitter`` later."""
     if job.cron is not None:
-        slot = next_slot_at(job.cron, job.timezone, after)
+        slot = next_slot_at(job.schedule, after)
         return slot + margin + jitter, slot
     return after + margin + jitter, None
 
@@ -271,13 +271,13 @@ def next_due(job: Job, slot: float, tolerance: float) -> float:
     ``rate`` later (less the claim's ``tolerance``)."""
     assert job.cron is not None
     after = slot if job.rate is None else slot + job.rate - tolerance - 0.001
-    return next_slot_at(job.cron, job.timezone, after)
+    return next_slot_at(job.schedule, after)
 
 
 def newest_due(job: Job, slot: float, now: float) -> float:
     """The newest slot not after ``now``, from ``slot`` on."""
     assert job.cron is not None
-    while (later := next_slot_at(job.cron, job.timezone, slot)) <= now:
+    while (later := next_slot_at(job.schedule, slot)) <= now:
         slot = later
     return slot
 
@@ -637,7 +637,7 @@ class Planner:
                     head, Cause.DEADLINE, deadline_reason(job, head, now)))
             due_next = queue[1] if len(queue) > 1 else next_due(job, head, self.tolerance)
             return Decision(Act.CLAIM, head, due_next)
-        if next_slot_at(job.cron, job.timezone, slot) <= now:
+        if next_slot_at(job.schedule, slot) <= now:
             if job.fan_out:
                 slot = newest_due(job, slot, now)  # its items have their own slots
             else:

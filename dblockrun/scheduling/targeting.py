@@ -213,7 +213,7 @@ class LocalJobs:
 
     def publish_next_due(self, store: Store, now: float) -> None:
         """Each enabled cron job's next slot, for `status`."""
-        store.set_next_due({job.name: next_slot_at(job.cron, job.timezone, now)
+        store.set_next_due({job.name: next_slot_at(job.schedule, now)
                             for job in self.jobs.jobs if job.cron is not None and job.enabled})
 
     @property

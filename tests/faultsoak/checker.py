@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from dblockrun.config.jobs import Schedule
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.store import models as m
 from faultsoak.workload import LEASE, SPEC, SPECS, Command, JobSpec
@@ -108,10 +109,11 @@ def describe(c: Command) -> str:
 
 def cron_slots(cron: str, first: float, last: float) -> list[float]:
     slots = []
-    slot = next_slot_at(cron, "UTC", first - 0.001)
+    schedule = Schedule((cron,), "UTC")
+    slot = next_slot_at(schedule, first - 0.001)
     while slot <= last:
         slots.append(slot)
-        slot = next_slot_at(cron, "UTC", slot)
+        slot = next_slot_at(schedule, slot)
     return slots
 
 
