@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,10 +55,11 @@ def stop() -> Iterator[threading.Event]:
 
 
 def run_job(store: Store, job: Job, events: Events, stop: threading.Event,
-            lease: float = 30.0) -> JobRun:
-    """Claim ``job`` and run it to its end, as a daemon would."""
+            lease: float = 30.0, frozen: float = 0.0) -> JobRun:
+    """Claim ``job`` and run it to its end, as a daemon would (one frozen
+    for ``frozen`` seconds between its claim and the run's start)."""
     store.ensure_jobs([job.name])
-    sent = time.monotonic()
+    sent = time.monotonic() - frozen
     won = store.claim_and_record(job.name, HOLDER, lease)
     assert won is not None
     outage = Outage()
@@ -215,3 +217,20 @@ def test_the_notifier_hears_starts_final_ends_missed_slots_and_lost_runs(
         ("notify", "missed"),  # a missed slot, not a skipped one
         ("ping", "fail"), ("notify", "failure"),  # a lost run of a job in this file
     ]
+
+
+def test_a_daemon_frozen_between_its_claim_and_the_start_does_not_start_the_command(
+    store: Store, events: Events, stop: threading.Event, tmp_path: Path
+) -> None:
+    """Its lease ran out meanwhile (another host may hold the job): the
+    command never starts, and the run is recorded lost. The fault soak saw
+    a daemon SIGSTOPped right after a claim start its command 5 s later, 2 s
+    after another host had claimed the job."""
+    heard = Heard(events)
+    marker = tmp_path / "ran"
+    run_job(store, Job(name="late", command=f"touch {marker}"), events, stop, lease=3.0,
+            frozen=5.0)
+    assert not marker.exists()
+    assert [type(e).__name__ for e in heard.events] == []
+    (run,) = records(store, "late")
+    assert run.result == m.LOST

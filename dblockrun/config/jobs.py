@@ -205,6 +205,15 @@ class Job:
         """The name in the jobs file (an every-host job's row adds ``@HOST``)."""
         return self.name.split(EVERY_HOST_SEP, 1)[0]
 
+    @property
+    def claim_spacing(self) -> float | None:
+        """The least time between two starts that its claim enforces (the
+        claim's rate condition, on the row's last start): its ``rate``, and
+        its ``lock-at-least``, which then holds even when the holder died
+        before its release could keep the lock that long; None: neither."""
+        spacing = max(self.rate or 0.0, self.lock_at_least)
+        return spacing or None
+
     def definition_hash(self) -> str:
         """A short hash of everything that defines the job (not its line)."""
         data = asdict(self)

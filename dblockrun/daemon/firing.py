@@ -159,7 +159,8 @@ class Firing:
         sent = time.monotonic()
         try:
             won = self.store.claim_and_record(job.name, self.s.holder, self.s.lease,
-                                              slot=slot, rate=job.rate, next_due=due_next)
+                                              slot=slot, rate=job.claim_spacing,
+                                              next_due=due_next)
             self.outage.ok()
         except DatabaseError as exc:
             return self._failed(job, exc, f"claim {job.name}")
@@ -180,7 +181,7 @@ class Firing:
         whatever no other host took."""
         groups: dict[tuple[float, float, float | None], list[Job]] = {}
         for job, slot, due_next in batch:
-            groups.setdefault((slot, due_next, job.rate), []).append(job)
+            groups.setdefault((slot, due_next, job.claim_spacing), []).append(job)
         for (slot, due_next, rate), jobs in groups.items():
             by_name = {job.name: job for job in jobs}
             outcomes: dict[str, tuple[Outcome, float]] = {}

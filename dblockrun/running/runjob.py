@@ -292,9 +292,24 @@ class JobRun:
 
         self.ctx.loop.submit(guarded)
 
+    def _lease_ran_out(self) -> bool:
+        """Whether the lease was lost, or not renewed in time (the daemon was
+        stopped, the database away): another host may hold the job now."""
+        ctx = self.ctx
+        return self.watch.lost or time.monotonic() >= self.watch.fence_at(
+            fence_margin(ctx.lease, ctx.kill_grace))
+
     def _attempt(self, attempt: int) -> None:
-        """Record the attempt (unless the claim did) and start the command."""
+        """Record the attempt (unless the claim did) and start the command,
+        never under a lease that ran out meanwhile (a daemon frozen between
+        its claim and the command's start; the run's record is then swept
+        ``lost`` by the bookkeeping)."""
         job, ctx = self.job, self.ctx
+        if self._lease_ran_out():
+            log.warning("job %s: not starting attempt %d: its lease ran out before the "
+                        "command could start", self.label, attempt)
+            self._end()
+            return
         run_id = self._recorded if attempt == 1 else None
         item = self.item
         if run_id is None:
@@ -402,10 +417,8 @@ class JobRun:
     def _retry(self, attempt: int) -> None:
         """After a failed attempt's retry delay (cut short by a shutdown)."""
         ctx = self.ctx
-        if self.watch.lost or time.monotonic() >= self.watch.fence_at(
-                fence_margin(ctx.lease, ctx.kill_grace)):
-            # Not renewed in time (the daemon was stopped, the database away):
-            # another host may hold the job now; no attempt starts without it.
+        if self._lease_ran_out():
+            # No attempt starts without the lease.
             log.warning("job %s: not retrying: its lease could not be renewed in time",
                         self.label)
             self._end()
