@@ -133,7 +133,12 @@ def read_url_file(path: str) -> str:
 
 
 def driver_url(url: str) -> str:
-    """Map a user URL to the SQLAlchemy URL with our chosen driver."""
+    """Map a user URL to the SQLAlchemy URL with our chosen driver (without
+    dblockrun's own option, ``pooler``: :func:`~dblockrun.store.drivers.url_pooler`)."""
+    from dblockrun.store.drivers import url_pooler, without_pooler
+
+    url_pooler(url)  # a bad value is a usage error here, not the driver's
+    url = without_pooler(url)
     match = _URL.match(url)
     if not match:
         raise UsageError(f"database URL {redact(url)!r} is not a URL (e.g. postgresql://host/db)")
