@@ -81,6 +81,7 @@ def killed_at(store: Store, run_id: int) -> float:
     return entry.at
 
 
+@pytest.mark.pgbouncer
 def test_kill_stops_a_daemon_job_and_its_background_child(db: TestDb, store: Store,
                                                           tmp_path: Path) -> None:
     started = tmp_path / "pids"
