@@ -12,7 +12,8 @@ or `DBLOCKRUN_TEST_STRICT=1`: in CI a missing database must never look green.
 Tests marked `pgbouncer` also run, when postgresql is selected, on the
 backends `pgbouncer-transaction` and `pgbouncer-session`: the same
 PostgreSQL database through a PgBouncer of the run's own in that pool mode
-(tests/pgbouncer.py; `db.backend` is `postgresql`, its URL has `?pooler=`).
+(tests/pgbouncer.py; `db.backend` is `postgresql`, its URL has `?pooler=`);
+`@pytest.mark.pgbouncer(modes=["session"])` picks the modes.
 A pgbouncer that cannot start skips them, or fails them under CI as above.
 """
 
@@ -96,8 +97,10 @@ POOLED_BACKENDS = tuple(f"pgbouncer-{mode}" for mode in POOL_MODES)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
         backends = selected_backends(metafunc.config)
-        if "postgresql" in backends and metafunc.definition.get_closest_marker("pgbouncer"):
-            backends = [*backends, *POOLED_BACKENDS]
+        marker = metafunc.definition.get_closest_marker("pgbouncer")
+        if "postgresql" in backends and marker is not None:
+            modes = marker.kwargs.get("modes", POOL_MODES)  # `@pytest.mark.pgbouncer(modes=[...])`
+            backends = [*backends, *(f"pgbouncer-{mode}" for mode in modes)]
         metafunc.parametrize("backend", backends, indirect=True, ids=backends)
 
 
