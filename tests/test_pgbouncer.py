@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import PG_PORT, ServerDatabases, new_prefix, pooled_url, selected_backends
 from helpers import REPO, TestDb, clean_env, connections_to, dblockrun_cmd, wait_for
 from pgbouncer import Bouncers
 
+from dblockrun import cli as cli_module
 from dblockrun.errors import UsageError
 from dblockrun.store import Store
 from dblockrun.store.dburl import driver_url, redact
@@ -213,3 +215,26 @@ def test_an_exec_holds_one_connection(target: Target, tmp_path: Path, release: P
     print(f"\n{target.mode}: exec holds {count} connection(s)")
     assert (proc.returncode, err) == (0, "")
     assert count == 1
+
+
+@pytest.mark.parametrize(("mode", "waits"), [("direct", 0.2), ("transaction", 0.4)])
+def test_run_waits_longer_by_default_through_a_transaction_pooler(
+        mode: str, waits: float, request: pytest.FixtureRequest,
+        server_databases: ServerDatabases, bouncers: Bouncers,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its daemons read the request in their next bookkeeping round, not at
+    once: ``run`` waits RUN_WAIT_POOLED (30 s) there, RUN_WAIT (10 s)
+    elsewhere (made short here)."""
+    if "postgresql" not in selected_backends(request.config):
+        pytest.skip("postgresql is not among the selected backends")
+    direct = server_databases.url("postgresql")
+    url = direct if mode == "direct" else pooled_url(bouncers, server_databases, mode)
+    prefix = new_prefix()
+    with Store(url, prefix) as store:
+        store.ensure_jobs(["idle"])
+    monkeypatch.setattr(cli_module, "RUN_WAIT", 0.2)
+    monkeypatch.setattr(cli_module, "RUN_WAIT_POOLED", 0.4)
+    done = CliRunner().invoke(cli_module.cli, ["--db", url, "--table-prefix", prefix, "run",
+                                               "idle"], prog_name="dblockrun")
+    assert done.exit_code == 1
+    assert f"no daemon started idle within {waits:g}s" in done.output

@@ -126,7 +126,10 @@ class Store:
         none is in use: a burst's extra connections (up to the pool's 5, and
         10 more while it lasts) are not kept for good, so a quiet daemon holds
         one server connection for its statements. The next statement opens
-        one again (SQLAlchemy's public ``Engine.dispose``). Whether it did."""
+        one again (SQLAlchemy's public ``Engine.dispose``). Whether it did.
+        A connection another thread takes between the check and the
+        dispose is not lost: it goes back to the old pool when done, and is
+        closed with it."""
         pool = self.engine.pool
         if not isinstance(pool, sa.pool.QueuePool):
             return False
