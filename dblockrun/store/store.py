@@ -128,8 +128,9 @@ class Store:
         one server connection for its statements. The next statement opens
         one again (SQLAlchemy's public ``Engine.dispose``). Whether it did.
         A connection another thread takes between the check and the
-        dispose is not lost: it goes back to the old pool when done, and is
-        closed with it."""
+        dispose (a window of microseconds) still serves it; it then goes
+        back to the old pool and is closed when the garbage collector frees
+        that pool."""
         pool = self.engine.pool
         if not isinstance(pool, sa.pool.QueuePool):
             return False
