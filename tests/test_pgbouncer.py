@@ -38,6 +38,9 @@ def test_the_pooler_option_is_dblockruns_not_the_drivers() -> None:
     assert url_pooler("postgresql://u@h/ops?pooler=session") == "session"
     assert without_pooler("postgresql://u@h/ops?pooler=session") == "postgresql://u@h/ops"
     assert url_pooler("postgresql://u@h/ops") is None
+    at_in_query = "postgresql://h/ops?pooler=transaction&application_name=a@b"
+    assert url_pooler(at_in_query) == "transaction"
+    assert without_pooler(at_in_query) == "postgresql://h/ops?application_name=a@b"
     assert redact(url) == "postgresql://u:***@bouncer:6432/ops?pooler=transaction&sslmode=disable"
 
 

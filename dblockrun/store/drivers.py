@@ -77,12 +77,17 @@ def without_pooler(url: str) -> str:
     return f"{base}?{kept}" if kept else base
 
 
+#: The user information of a URL as SQLAlchemy reads it: a user name
+#: without ``:``, ``/`` or ``@``, and a password up to the first ``@``
+#: (which may hold ``?`` and ``/``).
+_USERINFO = re.compile(r"[^:/@]*(?::[^@]*)?@")
+
+
 def _query(url: str) -> str | None:
-    """The query of ``url``: after the first ``?`` past the user information
-    (a password may hold ``?``)."""
+    """The query of ``url``: after the first ``?`` past the user information."""
     rest = url.partition("://")[2]
-    after_user = rest[rest.rfind("@") + 1:]
-    _, mark, query = after_user.partition("?")
+    user = _USERINFO.match(rest)
+    _, mark, query = rest[user.end() if user else 0:].partition("?")
     return query if mark else None
 
 
