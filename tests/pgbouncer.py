@@ -51,7 +51,8 @@ def free_port() -> int:
 class Bouncer:
     """One running pgbouncer."""
 
-    def __init__(self, mode: str, host: str, port: int, user: str) -> None:
+    def __init__(self, mode: str, host: str, port: int, user: str,
+                 listen_port: int | None = None) -> None:
         binary = shutil.which("pgbouncer") or next(
             (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.path.exists(p)), None)
         if binary is None:
@@ -60,7 +61,7 @@ class Bouncer:
         self.mode = mode
         self.user = user
         self.folder = Path(tempfile.mkdtemp(prefix=f"dblockrun-pgbouncer-{mode}-"))
-        self.port = free_port()
+        self.port = listen_port or free_port()
         (self.folder / "users.txt").write_text(f'"{user}" ""\n')
         config = self.folder / "pgbouncer.ini"
         config.write_text(CONFIG.format(host=host, port=port, listen=self.port,

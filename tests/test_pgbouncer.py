@@ -4,7 +4,8 @@ startup parameter, and the connections a daemon and an ``exec`` hold.
 
 The claim paths, three daemons on one job, run-now, kill and a kill -9
 failover also run through PgBouncer in both pool modes: the tests marked
-``pgbouncer`` (tests/conftest.py).
+``pgbouncer`` (tests/conftest.py). Here also: the pooler itself restarting
+under running daemons.
 """
 
 from __future__ import annotations
@@ -17,9 +18,18 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import PG_PORT, ServerDatabases, new_prefix, pooled_url, selected_backends
+from conftest import (
+    PG_HOST,
+    PG_PORT,
+    PG_USER,
+    ServerDatabases,
+    new_prefix,
+    pooled_url,
+    selected_backends,
+    strict,
+)
 from helpers import REPO, TestDb, clean_env, connections_to, dblockrun_cmd, wait_for
-from pgbouncer import Bouncers
+from pgbouncer import Bouncer, Bouncers
 
 from dblockrun import cli as cli_module
 from dblockrun.errors import UsageError
@@ -241,3 +251,68 @@ def test_run_waits_longer_by_default_through_a_transaction_pooler(
                                                "idle"], prog_name="dblockrun")
     assert done.exit_code == 1
     assert f"no daemon started idle within {waits:g}s" in done.output
+
+
+TICK = """\
+jobs:
+  tick:
+    cron: "* * * * * *"
+    lock-at-most: 10s
+    command: echo "$DBLOCKRUN_SLOT $DBLOCKRUN_HOST_ID" >> {log}
+"""
+
+
+@pytest.mark.slow
+def test_daemons_ride_out_a_restart_of_the_pooler(
+        request: pytest.FixtureRequest, server_databases: ServerDatabases,
+        tmp_path: Path) -> None:
+    """The transaction pooler itself goes away (every client connection
+    cut) and comes back on its port: the daemons report one outage, carry
+    on with the slots after it, and no slot starts twice."""
+    if "postgresql" not in selected_backends(request.config):
+        pytest.skip("postgresql is not among the selected backends")
+    direct = server_databases.url("postgresql")
+    try:
+        bouncer = Bouncer("transaction", PG_HOST, PG_PORT, PG_USER)
+    except RuntimeError as exc:
+        if strict():
+            pytest.fail(f"{exc} (CI/DBLOCKRUN_TEST_STRICT: not skipping)", pytrace=False)
+        pytest.skip(str(exc))
+    db = TestDb("postgresql", bouncer.url(direct), new_prefix())
+    log, jobs = tmp_path / "starts.log", tmp_path / "jobs.yaml"
+    jobs.write_text(TICK.format(log=log))
+    procs = []
+    for i in range(2):
+        with (tmp_path / f"daemon{i}.log").open("wb") as err:
+            procs.append(subprocess.Popen(
+                [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon",
+                 str(jobs), "--heartbeat", "1s", "--lease", "3s"],
+                stdout=subprocess.DEVNULL, stderr=err, env=clean_env(), cwd=REPO))
+
+    def starts() -> list[str]:
+        return log.read_text().split("\n")[:-1] if log.exists() else []
+
+    def daemon_logs() -> list[str]:
+        return [(tmp_path / f"daemon{i}.log").read_text() for i in range(2)]
+
+    try:
+        wait_for(lambda: len(starts()) >= 3, 30, what="three starts before the restart")
+        bouncer.stop()
+        wait_for(lambda: all("database unreachable" in text for text in daemon_logs()), 15,
+                 what="both daemons to see the outage")
+        cut = len(starts())
+        bouncer = Bouncer("transaction", PG_HOST, PG_PORT, PG_USER, listen_port=bouncer.port)
+        wait_for(lambda: len(starts()) >= cut + 3, 30, what="three starts after the restart")
+        wait_for(lambda: all("database back after" in text for text in daemon_logs()), 15,
+                 what="both daemons to say the database is back")
+        assert all(p.poll() is None for p in procs), daemon_logs()
+    finally:
+        for p in procs:
+            p.terminate()
+        codes = [p.wait(timeout=30) for p in procs]
+        bouncer.stop()
+    assert codes == [0, 0], daemon_logs()
+    slots = [line.split()[0] for line in starts()]
+    assert len(slots) == len(set(slots)), "a slot started twice"
+    for text in daemon_logs():
+        assert "prepared statement" not in text
