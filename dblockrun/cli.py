@@ -33,6 +33,10 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 #: How often ``status --watch`` redraws (seconds).
 WATCH_EVERY = 2.0
+#: How long `run` waits for a daemon to start the job: a listening daemon
+#: hears the request at once; through a transaction pooler it reads it in its
+#: next bookkeeping round (every 12 s at the default heartbeat).
+RUN_WAIT, RUN_WAIT_POOLED = 10.0, 30.0
 
 
 @dataclass
@@ -809,8 +813,10 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None, r
 
 @cli.command(name="run")
 @click.argument("job", shell_complete=_complete_job)
-@click.option("--timeout", default="10s", show_default=True, metavar="DURATION",
-              help="How long to wait for a daemon to start it.")
+@click.option("--timeout", default=None, metavar="DURATION",
+              help="How long to wait for a daemon to start it (default 10s; 30s "
+                   "through a transaction pooler, ?pooler=transaction, whose daemons "
+                   "read requests once a bookkeeping round).")
 @click.option("--no-wait", is_flag=True, help="Only file the request.")
 @click.option("--wait", "wait_end", is_flag=True,
               help="Also wait for the run to end, and exit with its status: 0 ok, the "
@@ -818,7 +824,7 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None, r
 @click.option("--cancel", is_flag=True, help="Withdraw JOB's filed request instead.")
 @global_options()
 @handle_errors
-def run_(job: str, timeout: str, no_wait: bool, wait_end: bool, cancel: bool) -> None:
+def run_(job: str, timeout: str | None, no_wait: bool, wait_end: bool, cancel: bool) -> None:
     """Ask the fleet to run JOB now: some daemon that has it claims it, under
     the same lock, within about a second. When none can (the fleet paused, no
     live daemon, the job busy), it says why; the request stays filed."""
@@ -842,7 +848,7 @@ def run_(job: str, timeout: str, no_wait: bool, wait_end: bool, cancel: bool) ->
         click.echo(f"{job}: run request withdrawn in {where}" if withdrawn else
                    f"{job}: no run request filed in {where}: nothing to do (nothing recorded)")
         return
-    wait = None if no_wait else _duration(timeout, "--timeout")
+    given = None if no_wait or timeout is None else _duration(timeout, "--timeout")
     jobs = _jobs_for_db(always=True)
     defined = jobs.job(job) if jobs is not None else None
     if jobs is not None and defined is not None and not defined.enabled:
@@ -850,6 +856,8 @@ def run_(job: str, timeout: str, no_wait: bool, wait_end: bool, cancel: bool) ->
         raise UsageError(f"{job} has `enabled: false` in {jobs.path}: no daemon with that "
                          "file runs it")
     with _open(Access.WRITE, jobs) as store:
+        wait = None if no_wait else given if given is not None else (
+            RUN_WAIT_POOLED if store.pooler == "transaction" else RUN_WAIT)
         runs = request_runs(store, job, wait, _audit("run", job))
         where = _where(store)
         if runs is None:

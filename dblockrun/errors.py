@@ -83,6 +83,12 @@ class DatabaseRefused(DatabaseError):
     kind = "refused"
 
 
+class SettingRefused(DatabaseRefused, UsageError):
+    """The database, or a connection pooler in front of it, refused a
+    setting of the connection (a startup parameter): a configuration error
+    (exit status 2), not an outage."""
+
+
 class SchemaTooNew(DatabaseError):
     """The database schema is newer than this dblockrun knows; upgrade dblockrun."""
 

@@ -8,6 +8,13 @@ per test.
 
 An unreachable server skips the tests using it, or fails them when `CI=true`
 or `DBLOCKRUN_TEST_STRICT=1`: in CI a missing database must never look green.
+
+Tests marked `pgbouncer` also run, when postgresql is selected, on the
+backends `pgbouncer-transaction` and `pgbouncer-session`: the same
+PostgreSQL database through a PgBouncer of the run's own in that pool mode
+(tests/pgbouncer.py; `db.backend` is `postgresql`, its URL has `?pooler=`);
+`@pytest.mark.pgbouncer(modes=["session"])` picks the modes.
+A pgbouncer that cannot start skips them, or fails them under CI as above.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import psycopg
 import pymysql
 import pytest
 from helpers import REPO, TestDb
+from pgbouncer import POOL_MODES, Bouncers
 from psycopg import sql
 
 from dblockrun.store import Store
@@ -82,9 +90,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"dblockrun backends: {','.join(selected_backends(config))} (unreachable: {mode})"
 
 
+#: The backends a test marked `pgbouncer` also runs on (with postgresql).
+POOLED_BACKENDS = tuple(f"pgbouncer-{mode}" for mode in POOL_MODES)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
         backends = selected_backends(metafunc.config)
+        marker = metafunc.definition.get_closest_marker("pgbouncer")
+        if "postgresql" in backends and marker is not None:
+            modes = marker.kwargs.get("modes", POOL_MODES)  # `@pytest.mark.pgbouncer(modes=[...])`
+            backends = [*backends, *(f"pgbouncer-{mode}" for mode in modes)]
         metafunc.parametrize("backend", backends, indirect=True, ids=backends)
 
 
@@ -207,6 +223,26 @@ def server_databases() -> Iterator[ServerDatabases]:
 
 
 @pytest.fixture(scope="session")
+def bouncers() -> Iterator[Bouncers]:
+    """This run's PgBouncers in front of the test PostgreSQL, started lazily."""
+    running = Bouncers(PG_HOST, PG_PORT, PG_USER)
+    yield running
+    running.stop()
+
+
+def pooled_url(bouncers: Bouncers, server_databases: ServerDatabases, mode: str) -> str:
+    """The run's PostgreSQL database through the PgBouncer in ``mode``;
+    skips (fails under CI) when it cannot start."""
+    direct = server_databases.url("postgresql")
+    try:
+        return bouncers.get(mode).url(direct)
+    except RuntimeError as exc:
+        if strict():
+            pytest.fail(f"{exc} (CI/DBLOCKRUN_TEST_STRICT: not skipping)", pytrace=False)
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
 def session_db_url(
     tmp_path_factory: pytest.TempPathFactory, server_databases: ServerDatabases
 ) -> Callable[[str], str]:
@@ -233,10 +269,15 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def db(backend: str, tmp_path: Path, server_databases: ServerDatabases) -> TestDb:
+def db(backend: str, tmp_path: Path, server_databases: ServerDatabases,
+       request: pytest.FixtureRequest) -> TestDb:
     """A database on each selected backend; a fresh file per test for SQLite."""
     if backend == "sqlite":
         return TestDb("sqlite", sqlite_url(tmp_path / "dblockrun.db"), new_prefix())
+    if backend in POOLED_BACKENDS:
+        mode = backend.removeprefix("pgbouncer-")
+        url = pooled_url(request.getfixturevalue("bouncers"), server_databases, mode)
+        return TestDb("postgresql", url, new_prefix())
     return TestDb(backend, server_databases.url(backend), new_prefix())
 
 

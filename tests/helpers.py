@@ -174,3 +174,25 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return e.code, e.read().decode()
     except OSError:
         return 0, ""
+
+
+def connections_to(pid: int, port: int) -> int:
+    """How many established TCP connections process ``pid`` has to ``port``
+    on this host (its sockets, matched in /proc/net/tcp by inode)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                remote, state, inode = fields[2], fields[3], fields[9]
+                if state == "01" and inode in inodes and int(remote.rpartition(":")[2], 16) == port:
+                    count += 1
+    return count

@@ -10,7 +10,8 @@ statement takes), asks each public claim path for it, and compares: the
 single claim, the claim with its run record, the batch claim of jobs due
 together, the run-now claim, ``exec``, :func:`dblockrun.lock` and the claim
 of fan-out items. A path that forgets a condition (a batch that ignores the
-rate) fails here with the row and the request.
+rate) fails here with the row and the request. Also through PgBouncer, in
+transaction and session pooling (the ``pgbouncer`` marker, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import dblockrun
 from dblockrun.running.execlock import ExecOptions, ExecTarget, exec_locked
 from dblockrun.store import Store
 from dblockrun.store.items import item_key
+
+pytestmark = pytest.mark.pgbouncer
 
 #: How far in the database's future a slot may be and still be claimed
 #: (the claim's default tolerance for clock estimates).

@@ -144,6 +144,7 @@ def assert_no_overlap(lines: list[Line]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.pgbouncer
 def test_kill_9_fails_over_within_a_lease(fleet: Fleet) -> None:
     fleet.start(2)
     holder, token = wait_for(fleet.running, 30, what="a running job")

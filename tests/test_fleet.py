@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -14,6 +15,8 @@ from helpers import TestDb, dblockrun_cmd, wait_for
 from dblockrun.store import Store
 
 RUN_SECONDS = 16
+#: Every line of an outage (dblockrun/store/outage.py) starts with one of these.
+OUTAGE = re.compile(r"database (unreachable|refused|is read-only|deadlock|schema|error) \(")
 
 JOB = """\
 jobs:
@@ -45,7 +48,12 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.pgbouncer
 def test_three_daemons_run_each_slot_exactly_once(db: TestDb, tmp_path: Path) -> None:
+    """Also through PgBouncer: behind a transaction pooler, three daemons
+    sharing its server connections would trip over psycopg's prepared
+    statements (``prepared statement "_pg3_0" already exists``) unless the
+    URL's ``?pooler=transaction`` turns them off."""
     out = tmp_path / "runs.log"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(JOB.format(log=out))
@@ -60,7 +68,10 @@ def test_three_daemons_run_each_slot_exactly_once(db: TestDb, tmp_path: Path) ->
         assert all(p.poll() is None for p in procs), "a daemon died"
     finally:
         codes = stop_all(procs)
-    assert codes == [0, 0, 0]
+    logs = [(tmp_path / f"daemon{i}.log").read_text() for i in range(3)]
+    assert codes == [0, 0, 0], logs
+    for log in logs:
+        assert "prepared statement" not in log and not OUTAGE.search(log), log
     starts: dict[str, tuple[float, str, int]] = {}
     ends: dict[str, float] = {}
     for line in out.read_text().splitlines():

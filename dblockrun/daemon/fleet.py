@@ -9,7 +9,9 @@ slow sweep or host read never delays a renewal. On PostgreSQL an idle round
 is one statement (:meth:`Store.books_round`), so an idle daemon sends 5 a
 minute at the default heartbeat; it also hands the round's run-now requests
 to the daemon, which hears them at once through LISTEN
-(:mod:`dblockrun.daemon.listen`) unless that connection is down.
+(:mod:`dblockrun.daemon.listen`) unless that connection is down or there
+is none (through a transaction pooler). After each round the pool's idle
+connections beyond one are closed (:meth:`Store.trim_pool`).
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ class FleetBooks:
         while not self._worker.wait(delay):
             try:
                 self.round()
+                self.store.trim_pool()
                 rounds += 1
                 if rounds % HELD_EVERY == 0:
                     self.held_slots()

@@ -2,7 +2,13 @@
 One interface, two ways: PostgreSQL announces them (LISTEN/NOTIFY, with the
 bookkeeping round reading them too, so a dead listener costs at most a
 round); MySQL/MariaDB and SQLite are polled (one statement a
-``request_poll``)."""
+``request_poll``).
+
+Through a transaction-pooling PgBouncer (``?pooler=transaction``) there is
+no session to LISTEN on: the daemon does not listen, and the bookkeeping
+round, which reads the requests anyway, is how they arrive (within a round,
+12 s at the default heartbeat; no statement more). Kill requests come with
+the lease renewals, every heartbeat."""
 
 from __future__ import annotations
 
@@ -34,10 +40,11 @@ class Inbox(Protocol):
 
 
 class HeardInbox:
-    """PostgreSQL: requests are announced and heard by a listener."""
+    """PostgreSQL: requests are announced and heard by a listener (without
+    ``listen``, read by the bookkeeping rounds alone)."""
 
     def __init__(self, store: Store, wake: Callable[[], None], heartbeat: float,
-                 killed: Callable[[], None], threads: Threads) -> None:
+                 killed: Callable[[], None], threads: Threads, *, listen: bool = True) -> None:
         self.store = store
         self.heartbeat = heartbeat
         self._wake = wake
@@ -45,7 +52,7 @@ class HeardInbox:
         self._all = False
         self._lock = threading.Lock()
         self.listener = RequestListener(store, self.hear, heartbeat, killed=killed,
-                                        threads=threads)
+                                        threads=threads) if listen else None
 
     def hear(self, names: list[str] | None) -> None:
         with self._lock:
@@ -67,10 +74,12 @@ class HeardInbox:
         return self.heartbeat
 
     def start(self) -> None:
-        self.listener.start()
+        if self.listener is not None:
+            self.listener.start()
 
     def stop(self) -> None:
-        self.listener.stop()
+        if self.listener is not None:
+            self.listener.stop()
 
 
 class PolledInbox:
@@ -103,5 +112,6 @@ class PolledInbox:
 def inbox_for(store: Store, wake: Callable[[], None], heartbeat: float, poll: float,
               killed: Callable[[], None], threads: Threads) -> Inbox:
     if store.lock.q.one_round:
-        return HeardInbox(store, wake, heartbeat, killed, threads)
+        return HeardInbox(store, wake, heartbeat, killed, threads,
+                          listen=store.pooler != "transaction")
     return PolledInbox(store, poll)

@@ -133,7 +133,12 @@ def read_url_file(path: str) -> str:
 
 
 def driver_url(url: str) -> str:
-    """Map a user URL to the SQLAlchemy URL with our chosen driver."""
+    """Map a user URL to the SQLAlchemy URL with our chosen driver (without
+    dblockrun's own option, ``pooler``: :func:`~dblockrun.store.drivers.url_pooler`)."""
+    from dblockrun.store.drivers import url_pooler, without_pooler
+
+    url_pooler(url)  # a bad value is a usage error here, not the driver's
+    url = without_pooler(url)
     match = _URL.match(url)
     if not match:
         raise UsageError(f"database URL {redact(url)!r} is not a URL (e.g. postgresql://host/db)")
@@ -292,15 +297,15 @@ def redact(url: str) -> str:
     if not match:
         return _redact_malformed(_redact_keywords(url))
     rest = match.group("rest")
-    # A password may hold an unescaped '@' (``u:p@ss@host``): hide up to the
-    # last '@' before the query, so that more is hidden, never less.
-    query_at = rest.find("?")
-    authority = rest if query_at < 0 else rest[:query_at]
-    if "@" in authority:
-        head, _, tail = authority.rpartition("@")
-        user = _PASSWORD.match(head + "@")
-        if user is not None:
-            rest = f"{user.group('user')}:***@{tail}{rest[len(authority):]}"
+    # A password may hold '?' and '/' (SQLAlchemy reads it up to the first
+    # '@'), and an unescaped '@' (``u:p@ss@host``): hide up to the last '@'
+    # before the query that follows it, so that more is hidden, never less.
+    user = _PASSWORD.match(rest)
+    if user is not None:
+        query_at = rest.find("?", user.end())
+        authority = rest if query_at < 0 else rest[:query_at]
+        tail = authority.rpartition("@")[2]
+        rest = f"{user.group('user')}:***@{tail}{rest[len(authority):]}"
     rest = re.sub(r"(?i)(password=)[^&]*", r"\1***", rest)
     return f"{match.group('scheme')}://{rest}"
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from dblockrun.errors import DatabaseError, DatabaseRefused
+from dblockrun.errors import DatabaseError, DatabaseRefused, SettingRefused, UsageError
 
 #: PyMySQL client flags: FOUND_ROWS (rowcount counts matched rows) and
 #: MULTI_STATEMENTS (a claim and its run record in one round trip).
@@ -37,6 +37,70 @@ CONNECT_OPTIONS: dict[str, dict[str, Any]] = {
     },
     "sqlite": {"timeout": 15, "check_same_thread": False},
 }
+
+#: ``?pooler=`` of a PostgreSQL URL: the pool mode of the connection pooler
+#: (PgBouncer) between dblockrun and the server. Both: no ``options``
+#: startup parameter (a pooler refuses it; the statement timeout is the
+#: server's, README "PgBouncer"). ``transaction``: no prepared statements
+#: (the next transaction may be on another server connection) and no
+#: LISTEN (run-now and kill requests are read by the bookkeeping round and
+#: the lease renewals). ``session`` (and no pooler): a connection keeps its
+#: server connection, so both work.
+POOLERS = ("transaction", "session")
+_POOLER = re.compile(r"(?:^|&)pooler=([^&]*)")
+
+
+def url_pooler(url: str) -> str | None:
+    """The ``pooler`` query option of ``url`` (None: connected directly);
+    UsageError for an unknown value or a URL other than PostgreSQL's."""
+    query = _query(url)
+    found = _POOLER.findall(query) if query else []
+    if not found:
+        return None
+    scheme = url.partition("://")[0].lower()
+    if _SCHEMES.get(scheme) != "postgresql":
+        raise UsageError(f"database URL option pooler= is for postgresql:// URLs (a "
+                         f"PgBouncer in front of PostgreSQL), not {scheme}://")
+    if len(found) > 1 or found[0] not in POOLERS:
+        raise UsageError(f"database URL option pooler={'&pooler='.join(found)}: want "
+                         f"pooler=transaction or pooler=session (PgBouncer's pool_mode)")
+    return str(found[0])
+
+
+def without_pooler(url: str) -> str:
+    """``url`` without its ``pooler`` option, which is dblockrun's, not the driver's."""
+    query = _query(url)
+    if not query or not _POOLER.search(query):
+        return url
+    kept = "&".join(pair for pair in query.split("&") if not pair.startswith("pooler="))
+    base = url[:len(url) - len(query) - 1]
+    return f"{base}?{kept}" if kept else base
+
+
+#: The user information of a URL as SQLAlchemy reads it: a user name
+#: without ``:``, ``/`` or ``@``, and a password up to the first ``@``
+#: (which may hold ``?`` and ``/``).
+_USERINFO = re.compile(r"[^:/@]*(?::[^@]*)?@")
+
+
+def _query(url: str) -> str | None:
+    """The query of ``url``: after the first ``?`` past the user information."""
+    rest = url.partition("://")[2]
+    user = _USERINFO.match(rest)
+    _, mark, query = rest[user.end() if user else 0:].partition("?")
+    return query if mark else None
+
+
+def connect_options(dialect: str, pooler: str | None = None) -> dict[str, Any]:
+    """The options of every connection to ``dialect``, pooled or direct,
+    through ``pooler`` (:data:`POOLERS`) or not."""
+    options = dict(CONNECT_OPTIONS[dialect])
+    if pooler is not None:
+        del options["options"]  # left to the server: ALTER ROLE ... SET statement_timeout
+        if pooler == "transaction":
+            options["prepare_threshold"] = None  # psycopg prepares nothing
+    return options
+
 
 #: Run on every new SQLite connection.
 SQLITE_PRAGMAS = ("PRAGMA journal_mode=WAL", "PRAGMA busy_timeout=15000",
@@ -158,9 +222,10 @@ def _no_connect() -> Any:
 
 def direct_driver(url: str) -> Driver | None:
     """A driver that connects without SQLAlchemy for a plain URL (no query
-    options but PostgreSQL's ``target_session_attrs``, an existing SQLite
-    file), else None: the pooled engine serves it."""
-    parts = split_url(url)
+    options but PostgreSQL's ``target_session_attrs`` and ``pooler``, an
+    existing SQLite file), else None: the pooled engine serves it."""
+    pooler = url_pooler(url)
+    parts = split_url(without_pooler(url))
     if parts is None:
         return None
     dialect = _SCHEMES.get(parts.scheme.lower())
@@ -178,7 +243,7 @@ def direct_driver(url: str) -> Driver | None:
         if not os.path.isfile(path):
             return None  # the pooled store creates it, 0600 in a 0700 folder
         return Driver(dialect, lambda: connect_sqlite(path))
-    kw: dict[str, Any] = dict(CONNECT_OPTIONS[dialect])
+    kw: dict[str, Any] = connect_options(dialect, pooler)
     kw.update(options)
     if user:
         kw["user"] = _unquote(user)
@@ -369,10 +434,29 @@ def _message(orig: BaseException) -> str:
     return str(orig)
 
 
+#: A startup parameter refused (PgBouncer: ``unsupported startup parameter:
+#: options``; a newer one: ``unsupported startup parameter in options: ...``).
+_STARTUP_REFUSED = re.compile(r"unsupported startup parameter(?: in options)?: *([\w.-]+)")
+#: PostgreSQL's duplicate_prepared_statement and invalid_sql_statement_name:
+#: psycopg's prepared statements on a server connection a transaction pooler
+#: handed to another client (or took back).
+_PG_PREPARED = ("42P05", "26000")
+
+
 def db_error(exc: BaseException) -> DatabaseError:
     """A driver's (or SQLAlchemy's) error as dblockrun's, with its kind."""
     orig = getattr(exc, "orig", None) or exc
     text = " ".join(_message(orig).split())[:500]
+    refused = _STARTUP_REFUSED.search(text)
+    if refused is not None:
+        return SettingRefused(
+            f"database refused the connection's startup parameter {refused.group(1)!r} "
+            f"({text}): a connection pooler such as PgBouncer accepts only a few; add "
+            "?pooler=transaction (or ?pooler=session, as its pool_mode) to the database URL")
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate in _PG_PREPARED or sqlstate is not None and "prepared statement" in text:
+        text += (" (a transaction-pooling PgBouncer in the way? add ?pooler=transaction "
+                 "to the database URL)")
     kind = _kind(orig, text)
     if kind == "refused":
         return DatabaseRefused(f"database refused: {text}", kind=kind)

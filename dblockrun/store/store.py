@@ -21,7 +21,7 @@ from dblockrun.errors import DatabaseError
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit, ControlStore
 from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file, redact
-from dblockrun.store.drivers import CONNECT_OPTIONS, Driver, db_error, sqlite_setup
+from dblockrun.store.drivers import Driver, connect_options, db_error, sqlite_setup, url_pooler
 from dblockrun.store.engine import (
     CLAIM_TOLERANCE,
     BooksRound,
@@ -55,9 +55,9 @@ class Dialect:
     def now(self) -> sa.ColumnElement[float]:
         return sa.literal_column(NOW[self.name], sa.Double())
 
-    def engine_options(self) -> dict[str, Any]:
+    def engine_options(self, pooler: str | None) -> dict[str, Any]:
         """The pool's connections get the options a direct one gets."""
-        options: dict[str, Any] = {"connect_args": dict(CONNECT_OPTIONS[self.name])}
+        options: dict[str, Any] = {"connect_args": connect_options(self.name, pooler)}
         if self.name == "mysql":
             options["pool_recycle"] = 3600
         return options
@@ -77,6 +77,9 @@ class Store:
         self.url = url
         self.prefix = prefix
         self.dialect = Dialect(dialect_of(url))
+        #: The pool mode of a connection pooler in front of the database
+        #: (``?pooler=``: store/drivers.py ``POOLERS``), or None.
+        self.pooler = url_pooler(url)
         if self.dialect.name == "sqlite":
             prepare_sqlite_file(url)
         self.engine: Engine = sa.create_engine(
@@ -84,7 +87,7 @@ class Store:
             isolation_level="AUTOCOMMIT",
             # Autocommit: nothing to roll back when a connection returns to the pool.
             pool_reset_on_return=None,
-            **self.dialect.engine_options(),
+            **self.dialect.engine_options(self.pooler),
         )
         if self.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", lambda conn, _record: sqlite_setup(conn))
@@ -117,6 +120,24 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def trim_pool(self) -> bool:
+        """Close the pool's idle connections when it holds more than one and
+        none is in use: a burst's extra connections (up to the pool's 5, and
+        10 more while it lasts) are not kept for good, so a quiet daemon holds
+        one server connection for its statements. The next statement opens
+        one again (SQLAlchemy's public ``Engine.dispose``). Whether it did.
+        A connection another thread takes between the check and the
+        dispose (a window of microseconds) still serves it; it then goes
+        back to the old pool and is closed when the garbage collector frees
+        that pool."""
+        pool = self.engine.pool
+        if not isinstance(pool, sa.pool.QueuePool):
+            return False
+        if pool.checkedout() or pool.checkedin() <= 1:
+            return False
+        self.engine.dispose()
+        return True
 
     def __enter__(self) -> Store:
         return self
