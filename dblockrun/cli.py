@@ -379,8 +379,9 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
 @cli.command()
 @click.argument("jobs", nargs=-1, shell_complete=_complete_job)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--live-within", default="15s", show_default=True, metavar="DURATION",
-              help="A daemon is live if its last heartbeat is this recent.")
+@click.option("--live-within", metavar="DURATION",
+              help="A daemon is live if its last heartbeat is this recent (default: 1.5 of "
+                   "its --heartbeat, at least its heartbeat and 3s: 15s at the default).")
 @click.option("--wide", is_flag=True,
               help="Every fact: holder, token, absolute times, pid, version, labels (the "
                    "default table fits 80 columns).")
@@ -391,7 +392,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
                    "a job not started for twice its period) and exit 1 if there is one.")
 @global_options()
 @handle_errors
-def status(jobs: tuple[str, ...], as_json: bool, live_within: str, wide: bool, watch: bool,
+def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: bool, watch: bool,
            check: bool) -> None:
     """Show jobs (state, last and next run; --wide: holder, lock, token...)
     and live hosts."""
@@ -403,7 +404,7 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str, wide: bool, w
 
     if watch and (as_json or check):
         raise UsageError("--watch draws the table: not with --json or --check")
-    within = _duration(live_within, "--live-within") or 0.0
+    within = None if live_within is None else _duration(live_within, "--live-within")
     with _open(Access.READ, _jobs_for_db()) as store:
         # An every-host job: its own row and every host's (JOB@HOST).
         got = report(store, store.with_every_host(list(jobs)) or None, within)

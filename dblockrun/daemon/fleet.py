@@ -32,6 +32,7 @@ from dblockrun.scheduling.planner import Cause, passed
 from dblockrun.store import Store
 from dblockrun.store.engine import LostRun
 from dblockrun.store.outage import Outage
+from dblockrun.store.status import ROUND_EVERY
 from dblockrun.supervise import Loop, Policy, Threads
 from dblockrun.timetext import utc
 
@@ -40,10 +41,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dblockrun")
 
-#: A round every 1.2 heartbeats: 12 s by default, 5 rounds a minute, and a
-#: host row at most 12 s old, inside the 15 s within which ``status`` calls
-#: a host live (store/status.py ``LIVE_WITHIN``).
-ROUND_EVERY = 1.2
+#: The round after which this daemon looks for jobs no live host's labels
+#: match (the round at start-up, then this many): a fleet started together
+#: has written its host rows by then, so no host warns of a job another
+#: host that is starting too will run.
+SETTLE_ROUNDS = 2
 #: Every this many rounds, the slots a lock held with no run kept from
 #: everyone are recorded (:meth:`FleetBooks.held_slots`).
 HELD_EVERY = 5
@@ -89,7 +91,8 @@ class FleetBooks:
                  targets: Callable[[], str | None] | None = None,
                  book: SlotBook | None = None,
                  threads: Threads | None = None,
-                 events: Events | None = None) -> None:
+                 events: Events | None = None,
+                 settled: Callable[[], None] | None = None) -> None:
         self.store = store
         self.holder = holder
         self.heartbeat = heartbeat
@@ -108,6 +111,8 @@ class FleetBooks:
         self._book = book
         #: Told of each run this host records lost (notifications, pings).
         self.events = events
+        #: Called once, after :data:`SETTLE_ROUNDS` rounds (the run-on check).
+        self._settled = settled
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
         self._drift_seen: set[tuple[str, str]] = set()
@@ -125,6 +130,10 @@ class FleetBooks:
 
     @property
     def interval(self) -> float:
+        """A round every 1.2 heartbeats: 12 s by default, 5 rounds a minute,
+        and a host row at most 12 s old, inside the window within which
+        ``status`` calls a host live (store/status.py ``live_window``: 15 s
+        at the default heartbeat, which the row carries)."""
         return ROUND_EVERY * self.heartbeat
 
     def _loop(self) -> None:
@@ -133,6 +142,8 @@ class FleetBooks:
         while not self._worker.wait(delay):
             try:
                 self.round()
+                if rounds + 1 == SETTLE_ROUNDS and self._settled is not None:
+                    self._settled()  # (a database error: again after the next round)
                 rounds += 1
                 if rounds % HELD_EVERY == 0:
                     self.held_slots()
@@ -161,6 +172,7 @@ class FleetBooks:
             within=3 * self.heartbeat,
             labels=self._labels,
             targets=self._targets() if self._targets is not None else None,
+            heartbeat=self.heartbeat,
         )
         self.clock.add(done.sample)
         self.live_hosts = 1 + done.live_others

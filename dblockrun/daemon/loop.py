@@ -154,7 +154,7 @@ class Daemon:
             self.metrics, lambda: self.local.jobs, lambda: self.firing.runs.count(),
             inbox.hear if isinstance(inbox, HeardInbox) else None,
             labels=self.local.labels_json, targets=lambda: self.local.targets,
-            book=book, threads=threads, events=events)
+            book=book, threads=threads, events=events, settled=self._warn_unmatched)
         notifier = Notifier(self.store, self.holder, self.metrics, threads=threads)
         # The log, metrics, notifications and pings hear of runs and slots.
         for hear in (log_run, self.metrics.hear, notifier.hear):
@@ -298,7 +298,6 @@ class Daemon:
                 self.local.ensure_rows(self.store)
                 self.parts.books.report_bad_rows()
                 self.parts.books.round()
-                self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
                 self.local.publish_next_due(self.store, self.clock.now())
                 self.outage.ok()
                 return True
@@ -309,6 +308,11 @@ class Daemon:
                 self.systemd.status(f"waiting for the database: {describe_outage(exc)}")
                 self._pause(delay)
         return False
+
+    def _warn_unmatched(self) -> None:
+        """Warn of the jobs no live host's labels match: after a reload, and
+        a few rounds after start-up (dblockrun/daemon/fleet.py ``SETTLE_ROUNDS``)."""
+        self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
 
     def _describe(self) -> str:
         """What the daemon runs, for systemd's STATUS= (no secret in it)."""
@@ -362,7 +366,7 @@ class Daemon:
         try:
             self.local.ensure_rows(self.store)
             self.parts.books.report_bad_rows()
-            self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
+            self._warn_unmatched()
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
         self._plan_all(before=before)

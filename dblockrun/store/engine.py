@@ -668,12 +668,12 @@ class LockEngine:
     def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,
                     clock_offset: float | None, running: int, jobs: str | None,
                     within: float, labels: str | None = None,
-                    targets: str | None = None) -> BooksRound:
+                    targets: str | None = None, heartbeat: float | None = None) -> BooksRound:
         """PostgreSQL (``q.one_round``): a daemon's bookkeeping round, one
         statement when no run died (then one more per dead run)."""
         params = {"id": host_id, "hostname": hostname, "pid": pid, "version": version,
                   "offset": clock_offset, "running": running, "jobs": jobs, "within": within,
-                  "labels": labels, "targets": targets}
+                  "labels": labels, "targets": targets, "heartbeat": heartbeat}
 
         def go(cur: Any) -> BooksRound:
             wall0, mono0 = time.time(), time.monotonic()

@@ -23,10 +23,11 @@ from functools import cached_property
 
 from dblockrun.store.models import RUNNING, TOKEN_MAX
 
-SCHEMA_VERSION = 5  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 6  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
 #                       nullable columns and tables, added by store/migrate.py;
-#                    5: locks.prev_slot and prev_until (a claim's jump over held slots)
+#                    5: locks.prev_slot and prev_until (a claim's jump over held slots);
+#                    6: hosts.heartbeat (liveness by each daemon's own --heartbeat)
 
 #: The database clock in epoch seconds, read per statement.
 NOW = {
@@ -608,9 +609,10 @@ class Queries:
         others = (f"FROM {hosts} h WHERE h.id <> {p('id')} "
                   f"AND h.last_seen >= {now} - {p('within')}")
         return (f"WITH me AS (INSERT INTO {hosts} (id, hostname, pid, version, started, "
-                f"last_seen, clock_offset, running, jobs, labels, targets) VALUES ({p('id')}, "
-                f"{p('hostname')}, {p('pid')}, {p('version')}, {now}, {now}, {p('offset')}, "
-                f"{p('running')}, {p('jobs')}, {p('labels')}, {p('targets')}) "
+                f"last_seen, clock_offset, running, jobs, labels, targets, heartbeat) "
+                f"VALUES ({p('id')}, {p('hostname')}, {p('pid')}, {p('version')}, {now}, {now}, "
+                f"{p('offset')}, {p('running')}, {p('jobs')}, {p('labels')}, {p('targets')}, "
+                f"{p('heartbeat')}) "
                 "ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen, "
                 "clock_offset = EXCLUDED.clock_offset, running = EXCLUDED.running, "
                 "jobs = EXCLUDED.jobs, labels = EXCLUDED.labels, targets = EXCLUDED.targets "
