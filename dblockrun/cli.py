@@ -320,11 +320,14 @@ def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | Non
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
               help="A label of this host, for run-on: (repeatable; added to DBLOCKRUN_LABELS "
                    "and the built-in hostname, which --label hostname=NAME replaces).")
+@click.option("--watch-file", is_flag=True,
+              help="Reload when FILE changes (checked every second; a symlink swap, as of a "
+                   "Kubernetes ConfigMap, counts), as on SIGHUP.")
 @global_options()
 @handle_errors
 def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
            metrics_addr: str | None, log_format: str, verbose: bool,
-           labels: tuple[str, ...], max_running: int | None) -> None:
+           labels: tuple[str, ...], max_running: int | None, watch_file: bool) -> None:
     """Run the scheduler on FILE (SIGHUP reloads it, SIGTERM stops).
 
     FILE defaults to -f, then DBLOCKRUN_JOBS, then /etc/dblockrun/jobs.yaml."""
@@ -349,6 +352,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
         grace=_duration(grace, "--grace", zero_ok=True),
         metrics_addr=metrics_addr,
         max_running=max_running,
+        watch_file=watch_file,
     )
     if metrics_addr:
         from dblockrun.metrics import parse_addr

@@ -30,7 +30,7 @@ from dblockrun.running.heartbeat import DbClock
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, passed
 from dblockrun.store import Store
-from dblockrun.store.engine import LostRun
+from dblockrun.store.engine import LostRun, Told
 from dblockrun.store.outage import Outage
 from dblockrun.store.status import ROUND_EVERY
 from dblockrun.supervise import Loop, Policy, Threads
@@ -116,6 +116,9 @@ class FleetBooks:
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
         self._drift_seen: set[tuple[str, str]] = set()
+        #: The newest audit entry read (None: not yet; from the start-up
+        #: round on, the operator actions :meth:`_tell` logs).
+        self._audit_after: int | None = None
         self._defs_for: JobsFile | None = None
         self._defs: tuple[dict[str, str], str] = ({}, "{}")
         # A crash is restarted after a backoff of at most a round's interval:
@@ -161,6 +164,8 @@ class FleetBooks:
             # The first round writes the host row with the offset known before
             # it: sample once first, or `status` shows none until the next round.
             self.clock.add(self.store.clock_sample())
+        if self._audit_after is None:
+            self._audit_after = self.store.control.last_id()
         done = self.store.books_round(
             self.holder,
             hostname=socket.gethostname(),
@@ -173,6 +178,7 @@ class FleetBooks:
             labels=self._labels,
             targets=self._targets() if self._targets is not None else None,
             heartbeat=self.heartbeat,
+            audit_after=self._audit_after,
         )
         self.clock.add(done.sample)
         self.live_hosts = 1 + done.live_others
@@ -180,8 +186,29 @@ class FleetBooks:
             self._tell_lost(lost)
             self._blocked_slots(lost)
         self._check_drift(mine, done.differing)
+        for told in done.told:
+            self._tell(told)
+            self._audit_after = max(self._audit_after, told.id)
         if done.requested and self._requested is not None:
             self._requested(done.requested)
+
+    def _tell(self, told: Told) -> None:
+        """Log an operator's action this daemon should say it saw: the
+        fleet's pause and resume, the disable and enable of its own jobs (an
+        every-host job's included). Its runs' kill requests it logs as its
+        renewals read them (dblockrun/running/heartbeat.py)."""
+        detail = f" ({told.detail})" if told.detail else ""
+        reason = f": {told.reason}" if told.reason else ""
+        # A pause or disable stops starts: a warning; their end, news.
+        level = logging.WARNING if told.action in ("pause", "disable") else logging.INFO
+        if told.job is None:
+            if told.action in ("pause", "resume"):
+                log.log(level, "fleet %sd by %s%s%s", told.action, told.who, detail, reason)
+            return
+        jobs = self._jobs().jobs
+        if told.job in {j.file_name for j in jobs} | {j.name for j in jobs}:
+            log.log(level, "job %s: %sd by %s%s%s", told.job, told.action, told.who, detail,
+                    reason)
 
     def report_bad_rows(self) -> None:
         """Lock rows edited into a state no claim takes: logged once each."""

@@ -20,6 +20,7 @@ from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.inbox import HeardInbox, Inbox, inbox_for
 from dblockrun.daemon.registry import Runs
+from dblockrun.daemon.reload import FileWatch, job_changes
 from dblockrun.daemon.sdnotify import SystemdNotifier
 from dblockrun.daemon.wakeup import Wakeup
 from dblockrun.errors import (
@@ -73,6 +74,8 @@ class DaemonOptions:
     #: Commands at once on this host (None: no limit); at it, the host leaves
     #: slots to the others (dblockrun/scheduling/limits.py).
     max_running: int | None = None
+    #: ``--watch-file``: reload when the jobs file changes (dblockrun/daemon/reload.py).
+    watch_file: bool = False
 
 
 def _raise_open_files_limit() -> None:
@@ -114,6 +117,8 @@ class Parts:
     books: FleetBooks
     inbox: Inbox
     notifier: Notifier
+    #: ``--watch-file``'s thread (None: not asked for).
+    watch: FileWatch | None = None
 
 
 class Daemon:
@@ -159,7 +164,9 @@ class Daemon:
         # The log, metrics, notifications and pings hear of runs and slots.
         for hear in (log_run, self.metrics.hear, notifier.hear):
             events.subscribe(hear)
-        return Parts(threads, events, book, renewer, books, inbox, notifier)
+        watch = (FileWatch(lambda: self.local.jobs.path, self.request_reload, threads)
+                 if self.options.watch_file else None)
+        return Parts(threads, events, book, renewer, books, inbox, notifier, watch)
 
     def _firing(self) -> Firing:
         opts, parts = self.options, self.parts
@@ -276,6 +283,8 @@ class Daemon:
         parts.renewer.start()
         parts.books.start()
         parts.inbox.start()
+        if parts.watch is not None:
+            parts.watch.start()
         self._plan_all()
         self.systemd.ready(self._describe())
         try:
@@ -361,7 +370,7 @@ class Daemon:
             log.error("reload failed, keeping the %d jobs loaded before: %s",
                       len(self.local.file.jobs), exc.message)
             return
-        before = self.local.jobs
+        before, changes = self.local.jobs, job_changes(self.local.file, new)
         self.local.load(new)
         try:
             self.local.ensure_rows(self.store)
@@ -374,8 +383,8 @@ class Daemon:
             self.local.publish_next_due(self.store, self.clock.now())
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
-        log.info("reloaded %s: %d %s", new.path, len(new.jobs),
-                 "job" if len(new.jobs) == 1 else "jobs")
+        log.info("reloaded %s: %d %s (%s)", new.path, len(new.jobs),
+                 "job" if len(new.jobs) == 1 else "jobs", changes)
 
     def _shutdown(self) -> None:
         runs = self.firing.runs.all()
@@ -391,6 +400,8 @@ class Daemon:
             self.systemd.watchdog()
             self.signals.wake.wait(0.1)  # rung by a finished run or a signal handler
         parts = self.parts
+        if parts.watch is not None:
+            parts.watch.stop()
         parts.inbox.stop()
         parts.notifier.close(timeout=5.0)  # the last runs' notifications and pings
         parts.books.stop()

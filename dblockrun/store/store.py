@@ -620,19 +620,21 @@ class Store:
     def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,
                     clock_offset: float | None, running: int, jobs: str | None,
                     within: float, labels: str | None = None,
-                    targets: str | None = None, heartbeat: float | None = None) -> BooksRound:
+                    targets: str | None = None, heartbeat: float | None = None,
+                    audit_after: int = 0) -> BooksRound:
         """A daemon's bookkeeping round: write its host row (with its labels
         and targeting, dblockrun/scheduling/targeting.py, and its heartbeat), sample the clock,
         record dead runs lost, read the other live hosts and the run-now
-        requests. PostgreSQL: one statement (store/queries.py
-        ``books_round``); MySQL and SQLite: four, and no requests (their
+        requests, and the operator actions daemons log audited after
+        ``audit_after``. PostgreSQL: one statement (store/queries.py
+        ``books_round``); MySQL and SQLite: five, and no requests (their
         daemons poll for them)."""
         engine = self.lock_engine()
         if engine.q.one_round:
             return engine.books_round(host_id, hostname=hostname, pid=pid, version=version,
                                       clock_offset=clock_offset, running=running, jobs=jobs,
                                       within=within, labels=labels, targets=targets,
-                                      heartbeat=heartbeat)
+                                      heartbeat=heartbeat, audit_after=audit_after)
         sample = self.clock_sample()
         self.heartbeat_host(host_id, hostname=hostname, pid=pid, version=version,
                             clock_offset=clock_offset, running=running, jobs=jobs,
@@ -640,7 +642,8 @@ class Store:
         lost = self.sweep_lost()
         others = [h for h in self.hosts(seen_within=within) if h.id != host_id]
         return BooksRound(sample, len(others), [(h.id, h.jobs) for h in others
-                                                if h.jobs != jobs], [], lost)
+                                                if h.jobs != jobs], [], lost,
+                          self.control.told_after(audit_after))
 
     def remove_host(self, host_id: str) -> None:
         hosts = self.t.hosts
