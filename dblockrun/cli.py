@@ -324,11 +324,14 @@ def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | Non
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
               help="A label of this host, for run-on: (repeatable; added to DBLOCKRUN_LABELS "
                    "and the built-in hostname, which --label hostname=NAME replaces).")
+@click.option("--watch-file", is_flag=True,
+              help="Reload when FILE changes (checked every second; a symlink swap, as of a "
+                   "Kubernetes ConfigMap, counts), as on SIGHUP.")
 @global_options()
 @handle_errors
 def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
            metrics_addr: str | None, log_format: str, verbose: bool,
-           labels: tuple[str, ...], max_running: int | None) -> None:
+           labels: tuple[str, ...], max_running: int | None, watch_file: bool) -> None:
     """Run the scheduler on FILE (SIGHUP reloads it, SIGTERM stops).
 
     FILE defaults to -f, then DBLOCKRUN_JOBS, then /etc/dblockrun/jobs.yaml."""
@@ -353,6 +356,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
         grace=_duration(grace, "--grace", zero_ok=True),
         metrics_addr=metrics_addr,
         max_running=max_running,
+        watch_file=watch_file,
     )
     if metrics_addr:
         from dblockrun.metrics import parse_addr
@@ -383,8 +387,9 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
 @cli.command()
 @click.argument("jobs", nargs=-1, shell_complete=_complete_job)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--live-within", default="15s", show_default=True, metavar="DURATION",
-              help="A daemon is live if its last heartbeat is this recent.")
+@click.option("--live-within", metavar="DURATION",
+              help="A daemon is live if its last heartbeat is this recent (default: 1.5 of "
+                   "its --heartbeat, at least its heartbeat and 3s: 15s at the default).")
 @click.option("--wide", is_flag=True,
               help="Every fact: holder, token, absolute times, pid, version, labels (the "
                    "default table fits 80 columns).")
@@ -395,7 +400,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
                    "a job not started for twice its period) and exit 1 if there is one.")
 @global_options()
 @handle_errors
-def status(jobs: tuple[str, ...], as_json: bool, live_within: str, wide: bool, watch: bool,
+def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: bool, watch: bool,
            check: bool) -> None:
     """Show jobs (state, last and next run; --wide: holder, lock, token...)
     and live hosts."""
@@ -407,7 +412,7 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str, wide: bool, w
 
     if watch and (as_json or check):
         raise UsageError("--watch draws the table: not with --json or --check")
-    within = _duration(live_within, "--live-within") or 0.0
+    within = None if live_within is None else _duration(live_within, "--live-within")
     with _open(Access.READ, _jobs_for_db()) as store:
         # An every-host job: its own row and every host's (JOB@HOST).
         got = report(store, store.with_every_host(list(jobs)) or None, within)

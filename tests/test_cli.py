@@ -999,8 +999,9 @@ def test_run_says_at_once_when_no_daemon_is_live_or_the_fleet_is_paused(
     started = time.monotonic()
     result = invoke(db, "run", "backup", "--timeout", "30s")
     assert (result.exit_code, result.stdout) == (1, "")
-    assert result.stderr == ("dblockrun: backup: no daemon is live (none sent a heartbeat in "
-                             "the last 15s); it starts once one that has backup is" + filed)
+    assert result.stderr == ("dblockrun: backup: no daemon is live (none sent a heartbeat "
+                             "within 1.5 of its --heartbeat, 15s by default); it starts once "
+                             "one that has backup is" + filed)
     assert time.monotonic() - started < 10  # not the 30 s timeout
     table = invoke(db, "status", "--wide").stdout.splitlines()
     line = [s for s in table if s.startswith("backup ")]

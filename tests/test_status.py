@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
-from helpers import TestDb
+from helpers import TestDb, dblockrun_cmd, wait_for
 
 from dblockrun.cli import cli
 from dblockrun.ops import output
@@ -335,15 +336,15 @@ job     state                              last run  next run
 backup  disabled until enabled: disk full  -         disabled
 report  idle                               -         no live daemon
 
-live hosts (a heartbeat in the last 15s): none
+live hosts (a heartbeat within 1.5 of its --heartbeat, 15s by default): none
 
-warning: no live daemons: no daemon has sent a heartbeat in the last 15s, so no job starts \
-on schedule
+warning: no live daemons: no daemon has sent a heartbeat within 1.5 of its --heartbeat, 15s by \
+default, so no job starts on schedule
 """
     doc = json.loads(invoke(sqlite_db, "status", "--json").stdout)
     assert doc["hosts"] == []
-    assert doc["warnings"] == ["no live daemons: no daemon has sent a heartbeat in the last "
-                               "15s, so no job starts on schedule"]
+    assert doc["warnings"] == ["no live daemons: no daemon has sent a heartbeat within 1.5 of "
+                               "its --heartbeat, 15s by default, so no job starts on schedule"]
     assert [(j["name"], j["next_run"], j["next_run_note"]) for j in doc["jobs"]] == [
         ("backup", None, "disabled"), ("report", None, "no live daemon")]
 
@@ -511,8 +512,8 @@ def test_status_check_is_a_monitoring_exit_status(db: TestDb, store: Store) -> N
     store.ensure_schema()
     result = invoke(db, "status", "--check")
     assert (result.exit_code, result.stdout) == (1, (
-        "problem: no live daemon: none sent a heartbeat in the last 15s, so no job starts "
-        "on schedule\n"))
+        "problem: no live daemon: none sent a heartbeat within 1.5 of its --heartbeat, 15s by "
+        "default, so no job starts on schedule\n"))
     beat(store, "web-1:7:ab", ["backup", "report", "cleanup"])
     store.ensure_jobs(["cleanup"])
     result = invoke(db, "status", "--check")
@@ -675,3 +676,51 @@ def test_a_failed_attempt_waiting_for_its_retry_reads_retrying(store: Store) -> 
     assert store.finish_run(retry, "job", token, "ok", 0, "")
     assert store.release("job", "h1", token)
     assert report(store, ["job"]).jobs[0].state == "idle"
+
+
+# -- issue 23, item 12: liveness by each daemon's own heartbeat ------------------------------
+
+
+def test_a_host_is_live_by_its_own_heartbeat(db: TestDb, store: Store) -> None:
+    """A daemon publishes its --heartbeat: one with 1 s heartbeats killed 14 s
+    ago is not live (it was, with its `running 1`, under a fixed 15 s); one
+    with 1 s heartbeats seen 3 s ago is; a row of an older daemon (no
+    heartbeat) is live for 15 s, as before."""
+    hosts = {"fast-dead:1:aa": (1.0, 14), "fast:2:bb": (1.0, 3),
+             "old:3:cc": (None, 14), "slow:4:dd": (60.0, 80), "slow-dead:5:ee": (60.0, 95)}
+    for host_id, (heartbeat, age) in hosts.items():
+        store.heartbeat_host(host_id, hostname=host_id.split(":")[0], pid=1, version="0.1.0",
+                             clock_offset=0.0, running=1, jobs="{}", heartbeat=heartbeat)
+        age_host(store, host_id, age)
+    doc = json.loads(invoke(db, "status", "--json").stdout)
+    assert [(h["id"], h["heartbeat"], h["live_within"]) for h in doc["hosts"]] == [
+        ("fast:2:bb", 1.0, 4.0), ("old:3:cc", None, 15.0), ("slow:4:dd", 60.0, 90.0)]
+    assert doc["live_within"] is None
+    # --live-within still decides for every host when given.
+    doc = json.loads(invoke(db, "status", "--json", "--live-within", "10s").stdout)
+    assert [h["id"] for h in doc["hosts"]] == ["fast:2:bb"]
+
+
+def test_a_killed_daemon_with_1s_heartbeats_leaves_status_within_seconds(
+        sqlite_db: TestDb, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  yearly: {cron: '0 0 1 1 *', command: 'true'}\n")
+    proc = subprocess.Popen(
+        [*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix, "daemon",
+         str(jobs), "--heartbeat", "1s", "--lease", "3s"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with Store(sqlite_db.url, sqlite_db.prefix) as store:
+            live = wait_for(lambda: store.live_hosts() or None, 30, what="the daemon's host row")
+            assert [h.heartbeat for h in live] == [1.0]
+            assert "live hosts (a heartbeat in the last 4s)" in invoke(sqlite_db, "status").stdout
+            proc.kill()
+            proc.wait(timeout=10)
+            killed = time.monotonic()
+            # Gone 4 s after its last round, well before a fixed 15 s.
+            wait_for(lambda: not store.live_hosts(), 10, what="the killed daemon not live")
+            assert time.monotonic() - killed < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -257,7 +257,7 @@ def test_run_on_and_every_host_across_two_daemons(db: TestDb, tmp_path: Path) ->
         requested = invoke(db, "run", "dbonly")
         assert requested.exit_code == 0, requested.output
         assert " started on " in requested.output
-        status = invoke(db, "status")
+        status = invoke(db, "status", "--wide")  # (labels: --wide)
         every = invoke(db, "run", "rotate")
         assert all(p.poll() is None for p in procs), "a daemon died"
     finally:
@@ -373,3 +373,26 @@ def test_labels_cost_no_statement_in_the_bookkeeping_round(store: Store) -> None
     assert json.loads(row.labels or "") == {"hostname": "alpha", "role": "db"}
     assert json.loads(row.targets or "") == {"j": {"run_on": {"role": ["db"]},
                                                    "every_host": False}}
+
+
+@pytest.mark.slow
+def test_the_run_on_warning_waits_for_the_fleet_to_start(sqlite_db: TestDb,
+                                                         tmp_path: Path) -> None:
+    """A daemon does not warn at start-up of a job no live host matches: the
+    host that matches may be starting too. It warns after a few rounds
+    (fleet.py SETTLE_ROUNDS) if none has come."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  tick: {rate: 1h, command: 'true'}\n"
+                    "  backup: {rate: 1h, command: 'true', run-on: {role: db}}\n")
+    log = tmp_path / "daemon.log"
+    proc = start(sqlite_db, jobs, log, "role=web")
+    try:
+        # The first run starts after the start-up round: no warning yet.
+        wait_for(lambda: "job tick: run" in log.read_text(), 30, what="the first run")
+        assert "no live host matches" not in log.read_text()
+        wait_for(lambda: "WARNING job backup: no live host matches run-on role=db" in
+                 log.read_text(), 30, what="the warning, a few rounds later")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert log.read_text().count("no live host matches") == 1

@@ -32,8 +32,9 @@ from dblockrun.running.heartbeat import DbClock
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, passed
 from dblockrun.store import Store
-from dblockrun.store.engine import LostRun
+from dblockrun.store.engine import LostRun, Told
 from dblockrun.store.outage import Outage
+from dblockrun.store.status import ROUND_EVERY
 from dblockrun.supervise import Loop, Policy, Threads
 from dblockrun.timetext import utc
 
@@ -42,10 +43,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dblockrun")
 
-#: A round every 1.2 heartbeats: 12 s by default, 5 rounds a minute, and a
-#: host row at most 12 s old, inside the 15 s within which ``status`` calls
-#: a host live (store/status.py ``LIVE_WITHIN``).
-ROUND_EVERY = 1.2
+#: The round after which this daemon looks for jobs no live host's labels
+#: match (the round at start-up, then this many): a fleet started together
+#: has written its host rows by then, so no host warns of a job another
+#: host that is starting too will run.
+SETTLE_ROUNDS = 2
 #: Every this many rounds, the slots a lock held with no run kept from
 #: everyone are recorded (:meth:`FleetBooks.held_slots`).
 HELD_EVERY = 5
@@ -91,7 +93,8 @@ class FleetBooks:
                  targets: Callable[[], str | None] | None = None,
                  book: SlotBook | None = None,
                  threads: Threads | None = None,
-                 events: Events | None = None) -> None:
+                 events: Events | None = None,
+                 settled: Callable[[], None] | None = None) -> None:
         self.store = store
         self.holder = holder
         self.heartbeat = heartbeat
@@ -110,9 +113,14 @@ class FleetBooks:
         self._book = book
         #: Told of each run this host records lost (notifications, pings).
         self.events = events
+        #: Called once, after :data:`SETTLE_ROUNDS` rounds (the run-on check).
+        self._settled = settled
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
         self._drift_seen: set[tuple[str, str]] = set()
+        #: The newest audit entry read (None: not yet; from the start-up
+        #: round on, the operator actions :meth:`_tell` logs).
+        self._audit_after: int | None = None
         self._defs_for: JobsFile | None = None
         self._defs: tuple[dict[str, str], str] = ({}, "{}")
         # A crash is restarted after a backoff of at most a round's interval:
@@ -127,6 +135,10 @@ class FleetBooks:
 
     @property
     def interval(self) -> float:
+        """A round every 1.2 heartbeats: 12 s by default, 5 rounds a minute,
+        and a host row at most 12 s old, inside the window within which
+        ``status`` calls a host live (store/status.py ``live_window``: 15 s
+        at the default heartbeat, which the row carries)."""
         return ROUND_EVERY * self.heartbeat
 
     def _loop(self) -> None:
@@ -136,6 +148,8 @@ class FleetBooks:
             try:
                 self.round()
                 self.store.trim_pool()
+                if rounds + 1 == SETTLE_ROUNDS and self._settled is not None:
+                    self._settled()  # (a database error: again after the next round)
                 rounds += 1
                 if rounds % HELD_EVERY == 0:
                     self.held_slots()
@@ -153,6 +167,8 @@ class FleetBooks:
             # The first round writes the host row with the offset known before
             # it: sample once first, or `status` shows none until the next round.
             self.clock.add(self.store.clock_sample())
+        if self._audit_after is None:
+            self._audit_after = self.store.control.last_id()
         done = self.store.books_round(
             self.holder,
             hostname=socket.gethostname(),
@@ -164,6 +180,8 @@ class FleetBooks:
             within=3 * self.heartbeat,
             labels=self._labels,
             targets=self._targets() if self._targets is not None else None,
+            heartbeat=self.heartbeat,
+            audit_after=self._audit_after,
         )
         self.clock.add(done.sample)
         self.live_hosts = 1 + done.live_others
@@ -171,8 +189,29 @@ class FleetBooks:
             self._tell_lost(lost)
             self._blocked_slots(lost)
         self._check_drift(mine, done.differing)
+        for told in done.told:
+            self._tell(told)
+            self._audit_after = max(self._audit_after, told.id)
         if done.requested and self._requested is not None:
             self._requested(done.requested)
+
+    def _tell(self, told: Told) -> None:
+        """Log an operator's action this daemon should say it saw: the
+        fleet's pause and resume, the disable and enable of its own jobs (an
+        every-host job's included). Its runs' kill requests it logs as its
+        renewals read them (dblockrun/running/heartbeat.py)."""
+        detail = f" ({told.detail})" if told.detail else ""
+        reason = f": {told.reason}" if told.reason else ""
+        # A pause or disable stops starts: a warning; their end, news.
+        level = logging.WARNING if told.action in ("pause", "disable") else logging.INFO
+        if told.job is None:
+            if told.action in ("pause", "resume"):
+                log.log(level, "fleet %sd by %s%s%s", told.action, told.who, detail, reason)
+            return
+        jobs = self._jobs().jobs
+        if told.job in {j.file_name for j in jobs} | {j.name for j in jobs}:
+            log.log(level, "job %s: %sd by %s%s%s", told.job, told.action, told.who, detail,
+                    reason)
 
     def report_bad_rows(self) -> None:
         """Lock rows edited into a state no claim takes: logged once each."""

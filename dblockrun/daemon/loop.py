@@ -20,6 +20,7 @@ from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.inbox import HeardInbox, Inbox, inbox_for
 from dblockrun.daemon.registry import Runs
+from dblockrun.daemon.reload import FileWatch, job_changes
 from dblockrun.daemon.sdnotify import SystemdNotifier
 from dblockrun.daemon.wakeup import Wakeup
 from dblockrun.errors import (
@@ -74,6 +75,8 @@ class DaemonOptions:
     #: Commands at once on this host (None: no limit); at it, the host leaves
     #: slots to the others (dblockrun/scheduling/limits.py).
     max_running: int | None = None
+    #: ``--watch-file``: reload when the jobs file changes (dblockrun/daemon/reload.py).
+    watch_file: bool = False
 
 
 def _raise_open_files_limit() -> None:
@@ -115,6 +118,8 @@ class Parts:
     books: FleetBooks
     inbox: Inbox
     notifier: Notifier
+    #: ``--watch-file``'s thread (None: not asked for).
+    watch: FileWatch | None = None
 
 
 class Daemon:
@@ -155,13 +160,15 @@ class Daemon:
             self.metrics, lambda: self.local.jobs, lambda: self.firing.runs.count(),
             inbox.hear if isinstance(inbox, HeardInbox) else None,
             labels=self.local.labels_json, targets=lambda: self.local.targets,
-            book=book, threads=threads, events=events)
+            book=book, threads=threads, events=events, settled=self._warn_unmatched)
         notifier = Notifier(self.store, self.holder, self.metrics, threads=threads,
                             hostname=self.local.labels[HOSTNAME])
         # The log, metrics, notifications and pings hear of runs and slots.
         for hear in (log_run, self.metrics.hear, notifier.hear):
             events.subscribe(hear)
-        return Parts(threads, events, book, renewer, books, inbox, notifier)
+        watch = (FileWatch(lambda: self.local.jobs.path, self.request_reload, threads)
+                 if self.options.watch_file else None)
+        return Parts(threads, events, book, renewer, books, inbox, notifier, watch)
 
     def _firing(self) -> Firing:
         opts, parts = self.options, self.parts
@@ -278,6 +285,8 @@ class Daemon:
         parts.renewer.start()
         parts.books.start()
         parts.inbox.start()
+        if parts.watch is not None:
+            parts.watch.start()
         self._plan_all()
         self.systemd.ready(self._describe())
         try:
@@ -300,7 +309,6 @@ class Daemon:
                 self.local.ensure_rows(self.store)
                 self.parts.books.report_bad_rows()
                 self.parts.books.round()
-                self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
                 self.local.publish_next_due(self.store, self.clock.now())
                 self.outage.ok()
                 return True
@@ -311,6 +319,11 @@ class Daemon:
                 self.systemd.status(f"waiting for the database: {describe_outage(exc)}")
                 self._pause(delay)
         return False
+
+    def _warn_unmatched(self) -> None:
+        """Warn of the jobs no live host's labels match: after a reload, and
+        a few rounds after start-up (dblockrun/daemon/fleet.py ``SETTLE_ROUNDS``)."""
+        self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
 
     def _describe(self) -> str:
         """What the daemon runs, for systemd's STATUS= (no secret in it)."""
@@ -359,12 +372,12 @@ class Daemon:
             log.error("reload failed, keeping the %d jobs loaded before: %s",
                       len(self.local.file.jobs), exc.message)
             return
-        before = self.local.jobs
+        before, changes = self.local.jobs, job_changes(self.local.file, new)
         self.local.load(new)
         try:
             self.local.ensure_rows(self.store)
             self.parts.books.report_bad_rows()
-            self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
+            self._warn_unmatched()
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
         self._plan_all(before=before)
@@ -372,8 +385,8 @@ class Daemon:
             self.local.publish_next_due(self.store, self.clock.now())
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
-        log.info("reloaded %s: %d %s", new.path, len(new.jobs),
-                 "job" if len(new.jobs) == 1 else "jobs")
+        log.info("reloaded %s: %d %s (%s)", new.path, len(new.jobs),
+                 "job" if len(new.jobs) == 1 else "jobs", changes)
 
     def _shutdown(self) -> None:
         runs = self.firing.runs.all()
@@ -389,6 +402,8 @@ class Daemon:
             self.systemd.watchdog()
             self.signals.wake.wait(0.1)  # rung by a finished run or a signal handler
         parts = self.parts
+        if parts.watch is not None:
+            parts.watch.stop()
         parts.inbox.stop()
         parts.notifier.close(timeout=5.0)  # the last runs' notifications and pings
         parts.books.stop()

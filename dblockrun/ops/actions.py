@@ -119,11 +119,10 @@ def forget_job(store: Store, job: str, audit: Audit) -> tuple[int, int]:
     the file, a renamed host's every-host row. (lock rows, runs) deleted."""
     from dblockrun.config.jobs import EVERY_HOST_SEP
     from dblockrun.scheduling.targeting import HOSTNAME, loads_labels
-    from dblockrun.store.status import LIVE_WITHIN
 
     require_job(store, job)
     base, _sep, on_host = job.partition(EVERY_HOST_SEP)
-    for host in store.hosts(LIVE_WITHIN):
+    for host in store.live_hosts():
         known = jobs_known([host])
         if known is None:
             raise UsageError(f"live daemon {host.id} does not say which jobs it has (an older "
@@ -164,12 +163,12 @@ def _filed(job: str, why: str) -> NotStarted:
                       "--cancel` withdraws it)")
 
 
-def not_now(store: Store, job: str, hosts: list[HostStatus],
-            live_within: float) -> str | None:
+def not_now(store: Store, job: str, hosts: list[HostStatus]) -> str | None:
     """Why no daemon starts ``job`` now, known without waiting: the fleet is
-    paused, no daemon is live, or no live daemon's file has the job."""
-    from dblockrun.config.durations import format_duration
+    paused, no daemon is live (``hosts``: the live ones), or no live daemon's
+    file has the job."""
     from dblockrun.config.jobs import EVERY_HOST_SEP
+    from dblockrun.ops.output import live_text
 
     paused = store.control.paused()
     if paused is not None:
@@ -177,8 +176,8 @@ def not_now(store: Store, job: str, hosts: list[HostStatus],
         return (f"the fleet is paused (by {paused.who}{reason}); it starts after "
                 "`dblockrun resume`")
     if not hosts:
-        return (f"no daemon is live (none sent a heartbeat in the last "
-                f"{format_duration(live_within)}); it starts once one that has {job} is")
+        return (f"no daemon is live (none sent {live_text(None)}); it starts once one "
+                f"that has {job} is")
     known = jobs_known(hosts)
     base = job.split(EVERY_HOST_SEP, 1)[0]  # every-host rows: JOB@HOST, on HOST only
     if known is not None and base not in {name.split(EVERY_HOST_SEP, 1)[0] for name in known}:
@@ -210,8 +209,6 @@ def request_run(store: Store, job: str, wait: float | None, audit: Audit | None 
     raise :class:`NotStarted` saying why none did: at once when no daemon
     can start it now (:func:`not_now`; ``hosts``: the live ones, if read),
     else after ``wait``."""
-    from dblockrun.store.status import LIVE_WITHIN
-
     before = store.lock_state(job)
     if before is None:
         raise no_such_job(store, [job], " (has a daemon loaded it?)")
@@ -220,8 +217,8 @@ def request_run(store: Store, job: str, wait: float | None, audit: Audit | None 
     store.request_run(job, audit)
     if wait is None:
         return None
-    live = store.hosts(LIVE_WITHIN) if hosts is None else hosts
-    if (why := not_now(store, job, live, LIVE_WITHIN)) is not None:
+    live = store.live_hosts() if hosts is None else hosts
+    if (why := not_now(store, job, live)) is not None:
         raise _filed(job, why)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
@@ -252,9 +249,7 @@ def request_runs(store: Store, job: str, wait: float | None,
         matches,
         row_name,
     )
-    from dblockrun.store.status import LIVE_WITHIN
-
-    hosts = store.hosts(LIVE_WITHIN)
+    hosts = store.live_hosts()
     for host in hosts:  # the job's run-on, as the live hosts' files have it
         run_on, _every = loads_targets(host.targets).get(job, ((), False))
         if run_on and not any(matches(loads_labels(h.labels), run_on) for h in hosts):
@@ -279,7 +274,7 @@ def request_runs(store: Store, job: str, wait: float | None,
         store.request_run(row, audit if i == 0 else None)
     if wait is None:
         return None
-    if (why := not_now(store, job, hosts, LIVE_WITHIN)) is not None:
+    if (why := not_now(store, job, hosts)) is not None:
         raise _filed(job, why)
     started: dict[str, RunRecord] = {}
     deadline = time.monotonic() + wait

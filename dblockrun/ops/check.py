@@ -11,6 +11,7 @@ an operator chose that.
 from __future__ import annotations
 
 from dblockrun.config.durations import format_duration
+from dblockrun.ops.output import live_text
 from dblockrun.store.models import FAILED, LOST, TIMEOUT, JobStatus
 from dblockrun.store.status import StatusReport
 
@@ -22,8 +23,8 @@ def problems(got: StatusReport) -> list[str]:
     """One line per problem, the fleet's first, then by job name."""
     out: list[str] = []
     if not got.hosts:
-        out.append(f"no live daemon: none sent a heartbeat in the last "
-                   f"{format_duration(got.live_within)}, so no job starts on schedule")
+        out.append(f"no live daemon: none sent {live_text(got.live_within)}, so no job "
+                   "starts on schedule")
     for s in got.jobs:
         if s.state == "disabled":
             continue

@@ -36,6 +36,7 @@ from dblockrun.scheduling.targeting import (
 )
 from dblockrun.store import FOREVER
 from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions, jobs_known
+from dblockrun.store.status import live_window
 
 if TYPE_CHECKING:
     from rich.box import Box
@@ -232,13 +233,14 @@ def job_view(s: JobStatus, fleet: Fleet) -> JobView:
     return JobView(status=s, held=held, running=s.running if held else None, next_note=note)
 
 
-def warnings(jobs: Sequence[JobStatus], fleet: Fleet, live_within: float) -> list[str]:
+def warnings(jobs: Sequence[JobStatus], fleet: Fleet,
+             live_within: float | None) -> list[str]:
     """What the operator should know first: no live daemon; jobs that live
     hosts define differently."""
     out: list[str] = []
     if not fleet.hosts:
-        out.append(f"no live daemons: no daemon has sent a heartbeat in the last "
-                   f"{format_duration(live_within)}, so no job starts on schedule")
+        out.append(f"no live daemons: no daemon has sent {live_text(live_within)}, so no job "
+                   "starts on schedule")
     names = {s.lock.name for s in jobs}
     for name, defs in sorted(fleet.defs.items()):
         if len(defs) > 1 and name in names:
@@ -283,7 +285,21 @@ def host_json(h: HostStatus) -> dict[str, Any]:
         "clock_offset": h.clock_offset,
         "running": h.running,
         "labels": loads_labels(h.labels) if h.labels is not None else None,
+        "heartbeat": h.heartbeat,
+        "live_within": live_window(h.heartbeat),
     }
+
+
+def live_text(live_within: float | None, hosts: Sequence[HostStatus] = ()) -> str:
+    """Which hosts ``status`` calls live: ``--live-within``'s, or (None) each
+    by its own heartbeat (dblockrun/store/status.py ``live_window``): the
+    window the ``hosts`` listed share, if they do."""
+    if live_within is None:
+        windows = {live_window(h.heartbeat) for h in hosts}
+        if len(windows) != 1:
+            return "a heartbeat within 1.5 of its --heartbeat, 15s by default"
+        live_within = windows.pop()
+    return f"a heartbeat in the last {format_duration(live_within)}"
 
 
 def pause_json(paused: Pause | None) -> dict[str, Any] | None:
@@ -303,7 +319,7 @@ def pause_line(paused: Pause, now: float) -> str:
 
 @_uncollected
 def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                live_within: float = 15.0, paused: Pause | None = None,
+                live_within: float | None = None, paused: Pause | None = None,
                 groups: Sequence[GroupUsage] = ()) -> str:
     fleet = Fleet(hosts, paused)
     defs = fleet.defs
@@ -699,7 +715,7 @@ def _narrow_next_run(v: JobView, now: float) -> str:
 
 @_uncollected
 def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                live_within: float = 15.0, width: int | None = None,
+                live_within: float | None = None, width: int | None = None,
                 paused: Pause | None = None, groups: Sequence[GroupUsage] = (),
                 *, wide: bool = True) -> str:
     """The status tables; ``wide``: every fact (holder, token, absolute
@@ -729,14 +745,14 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
     else:
         page.table(("job", "state", "last run", "next run"), rows, ("job",))
     page.line()
-    within = format_duration(live_within)
+    within = live_text(live_within, hosts)
     if hosts and not wide:
-        page.line(f"live hosts (a heartbeat in the last {within})")
+        page.line(f"live hosts ({within})")
         page.table(("host", "last seen", "clock offset", "running"),
                    [[h.id, _relative(h.last_seen, db_now), clock_offset(h.clock_offset),
                      str(h.running)] for h in hosts], ("host", "clock offset", "running"))
     elif hosts:
-        page.line(f"live hosts (a heartbeat in the last {within})")
+        page.line(f"live hosts ({within})")
         # Labels (host targeting), once a host publishes them.
         labelled = any(h.labels is not None for h in hosts)
         page.table(("host", "pid", "version", "last seen", "clock offset", "running")
@@ -746,7 +762,7 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
                     + ([_labels_cell(fleet.labels[h.id])] if labelled else []) for h in hosts],
                    ("host", "pid", "version", "clock offset", "running"))
     else:
-        page.line(f"live hosts (a heartbeat in the last {within}): none")
+        page.line(f"live hosts ({within}): none")
     if groups:  # dblockrun/scheduling/limits.py
         page.line()
         page.line("groups")
@@ -762,7 +778,7 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
 
 
 def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
-                 live_within: float = 15.0, paused: Pause | None = None,
+                 live_within: float | None = None, paused: Pause | None = None,
                  groups: Sequence[GroupUsage] = (), *, wide: bool = False) -> None:
     text = status_text(jobs, hosts, db_now, live_within, terminal_width(), paused, groups,
                        wide=wide)

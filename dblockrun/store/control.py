@@ -21,7 +21,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dblockrun.store import models as m
-from dblockrun.store.engine import in_transaction
+from dblockrun.store.engine import Told, in_transaction
+from dblockrun.store.queries import TOLD_ACTIONS
 
 if TYPE_CHECKING:
     from dblockrun.store.store import Store
@@ -103,6 +104,22 @@ class ControlStore:
             stmt = stmt.where(audit.c.job == job)
         return self.s._run(
             lambda c: [m.from_row(AuditRecord, r._mapping) for r in c.execute(stmt)])
+
+    def last_id(self) -> int:
+        """The newest entry's id (0: none): where a starting daemon's
+        bookkeeping begins to read the actions it logs."""
+        audit = self.s.t.audit
+        return self.s._run(lambda c: int(c.execute(
+            sa.select(sa.func.coalesce(sa.func.max(audit.c.id), 0))).scalar_one()))
+
+    def told_after(self, after: int) -> list[Told]:
+        """The actions daemons log (queries.TOLD_ACTIONS) audited after ``after``."""
+        audit = self.s.t.audit
+        stmt = (sa.select(audit.c.id, audit.c.who, audit.c.action, audit.c.job,
+                          audit.c.detail, audit.c.reason)
+                .where(audit.c.id > after, audit.c.action.in_(TOLD_ACTIONS))
+                .order_by(audit.c.id))
+        return self.s._run(lambda c: [Told(int(r[0]), *r[1:]) for r in c.execute(stmt)])
 
     # -- the fleet-wide pause ---------------------------------------------------------
 

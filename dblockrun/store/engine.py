@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store.executor import Executor
@@ -91,6 +91,17 @@ class HeldGap:
     last_slot: float
 
 
+class Told(NamedTuple):
+    """An audited operator action a daemon logs (queries.TOLD_ACTIONS)."""
+
+    id: int
+    who: str
+    action: str
+    job: str | None
+    detail: str | None
+    reason: str | None
+
+
 @dataclass(frozen=True)
 class BooksRound:
     """What one bookkeeping round read (PostgreSQL: one statement)."""
@@ -102,6 +113,9 @@ class BooksRound:
     differing: list[tuple[str, str | None]]
     requested: list[str]  # jobs with a run-now request
     lost: list[LostRun]  # the dead runs this round recorded lost
+    #: Operator actions daemons log (queries.TOLD_ACTIONS), audited after the
+    #: round's ``audit_after``: (id, who, action, job, detail, reason).
+    told: list[Told] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -668,16 +682,18 @@ class LockEngine:
     def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,
                     clock_offset: float | None, running: int, jobs: str | None,
                     within: float, labels: str | None = None,
-                    targets: str | None = None) -> BooksRound:
+                    targets: str | None = None, heartbeat: float | None = None,
+                    audit_after: int = 0) -> BooksRound:
         """PostgreSQL (``q.one_round``): a daemon's bookkeeping round, one
         statement when no run died (then one more per dead run)."""
         params = {"id": host_id, "hostname": hostname, "pid": pid, "version": version,
                   "offset": clock_offset, "running": running, "jobs": jobs, "within": within,
-                  "labels": labels, "targets": targets}
+                  "labels": labels, "targets": targets, "heartbeat": heartbeat,
+                  "audit_after": audit_after}
 
         def go(cur: Any) -> BooksRound:
             wall0, mono0 = time.time(), time.monotonic()
-            db, live, differing, requested, dead = self.x.send(
+            db, live, differing, requested, dead, told = self.x.send(
                 cur, self.q.books_round, params).fetchone()
             wall1, mono1 = time.time(), time.monotonic()
             db = float(db)
@@ -686,7 +702,8 @@ class LockEngine:
             return BooksRound(sample, int(live),
                               [(str(h), None if j is None else str(j)) for h, j in differing or []],
                               [str(n) for n in requested or []],
-                              self._mark_lost(cur, dead or []))
+                              self._mark_lost(cur, dead or []),
+                              [Told(int(t[0]), *t[1:]) for t in told or []])
 
         return self.x.run(go)
 

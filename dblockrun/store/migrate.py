@@ -29,6 +29,11 @@ Version 5: ``locks.prev_slot`` and ``prev_until``, written by each slot
 claim (the slot it moved the job on from, and a lock held a second or more
 past it), from which a host's bookkeeping records the slots such a lock kept
 from every host that nobody recorded. Nullable; nothing is converted.
+
+Version 6: ``hosts.heartbeat``, each daemon's ``--heartbeat``, written with
+its host row: ``status`` calls a host live by its own heartbeat, not a
+fixed 15 s (:func:`~dblockrun.store.status.live_window`). Nullable: a row
+of an older daemon is live for 15 s, as before.
 """
 
 from __future__ import annotations

@@ -155,6 +155,8 @@ class HostStatus:
     #: Its labels and its file's targeting, JSON (dblockrun/scheduling/targeting.py).
     labels: str | None = None
     targets: str | None = None
+    #: Its ``--heartbeat`` (schema 6; None: an older daemon): how long it stays live.
+    heartbeat: float | None = None
 
 
 #: Per record kind: its fields, each with the number type it holds (if any).

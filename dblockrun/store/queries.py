@@ -23,10 +23,15 @@ from functools import cached_property
 
 from dblockrun.store.models import RUNNING, TOKEN_MAX
 
-SCHEMA_VERSION = 5  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 6  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
 #                       nullable columns and tables, added by store/migrate.py;
-#                    5: locks.prev_slot and prev_until (a claim's jump over held slots)
+#                    5: locks.prev_slot and prev_until (a claim's jump over held slots);
+#                    6: hosts.heartbeat (liveness by each daemon's own --heartbeat)
+
+#: The operator actions each daemon logs as its bookkeeping reads them from
+#: the audit trail (dblockrun/daemon/fleet.py).
+TOLD_ACTIONS = ("pause", "resume", "disable", "enable")
 
 #: The database clock in epoch seconds, read per statement.
 NOW = {
@@ -87,6 +92,8 @@ class Queries:
         self.now = NOW[self.dialect]
         #: The fleet-wide pause (``dblockrun pause``): no claim wins while it lasts.
         self.pause = self.quote(f"{prefix}pause")
+        #: Operator actions (read by the bookkeeping round: :data:`TOLD_ACTIONS`).
+        self.audit = self.quote(f"{prefix}audit")
         #: Where ``dblockrun run`` announces a request (PostgreSQL; payload: the job).
         self.channel = f"{prefix}run"
         #: Where ``dblockrun kill`` announces a request (PostgreSQL; payload: the job):
@@ -601,16 +608,18 @@ class Queries:
         and read back in one row: the
         database time, how many other hosts are live, the other live hosts
         whose definitions differ from this one's (JSON ``[[id, jobs]...]``),
-        the jobs with a run-now request (JSON names) and the dead runs (JSON
-        rows of :attr:`lost_runs`). Reads all run on the snapshot before the
-        write, so this host is counted apart."""
+        the jobs with a run-now request (JSON names), the dead runs (JSON
+        rows of :attr:`lost_runs`) and the operator actions daemons log
+        (:data:`TOLD_ACTIONS`) audited after ``audit_after``. Reads all run
+        on the snapshot before the write, so this host is counted apart."""
         hosts, locks, p, now = self.hosts, self.locks, self.p, self.now
         others = (f"FROM {hosts} h WHERE h.id <> {p('id')} "
                   f"AND h.last_seen >= {now} - {p('within')}")
         return (f"WITH me AS (INSERT INTO {hosts} (id, hostname, pid, version, started, "
-                f"last_seen, clock_offset, running, jobs, labels, targets) VALUES ({p('id')}, "
-                f"{p('hostname')}, {p('pid')}, {p('version')}, {now}, {now}, {p('offset')}, "
-                f"{p('running')}, {p('jobs')}, {p('labels')}, {p('targets')}) "
+                f"last_seen, clock_offset, running, jobs, labels, targets, heartbeat) "
+                f"VALUES ({p('id')}, {p('hostname')}, {p('pid')}, {p('version')}, {now}, {now}, "
+                f"{p('offset')}, {p('running')}, {p('jobs')}, {p('labels')}, {p('targets')}, "
+                f"{p('heartbeat')}) "
                 "ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen, "
                 "clock_offset = EXCLUDED.clock_offset, running = EXCLUDED.running, "
                 "jobs = EXCLUDED.jobs, labels = EXCLUDED.labels, targets = EXCLUDED.targets "
@@ -623,7 +632,10 @@ class Queries:
                 f"WHERE {locks}.run_requested IS NOT NULL), "
                 "(SELECT json_agg(json_build_array(d.id, d.job, d.item, d.host, d.token, "
                 f"d.lock_until, d.ended, d.slot, d.first_id)) FROM ({self.lost_runs}) "
-                "AS d(id, job, item, host, token, lock_until, ended, slot, first_id))")
+                "AS d(id, job, item, host, token, lock_until, ended, slot, first_id)), "
+                f"(SELECT json_agg(json_build_array(a.id, a.who, a.action, a.job, a.detail, "
+                f"a.reason) ORDER BY a.id) FROM {self.audit} a WHERE a.id > {p('audit_after')} "
+                f"AND a.action IN ({', '.join(repr(a) for a in TOLD_ACTIONS)}))")
 
     @cached_property
     def clock(self) -> str:

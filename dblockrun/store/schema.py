@@ -170,6 +170,9 @@ def build_tables(prefix: str) -> Tables:
         # Schema 4: the daemon's labels, and its file's run-on/every-host (JSON).
         sa.Column("labels", _Text),
         sa.Column("targets", _Text),
+        # Schema 6: the daemon's --heartbeat (seconds): how long its row
+        # stays live in `status` (dblockrun/store/status.py live_window).
+        sa.Column("heartbeat", sa.Double()),
     )
     items = sa.Table(
         f"{prefix}items",

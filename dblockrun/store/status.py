@@ -26,11 +26,38 @@ from dblockrun.store.models import SEAT_PREFIX, GroupUsage, SeatRow
 if TYPE_CHECKING:
     from dblockrun.store.store import Store
 
-#: A daemon is *live* when its last heartbeat is at most this old (seconds):
-#: one and a half default heartbeats (10 s). A daemon killed 15 s ago or more
-#: is no longer listed; one running with a longer ``--heartbeat`` needs
-#: ``status --live-within``.
+#: A daemon is *live* while its host row is at most :func:`live_window` of
+#: its ``--heartbeat`` old. A row without one (a daemon older than schema 6)
+#: is live this long: one and a half default heartbeats (10 s).
 LIVE_WITHIN = 15.0
+#: A daemon writes its host row every this many heartbeats (its bookkeeping
+#: round, dblockrun/daemon/fleet.py).
+ROUND_EVERY = 1.2
+#: How much later than a round a row may be and still be live: this many
+#: heartbeats, and at least :data:`LIVE_SLACK` seconds (a loaded host's round
+#: is late by a database round trip or a scheduler's hiccup, whatever its
+#: heartbeat).
+LIVE_HEARTBEATS = 1.5
+LIVE_SLACK = 3.0
+
+
+def live_window(heartbeat: float | None) -> float:
+    """How old a daemon's host row may be for it to be live: 1.5 of its
+    heartbeats, at least a heartbeat and 3 s (15 s at the default 10 s, 4 s
+    at 1 s, 90 s at 60 s); :data:`LIVE_WITHIN` for a row with none."""
+    if heartbeat is None:
+        return LIVE_WITHIN
+    return max(LIVE_HEARTBEATS * heartbeat, heartbeat + LIVE_SLACK)
+
+
+def live_window_sql(heartbeat: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """:func:`live_window` of a host row's ``heartbeat`` column, in SQL
+    (the same CASE on the three databases)."""
+    turn = LIVE_SLACK / (LIVE_HEARTBEATS - 1.0)  # where 1.5 heartbeats pass one + 3 s
+    return sa.case((heartbeat.is_(None), sa.literal(LIVE_WITHIN)),
+                   (heartbeat >= turn, heartbeat * LIVE_HEARTBEATS),
+                   else_=heartbeat + LIVE_SLACK)
+
 
 _ITEM_COUNTS = ("total", "done", "running", "waiting", "failed")
 
@@ -49,7 +76,8 @@ class StatusReport:
     #: Hosts whose last heartbeat is at most ``live_within`` old.
     hosts: list[m.HostStatus]
     db_now: float
-    live_within: float
+    #: ``--live-within``; None: each host by its own heartbeat (:func:`live_window`).
+    live_within: float | None
     #: The fleet-wide pause in effect (``dblockrun pause``), if any.
     paused: Pause | None = None
     #: The groups' seats in use (all jobs shown only).
@@ -57,11 +85,12 @@ class StatusReport:
 
 
 def report(store: Store, names: Sequence[str] | None = None,
-           live_within: float = LIVE_WITHIN) -> StatusReport:
-    """Jobs (all, or ``names``), live hosts, the groups' seats (read with the
+           live_within: float | None = None) -> StatusReport:
+    """Jobs (all, or ``names``), live hosts (seen within ``live_within``;
+    None: each by its own heartbeat), the groups' seats (read with the
     jobs) and the pause: five statements."""
     jobs, seats, db_now = _read(store, names)
-    hosts = store.hosts(seen_within=live_within)
+    hosts = store.live_hosts(live_within)
     return StatusReport(jobs=jobs, hosts=hosts, db_now=db_now, live_within=live_within,
                         paused=store.control.paused(), groups=_group_usage(seats, db_now))
 

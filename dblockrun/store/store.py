@@ -623,7 +623,8 @@ class Store:
 
     def heartbeat_host(self, host_id: str, *, hostname: str, pid: int, version: str,
                        clock_offset: float | None, running: int, jobs: str | None,
-                       labels: str | None = None, targets: str | None = None) -> None:
+                       labels: str | None = None, targets: str | None = None,
+                       heartbeat: float | None = None) -> None:
         hosts, now = self.t.hosts, self.now
         values = {"last_seen": now, "clock_offset": clock_offset, "running": running, "jobs": jobs,
                   "labels": labels, "targets": targets}
@@ -632,33 +633,38 @@ class Store:
             res = conn.execute(hosts.update().where(hosts.c.id == host_id).values(**values))
             if res.rowcount == 0:
                 conn.execute(hosts.insert().values(id=host_id, hostname=hostname, pid=pid,
-                                                   version=version, started=now, **values))
+                                                   version=version, started=now,
+                                                   heartbeat=heartbeat, **values))
 
         self._run(go)
 
     def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,
                     clock_offset: float | None, running: int, jobs: str | None,
                     within: float, labels: str | None = None,
-                    targets: str | None = None) -> BooksRound:
+                    targets: str | None = None, heartbeat: float | None = None,
+                    audit_after: int = 0) -> BooksRound:
         """A daemon's bookkeeping round: write its host row (with its labels
-        and targeting, dblockrun/scheduling/targeting.py), sample the clock,
+        and targeting, dblockrun/scheduling/targeting.py, and its heartbeat), sample the clock,
         record dead runs lost, read the other live hosts and the run-now
-        requests. PostgreSQL: one statement (store/queries.py
-        ``books_round``); MySQL and SQLite: four, and no requests (their
+        requests, and the operator actions daemons log audited after
+        ``audit_after``. PostgreSQL: one statement (store/queries.py
+        ``books_round``); MySQL and SQLite: five, and no requests (their
         daemons poll for them)."""
         engine = self.lock_engine()
         if engine.q.one_round:
             return engine.books_round(host_id, hostname=hostname, pid=pid, version=version,
                                       clock_offset=clock_offset, running=running, jobs=jobs,
-                                      within=within, labels=labels, targets=targets)
+                                      within=within, labels=labels, targets=targets,
+                                      heartbeat=heartbeat, audit_after=audit_after)
         sample = self.clock_sample()
         self.heartbeat_host(host_id, hostname=hostname, pid=pid, version=version,
                             clock_offset=clock_offset, running=running, jobs=jobs,
-                            labels=labels, targets=targets)
+                            labels=labels, targets=targets, heartbeat=heartbeat)
         lost = self.sweep_lost()
         others = [h for h in self.hosts(seen_within=within) if h.id != host_id]
         return BooksRound(sample, len(others), [(h.id, h.jobs) for h in others
-                                                if h.jobs != jobs], [], lost)
+                                                if h.jobs != jobs], [], lost,
+                          self.control.told_after(audit_after))
 
     def remove_host(self, host_id: str) -> None:
         hosts = self.t.hosts
@@ -669,6 +675,18 @@ class Store:
         stmt = sa.select(hosts).order_by(hosts.c.hostname, hosts.c.id)
         if seen_within is not None:
             stmt = stmt.where(hosts.c.last_seen >= self.now - seen_within)
+        return self._run(lambda c: [m.from_row(m.HostStatus, r._mapping) for r in c.execute(stmt)])
+
+    def live_hosts(self, within: float | None = None) -> list[m.HostStatus]:
+        """The live daemons: seen within ``within`` seconds, or (None) each
+        within its own window, by its heartbeat (store/status.py ``live_window``)."""
+        if within is not None:
+            return self.hosts(seen_within=within)
+        from dblockrun.store.status import live_window_sql
+
+        hosts = self.t.hosts
+        stmt = (sa.select(hosts).order_by(hosts.c.hostname, hosts.c.id)
+                .where(hosts.c.last_seen >= self.now - live_window_sql(hosts.c.heartbeat)))
         return self._run(lambda c: [m.from_row(m.HostStatus, r._mapping) for r in c.execute(stmt)])
 
     # -- status -------------------------------------------------------------
