@@ -22,7 +22,7 @@ from dblockrun.daemon.inbox import HeardInbox, Inbox, inbox_for
 from dblockrun.daemon.registry import Runs
 from dblockrun.daemon.reload import FileWatch, job_changes
 from dblockrun.daemon.sdnotify import SystemdNotifier
-from dblockrun.daemon.wakeup import Wakeup
+from dblockrun.daemon.wakeup import Signals
 from dblockrun.errors import (
     ConfigError,
     DatabaseError,
@@ -89,20 +89,6 @@ def _raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):
             pass
-
-
-class Signals:
-    """What the signal handlers asked for. A handler runs on the main thread
-    between any two of its bytecodes: it must take no lock the main thread
-    might hold (so no Event.set()), hence plain flags and a pipe to wake it."""
-
-    def __init__(self) -> None:
-        self.wake = Wakeup()
-        self.stop_requested = False
-        self.stop_now = False
-        self.reload = False
-        #: Monotonic time the shutdown grace ends (None: not stopping).
-        self.deadline: float | None = None
 
 
 @dataclass(frozen=True)

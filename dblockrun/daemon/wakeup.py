@@ -43,3 +43,17 @@ class Wakeup:
         if write >= 0:
             os.close(write)
             os.close(self._read)
+
+
+class Signals:
+    """What the signal handlers asked for. A handler runs on the main thread
+    between any two of its bytecodes: it must take no lock the main thread
+    might hold (so no Event.set()), hence plain flags and a pipe to wake it."""
+
+    def __init__(self) -> None:
+        self.wake = Wakeup()
+        self.stop_requested = False
+        self.stop_now = False
+        self.reload = False
+        #: Monotonic time the shutdown grace ends (None: not stopping).
+        self.deadline: float | None = None
