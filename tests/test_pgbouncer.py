@@ -10,6 +10,7 @@ under running daemons.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -245,12 +246,15 @@ def test_run_waits_longer_by_default_through_a_transaction_pooler(
     prefix = new_prefix()
     with Store(url, prefix) as store:
         store.ensure_jobs(["idle"])
+        # A live daemon that has the job (else `run` says at once that none is).
+        store.heartbeat_host("h:1:x", hostname="h", pid=1, version="0", clock_offset=0.0,
+                             running=0, jobs=json.dumps({"idle": "0"}))
     monkeypatch.setattr(cli_module, "RUN_WAIT", 0.2)
     monkeypatch.setattr(cli_module, "RUN_WAIT_POOLED", 0.4)
     done = CliRunner().invoke(cli_module.cli, ["--db", url, "--table-prefix", prefix, "run",
                                                "idle"], prog_name="dblockrun")
     assert done.exit_code == 1
-    assert f"no daemon started idle within {waits:g}s" in done.output
+    assert f"no daemon started it within {waits:g}s" in done.output
 
 
 TICK = """\
