@@ -294,6 +294,24 @@ def test_a_database_error_reads_the_row_after_the_backoff() -> None:
     assert d is not None and (d.resync, d.slot) == (Cause.OUTAGE, NOW - 0.5)
 
 
+def test_a_reload_during_an_outage_keeps_the_changed_jobs_resync() -> None:
+    """The fault soak: the database cut for every daemon, the jobs file
+    reloaded (one job's description changed) as it came back: the changed
+    job was planned from now and the outage's slots got no record."""
+    planner = Planner(10.0, 0.5)
+    old = job()
+    planner.after(old, NOW - 0.5, Outcome.DB_ERROR, NOW, 0.01, delay=2.0)
+    changed = Job("j", "true", cron=old.cron, catch_up="latest", description="reloaded")
+    planner.reload([changed], lambda name: old, NOW + 1.0, 0.01)
+    d = planner.agenda.pop_due(NOW + 2.0)
+    assert d is not None and (d.resync, d.slot) == (Cause.OUTAGE, NOW - 0.5)
+    # A changed job with a regular plan is planned again from now.
+    planner.after(old, NOW + 2.0, Outcome.STARTED, NOW + 2.0, 0.01)
+    planner.reload([changed], lambda name: old, NOW + 2.5, 0.01)
+    d = planner.agenda.pop_due(NOW + 10)
+    assert d is not None and d.resync is None and d.slot is not None and d.slot > NOW + 2.5
+
+
 def test_a_rate_job_is_planned_from_its_row_at_its_end() -> None:
     planner = Planner(10.0, 0.5)
     rate = job(cron=None, rate=60.0)

@@ -325,15 +325,22 @@ class Agenda:
         self._heap: list[Due] = []
         self._seq = 0
         self._current: dict[str, int] = {}
+        #: The jobs whose pending plan is a resync.
+        self._resyncs: set[str] = set()
 
     def clear(self) -> None:
         self._heap = []
         self._current = {}
+        self._resyncs = set()
 
     def push(self, fire_at: float, name: str, slot: float | None,
              resync: Cause | None = None) -> None:
         self._seq += 1
         self._current[name] = self._seq
+        if resync is not None:
+            self._resyncs.add(name)
+        else:
+            self._resyncs.discard(name)
         heapq.heappush(self._heap, Due(fire_at, self._seq, name, slot, resync))
 
     def next_at(self) -> float | None:
@@ -348,11 +355,17 @@ class Agenda:
             due = heapq.heappop(self._heap)
             if not self._replaced(due):
                 del self._current[due.name]
+                self._resyncs.discard(due.name)
                 return due
         return None
 
     def planned(self, name: str) -> bool:
         return name in self._current
+
+    def resyncing(self, name: str) -> bool:
+        """Whether the job's pending plan is a resync (it reads the job's
+        last slot first: after an outage, a late wake-up, the start)."""
+        return name in self._resyncs
 
     def _replaced(self, due: Due) -> bool:
         return self._current.get(due.name) != due.seq
@@ -438,10 +451,14 @@ class Planner:
     def reload(self, jobs: list[Job], before: Callable[[str], Job | None], now: float,
                margin: float) -> None:
         """After a reload: the jobs whose definition changed (or are new) are
-        planned from now; the others keep their plan."""
+        planned from now; the others keep their plan, and so does a changed
+        job waiting to resync (after an outage or a late wake-up: the slots
+        that passed meanwhile are still read and recorded, by its new
+        definition)."""
         self.keep({job.name for job in jobs})
         for job in jobs:
-            if before(job.name) != job or not self.agenda.planned(job.name):
+            if not self.agenda.planned(job.name) or (
+                    before(job.name) != job and not self.agenda.resyncing(job.name)):
                 self.regular(job, now, margin)
 
     def clear(self) -> None:
