@@ -18,8 +18,8 @@ import pytest
 from dblockrun.config.jobs import Job
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Event, Events, RunEnded, RunLost, RunStarted, SlotPassed
-from dblockrun.prometheus import Prometheus
 from dblockrun.notify.notifier import Notifier
+from dblockrun.prometheus import Prometheus
 from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.runjob import JobRun, RunContext
 from dblockrun.running.runlog import log_run

@@ -15,8 +15,8 @@ from dblockrun.config.jobs import ENV, FILE, LITERAL, NOTIFY_EVENTS
 from dblockrun.config.load import load_jobs_text
 from dblockrun.config.secreturl import resolve_secrets, scrub, shown
 from dblockrun.errors import ConfigError
-from dblockrun.prometheus import Prometheus
 from dblockrun.notify.pings import FAIL, START, SUCCESS, ping_url, run_uuid
+from dblockrun.prometheus import Prometheus
 
 SECRET = "xoxb-s3cr3t-T0KEN"
 
