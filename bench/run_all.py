@@ -26,7 +26,7 @@ ROOT = os.path.dirname(HERE)
 FULL = [
     ["exec_overhead.py", "--runs", "20"],
     ["claims.py", "--seconds", "3", "--repeats", "3", "--procs", "1,4"],
-    ["idle.py", "--seconds", "60", "--jobs", "10,1000"],
+    ["idle.py", "--seconds", "60", "--jobs", "1000"],
     ["fanout.py", "--items", "120"],
     ["spawn.py", "--rounds", "5", "--threads", "0,200", "--parallel", "1,4"],
     ["latency.py", "--seconds", "45", "--sqlite-seconds", "20"],
@@ -37,7 +37,7 @@ FULL = [
 QUICK = [
     ["exec_overhead.py", "--runs", "7"],
     ["claims.py", "--seconds", "1", "--repeats", "2", "--procs", "1,4"],
-    ["idle.py", "--seconds", "20", "--settle", "5", "--jobs", "10,1000"],
+    ["idle.py", "--seconds", "20", "--settle", "5", "--jobs", "1000"],
     ["fanout.py", "--items", "40"],
     ["spawn.py", "--rounds", "3", "--threads", "0,200", "--parallel", "4"],
     ["latency.py", "--seconds", "15", "--sqlite-seconds", "8"],

@@ -8,7 +8,7 @@ a bug). Each crash is
 
 - logged with its traceback, once: the first since the loop last completed
   a round; further crashes before it completes one again only at debug;
-- counted in ``dblockrun_thread_crashes_total{thread}`` (dblockrun/metrics.py);
+- counted in ``dblockrun_thread_crashes_total{thread}`` (dblockrun/prometheus.py);
 - recorded in the daemon's :class:`Threads`: ``/healthz`` answers 503 and
   the systemd watchdog pings stop until the loop completes a round again;
 - followed by what the loop's :class:`Policy` says: a restart after a capped

@@ -19,8 +19,8 @@ import pytest
 from dblockrun.config.jobs import Job
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Event, Events, RunEnded, RunLost, RunStarted, SlotPassed
-from dblockrun.metrics import Metrics
 from dblockrun.notify.notifier import Notifier
+from dblockrun.prometheus import Prometheus
 from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.runjob import JobRun, RunContext
 from dblockrun.running.runlog import log_run
@@ -159,7 +159,7 @@ def test_a_result_written_late_keeps_the_commands_duration(
 
 
 def test_metrics_count_what_the_events_tell() -> None:
-    metrics = Metrics()
+    metrics = Prometheus()
     job = Job(name="j", command="true", cron="* * * * *")
     end = RunEnded(job=job, host=HOLDER, run_id=7, first_run_id=7, slot=None, attempt=1,
                    result=m.OK, exit_code=0, duration=2.5, output="", detail="", final=True)

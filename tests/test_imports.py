@@ -1,12 +1,20 @@
 """Modules import one another one way (issue 20 item 8): no import circle, and
 a store module imports no feature module. Every import counts: at the top,
-under TYPE_CHECKING and inside functions."""
+under TYPE_CHECKING and inside functions.
+
+And a running daemon imports a heavy library only when a job or an option
+asks for it (issue 21 item 3): apprise for notify:, prometheus_client with
+--metrics, rich never (it draws no table)."""
 
 from __future__ import annotations
 
 import ast
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
-from helpers import REPO
+from helpers import REPO, TestDb, clean_env, free_port, wait_for
 
 PACKAGE = REPO / "dblockrun"
 
@@ -77,3 +85,59 @@ def test_store_modules_import_no_feature_module() -> None:
                if name.startswith("dblockrun.store") for target in targets
                if not target.startswith("dblockrun.store") and target not in STORE_MAY_IMPORT}
     assert outside == set()
+
+
+# -- what a running daemon imports (issue 21 item 3) ----------------------------------
+
+#: Libraries a daemon imports only when a job or an option asks for them:
+#: module -> what asks for it. Imported alone over the interpreter they cost
+#: apprise 19 MB, prometheus_client 14 (with http.server), rich 6.
+ASKED_FOR = {"apprise": "a job's notify:", "prometheus_client": "--metrics",
+             "http.server": "--metrics", "rich": "a table (status, history ...)"}
+
+
+def daemon_imports(tmp_path: Path, url: str, prefix: str, jobs: str,
+                   *options: str) -> set[str]:
+    """Every module a real ``dblockrun daemon`` imported in its life: it
+    starts with ``jobs`` plus a job due at once, is stopped (SIGTERM) once
+    that job's command has run, and Python's ``-X importtime`` names each
+    module the process imported, on stderr, as it is first imported."""
+    ran = tmp_path / "ran"
+    path = tmp_path / "jobs.yaml"
+    path.write_text(f"jobs:\n  first:\n    rate: 365d\n    command: 'touch {ran}'\n{jobs}")
+    log = tmp_path / "daemon.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "importtime", "-m", "dblockrun", "--db", url,
+             "--table-prefix", prefix, "daemon", str(path), "--grace", "5s", *options],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err, env=clean_env())
+        try:
+            wait_for(lambda: ran.exists() or proc.poll() is not None, 60, what="the first run")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=60)
+    text = log.read_text()
+    assert ran.exists() and code == 0, text
+    return {line.rsplit("|", 1)[1].strip() for line in text.splitlines()
+            if line.startswith("import time:") and "|" in line} - {"imported package"}
+
+
+def test_a_daemon_imports_no_library_no_job_or_option_asks_for(
+        tmp_path: Path, db: TestDb) -> None:
+    imported = daemon_imports(
+        tmp_path, db.url, db.prefix,
+        "  idle:\n    cron: '0 0 1 1 *'\n    command: 'true'\n"
+        f"    ping: 'http://127.0.0.1:{free_port()}/ping'\n")  # pings: urllib, not apprise
+    assert "dblockrun.daemon.loop" in imported  # the log is read right
+    assert {m for m in imported if m.split(".")[0] in ASKED_FOR or m in ASKED_FOR} == set()
+
+
+def test_a_daemon_imports_apprise_and_prometheus_client_when_asked(
+        tmp_path: Path, sqlite_db: TestDb) -> None:
+    imported = daemon_imports(
+        tmp_path, sqlite_db.url, sqlite_db.prefix,
+        "  notifies:\n    cron: '0 0 1 1 *'\n    command: 'true'\n"
+        f"    notify:\n      urls: ['json://127.0.0.1:{free_port()}/hook']\n",
+        "--metrics", f"127.0.0.1:{free_port()}")
+    assert {"apprise", "prometheus_client", "http.server"} <= imported
+    assert "rich" not in imported  # a daemon draws no table

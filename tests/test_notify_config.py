@@ -15,8 +15,8 @@ from dblockrun.config.jobs import ENV, FILE, LITERAL, NOTIFY_EVENTS, Job, Notify
 from dblockrun.config.load import load_jobs_text
 from dblockrun.config.secreturl import resolve_secrets, scrub, shown
 from dblockrun.errors import ConfigError
-from dblockrun.metrics import Metrics
 from dblockrun.notify.pings import FAIL, START, SUCCESS, ping_url, run_uuid
+from dblockrun.prometheus import Prometheus
 
 SECRET = "xoxb-s3cr3t-T0KEN"
 
@@ -245,7 +245,7 @@ def test_a_full_queue_drops_the_event_and_counts_it(caplog: pytest.LogCaptureFix
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/p"
         job = Job(name="j", command="x", rate=60.0, ping=SecretUrl(LITERAL, value=url))
-        metrics = Metrics()
+        metrics = Prometheus()
         notifier = Notifier(None, "h:1:x", metrics, queue_size=1)
         notifier.run_started(job, 1)  # taken by the sender, which waits for the server
         wait_for(lambda: len(paths) == 1, 10, what="the first ping at the server")
@@ -262,7 +262,7 @@ def test_a_full_queue_drops_the_event_and_counts_it(caplog: pytest.LogCaptureFix
         server.shutdown()
 
 
-def pings_counted(metrics: Metrics, outcome: str) -> float | None:
+def pings_counted(metrics: Prometheus, outcome: str) -> float | None:
     labels = {"job": "j", "signal": "start", "outcome": outcome}
     return metrics.registry.get_sample_value("dblockrun_pings_total", labels)
 

@@ -342,7 +342,7 @@ def test_a_crashing_metrics_server_restarts(
         sqlite_db: TestDb, start: Callable[..., Broken]) -> None:
     """It serves /healthz itself: while it is down nothing answers, and the
     watchdog pings stop; afterwards /metrics counts the crashes."""
-    d = start(sqlite_db, "dblockrun.metrics._Server.service_actions",
+    d = start(sqlite_db, "dblockrun.prometheus._Server.service_actions",
               "jobs:\n  tick:\n    rate: 1h\n    command: 'true'\n",
               "--heartbeat", "1s", "--lease", "3s")
     d.ready()

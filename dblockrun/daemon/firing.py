@@ -164,7 +164,7 @@ class Firing:
             self.outage.ok()
         except DatabaseError as exc:
             return self._failed(job, exc, f"claim {job.name}")
-        self.metrics.claims.labels(job.name, "won" if won is not None else "lost").inc()
+        self.metrics.claimed(job.name, "won" if won is not None else "lost")
         if won is None:
             return Outcome.LOST, 0.0
         return self._start(job, won.token, slot, sent, won.run_id), 0.0
@@ -172,7 +172,7 @@ class Firing:
     def _failed(self, job: Job, exc: DatabaseError, what: str) -> tuple[Outcome, float]:
         """An attempt the database failed: counted; after the outage's
         backoff the job's last slot is read again and what passed planned."""
-        self.metrics.claims.labels(job.name, "error").inc()
+        self.metrics.claimed(job.name, "error")
         return Outcome.DB_ERROR, self.outage.failed(what, exc)
 
     def _fire_batch(self, batch: list[tuple[Job, float, float]]) -> None:
@@ -210,12 +210,12 @@ class Firing:
                 except DatabaseError as exc:
                     delay = self.outage.failed(f"claim {len(pending)} jobs", exc)
                     for name in pending:
-                        self.metrics.claims.labels(name, "error").inc()
+                        self.metrics.claimed(name, "error")
                         outcomes[name] = (Outcome.DB_ERROR, delay)
                     pending = []
                     break
                 for claimed in won:
-                    self.metrics.claims.labels(claimed.name, "won").inc()
+                    self.metrics.claimed(claimed.name, "won")
                     outcomes[claimed.name] = (self._start(
                         by_name[claimed.name], claimed.token, slot, sent, claimed.run_id), 0.0)
                 taken = {c.name for c in won}
@@ -225,7 +225,7 @@ class Firing:
                 if capped:  # left to the other hosts: looked at once more
                     outcomes[name] = (Outcome.AT_LIMIT, look_again)
                 else:
-                    self.metrics.claims.labels(name, "lost").inc()
+                    self.metrics.claimed(name, "lost")
                     outcomes[name] = (Outcome.LOST, 0.0)
             for job in jobs:
                 outcome, delay = outcomes.get(job.name, (Outcome.LOST, 0.0))
@@ -344,7 +344,7 @@ class Firing:
         if token > seen_token and not again:
             self._seen[job.name] = (token, slot if slot is not None else seen_slot)
             return False
-        self.metrics.went_backwards.labels(job.name).inc()
+        self.metrics.went_backwards(job.name)
         log.error("job %s: the database went backwards (token %d after %d, last slot %s after "
                   "%s this daemon ran): it lost committed writes, e.g. in a failover to an "
                   "asynchronous standby%s", job.name, token, seen_token,

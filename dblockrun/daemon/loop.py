@@ -12,6 +12,7 @@ import resource
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dblockrun.config.jobs import JobsFile
 from dblockrun.config.load import load_jobs
@@ -31,8 +32,7 @@ from dblockrun.errors import (
     ThreadCrashed,
 )
 from dblockrun.events import Events
-from dblockrun.metrics import Metrics, serve
-from dblockrun.metrics import url_of as metrics_url
+from dblockrun.metrics import Metrics
 from dblockrun.notify.notifier import Notifier
 from dblockrun.running import spawn
 from dblockrun.running.heartbeat import DbClock, Renewer
@@ -54,6 +54,9 @@ from dblockrun.store.engine import CLAIM_TOLERANCE
 from dblockrun.store.outage import Outage
 from dblockrun.store.outage import describe as describe_outage
 from dblockrun.supervise import Threads
+
+if TYPE_CHECKING:
+    from dblockrun.prometheus import Prometheus
 
 log = logging.getLogger("dblockrun")
 
@@ -128,12 +131,21 @@ class Daemon:
         self.systemd = SystemdNotifier(alive=lambda: self.parts.threads.problem() is None)
         self.clock = DbClock()
         self.outage = Outage()
-        self.metrics = Metrics()
+        #: With --metrics only: prometheus_client is not imported without it.
+        self.prometheus = self._prometheus()
+        self.metrics: Metrics = self.prometheus or Metrics()
         self.signals = Signals()
         self.parts = self._parts(Threads())
         self.firing = self._firing()
         self.metrics.watch(self._live_metrics)
         self.metrics.watch_threads(self.parts.threads)
+
+    def _prometheus(self) -> Prometheus | None:
+        if not self.options.metrics_addr:
+            return None
+        from dblockrun.prometheus import Prometheus
+
+        return Prometheus()
 
     def _parts(self, threads: Threads) -> Parts:
         events = Events()
@@ -225,10 +237,12 @@ class Daemon:
         # this process has a thread of its own (nothing forks the daemon).
         spawn.start()
         server = None
-        if self.options.metrics_addr:
-            server = serve(self.metrics, self.options.metrics_addr, self.problem,
+        if self.prometheus is not None and self.options.metrics_addr:
+            from dblockrun.prometheus import serve, url_of
+
+            server = serve(self.prometheus, self.options.metrics_addr, self.problem,
                            self.parts.threads)
-            log.info("metrics on %s", metrics_url(server))
+            log.info("metrics on %s", url_of(server))
         try:
             self._run()
         finally:

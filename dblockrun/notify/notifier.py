@@ -309,10 +309,8 @@ class Notifier:
     # -- sending -------------------------------------------------------------------------
 
     def _count(self, job: str, what: str, label: str, outcome: str) -> None:
-        if self.metrics is None:
-            return
-        counter = self.metrics.pings if what == "ping" else self.metrics.notifications
-        counter.labels(job, label, outcome).inc()
+        if self.metrics is not None:
+            self.metrics.sent(what, job, label, outcome)
 
     def _attempt(self, job: str, what: str, label: str, target: str,
                  send: Callable[[], None]) -> None:
