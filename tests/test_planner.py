@@ -312,6 +312,27 @@ def test_a_reload_during_an_outage_keeps_the_changed_jobs_resync() -> None:
     assert d is not None and d.resync is None and d.slot is not None and d.slot > NOW + 2.5
 
 
+def test_a_resync_that_finds_the_job_disabled_records_what_passed_before_the_disable() -> None:
+    """The fault soak: the database cut for the whole fleet, the job
+    disabled by the time the outage's resync came. Its slots are not due
+    while disabled, but those that passed before the disable began were:
+    they are recorded (none run), the rest are not."""
+    planner = Planner(10.0, 0.5)
+    every = job()  # a slot a second
+    row = Row(NOW - 10, NOW - 10, None)
+    plan = planner.resynced(every, row, NOW, Cause.OUTAGE, NOW - 9, 0.01, disabled=True,
+                            disabled_since=NOW - 4.5)
+    assert plan is not None and plan.run == () and plan.result == "missed"
+    recorded = set(plan.records)
+    if plan.summary is not None:
+        recorded |= {plan.summary.first, plan.summary.last}
+    assert (min(recorded), plan.last) == (NOW - 8.5, NOW - 5.5)  # NOW is at x.5 s
+    assert "then the job was disabled" in plan.reason
+    # Not known when it began (an on-failure disable): nothing is recorded.
+    assert planner.resynced(every, row, NOW, Cause.OUTAGE, NOW - 9, 0.01,
+                            disabled=True) is None
+
+
 def test_a_rate_job_is_planned_from_its_row_at_its_end() -> None:
     planner = Planner(10.0, 0.5)
     rate = job(cron=None, rate=60.0)

@@ -11,6 +11,7 @@ from helpers import TestDb, wait_for
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.control import Audit
 from dblockrun.store.engine import LostRun
 from dblockrun.store.status import report
 
@@ -247,3 +248,20 @@ def test_names_and_reasons_are_bound_parameters(store: Store) -> None:
     assert status.lock.disabled_reason == "it's 100% \"bad\"; --"
     with store.engine.connect() as conn:
         assert sa.inspect(conn).has_table(store.t.locks.name)
+
+
+def test_when_a_disable_began_is_read_from_the_audit_trail(store: Store) -> None:
+    """A resync that finds a job disabled records the slots that passed
+    before the disable began: an operator's disable says when (its audit
+    row, for every host's row of an every-host job); an on-failure disable
+    is not audited, so nobody knows."""
+    store.ensure_jobs(["job", "eh@web-1"])
+    before = store.db_now()
+    store.disable("job", for_seconds=60, audit=Audit("ops@host", "disable", "job"))
+    began = store.disabled_since("job", store.db_now())
+    assert began is not None and before - 0.01 <= began <= store.db_now()
+    store.disable("eh", for_seconds=60, audit=Audit("ops@host", "disable", "eh"))
+    assert store.disabled_since("eh@web-1", store.db_now()) is not None
+    store.ensure_jobs(["quiet"])
+    store.disable("quiet", for_seconds=60)  # on-failure: no audit row
+    assert store.disabled_since("quiet", store.db_now()) is None

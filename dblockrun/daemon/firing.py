@@ -255,8 +255,15 @@ class Firing:
             disabled = lock is not None and (lock.token < 0 or (
                 lock.disabled_until is not None and lock.disabled_until > now))
             row = None if lock is None else Row(lock.last_slot, lock.last_start, lock.lock_until)
+            began = None
+            if disabled and cause in (Cause.OUTAGE, Cause.LATE):
+                # The slots that passed before the disable began are recorded.
+                try:
+                    began = self.store.disabled_since(job.name, now)
+                except DatabaseError as exc:
+                    self.outage.failed(f"read when {job.name} was disabled", exc)
             plan = self.planner.resynced(job, row, now, cause, since, self.margin,
-                                         disabled=disabled)
+                                         disabled=disabled, disabled_since=began)
             if plan is None:
                 continue
             try:

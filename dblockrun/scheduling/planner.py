@@ -483,20 +483,31 @@ class Planner:
         self.agenda.push(fire_at, job.name, slot)
 
     def resynced(self, job: Job, row: Row | None, now: float, cause: Cause,
-                 since: float | None, margin: float, *, disabled: bool = False) -> Plan | None:
+                 since: float | None, margin: float, *, disabled: bool = False,
+                 disabled_since: float | None = None) -> Plan | None:
         """The job's lock row is ``row`` (``since``: the slot this daemon was
         about to try, for an outage or a late wake-up; slots before it it was
         not trying). Returns the passed slots' plan, to record; plans the
         slots it runs, then the schedule. A disabled job's slots are not
-        due: its schedule goes on from now."""
+        due: its schedule goes on from now; the slots that passed before the
+        disable began (``disabled_since``, when known) are recorded, none
+        run."""
         self.backlog.pop(job.name, None)
-        if row is None or disabled:
-            self.regular(job, max(now, since or now), margin)
-            return None
-        last_slot = row.last_slot
+        last_slot = None if row is None else row.last_slot
         floor = last_slot
         if since is not None and cause in (Cause.OUTAGE, Cause.LATE):
             floor = since - 0.001 if last_slot is None else max(last_slot, since - 0.001)
+        if row is None or disabled:
+            self.regular(job, max(now, since or now), margin)
+            if row is None or disabled_since is None:
+                return None
+            before = passed(job, floor, now, cause, upto=disabled_since - 0.001,
+                            reason=f"{why(job, cause).split(';')[0]}; then the job was "
+                                   f"disabled ({utc(disabled_since)})")
+            if before is None:
+                return None
+            return Plan(before.cause, (), tuple(sorted(before.records + before.run)),
+                        before.summary, before.reason)
         plan = passed(job, floor, now, cause)
         if plan is not None and plan.run:
             self.backlog[job.name] = deque(plan.run)

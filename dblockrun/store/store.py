@@ -543,6 +543,17 @@ class Store:
 
         return self.control.audited(go, audit)
 
+    def disabled_since(self, name: str, now: float) -> float | None:
+        """When the disable in effect on ``name`` (a row ``JOB@HOST``: its
+        job's) began, by the audit trail: the newest ``disable`` of the job
+        at or before ``now``; None when none is audited (``on-failure``)."""
+        audit = self.t.audit
+        job = name.split(EVERY_HOST_SEP, 1)[0]
+        stmt = sa.select(sa.func.max(audit.c.at)).where(
+            audit.c.job == job, audit.c.action == "disable", audit.c.at <= now)
+        found = self._run(lambda c: c.execute(stmt).scalar())
+        return None if found is None else float(found)
+
     def enable(self, name: str, audit: Audit | None = None) -> bool | None:
         """Clear a disable (an every-host job: on every host). True: cleared;
         False: nothing to clear (no disable in effect: no audit row); None:
