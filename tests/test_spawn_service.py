@@ -409,3 +409,22 @@ def test_the_fence_counts_from_the_renewals_send_time_not_the_beats_arrival() ->
     finally:
         child.kill()
         line.close()
+
+
+def test_a_lifeline_stopped_before_its_handover_closes_each_end_once() -> None:
+    # The run watcher stops a run whose lease was lost (closing its
+    # lifeline) while a worker starts its command: the handover that follows
+    # must not close the read end again (its number may be reused by then),
+    # and a beat after the close writes nowhere.
+    line = spawn.Lifeline()
+    read_fd = line.read_fd
+    line.close()
+    reused = os.open(os.devnull, os.O_RDONLY)  # the lowest free number: likely read_fd's
+    try:
+        line.handed_over()
+        line.beat()
+        line.close()
+        os.fstat(reused)  # still open
+    finally:
+        os.close(reused)
+    assert line.read_fd == line.write_fd == -1 and read_fd >= 0

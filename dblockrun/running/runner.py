@@ -8,6 +8,8 @@ killed it (``dblockrun kill``, learnt with a renewal), or on shutdown.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import pwd
@@ -313,26 +315,30 @@ class Process:
             if on_end is not None:
                 on_end()
 
-        try:
-            proc = spawn.start().spawn(
-                self.argv, env=env, cwd=cwd, out_fd=writers[0], err_fd=writers[-1],
-                beat_fd=self.lifeline.read_fd if self.lifeline else None,
-                fence=watch.lease - self.fence_margin + 0.5 if watch else None,
-                grace=self.term_grace, ids=run_as.ids() if run_as else None, streams=streams,
-                on_end=end)
-        except OSError as exc:
-            for r, _sink in streams:
-                os.close(r)
+        # The lifeline's read end stays open from the request to its handover.
+        with self.lifeline.lock if self.lifeline is not None else contextlib.nullcontext():
+            try:
+                if self.lifeline is not None and self.lifeline.read_fd < 0:
+                    raise OSError(errno.EBADF, "the run was stopped before its command started")
+                proc = spawn.start().spawn(
+                    self.argv, env=env, cwd=cwd, out_fd=writers[0], err_fd=writers[-1],
+                    beat_fd=self.lifeline.read_fd if self.lifeline else None,
+                    fence=watch.lease - self.fence_margin + 0.5 if watch else None,
+                    grace=self.term_grace, ids=run_as.ids() if run_as else None,
+                    streams=streams, on_end=end)
+            except OSError as exc:
+                for r, _sink in streams:
+                    os.close(r)
+                if self.lifeline is not None:
+                    self.lifeline.close()
+                return Outcome(None, "error", b"", f"cannot start command: {exc}")
+            finally:
+                for w in writers:
+                    os.close(w)
+            with self._lock:
+                self.proc = proc
             if self.lifeline is not None:
-                self.lifeline.close()
-            return Outcome(None, "error", b"", f"cannot start command: {exc}")
-        finally:
-            for w in writers:
-                os.close(w)
-        with self._lock:
-            self.proc = proc
-        if self.lifeline is not None:
-            self.lifeline.handed_over()
+                self.lifeline.handed_over()
         if self.on_start is not None:
             self.on_start(proc.pid)
         if ended_early and on_end is not None:

@@ -51,16 +51,25 @@ Ids = tuple[int, int, Sequence[int]]
 
 class Lifeline:
     """A run's pipe to the service: ``beat()`` after each renewal of its
-    lease, ``close()`` at the end (or the daemon's death closes it)."""
+    lease, ``close()`` at the end (or the daemon's death closes it).
+
+    Its descriptors are closed once, under :attr:`lock`: a run stopped by
+    the run watcher (its lease lost) may close it while a worker is sending
+    the spawn request that carries its read end; the worker holds the lock
+    from the request to :meth:`handed_over` (the fault soak saw the read end
+    closed twice, which could close a descriptor reused meanwhile)."""
 
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.write_fd, False)
+        self.lock = threading.RLock()
 
     def handed_over(self) -> None:
         """The read end is the service's now."""
-        os.close(self.read_fd)
-        self.read_fd = -1
+        with self.lock:
+            if self.read_fd >= 0:
+                os.close(self.read_fd)
+            self.read_fd = -1
 
     def beat(self, sent: float | None = None) -> None:
         """The lease was renewed by a statement sent at ``sent``
@@ -70,19 +79,23 @@ class Lifeline:
         arrives (a renewal can wait seconds behind another transaction's
         row lock)."""
         stamp = time.monotonic() if sent is None else sent
-        try:
-            os.write(self.write_fd, spawner.BEAT.pack(stamp))
-        except OSError:
-            pass
+        with self.lock:
+            if self.write_fd < 0:
+                return
+            try:
+                os.write(self.write_fd, spawner.BEAT.pack(stamp))
+            except OSError:
+                pass
 
     def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
+        with self.lock:
+            fds, self.read_fd, self.write_fd = (self.read_fd, self.write_fd), -1, -1
+        for fd in fds:
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self.read_fd = self.write_fd = -1
 
 
 class Spawned:
