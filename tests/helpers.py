@@ -196,3 +196,11 @@ def connections_to(pid: int, port: int) -> int:
                 if state == "01" and inode in inodes and int(remote.rpartition(":")[2], 16) == port:
                     count += 1
     return count
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` of a process a test interrupts with SIGINT: SIGINT back
+    to its default, so Python turns it into KeyboardInterrupt. A test run
+    started in the background of a non-interactive shell (a CI runner)
+    inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -18,7 +18,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 from conftest import ServerDatabases, new_prefix, sqlite_url
-from helpers import TestDb, dblockrun_cmd, wait_for
+from helpers import TestDb, dblockrun_cmd, sigint_default, wait_for
 from helpers import clean_env as env_without_db
 
 from dblockrun.cli import cli
@@ -944,7 +944,8 @@ def test_ctrl_c_while_kill_waits_exits_130_without_aborted(sqlite_db: TestDb) ->
         proc = subprocess.Popen(
             [*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix,
              "kill", "report", "--timeout", "60s"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_without_db())
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_without_db(),
+            preexec_fn=sigint_default)
         try:
             wait_for(lambda: bool(store.control.entries("report")), 30, what="the kill request")
             proc.send_signal(signal.SIGINT)

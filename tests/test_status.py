@@ -635,14 +635,15 @@ def test_failed_lost_disabled_and_paused_are_coloured_on_a_terminal(
 
 def test_status_watch_redraws_in_place_until_ctrl_c(sqlite_store: Store,
                                                     sqlite_db: TestDb) -> None:
-    from helpers import clean_env, dblockrun_cmd, wait_for
+    from helpers import clean_env, dblockrun_cmd, sigint_default, wait_for
 
     sqlite_store.ensure_jobs(["backup"])
     out = Path(sqlite_db.url.removeprefix("sqlite:///")).with_name("watch.out")
     with out.open("wb") as stream:
         proc = subprocess.Popen([*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix",
                                  sqlite_db.prefix, "status", "--watch"],
-                                stdout=stream, stderr=subprocess.PIPE, env=clean_env())
+                                stdout=stream, stderr=subprocess.PIPE, env=clean_env(),
+                                preexec_fn=sigint_default)
     try:
         frames = wait_for(lambda: f if len(f := out.read_text().split(output.REDRAW)[1:]) >= 2
                           else None, 20, what="two frames")
