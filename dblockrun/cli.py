@@ -886,7 +886,8 @@ def run_(job: str, timeout: str | None, no_wait: bool, wait_end: bool, cancel: b
                                  "request stays filed")
         if wait_end:
             started = [run for _row, run in runs if run is not None and run.result != "skipped"]
-            for run in wait_for_ends(store, started):
+            ended = wait_for_ends(store, started)
+            for run in (ended[r.id] for r in started):
                 code = "" if run.exit_code is None else f" (exit {run.exit_code})"
                 took = "" if run.duration is None else f" in {run.duration:.2f}s"
                 click.echo(_shown(f"{run.job}: run {run.id} on {run.host} ended "

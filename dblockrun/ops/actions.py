@@ -290,8 +290,11 @@ def request_runs(store: Store, job: str, wait: float | None,
     return [(row, started.get(row)) for row in rows]
 
 
-def wait_for_ends(store: Store, runs: list[RunRecord]) -> list[RunRecord]:
-    """``run --wait``: the runs as they ended (polled; Ctrl-C stops waiting)."""
+def wait_for_ends(store: Store, runs: list[RunRecord], until: float | None = None,
+                  poll: float = WAIT_POLL) -> dict[int, RunRecord]:
+    """The runs as they ended, by id (``run --wait``, ``kill --timeout``):
+    polled until all ended or ``until`` (monotonic; None: no end; Ctrl-C
+    stops waiting). The ones still running then are missing."""
     ended: dict[int, RunRecord] = {}
     while True:
         for run in runs:
@@ -299,9 +302,9 @@ def wait_for_ends(store: Store, runs: list[RunRecord]) -> list[RunRecord]:
                 now = store.run(run.id)
                 if now is None or now.result != RUNNING:
                     ended[run.id] = now or run
-        if len(ended) == len(runs):
-            return [ended[run.id] for run in runs]
-        time.sleep(WAIT_POLL)
+        if len(ended) == len(runs) or (until is not None and time.monotonic() >= until):
+            return ended
+        time.sleep(poll)
 
 
 def exit_status(run: RunRecord) -> int:

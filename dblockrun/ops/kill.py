@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 
 from dblockrun.errors import DblockrunError, UsageError
-from dblockrun.ops.actions import require_job
+from dblockrun.ops.actions import require_job, wait_for_ends
 from dblockrun.store import Store
 from dblockrun.store.dburl import describe
-from dblockrun.store.models import RUNNING, RunRecord
+from dblockrun.store.models import RunRecord
 
 #: How often the command looks whether the runs it asked to stop have ended.
 POLL = 0.1
@@ -60,20 +60,11 @@ def kill(store: Store, who: str, *, job: str | None = None, item: str | None = N
                          f"{describe(store.url, store.prefix)}")
     if wait is None:
         return asked
-    deadline = time.monotonic() + wait
-    ended: dict[int, RunRecord] = {}
-    while True:
-        for run in asked:
-            if run.id not in ended:
-                now = store.run(run.id)
-                if now is None or now.result != RUNNING:
-                    ended[run.id] = now or run
-        if len(ended) == len(asked):
-            return [ended[run.id] for run in asked]
-        if time.monotonic() >= deadline:
-            late = [str(run.id) for run in asked if run.id not in ended]
-            raise DblockrunError(
-                f"kill requested, but run {', '.join(late)} still running after {wait:g}s; "
-                "the request stays filed: its holder reads it with its next lease renewal "
-                "(is it renewing? see `dblockrun status`)")
-        time.sleep(POLL)
+    ended = wait_for_ends(store, asked, time.monotonic() + wait, POLL)
+    late = [str(run.id) for run in asked if run.id not in ended]
+    if late:
+        raise DblockrunError(
+            f"kill requested, but run {', '.join(late)} still running after {wait:g}s; "
+            "the request stays filed: its holder reads it with its next lease renewal "
+            "(is it renewing? see `dblockrun status`)")
+    return [ended[run.id] for run in asked]
