@@ -652,13 +652,19 @@ def _labels_cell(labels: dict[str, str]) -> str:
     return label_text(labels) or "-"
 
 
-def _next_run_cell(v: JobView, now: float) -> str:
+def _next_run_text(v: JobView, now: float, when: Callable[[float | None, float], str],
+                   passed: str) -> str:
+    """The next run's cell: the note if any, else its time as ``when``
+    writes it, after ``passed`` if it is due already."""
     if v.next_note is not None:
         return v.next_note
     due = v.status.lock.next_due
-    if due is not None and due <= now:
-        return f"due since {_short(due, now)}"
-    return _short(due, now)
+    text = when(due, now)
+    return f"{passed} {text}" if due is not None and due <= now else text
+
+
+def _next_run_cell(v: JobView, now: float) -> str:
+    return _next_run_text(v, now, _short, "due since")
 
 
 # -- the narrow table (status without --wide): relative times, no holder or token --
@@ -705,12 +711,7 @@ def _narrow_last_run(run: RunRecord | None, now: float) -> str:
 
 
 def _narrow_next_run(v: JobView, now: float) -> str:
-    if v.next_note is not None:
-        return v.next_note
-    due = v.status.lock.next_due
-    if due is not None and due <= now:
-        return f"due {_relative(due, now)}"
-    return _relative(due, now)
+    return _next_run_text(v, now, _relative, "due")
 
 
 @_uncollected
