@@ -56,7 +56,7 @@ from dblockrun.store.outage import describe as describe_outage
 from dblockrun.supervise import Threads
 
 if TYPE_CHECKING:
-    from dblockrun.prometheus import Prometheus
+    pass
 
 log = logging.getLogger("dblockrun")
 
@@ -131,18 +131,17 @@ class Daemon:
         self.systemd = SystemdNotifier(alive=lambda: self.parts.threads.problem() is None)
         self.clock = DbClock()
         self.outage = Outage()
-        #: With --metrics only: prometheus_client is not imported without it.
-        self.prometheus = self._prometheus()
-        self.metrics: Metrics = self.prometheus or Metrics()
+        #: Prometheus with --metrics only: prometheus_client is not imported without it.
+        self.metrics = self._metrics()
         self.signals = Signals()
         self.parts = self._parts(Threads())
         self.firing = self._firing()
         self.metrics.watch(self._live_metrics)
         self.metrics.watch_threads(self.parts.threads)
 
-    def _prometheus(self) -> Prometheus | None:
+    def _metrics(self) -> Metrics:
         if not self.options.metrics_addr:
-            return None
+            return Metrics()
         from dblockrun.prometheus import Prometheus
 
         return Prometheus()
@@ -237,10 +236,11 @@ class Daemon:
         # this process has a thread of its own (nothing forks the daemon).
         spawn.start()
         server = None
-        if self.prometheus is not None and self.options.metrics_addr:
-            from dblockrun.prometheus import serve, url_of
+        if self.options.metrics_addr:
+            from dblockrun.prometheus import Prometheus, serve, url_of
 
-            server = serve(self.prometheus, self.options.metrics_addr, self.problem,
+            assert isinstance(self.metrics, Prometheus)  # made so for --metrics (_metrics)
+            server = serve(self.metrics, self.options.metrics_addr, self.problem,
                            self.parts.threads)
             log.info("metrics on %s", url_of(server))
         try:
