@@ -305,11 +305,30 @@ def test_a_reload_during_an_outage_keeps_the_changed_jobs_resync() -> None:
     planner.reload([changed], lambda name: old, NOW + 1.0, 0.01)
     d = planner.agenda.pop_due(NOW + 2.0)
     assert d is not None and (d.resync, d.slot) == (Cause.OUTAGE, NOW - 0.5)
-    # A changed job with a regular plan is planned again from now.
-    planner.after(old, NOW + 2.0, Outcome.STARTED, NOW + 2.0, 0.01)
-    planner.reload([changed], lambda name: old, NOW + 2.5, 0.01)
+    # A changed job with a regular plan is planned again from its pending slot.
+    planner.after(old, NOW + 1.5, Outcome.STARTED, NOW + 1.6, 0.01)
+    planner.reload([changed], lambda name: old, NOW + 2.0, 0.01)
     d = planner.agenda.pop_due(NOW + 10)
-    assert d is not None and d.resync is None and d.slot is not None and d.slot > NOW + 2.5
+    assert d is not None and d.resync is None and d.slot == NOW + 2.5
+
+
+def test_a_slot_due_while_the_file_is_reloaded_is_still_tried() -> None:
+    """The fault soak: the jobs file reloaded (one job's command changed)
+    0.1 s after the job's slot came due, before this daemon had tried it.
+    The changed job was planned from now, its next slot a second later, and
+    every daemon did the same: the slot passed with no record."""
+    planner = Planner(10.0, 0.5)
+    old = job()
+    planner.after(old, NOW - 0.5, Outcome.STARTED, NOW - 0.4, 0.01)  # next: NOW + 0.5
+    changed = Job("j", "echo new", cron=old.cron, catch_up="latest")
+    planner.reload([changed], lambda name: old, NOW + 0.6, 0.01)
+    d = planner.agenda.pop_due(NOW + 0.6)
+    assert d is not None and d.slot == NOW + 0.5
+    # A job whose definition did not change keeps its plan as it was.
+    planner.after(old, NOW + 0.5, Outcome.STARTED, NOW + 0.6, 0.01)
+    planner.reload([old], lambda name: old, NOW + 0.7, 0.01)
+    d = planner.agenda.pop_due(NOW + 10)
+    assert d is not None and d.slot == NOW + 1.5
 
 
 def test_a_resync_that_finds_the_job_disabled_records_what_passed_before_the_disable() -> None:

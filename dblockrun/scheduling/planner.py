@@ -324,7 +324,7 @@ class Agenda:
     def __init__(self) -> None:
         self._heap: list[Due] = []
         self._seq = 0
-        self._current: dict[str, int] = {}
+        self._current: dict[str, Due] = {}
         #: The jobs whose pending plan is a resync.
         self._resyncs: set[str] = set()
 
@@ -336,12 +336,13 @@ class Agenda:
     def push(self, fire_at: float, name: str, slot: float | None,
              resync: Cause | None = None) -> None:
         self._seq += 1
-        self._current[name] = self._seq
+        due = Due(fire_at, self._seq, name, slot, resync)
+        self._current[name] = due
         if resync is not None:
             self._resyncs.add(name)
         else:
             self._resyncs.discard(name)
-        heapq.heappush(self._heap, Due(fire_at, self._seq, name, slot, resync))
+        heapq.heappush(self._heap, due)
 
     def next_at(self) -> float | None:
         """When the soonest attempt is due (None: nothing planned)."""
@@ -362,13 +363,20 @@ class Agenda:
     def planned(self, name: str) -> bool:
         return name in self._current
 
+    def pending_slot(self, name: str) -> float | None:
+        """The slot of the job's pending attempt (None: none planned, or a
+        rate job's turn)."""
+        due = self._current.get(name)
+        return None if due is None else due.slot
+
     def resyncing(self, name: str) -> bool:
         """Whether the job's pending plan is a resync (it reads the job's
         last slot first: after an outage, a late wake-up, the start)."""
         return name in self._resyncs
 
     def _replaced(self, due: Due) -> bool:
-        return self._current.get(due.name) != due.seq
+        current = self._current.get(due.name)
+        return current is None or current.seq != due.seq
 
     def __len__(self) -> int:
         return len(self._current)
@@ -450,16 +458,21 @@ class Planner:
 
     def reload(self, jobs: list[Job], before: Callable[[str], Job | None], now: float,
                margin: float) -> None:
-        """After a reload: the jobs whose definition changed (or are new) are
-        planned from now; the others keep their plan, and so does a changed
-        job waiting to resync (after an outage or a late wake-up: the slots
-        that passed meanwhile are still read and recorded, by its new
-        definition)."""
+        """After a reload: new jobs are planned from now; a job whose
+        definition changed is planned again from the slot it was about to
+        try (a slot that came due while the file was read is still tried, by
+        the new definition, not passed over with no record); the others keep
+        their plan, and so does a changed job waiting to resync (after an
+        outage or a late wake-up: the slots that passed meanwhile are still
+        read and recorded, by its new definition)."""
         self.keep({job.name for job in jobs})
         for job in jobs:
-            if not self.agenda.planned(job.name) or (
-                    before(job.name) != job and not self.agenda.resyncing(job.name)):
+            if not self.agenda.planned(job.name):
                 self.regular(job, now, margin)
+            elif before(job.name) != job and not self.agenda.resyncing(job.name):
+                pending = self.agenda.pending_slot(job.name)
+                after = now if pending is None else min(now, pending - 0.001)
+                self.regular(job, after, margin)
 
     def clear(self) -> None:
         self.agenda.clear()
