@@ -411,6 +411,48 @@ def test_the_fence_counts_from_the_renewals_send_time_not_the_beats_arrival() ->
         line.close()
 
 
+def test_a_command_is_never_started_after_its_lease_ran_out(tmp_path: Path) -> None:
+    # The fault soak: a daemon stopped (SIGSTOP) between its last look at a
+    # retry's lease and the spawn request; on SIGCONT the request went out
+    # and the command ran, 2.5 s after another host had claimed the job.
+    # The request carries the last renewal's send time: the service counts
+    # the fence from it and refuses a start whose fence has passed.
+    service = spawn.start()
+    marker = tmp_path / "ran"
+    for since, starts in ((time.monotonic() - 2.5, False), (time.monotonic() - 0.5, True)):
+        line = spawn.Lifeline()
+        r, w = os.pipe()
+        try:
+            try:
+                child = service.spawn(["touch", str(marker)], env=dict(os.environ), cwd=None,
+                                      out_fd=w, err_fd=w, beat_fd=line.read_fd, fence=2.0,
+                                      grace=0.5, ids=None, streams=[(r, lambda _b: None)],
+                                      since=since)
+            except spawn.LeaseRanOut:
+                assert not starts, "refused a start within its fence"
+                os.close(r)
+                continue
+            finally:
+                os.close(w)
+                line.handed_over()
+            assert starts, "started a command 0.5 s after its fence had passed"
+            assert child.wait(10) and child.returncode == 0
+        finally:
+            line.close()
+        assert marker.exists() == starts
+    assert marker.exists()
+
+
+def test_a_run_whose_lease_ran_out_before_its_start_ends_fenced(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    watch = LeaseWatch("j", "h", 1, lease=2.0, last_ok=time.monotonic() - 3.0)
+    outcome = run_process(["touch", str(marker)], env=dict(os.environ), cwd=None,
+                          on_line=lambda _b: None, deadline=None, watch=watch,
+                          stop=threading.Event(), kill_grace=0.5)
+    assert outcome.reason == "fenced" and "lease ran out" in outcome.detail
+    assert not marker.exists()
+
+
 def test_a_lifeline_stopped_before_its_handover_closes_each_end_once() -> None:
     # The run watcher stops a run whose lease was lost (closing its
     # lifeline) while a worker starts its command: the handover that follows

@@ -324,6 +324,7 @@ class Process:
                     self.argv, env=env, cwd=cwd, out_fd=writers[0], err_fd=writers[-1],
                     beat_fd=self.lifeline.read_fd if self.lifeline else None,
                     fence=watch.lease - self.fence_margin + 0.5 if watch else None,
+                    since=watch.last_ok if watch else None,
                     grace=self.term_grace, ids=run_as.ids() if run_as else None,
                     streams=streams, on_end=end)
             except OSError as exc:
@@ -331,6 +332,8 @@ class Process:
                     os.close(r)
                 if self.lifeline is not None:
                     self.lifeline.close()
+                if isinstance(exc, spawn.LeaseRanOut):
+                    return Outcome(None, "fenced", b"", str(exc.strerror))
                 return Outcome(None, "error", b"", f"cannot start command: {exc}")
             finally:
                 for w in writers:

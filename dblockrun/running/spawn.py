@@ -98,6 +98,12 @@ class Lifeline:
                     pass
 
 
+class LeaseRanOut(OSError):
+    """The service refused to start a command under a lease whose fence had
+    passed (its daemon froze between its last look at the lease and the
+    request): another host may hold the job by now."""
+
+
 class Spawned:
     """A command the service started: its pid (its process group's id), its
     end, its output."""
@@ -192,12 +198,15 @@ class SpawnService:
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
               out_fd: int, err_fd: int, beat_fd: int | None, fence: float | None, grace: float,
               ids: Ids | None, streams: Sequence[tuple[int, LineSink]],
-              on_end: Callable[[], None] | None = None) -> Spawned:
+              on_end: Callable[[], None] | None = None, since: float | None = None) -> Spawned:
         """Start ``argv``; its output pipes' read ends ``streams`` are read
-        from then on, and ``on_end`` is called once it ended. Raises OSError
-        if it cannot be started (a bad ``cwd``, or without a ``fence`` a
-        command that cannot be executed)."""
-        request = _request(argv, env, cwd, ids, fence, grace)
+        from then on, and ``on_end`` is called once it ended. Under a
+        ``fence``, ``since`` is the send time of the lease's last renewal
+        (``time.monotonic()``; default: the service's receipt): the fence
+        counts from it, and :class:`LeaseRanOut` is raised if it passed
+        already. Raises OSError if it cannot be started (a bad ``cwd``, or
+        without a ``fence`` a command that cannot be executed)."""
+        request = _request(argv, env, cwd, ids, fence, grace, since)
         run = Spawned(self, streams, on_end)
         fds = [out_fd, err_fd] + ([beat_fd] if fence is not None and beat_fd is not None else [])
         with self._lock:
@@ -336,7 +345,7 @@ class SpawnService:
 
 
 def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, ids: Ids | None,
-             fence: float | None, grace: float) -> bytes:
+             fence: float | None, grace: float, since: float | None = None) -> bytes:
     """A start request for the service, less its opening ``{"id": N, ``.
     Raises OSError (E2BIG) naming what is too large for the kernel to
     execute, or for one request (the run fails with that reason, its
@@ -352,7 +361,7 @@ def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, ids: 
                           "(Linux's limit for one argument or variable)")
     body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd,
                        "ids": list(ids) if ids is not None else None, "fence": fence,
-                       "grace": grace}).encode()[1:]
+                       "since": since, "grace": grace}).encode()[1:]
     if len(body) + 32 > spawner.MAX_REQUEST:
         raise OSError(errno.E2BIG, f"the command and its environment are {len(body):,} bytes: "
                       f"at most {spawner.MAX_REQUEST:,} (the spawn service's limit)")
@@ -363,6 +372,8 @@ def _start_error(error: OSError, command: str, cwd: str | None) -> OSError:
     """The service's report (``filename``: the step that failed) as the
     error starting the command raises."""
     step = error.filename
+    if step == spawner.LEASE_STEP:
+        return LeaseRanOut(error.errno, "the lease ran out before the command could start")
     if step == "exec":
         return OSError(error.errno, error.strerror, command)
     if step == "cwd":

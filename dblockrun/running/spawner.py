@@ -35,8 +35,11 @@ It ignores the signals a stop, ``exec``'s forwarding or a terminal send
 script (``python -I -S spawner.py FD``) it imports only the standard library.
 
 Requests (one datagram each, JSON, descriptors attached):
-``{"id", "argv", "env", "cwd", "ids", "fence", "grace"}`` with descriptors
-stdout, stderr and, when ``fence`` is set, the lifeline's read end. Replies:
+``{"id", "argv", "env", "cwd", "ids", "fence", "since", "grace"}`` with descriptors
+stdout, stderr and, when ``fence`` is set, the lifeline's read end; ``since``
+(optional) is the send time of the lease's last renewal, from which the fence
+counts: a request whose fence passed before it arrived is refused
+(``{"id", "errno", "step": "lease"}``), its command never started. Replies:
 ``{"id", "pid"}`` once the command is executed, ``{"id", "errno", "step"}``
 if it could not be, ``{"id", "status"}`` (a wait status) when it ended.
 Under a lease (``fence`` set), a command that cannot be executed is
@@ -81,6 +84,8 @@ WATCHED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.
 _RESET = (*WATCHED, signal.SIGXFSZ)
 #: Largest request: the command line and its environment (a datagram).
 MAX_REQUEST = 1 << 20
+#: The step a refused start names when its lease's fence had passed.
+LEASE_STEP = "lease"
 #: Room for the descriptors a request carries (stdout, stderr, lifeline) and one more.
 _FDS_ROOM = socket.CMSG_SPACE(4 * array.array("i").itemsize)
 
@@ -92,7 +97,7 @@ class _Run:
                  "grace", "deadline", "stopping", "kill_at", "queued")
 
     def __init__(self, rid: int, pid: int, setup: int, beat: int, err: int, fence: float | None,
-                 grace: float, now: float) -> None:
+                 grace: float, since: float) -> None:
         self.id = rid
         self.pid = pid
         self.setup = setup  # report pipe from a forked child until it executes, else -1
@@ -102,7 +107,7 @@ class _Run:
         self.err = err  # a copy of the command's stderr, for the service's one line
         self.fence = fence
         self.grace = grace
-        self.deadline = now + fence if fence is not None else None
+        self.deadline = since + fence if fence is not None else None
         self.stopping = False
         self.kill_at: float | None = None
         #: The time of this run's live entry in the timer heap (None: none).
@@ -261,7 +266,11 @@ class Service:
         fence: float | None = req["fence"]
         out, err = fds[0], fds[1]
         beat = fds[2] if fence is not None else -1
+        now = time.monotonic()
+        since = min(req.get("since") or now, now)
         try:
+            if fence is not None and now >= since + fence:
+                raise _StartError(errno.ETIME, LEASE_STEP)
             if req["ids"] is not None:
                 pid, setup = self._fork(req, out, err, guarded=fence is not None)
             else:
@@ -276,7 +285,7 @@ class Service:
         err_copy = err if fence is not None else -1
         if err_copy < 0:
             os.close(err)
-        run = _Run(rid, pid, setup, beat, err_copy, fence, float(req["grace"]), time.monotonic())
+        run = _Run(rid, pid, setup, beat, err_copy, fence, float(req["grace"]), since)
         self.runs[rid] = run
         self._arm(run)
         if setup >= 0:
@@ -532,6 +541,7 @@ def _checked(data: bytes | bytearray, fds: int) -> dict[str, Any]:
           and all(isinstance(v, str) for v in req["env"].values())
           and path(req.get("cwd"))
           and number(req.get("fence"), True) and number(req.get("grace"), False)
+          and number(req.get("since"), True)
           and user(req.get("ids"))
           and fds == (3 if req.get("fence") is not None else 2))
     if not ok:
