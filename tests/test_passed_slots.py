@@ -22,6 +22,7 @@ from dblockrun.daemon.fleet import FleetBooks, unrecorded_runs
 from dblockrun.events import Events
 from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock
+from dblockrun.scheduling.planner import Cause, passed
 from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -164,3 +165,37 @@ def test_a_claim_after_a_lock_released_in_time_leaves_nothing_to_look_at(
     assert won is not None and store.release("held", "h1", won, 0.0)
     assert store.claim("held", "h2", 30, slot=slot + 0.05) is not None
     assert store.held_gaps() == []
+
+
+def test_a_recording_cut_short_leaves_its_slots_to_be_recorded_again(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault soak (MariaDB): the connection died between the advance of
+    a job's last slot and the insert of the slots' records, two statements
+    that each committed alone. The advance stayed, every host then read the
+    slots as recorded by another, and one slot never got a record. The two
+    are one transaction now: a recording cut short leaves the slots to be
+    recorded again."""
+    store.ensure_jobs(["held"])
+    prev = float(int(store.db_now())) - 4.0
+    won = store.claim("held", "h1", 30, slot=prev)
+    assert won is not None and store.release("held", "h1", won, 0.0)
+    now = store.db_now()
+    plan = passed(EVERY_SECOND, prev, now, Cause.OUTAGE)
+    assert plan is not None and plan.records
+    book = SlotBook(store, "h1", Events())
+    executor = store.lock_engine().x
+    send = executor.send
+
+    def cut_at_the_insert(cur: object, sql: str, params: dict[str, object] | None = None) -> object:
+        if sql.lstrip().upper().startswith("INSERT"):
+            raise RuntimeError("connection lost")
+        return send(cur, sql, params)
+
+    monkeypatch.setattr(executor, "send", cut_at_the_insert)
+    with pytest.raises(RuntimeError):
+        book.record(EVERY_SECOND, plan, now)
+    monkeypatch.undo()
+    assert store.lock_state("held").last_slot == prev  # type: ignore[union-attr]
+    assert book.record(EVERY_SECOND, plan, now), "the slots were read as recorded elsewhere"
+    recorded = sorted(r.slot or 0.0 for r in runs_of(store, "held") if r.result == m.MISSED)
+    assert recorded == list(plan.records)

@@ -623,7 +623,7 @@ class LockEngine:
         row's last and its held gap unseen (:meth:`held_gaps`: the slots a
         claim moved on over); with neither, unconditionally (a dead
         holder's blocked slots, whose loss this host alone recorded). Two
-        statements at most, whatever the number of rows."""
+        statements at most, whatever the number of rows, in one transaction."""
         insert = self._text("passed_runs", len(rows))
         params: dict[str, Any] = {"job": name, "host": host, "result": result}
         for i, (slot, text) in enumerate(rows):
@@ -631,14 +631,20 @@ class LockEngine:
         advance = {"name": name, "first": first, "slot": max(slot for slot, _ in rows)}
 
         def go(cur: Any) -> bool:
-            if first is not None and self.x.send(cur, self.q.pass_slots,
-                                                 advance).rowcount != 1:
-                return False
-            if gap_of is not None and self.x.send(cur, self.q.held_gap_seen, {
-                    "name": name, "token": gap_of}).rowcount != 1:
-                return False
-            self.x.send(cur, insert, params)
-            return True
+            def steps() -> bool:
+                if first is not None and self.x.send(cur, self.q.pass_slots,
+                                                     advance).rowcount != 1:
+                    return False
+                if gap_of is not None and self.x.send(cur, self.q.held_gap_seen, {
+                        "name": name, "token": gap_of}).rowcount != 1:
+                    return False
+                self.x.send(cur, insert, params)
+                return True
+
+            # One transaction: the advance (or the gap's mark) never commits
+            # without the records, which a connection lost between the two
+            # would leave unwritten while every host reads them as written.
+            return in_transaction(self.dialect, lambda sql: self.x.send(cur, sql), steps)
 
         return self.x.run(go)
 
