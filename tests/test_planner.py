@@ -286,6 +286,31 @@ def test_a_lost_backlog_slot_asks_for_the_row_then_moves_on() -> None:
     assert d is not None and d.slot == NOW - 0.5 and planner.head("j") == NOW - 0.5
 
 
+def test_a_backlog_refused_by_a_pause_is_recorded_not_dropped() -> None:
+    """The fault soak: a daemon restarted, planned to run the slot that
+    passed while it was down, and the fleet was paused before its claim.
+    The claim was refused, the catch-up given up, and the slot, due before
+    the pause began, was left with no record."""
+    planner = Planner(10.0, 0.5)
+    every = job("all", 3)
+    planner.resynced(every, Row(NOW - 5.5), NOW, Cause.DOWN, None, 0.01)
+    planner.agenda.pop_due(NOW)
+    # Refused though nobody holds it or ran it: the fleet is paused.
+    assert planner.after(every, NOW - 2.5, Outcome.LOST, NOW, 0.01)
+    planner.after(every, NOW - 2.5, Outcome.LOST, NOW, 0.01, row=Row(NOW - 5.5))
+    assert planner.head("j") is None
+    d = planner.agenda.pop_due(NOW)
+    assert d is not None and d.slot == NOW - 2.5
+    record = planner.decide(every, d, NOW, busy=False, full=False)
+    assert record.act is Act.RECORD and record.plan is not None
+    assert record.plan.records == (NOW - 2.5, NOW - 1.5, NOW - 0.5)
+    assert record.plan.result == "skipped" and "could not be claimed" in record.plan.reason
+    # Once recorded, the schedule goes on after the newest of them.
+    planner.after(every, record.slot, Outcome.RECORDED, NOW, 0.01)
+    nxt = planner.agenda.pop_due(NOW + 10)
+    assert nxt is not None and nxt.slot == NOW + 0.5
+
+
 def test_a_database_error_reads_the_row_after_the_backoff() -> None:
     planner = Planner(10.0, 0.5)
     planner.after(job(), NOW - 0.5, Outcome.DB_ERROR, NOW, 0.01, delay=2.0)

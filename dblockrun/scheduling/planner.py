@@ -70,11 +70,15 @@ class Cause(StrEnum):
     DEAD_HOLDER = "dead-holder"  # the lock was held by a host that died
     LOCK_AT_LEAST = "lock-at-least"  # within lock-at-least of the job's last start
     LOCK_HELD = "lock-held"  # the lock held with no run (a dead host's retry or window)
+    UNCLAIMABLE = "unclaimable"  # a catch-up's slots refused: the fleet paused, the job disabled
 
 
 #: Causes whose slots run none and are recorded ``skipped``.
 SKIPPING = frozenset({Cause.BUSY, Cause.HOST_FULL, Cause.GROUP_FULL, Cause.DEAD_HOLDER,
-                      Cause.LOCK_AT_LEAST, Cause.LOCK_HELD})
+                      Cause.LOCK_AT_LEAST, Cause.LOCK_HELD, Cause.UNCLAIMABLE})
+#: The reason stored with catch-up slots whose claim was refused.
+UNCLAIMABLE_REASON = ("catch-up stopped: the slot could not be claimed (the fleet paused, the "
+                      "job disabled, its rate, or a lock row edited by hand)")
 
 
 @dataclass(frozen=True)
@@ -446,6 +450,8 @@ class Planner:
         #: Per job with lock-at-least, its last start here and until when
         #: that holds the job (database time; at least the lock's own end).
         self._held: dict[str, tuple[float, float]] = {}
+        #: Catch-up slots whose claim was refused, to record (next attempt).
+        self._given_up: dict[str, Plan] = {}
 
     # -- planning ------------------------------------------------------------
 
@@ -479,6 +485,7 @@ class Planner:
         self.backlog.clear()
         self._deferred.clear()
         self._held.clear()
+        self._given_up.clear()
 
     def resync(self, job: Job, at: float, cause: Cause, since: float | None = None) -> None:
         """Read the job's last slot at ``at`` and plan from there."""
@@ -614,9 +621,14 @@ class Planner:
             self.agenda.push(min(now + self.heartbeat, row.lock_until) + margin, job.name, slot)
             return False
         else:
-            log.warning("job %s: catch-up stopped at slot %s: it cannot be claimed (disabled, "
-                        "its rate, or a lock row edited by hand)", job.name, utc(slot))
-            self.backlog.pop(job.name, None)
+            # The fleet paused, the job disabled (or its rate, a row edited by
+            # hand) since the slots were planned: they passed before, so they
+            # were due, and they end in a record, not in silence.
+            queue = self.backlog.pop(job.name)
+            self._given_up[job.name] = Plan(Cause.UNCLAIMABLE, (), tuple(queue), None,
+                                            UNCLAIMABLE_REASON)
+            self.agenda.push(now, job.name, slot)
+            return False
         self.regular(job, slot, margin)
         return False
 
@@ -648,6 +660,8 @@ class Planner:
         """Forget the plans of jobs not among ``names`` (a reload)."""
         for name in [n for n in self.backlog if n not in names]:
             del self.backlog[name]
+        for name in [n for n in self._given_up if n not in names]:
+            del self._given_up[name]
 
     def decide(self, job: Job, due: Due, now: float, *, busy: bool, full: bool,
                winding_up: bool = False) -> Decision:
@@ -655,7 +669,12 @@ class Planner:
         on this host (``winding_up``: its command is over, only its record
         is left); ``full``, this host is at ``--max-running``."""
         if due.resync is not None:
+            self._given_up.pop(job.name, None)  # the resync reads them again
             return Decision(Act.RESYNC, due.slot, cause=due.resync)
+        given_up = self._given_up.pop(job.name, None)
+        if given_up is not None and given_up.first == due.slot:
+            # Its next plan goes on after the newest of them.
+            return Decision(Act.RECORD, given_up.last, plan=given_up)
         slot = due.slot
         if winding_up and slot is not None and not job.fan_out:
             # Not "previous run still going": look again once it is recorded
