@@ -155,7 +155,26 @@ def test_the_unrecorded_slots_of_a_gap_come_in_runs() -> None:
     assert unrecorded_runs(job, 100.0, 108.0, {102.0, 103.0, 106.0}) == [
         (100.0, 101.0), (103.0, 105.0), (106.0, 108.0)]
     assert unrecorded_runs(job, 100.0, 102.5, {101.0, 102.0}) == []
+    # A summary record's range counts as recorded.
+    assert unrecorded_runs(job, 100.0, 108.0, {106.0}, [(101.0, 104.0)]) == [
+        (104.0, 105.0), (106.0, 108.0)]
 
+
+def test_a_summary_records_range_is_known_to_the_held_gap_bookkeeping(store: Store) -> None:
+    """The fault soak on a loaded machine: every daemon stalled for 40 s;
+    one, back first, recorded the 20 slots it found passed (ten records and
+    a summary of the older ten); then the held-gap bookkeeping recorded the
+    summarized slots once more, as it saw only the summary's own slot. The
+    summary's range is stored with it and read back with the records."""
+    store.ensure_jobs(["held"])
+    prev = float(int(store.db_now())) - 30.0
+    plan = passed(EVERY_SECOND, prev, prev + 25.5, Cause.DOWN)
+    assert plan is not None and plan.summary is not None
+    assert SlotBook(store, "h1", Events()).record(EVERY_SECOND, plan, prev + 25.5)
+    slots, ranges = store.record_slots_in("held", prev, prev + 25.5)
+    assert ranges == [(plan.summary.first, plan.summary.last)]
+    assert slots == {plan.summary.last, *plan.records}
+    assert unrecorded_runs(EVERY_SECOND, prev, prev + 24.0, slots, ranges) == []
 
 def test_a_claim_after_a_lock_released_in_time_leaves_nothing_to_look_at(
         store: Store) -> None:

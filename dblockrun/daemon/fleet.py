@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from dblockrun import __version__
@@ -57,10 +57,11 @@ HELD_EVERY = 5
 GAP_SLOTS = 10_000
 
 
-def unrecorded_runs(job: Job, after: float, upto: float,
-                    recorded: set[float]) -> list[tuple[float, float]]:
-    """The job's slots in (``after``, ``upto``] without a record, as runs of
-    consecutive slots: (the slot before the run, the run's last slot) each."""
+def unrecorded_runs(job: Job, after: float, upto: float, recorded: set[float],
+                    ranges: Sequence[tuple[float, float]] = ()) -> list[tuple[float, float]]:
+    """The job's slots in (``after``, ``upto``] without a record (nor in a
+    summary record's ``ranges``), as runs of consecutive slots: (the slot
+    before the run, the run's last slot) each."""
     assert job.cron is not None
     out: list[tuple[float, float]] = []
     before, start, last = after, None, None
@@ -68,7 +69,7 @@ def unrecorded_runs(job: Job, after: float, upto: float,
     for _ in range(GAP_SLOTS):
         if slot > upto:
             break
-        if slot in recorded:
+        if slot in recorded or any(lo <= slot <= hi for lo, hi in ranges):
             if start is not None and last is not None:
                 out.append((start, last))
             start, last, before = None, None, slot
@@ -279,8 +280,9 @@ class FleetBooks:
             upto = min(gap.until, gap.last_slot) - 0.001
             why = (f"the lock was held until {utc(gap.until)} after the slot "
                    f"{utc(gap.after)}, and the job moved on with token {gap.token}")
-            recorded = self.store.record_slots_in(job.name, gap.after, upto)
-            plans = [plan for after, last in unrecorded_runs(job, gap.after, upto, recorded)
+            recorded, ranges = self.store.record_slots_in(job.name, gap.after, upto)
+            plans = [plan for after, last in unrecorded_runs(job, gap.after, upto, recorded,
+                                                             ranges)
                      if (plan := passed(job, after, now, Cause.LOCK_HELD, upto=last,
                                         reason=why)) is not None]
             if not plans:

@@ -41,8 +41,10 @@ class SlotBook:
         if not rows:
             return True
         first = plan.first if conditional and gap_of is None else None
+        summary_from = plan.summary.first if plan.summary is not None else None
         if not self.store.record_slots(job.name, self.holder, plan.result,
-                                       [(slot, text) for slot, text, _ in rows], first=first,
+                                       [(slot, text, summary_from if count > 1 else None)
+                                        for slot, text, count in rows], first=first,
                                        gap_of=gap_of):
             return False
         self._log(job, plan)

@@ -614,9 +614,10 @@ class LockEngine:
         self.x.run(go)
 
     def record_slots(self, name: str, host: str, result: str,
-                     rows: Sequence[tuple[float, str]], *, first: float | None,
+                     rows: Sequence[tuple[float, str, float | None]], *, first: float | None,
                      gap_of: int | None = None) -> bool:
-        """Record slots that ran nowhere (``rows``: slot, output): with
+        """Record slots that ran nowhere (``rows``: slot, output, and for a
+        summary record the first slot it stands for): with
         ``first``, only while the job's last slot is still before it,
         advancing it to the newest of ``rows`` (True for the one host that
         did); with ``gap_of``, only while the claim with that token is the
@@ -626,9 +627,9 @@ class LockEngine:
         statements at most, whatever the number of rows, in one transaction."""
         insert = self._text("passed_runs", len(rows))
         params: dict[str, Any] = {"job": name, "host": host, "result": result}
-        for i, (slot, text) in enumerate(rows):
-            params[f"slot{i}"], params[f"out{i}"] = slot, text
-        advance = {"name": name, "first": first, "slot": max(slot for slot, _ in rows)}
+        for i, (slot, text, covers_from) in enumerate(rows):
+            params[f"slot{i}"], params[f"out{i}"], params[f"from{i}"] = slot, text, covers_from
+        advance = {"name": name, "first": first, "slot": max(slot for slot, _, _ in rows)}
 
         def go(cur: Any) -> bool:
             def steps() -> bool:

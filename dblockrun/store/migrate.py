@@ -34,6 +34,11 @@ Version 6: ``hosts.heartbeat``, each daemon's ``--heartbeat``, written with
 its host row: ``status`` calls a host live by its own heartbeat, not a
 fixed 15 s (:func:`~dblockrun.store.status.live_window`). Nullable: a row
 of an older daemon is live for 15 s, as before.
+
+Version 7: ``runs.covers_from``, the first slot a summary record of passed
+slots stands for (its ``slot`` is the last), so the bookkeeping that records
+the slots a held lock kept sees the summarized ones as recorded. Nullable:
+older summaries keep their range only in their text.
 """
 
 from __future__ import annotations

@@ -23,11 +23,12 @@ from functools import cached_property
 
 from dblockrun.store.models import RUNNING, TOKEN_MAX
 
-SCHEMA_VERSION = 6  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 7  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
 #                       nullable columns and tables, added by store/migrate.py;
 #                    5: locks.prev_slot and prev_until (a claim's jump over held slots);
-#                    6: hosts.heartbeat (liveness by each daemon's own --heartbeat)
+#                    6: hosts.heartbeat (liveness by each daemon's own --heartbeat);
+#                    7: runs.covers_from (the range of a summary record of passed slots)
 
 #: The operator actions each daemon logs as its bookkeeping reads them from
 #: the audit trail (dblockrun/daemon/fleet.py).
@@ -539,12 +540,13 @@ class Queries:
 
     def passed_runs(self, count: int) -> str:
         """The records of ``count`` passed slots in one statement (``slotN``,
-        ``outN``; they ran nowhere: no token, started and finished now)."""
+        ``outN``, ``fromN``: a summary's first slot; they ran nowhere: no
+        token, started and finished now)."""
         p, now = self.p, self.now
         rows = ", ".join(
             f"({p('job')}, NULL, {p('host')}, {p(f'slot{i}')}, NULL, 1, {now}, {now}, "
-            f"{p('result')}, {p(f'out{i}')})" for i in range(count))
-        return f"INSERT INTO {self.runs} ({RUN_COLUMNS}, output) VALUES {rows}"
+            f"{p('result')}, {p(f'out{i}')}, {p(f'from{i}')})" for i in range(count))
+        return f"INSERT INTO {self.runs} ({RUN_COLUMNS}, output, covers_from) VALUES {rows}"
 
     def holding(self, table: str, alive: bool) -> str:
         """The lock row (a job's, or a fan-out item's) that holds a run with

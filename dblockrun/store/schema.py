@@ -152,6 +152,9 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("exit_code", sa.Integer()),
         sa.Column("result", sa.String(16), nullable=False),
         sa.Column("output", _Text),
+        # A summary record of passed slots: the first slot it stands for
+        # (``slot`` is the last). Null for every other record.
+        sa.Column("covers_from", sa.Double()),
         sa.Index(f"{prefix}runs_job", "job", "id"),
         sa.Index(f"{prefix}runs_result", "result"),
     )

@@ -469,12 +469,22 @@ class Store:
         left_out = {"result"} if output else {"result", "output"}
         return sa.select(*[c for c in runs.c if c.name not in left_out], result)
 
-    def record_slots_in(self, job: str, after: float, upto: float) -> set[float]:
-        """The slots in (``after``, ``upto``] the job has a record of."""
+    def record_slots_in(self, job: str, after: float,
+                        upto: float) -> tuple[set[float], list[tuple[float, float]]]:
+        """The slots in (``after``, ``upto``] the job has a record of, and
+        the ranges (first, last) of its summary records that reach into it."""
         runs = self.t.runs
-        stmt = sa.select(runs.c.slot).where(
-            runs.c.job == job, runs.c.item.is_(None), runs.c.slot > after, runs.c.slot <= upto)
-        return {float(s) for s in self._run(lambda c: c.execute(stmt).scalars().all())}
+        stmt = sa.select(runs.c.slot, runs.c.covers_from).where(
+            runs.c.job == job, runs.c.item.is_(None), runs.c.slot > after,
+            sa.func.coalesce(runs.c.covers_from, runs.c.slot) <= upto)
+        slots: set[float] = set()
+        ranges: list[tuple[float, float]] = []
+        for slot, covers_from in self._run(lambda c: c.execute(stmt).all()):
+            if covers_from is not None:
+                ranges.append((float(covers_from), float(slot)))
+            if slot <= upto:
+                slots.add(float(slot))
+        return slots, ranges
 
     def newest_record_slot(self, job: str, before: float) -> float | None:
         """The newest slot before ``before`` the job has a record of."""
