@@ -32,9 +32,8 @@ from dblockrun.running.runjob import (
     line_logger,
     result_of,
     stored_output,
-    stored_text,
 )
-from dblockrun.running.runner import LeaseWatch, Outcome, Process, argv_for
+from dblockrun.running.runner import LeaseWatch, Outcome, Process, argv_for, stored_text
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.items import ClaimedItem

@@ -8,13 +8,17 @@ import time
 from collections import deque
 
 from dblockrun.errors import DatabaseError
-from dblockrun.running.runner import LeaseWatch
+from dblockrun.running.runner import LeaseWatch, LiveOutput
 from dblockrun.store.base import RunStore
 from dblockrun.store.models import ClockSample
 from dblockrun.store.outage import Outage
 from dblockrun.supervise import Loop, Policy, Threads
 
 log = logging.getLogger("dblockrun")
+
+#: The most output characters one renewal statement writes (64 tails of
+#: 64 KiB); the runs left out are written first at the next heartbeat.
+LIVE_BUDGET = 4 * 1024 * 1024
 
 
 class DbClock:
@@ -148,7 +152,9 @@ class Renewer:
 
     def renew_all(self) -> bool:
         """Renew every held lease: a holder's job locks in one statement per
-        500 (whatever their number), other leases (fan-out items) one by one.
+        500 (whatever their number), with the output of their runs that grew
+        since the last renewal (at most 64 KiB each), other leases (fan-out
+        items) one by one.
         Whether the database answered anything."""
         answered = False
         with self._lock:
@@ -163,11 +169,16 @@ class Renewer:
                     live = self._live(watches[i:i + 500])
                     if not live:
                         continue
+                    fresh = self._fresh(live)
                     sent = time.monotonic()
-                    # A grouped run's seat is renewed with its lock, in the same statement.
-                    renewed = self.store.renew_many(holder, [r for w in live for r in w.rows()],
-                                                    lease)
+                    # A grouped run's seat is renewed with its lock, in the same
+                    # statement, and the runs' output that grew is written with them.
+                    renewed = self.store.renew_many(
+                        holder, [r for w in live for r in w.rows()], lease,
+                        [(run_id, text) for run_id, _out, _total, text in fresh])
                     answered = True
+                    for _run_id, out, total, _text in fresh:
+                        out.written(total)
                 for watch in live:
                     # Lost if the lock or its seat is; a kill request is on the lock.
                     held = all(n in renewed for n, _ in watch.rows())
@@ -183,6 +194,23 @@ class Renewer:
                 answered = True
             self._settle(watch, ok, sent)
         return answered
+
+    @staticmethod
+    def _fresh(watches: list[LeaseWatch],
+               budget: int = LIVE_BUDGET) -> list[tuple[int, LiveOutput, int, str]]:
+        """(run id, its output, the tail's total, its text) of the runs whose
+        output grew since it was last written, those written longest ago
+        first, up to ``budget`` characters in all (so a statement stays far
+        below MariaDB's 16 MB ``max_allowed_packet``)."""
+        fresh = []
+        for watch in sorted(watches, key=lambda w: w.output.written_at if w.output else 0.0):
+            out = watch.output
+            if out is not None and (got := out.fresh()) is not None:
+                fresh.append((out.run_id, out, *got))
+                budget -= len(got[1])
+                if budget <= 0:  # the others next heartbeat, first
+                    break
+        return fresh
 
     def _live(self, watches: list[LeaseWatch]) -> list[LeaseWatch]:
         """Those still held and not removed meanwhile."""
