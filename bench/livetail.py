@@ -78,7 +78,7 @@ def measure(url: str, runs: int, rounds: int, case: str) -> dict[str, float]:
                 tail = Tail(OUTPUT_TAIL if "full" in case else 1024)  # a tail of constant size
                 tail.add(LINE * (tail.limit // len(LINE) + 1))
                 tails.append(tail)
-                watch.output = LiveOutput(won.run_id, tail)
+                watch.output = LiveOutput([won.run_id], tail)
             renewer.add(watch)
         renewer.renew_all()  # the first write of every tail, and a warm connection
         time.sleep(0.2)

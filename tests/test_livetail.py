@@ -186,6 +186,12 @@ def test_tail_with_no_running_run(db: TestDb, store: Store, tmp_path: Path) -> N
 # -- the store: the write rides with the renewal -------------------------------------------
 
 
+def output_of(store: Store, run_id: int) -> str | None:
+    run = store.run(run_id)
+    assert run is not None
+    return run.output
+
+
 def test_renewal_writes_the_output_of_running_runs_only(store: Store) -> None:
     store.ensure_jobs(["j", "k"])
     claimed = store.claim_and_record("j", "h1", 30.0)
@@ -198,7 +204,7 @@ def test_renewal_writes_the_output_of_running_runs_only(store: Store) -> None:
     assert set(renewed) == {"j", "k"}
     if store.dialect.name != "sqlite":  # embedded: a second statement, no round trip
         assert store.statements - statements == 1
-    assert [store.run(i).output for i in (claimed.run_id, other.run_id)] == ["one\n", "two\n"]
+    assert [output_of(store, i) for i in (claimed.run_id, other.run_id)] == ["one\n", "two\n"]
     # A result written meanwhile is never overwritten by a late tail.
     store.finish_run(claimed.run_id, "j", claimed.token, m.OK, 0, "one\nall\n")
     store.renew_many("h1", [("j", claimed.token)], 30.0, [(claimed.run_id, "one\n")])
@@ -228,7 +234,7 @@ def test_a_single_64k_line_is_bounded() -> None:
 
 def test_live_output_is_copied_only_when_it_grew() -> None:
     tail = Tail()
-    live = LiveOutput(7, tail)
+    live = LiveOutput([7], tail)
     assert live.fresh() is None
     tail.add(b"a\x00\xff\n")
     total, text = live.fresh() or (0, "")
@@ -248,3 +254,39 @@ def test_grown_prints_what_a_later_tail_adds() -> None:
     assert grown("1\n2\n3\n", "2\n3\n4\n5\n") == "4\n5\n"
     assert grown("1\n2\n", "9\n") == "9\n"  # nothing in common: all of it
     assert grown("x\n", "x\nx\n") == "x\n"
+
+
+def test_a_fan_out_batch_shows_its_output_on_each_item(db: TestDb, store: Store,
+                                                       tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"""\
+jobs:
+  spread:
+    rate: 1h
+    items: [a, b]
+    batch: 2
+    workdir: {str(tmp_path)!r}
+    command: |
+      echo "working on $(echo $DBLOCKRUN_ITEMS)"; touch marked
+      while [ ! -e go-end ]; do sleep 0.05; done; echo finished
+""")
+    said = {"working on a b\n", "working on b a\n"}  # in the batch's order
+    with daemon(db, jobs, tmp_path / "daemon.log"):
+        try:
+            wait_for(lambda: (tmp_path / "marked").exists(), 60, what="the batch's command")
+
+            def both_live() -> list[m.RunRecord] | None:
+                runs = [r for r in store.history("spread", 5) if r.item is not None]
+                shown = [r for r in runs if r.live and r.output in said]
+                return shown if len(shown) == 2 else None
+
+            runs = wait_for(both_live, 30, interval=0.05, what="both items' live output")
+        finally:
+            (tmp_path / "go-end").touch()
+        assert {r.item for r in runs} == {"a", "b"}
+        wait_for(lambda: all(not (r := store.run(run.id)) or not r.live for run in runs), 60,
+                 what="the batch's end")
+    for run in runs:
+        ended = store.run(run.id)
+        assert ended is not None and ended.result == m.OK
+        assert ended.output == f"{run.output}finished\n"

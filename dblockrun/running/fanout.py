@@ -101,6 +101,9 @@ class ItemBatch:
         self.batch = [dataclasses.replace(c, run_id=ids[c.key]) for c in self.batch]
         return self.batch[0].run_id
 
+    def run_ids(self) -> list[int]:
+        return [c.run_id for c in self.batch]
+
     def finish(self, result: str, code: int | None, output: str, took: float) -> bool:
         self.result = result
         return self.items.finish(self.job.name, self.holder, self.batch, result, code, output,

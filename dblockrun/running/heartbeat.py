@@ -154,8 +154,8 @@ class Renewer:
         """Renew every held lease: a holder's job locks in one statement per
         500 (whatever their number), with the output of their runs that grew
         since the last renewal (at most 64 KiB each), other leases (fan-out
-        items) one by one.
-        Whether the database answered anything."""
+        items) one by one, their runs' output that grew in one statement
+        more. Whether the database answered anything."""
         answered = False
         with self._lock:
             leases = list(self._leases.values())
@@ -174,18 +174,16 @@ class Renewer:
                     # A grouped run's seat is renewed with its lock, in the same
                     # statement, and the runs' output that grew is written with them.
                     renewed = self.store.renew_many(
-                        holder, [r for w in live for r in w.rows()], lease,
-                        [(run_id, text) for run_id, _out, _total, text in fresh])
+                        holder, [r for w in live for r in w.rows()], lease, _outputs(fresh))
                     answered = True
-                    for _run_id, out, total, _text in fresh:
-                        out.written(total)
+                    _written(fresh)
                 for watch in live:
                     # Lost if the lock or its seat is; a kill request is on the lock.
                     held = all(n in renewed for n, _ in watch.rows())
                     self._settle(watch, renewed.get(watch.name, False) if held else False, sent)
-        for watch in leases:
-            if watch.renew is None:
-                continue
+        items = [w for w in leases if w.renew is not None]
+        for watch in items:
+            assert watch.renew is not None
             with self._renewing:
                 if not self._live([watch]):
                     continue
@@ -193,21 +191,25 @@ class Renewer:
                 ok = watch.renew()
                 answered = True
             self._settle(watch, ok, sent)
+        with self._renewing:
+            if fresh := self._fresh(self._live(items)):
+                self.store.write_outputs(_outputs(fresh))
+                _written(fresh)
         return answered
 
     @staticmethod
     def _fresh(watches: list[LeaseWatch],
-               budget: int = LIVE_BUDGET) -> list[tuple[int, LiveOutput, int, str]]:
-        """(run id, its output, the tail's total, its text) of the runs whose
-        output grew since it was last written, those written longest ago
-        first, up to ``budget`` characters in all (so a statement stays far
-        below MariaDB's 16 MB ``max_allowed_packet``)."""
+               budget: int = LIVE_BUDGET) -> list[tuple[LiveOutput, int, str]]:
+        """(the output, the tail's total, its text) of the runs whose output
+        grew since it was last written, those written longest ago first, up
+        to ``budget`` characters in all (so a statement stays far below
+        MariaDB's 16 MB ``max_allowed_packet``)."""
         fresh = []
         for watch in sorted(watches, key=lambda w: w.output.written_at if w.output else 0.0):
             out = watch.output
             if out is not None and (got := out.fresh()) is not None:
-                fresh.append((out.run_id, out, *got))
-                budget -= len(got[1])
+                fresh.append((out, *got))
+                budget -= len(got[1]) * len(out.run_ids)
                 if budget <= 0:  # the others next heartbeat, first
                     break
         return fresh
@@ -230,3 +232,13 @@ class Renewer:
             watch.lost = True
             log.error("job %s: lock lost (token %d no longer current); stopping its command",
                       watch.name, watch.token)
+
+
+def _outputs(fresh: list[tuple[LiveOutput, int, str]]) -> list[tuple[int, str]]:
+    """(run id, output tail) of each record of ``fresh`` outputs."""
+    return [(run_id, text) for out, _total, text in fresh for run_id in out.run_ids]
+
+
+def _written(fresh: list[tuple[LiveOutput, int, str]]) -> None:
+    for out, total, _text in fresh:
+        out.written(total)

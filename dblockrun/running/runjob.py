@@ -200,6 +200,9 @@ class ItemHook(Protocol):
     def record(self, attempt: int) -> int:
         """Record attempt ``attempt`` (above 1) of each item; its first run's id."""
 
+    def run_ids(self) -> list[int]:
+        """The run records of the attempt recorded last, one per item."""
+
     def finish(self, result: str, code: int | None, output: str, took: float) -> bool:
         """An attempt's result (its command ran ``took`` seconds), the items still held."""
 
@@ -348,8 +351,9 @@ class JobRun:
             user=job.user,
             on_err_line=self.err_sink,
         )
-        if item is None:  # its record shows the output while it runs (a batch: at its end)
-            self.watch.output = LiveOutput(run_id, process.output.tail)
+        # Its records show the output while it runs (a batch: each item's).
+        self.watch.output = LiveOutput([run_id] if item is None else item.run_ids(),
+                                       process.output.tail)
         started = time.monotonic()
 
         def ended(outcome: Outcome | None = None) -> None:

@@ -171,8 +171,9 @@ class LiveOutput:
     with the lease's renewal (:class:`~dblockrun.running.heartbeat.Renewer`)
     when it grew since the last write, and the run's result then replaces it."""
 
-    def __init__(self, run_id: int, tail: Tail) -> None:
-        self.run_id = run_id
+    def __init__(self, run_ids: Sequence[int], tail: Tail) -> None:
+        #: Its run records: one, or a fan-out batch's (one per item).
+        self.run_ids = tuple(run_ids)
         self._tail = tail
         #: The tail's total as last written (0: nothing yet), and when (monotonic).
         self._written = 0

@@ -538,6 +538,18 @@ class LockEngine:
 
         return self.x.run(go)
 
+    def write_outputs(self, outputs: Sequence[tuple[int, str]]) -> None:
+        """The live output tails of running runs ((run id, text) pairs) in
+        one statement, without a renewal (a fan-out batch's: its items are
+        renewed apart)."""
+        if not outputs:
+            return
+        params: dict[str, Any] = {}
+        for i, (run_id, text) in enumerate(outputs):
+            params[f"r{i}"], params[f"o{i}"] = run_id, text
+        sql = self._text("live_outputs", len(outputs))
+        self.x.run(lambda cur: self.x.send(cur, sql, params))
+
     def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool:
         """Free the lock, not before ``locked_at + lock_at_least``."""
         params = {"name": name, "holder": holder, "token": token, "least": float(lock_at_least)}
