@@ -23,9 +23,9 @@ cases, side by side in one run:
 Reported per heartbeat per run: statements (the executor's count of round
 trips), bytes sent and received, and the median time of a heartbeat's
 renewal, each with its ratio to the baseline measured in the same run. A
-heartbeat writes at most 4 MiB of tails (``heartbeat.LIVE_BUDGET``, 64 full
-ones): with 100 full tails growing, the rest wait for the next heartbeat, so
-the bytes per run are the budget's share.
+heartbeat writes at most 1 MiB of tails (``heartbeat.LIVE_BUDGET``, 16 full
+ones): with more full tails growing, the rest wait for the next heartbeats
+(those written longest ago first), so the bytes per run are the budget's share.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from dblockrun.store.outage import Outage  # noqa: E402
 
 LINE = b"x" * 79 + b"\n"
 #: Heartbeats before the measured ones.
-WARM = 6
+WARM = 8
 CASES = ("no live output", "output unchanged", "a line per heartbeat, 1 KiB tail",
          "a line per heartbeat, full tail")
 

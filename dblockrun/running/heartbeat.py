@@ -16,9 +16,10 @@ from dblockrun.supervise import Loop, Policy, Threads
 
 log = logging.getLogger("dblockrun")
 
-#: The most output characters one renewal statement writes (64 tails of
-#: 64 KiB); the runs left out are written first at the next heartbeat.
-LIVE_BUDGET = 4 * 1024 * 1024
+#: The most output characters one renewal statement writes (16 tails of
+#: 64 KiB: a renewal stays a few tens of milliseconds, bench/livetail.py);
+#: the runs left out are written first at the next heartbeat.
+LIVE_BUDGET = 1024 * 1024
 
 
 class DbClock:
@@ -202,8 +203,8 @@ class Renewer:
                budget: int = LIVE_BUDGET) -> list[tuple[LiveOutput, int, str]]:
         """(the output, the tail's total, its text) of the runs whose output
         grew since it was last written, those written longest ago first, up
-        to ``budget`` characters in all (so a statement stays far below
-        MariaDB's 16 MB ``max_allowed_packet``)."""
+        to ``budget`` characters in all (so that a renewal stays quick, and
+        far below MariaDB's 16 MB ``max_allowed_packet``)."""
         fresh = []
         for watch in sorted(watches, key=lambda w: w.output.written_at if w.output else 0.0):
             out = watch.output
