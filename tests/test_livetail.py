@@ -290,3 +290,24 @@ jobs:
         ended = store.run(run.id)
         assert ended is not None and ended.result == m.OK
         assert ended.output == f"{run.output}finished\n"
+
+
+def test_a_heartbeat_writes_a_bounded_share_those_waiting_first() -> None:
+    from dblockrun.running.heartbeat import Renewer
+    from dblockrun.running.runner import LeaseWatch
+
+    tails = [Tail() for _ in range(3)]
+    watches = []
+    for i, tail in enumerate(tails):
+        watch = LeaseWatch(f"j{i}", "h", 1, 30.0)
+        watch.output = LiveOutput([i], tail)
+        tail.add(b"x" * 9 + b"\n")
+        watches.append(watch)
+    first = Renewer._fresh(watches, budget=15)  # two tails of 10 reach it
+    assert [out.run_ids for out, _total, _text in first] == [(0,), (1,)]
+    for out, total, _text in first:
+        out.written(total)
+    for tail in tails:
+        tail.add(b"y\n")
+    second = Renewer._fresh(watches, budget=15)
+    assert [out.run_ids for out, _total, _text in second][0] == (2,)  # left out: first now
