@@ -311,3 +311,48 @@ def test_a_heartbeat_writes_a_bounded_share_those_waiting_first() -> None:
         tail.add(b"y\n")
     second = Renewer._fresh(watches, budget=15)
     assert [out.run_ids for out, _total, _text in second][0] == (2,)  # left out: first now
+
+
+def test_an_output_that_fails_its_renewal_never_costs_the_lease() -> None:
+    """A write of the live output that the database refuses (MariaDB's
+    max_allowed_packet set low, say) fails the renewal it rides in: the next
+    renewal goes without it and gets through, and that output is written no
+    more."""
+    from typing import Any, cast
+
+    from dblockrun.errors import DatabaseError
+    from dblockrun.running.heartbeat import Renewer
+    from dblockrun.running.runner import LeaseWatch
+    from dblockrun.store.outage import Outage
+
+    class Refusing:
+        """Renews leases, refusing any renewal that carries output."""
+
+        def __init__(self) -> None:
+            self.sent: list[list[tuple[int, str]]] = []
+
+        def renew_many(self, holder: str, held: list[tuple[str, int]], lease: float,
+                       outputs: list[tuple[int, str]]) -> dict[str, str | None]:
+            self.sent.append(list(outputs))
+            if outputs:
+                raise DatabaseError("packet too big")
+            return {name: None for name, _token in held}
+
+    store = Refusing()
+    renewer = Renewer(cast(Any, store), 10.0, Outage())
+    watch = LeaseWatch("j", "h", 1, 30.0, last_ok=0.0)
+    tail = Tail()
+    watch.output = LiveOutput([5], tail)
+    renewer.add(watch)
+    tail.add(b"big\n")
+    try:
+        renewer.renew_all()
+        raise AssertionError("the renewal with the output should have failed")
+    except DatabaseError:
+        pass
+    assert watch.last_ok == 0.0
+    assert renewer.renew_all()  # without it: renewed
+    assert watch.last_ok > 0.0 and not watch.lost
+    tail.add(b"more\n")
+    assert renewer.renew_all()
+    assert store.sent == [[(5, "big\n")], [], []]

@@ -94,6 +94,10 @@ class Renewer:
         self._next_at = 0.0
         #: No extra renewal (:meth:`renew_now`) before this (time.monotonic()).
         self._extra_after = 0.0
+        #: The outputs a failed renewal carried: the next renewal goes
+        #: without any, and if it then gets through, they are to blame
+        #: (written no more: a run's output never costs its lease).
+        self._suspects: list[LiveOutput] | None = None
 
     def start(self) -> None:
         self._next_at = time.monotonic() + self.heartbeat
@@ -170,14 +174,21 @@ class Renewer:
                     live = self._live(watches[i:i + 500])
                     if not live:
                         continue
-                    fresh = self._fresh(live)
+                    fresh = self._fresh(live) if self._suspects is None else []
                     sent = time.monotonic()
                     # A grouped run's seat is renewed with its lock, in the same
                     # statement, and the runs' output that grew is written with them.
-                    renewed = self.store.renew_many(
-                        holder, [r for w in live for r in w.rows()], lease, _outputs(fresh))
+                    try:
+                        renewed = self.store.renew_many(
+                            holder, [r for w in live for r in w.rows()], lease,
+                            _outputs(fresh))
+                    except DatabaseError:
+                        # Not the outputs' fault if a renewal without them fails too.
+                        self._suspects = [out for out, _total, _text in fresh]
+                        raise
                     answered = True
                     _written(fresh)
+                    self._blame()
                 for watch in live:
                     # Lost if the lock or its seat is; a kill request is on the lock.
                     held = all(n in renewed for n, _ in watch.rows())
@@ -194,9 +205,22 @@ class Renewer:
             self._settle(watch, ok, sent)
         with self._renewing:
             if fresh := self._fresh(self._live(items)):
-                self.store.write_outputs(_outputs(fresh))
-                _written(fresh)
+                try:
+                    self.store.write_outputs(_outputs(fresh))
+                    _written(fresh)
+                except DatabaseError as exc:  # the leases are renewed: again next heartbeat
+                    log.debug("live output of fan-out runs not written: %s", exc)
         return answered
+
+    def _blame(self) -> None:
+        """A renewal without the outputs of a failed one got through: they
+        are written no more (the runs' results still store their output)."""
+        suspects, self._suspects = self._suspects, None
+        for out in suspects or ():
+            out.give_up()
+            log.warning("run %s: its live output could not be written with its lease's "
+                        "renewal; renewing without it (its result still stores its output)",
+                        ", ".join(map(str, out.run_ids)))
 
     @staticmethod
     def _fresh(watches: list[LeaseWatch],

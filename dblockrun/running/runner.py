@@ -178,14 +178,19 @@ class LiveOutput:
         #: The tail's total as last written (0: nothing yet), and when (monotonic).
         self._written = 0
         self.written_at = 0.0
+        self._given_up = False
 
     def fresh(self) -> tuple[int, str] | None:
         """(its total, the tail's text) if it changed since it was last
         :meth:`written`, else None: an unchanged tail is not copied."""
-        if self._tail.total == self._written:
+        if self._tail.total == self._written or self._given_up:
             return None
         total, data = self._tail.read()
         return total, stored_text(data)
+
+    def give_up(self) -> None:
+        """Write it no more (its write failed a renewal)."""
+        self._given_up = True
 
     def written(self, total: int) -> None:
         self._written = max(self._written, total)
