@@ -40,8 +40,10 @@ def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
 def daemon(db: TestDb, jobs: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
+            # A long lease: a machine loaded by parallel test runs must not
+            # fence the run before the test has read it.
             cli_args(db, "daemon", str(jobs), "--heartbeat", f"{HEARTBEAT:g}s",
-                     "--lease", f"{3 * HEARTBEAT:g}s"),
+                     "--lease", f"{10 * HEARTBEAT:g}s"),
             stdout=subprocess.DEVNULL, stderr=out, env=clean_env(), cwd=REPO)
     try:
         yield proc
@@ -137,7 +139,7 @@ def test_tail_follows_until_the_end_and_exits_with_its_status(db: TestDb, store:
             seen = b""
             while b"mark-1\n" not in seen:
                 line = follower.stdout.readline()
-                assert line, f"tail ended early: {follower.wait()} {follower.stderr!r}"
+                assert line, f"tail ended early: {follower.communicate()}"
                 seen += line
             (tmp_path / "go-2").touch()
             assert follower.stdout.readline() == b"mark-2\n"
