@@ -103,7 +103,8 @@ def test_live_output_readable_from_another_process(db: TestDb, store: Store,
         # history --output shows it, marked live, hostile bytes escaped.
         shown = run_cli(db, "history", "--output", str(run.id))
         assert shown.returncode == 0, shown.stderr
-        assert f"run {run.id} of talker is running on " in shown.stderr
+        assert f"run {run.id} of talker is running on " in shown.stderr, (
+            shown.stderr, store.run(run.id))
         assert shown.stdout.endswith("caf\u00e9 \\x1b]0;pwned\\x07 <script>\nmark-1\n")
         assert "\x1b" not in shown.stdout
 
