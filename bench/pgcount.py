@@ -34,6 +34,9 @@ class _Frontend:
         self.negotiating = False  # sent SSLRequest/GSSENCRequest, no answer seen yet
         self.encrypted = False
         self.counts: Counter[str] = Counter()
+        #: Bytes each way (any protocol: the parse does not matter for these).
+        self.sent = 0
+        self.received = 0
 
     def feed(self, data: bytes) -> None:
         view = memoryview(data)
@@ -98,6 +101,12 @@ class CountingProxy:
         c = self.counts()
         return c["Q"] + c["E"]
 
+    def bytes(self) -> tuple[int, int]:
+        """Bytes the clients sent and received so far, over every connection."""
+        with self._lock:
+            return (sum(f.sent for f in self._frontends),
+                    sum(f.received for f in self._frontends))
+
     def encrypted(self) -> int:
         with self._lock:
             return sum(1 for f in self._frontends if f.encrypted)
@@ -145,6 +154,7 @@ class CountingProxy:
     def _client_to_server(src: socket.socket, dst: socket.socket, front: _Frontend) -> None:
         try:
             while data := src.recv(65536):
+                front.sent += len(data)
                 front.feed(data)
                 dst.sendall(data)
         except OSError:
@@ -156,6 +166,7 @@ class CountingProxy:
     def _server_to_client(src: socket.socket, dst: socket.socket, front: _Frontend) -> None:
         try:
             while data := src.recv(65536):
+                front.received += len(data)
                 if front.negotiating:
                     # One byte answers SSLRequest/GSSENCRequest: 'N' = go on in clear.
                     front.negotiating = False

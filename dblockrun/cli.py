@@ -803,6 +803,10 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None, r
             run = store.run(output_of)
             if run is None:
                 raise UsageError(f"no run {output_of} in {_where(store)}")
+            if run.live:
+                click.echo(_shown(f"run {run.id} of {run.job} is running on {run.host}: its "
+                                  "output so far, as of its holder's last heartbeat "
+                                  f"(`dblockrun tail --run {run.id}` follows it)"), err=True)
             # color: click would strip some escape sequences, --raw or not, off a terminal
             click.echo(output.output_text(run.output or "", raw=raw), nl=False, color=raw)
             return
@@ -814,6 +818,47 @@ def history(job: str | None, limit: int, as_json: bool, output_of: int | None, r
         click.echo(output.history_json(runs))
     else:
         output.print_history(runs, now)
+
+
+@cli.command()
+@click.argument("job", required=False, shell_complete=_complete_job)
+@click.option("--run", "run_id", type=click.IntRange(1), metavar="ID",
+              help="Follow this run (an id from `history`) instead of JOB's running one.")
+@click.option("--raw", is_flag=True, help="Control characters as the command wrote them.")
+@global_options()
+@handle_errors
+def tail(job: str | None, run_id: int | None, raw: bool) -> None:
+    """Print JOB's running output as it grows, from any host, until the run
+    ends; then exit with its status (0 ok, the command's exit status if it
+    failed, else 1). Its holder writes the newest 64 KiB with each lease
+    renewal, when it grew."""
+    from dblockrun.ops import output
+    from dblockrun.ops.actions import Access, exit_status
+    from dblockrun.ops.follow import follow, running_run
+
+    if (job is None) == (run_id is None):
+        raise UsageError("give JOB or --run ID")
+    if job is not None:
+        _check_name(job, host_row=True)
+
+    def write(text: str) -> None:
+        click.echo(output.output_text(text, raw=raw), nl=False, color=raw)
+        sys.stdout.flush()
+
+    with _open(Access.READ, _jobs_for_db()) as store:
+        if run_id is None:
+            assert job is not None
+            run_id = running_run(store, job).id
+        elif store.run(run_id) is None:
+            raise UsageError(f"no run {run_id} in {_where(store)}")
+        run = follow(store, run_id, write)
+    code = "" if run.exit_code is None else f" (exit {run.exit_code})"
+    took = "" if run.duration is None else f" in {run.duration:.2f}s"
+    click.echo(_shown(f"{run.job}: run {run.id} on {run.host} ended {run.result}{code}{took}"),
+               err=True)
+    status = exit_status(run)
+    if status:
+        sys.exit(status)
 
 
 @cli.command(name="run")

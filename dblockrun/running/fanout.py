@@ -32,9 +32,8 @@ from dblockrun.running.runjob import (
     line_logger,
     result_of,
     stored_output,
-    stored_text,
 )
-from dblockrun.running.runner import LeaseWatch, Outcome, Process, argv_for
+from dblockrun.running.runner import LeaseWatch, Outcome, Process, argv_for, stored_text
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.items import ClaimedItem
@@ -101,6 +100,9 @@ class ItemBatch:
                                                   slot=self.slot, attempt=attempt, item=c.item)
         self.batch = [dataclasses.replace(c, run_id=ids[c.key]) for c in self.batch]
         return self.batch[0].run_id
+
+    def run_ids(self) -> list[int]:
+        return [c.run_id for c in self.batch]
 
     def finish(self, result: str, code: int | None, output: str, took: float) -> bool:
         self.result = result

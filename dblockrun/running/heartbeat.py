@@ -8,13 +8,18 @@ import time
 from collections import deque
 
 from dblockrun.errors import DatabaseError
-from dblockrun.running.runner import LeaseWatch
+from dblockrun.running.runner import LeaseWatch, LiveOutput
 from dblockrun.store.base import RunStore
 from dblockrun.store.models import ClockSample
 from dblockrun.store.outage import Outage
 from dblockrun.supervise import Loop, Policy, Threads
 
 log = logging.getLogger("dblockrun")
+
+#: The most output characters one renewal statement writes (16 tails of
+#: 64 KiB: a renewal stays a few tens of milliseconds, bench/livetail.py);
+#: the runs left out are written first at the next heartbeat.
+LIVE_BUDGET = 1024 * 1024
 
 
 class DbClock:
@@ -89,6 +94,10 @@ class Renewer:
         self._next_at = 0.0
         #: No extra renewal (:meth:`renew_now`) before this (time.monotonic()).
         self._extra_after = 0.0
+        #: The outputs a failed renewal carried: the next renewal goes
+        #: without any, and if it then gets through, they are to blame
+        #: (written no more: a run's output never costs its lease).
+        self._suspects: list[LiveOutput] | None = None
 
     def start(self) -> None:
         self._next_at = time.monotonic() + self.heartbeat
@@ -148,8 +157,10 @@ class Renewer:
 
     def renew_all(self) -> bool:
         """Renew every held lease: a holder's job locks in one statement per
-        500 (whatever their number), other leases (fan-out items) one by one.
-        Whether the database answered anything."""
+        500 (whatever their number), with the output of their runs that grew
+        since the last renewal (at most 64 KiB each), other leases (fan-out
+        items) one by one, their runs' output that grew in one statement
+        more. Whether the database answered anything."""
         answered = False
         with self._lock:
             leases = list(self._leases.values())
@@ -163,18 +174,28 @@ class Renewer:
                     live = self._live(watches[i:i + 500])
                     if not live:
                         continue
+                    fresh = self._fresh(live) if self._suspects is None else []
                     sent = time.monotonic()
-                    # A grouped run's seat is renewed with its lock, in the same statement.
-                    renewed = self.store.renew_many(holder, [r for w in live for r in w.rows()],
-                                                    lease)
+                    # A grouped run's seat is renewed with its lock, in the same
+                    # statement, and the runs' output that grew is written with them.
+                    try:
+                        renewed = self.store.renew_many(
+                            holder, [r for w in live for r in w.rows()], lease,
+                            _outputs(fresh))
+                    except DatabaseError:
+                        # Not the outputs' fault if a renewal without them fails too.
+                        self._suspects = [out for out, _total, _text in fresh]
+                        raise
                     answered = True
+                    _written(fresh)
+                    self._blame()
                 for watch in live:
                     # Lost if the lock or its seat is; a kill request is on the lock.
                     held = all(n in renewed for n, _ in watch.rows())
                     self._settle(watch, renewed.get(watch.name, False) if held else False, sent)
-        for watch in leases:
-            if watch.renew is None:
-                continue
+        items = [w for w in leases if w.renew is not None]
+        for watch in items:
+            assert watch.renew is not None
             with self._renewing:
                 if not self._live([watch]):
                     continue
@@ -182,7 +203,41 @@ class Renewer:
                 ok = watch.renew()
                 answered = True
             self._settle(watch, ok, sent)
+        with self._renewing:
+            if fresh := self._fresh(self._live(items)):
+                try:
+                    self.store.write_outputs(_outputs(fresh))
+                    _written(fresh)
+                except DatabaseError as exc:  # the leases are renewed: again next heartbeat
+                    log.debug("live output of fan-out runs not written: %s", exc)
         return answered
+
+    def _blame(self) -> None:
+        """A renewal without the outputs of a failed one got through: they
+        are written no more (the runs' results still store their output)."""
+        suspects, self._suspects = self._suspects, None
+        for out in suspects or ():
+            out.give_up()
+            log.warning("run %s: its live output could not be written with its lease's "
+                        "renewal; renewing without it (its result still stores its output)",
+                        ", ".join(map(str, out.run_ids)))
+
+    @staticmethod
+    def _fresh(watches: list[LeaseWatch],
+               budget: int = LIVE_BUDGET) -> list[tuple[LiveOutput, int, str]]:
+        """(the output, the tail's total, its text) of the runs whose output
+        grew since it was last written, those written longest ago first, up
+        to ``budget`` characters in all (so that a renewal stays quick, and
+        far below MariaDB's 16 MB ``max_allowed_packet``)."""
+        fresh = []
+        for watch in sorted(watches, key=lambda w: w.output.written_at if w.output else 0.0):
+            out = watch.output
+            if out is not None and (got := out.fresh()) is not None:
+                fresh.append((out, *got))
+                budget -= len(got[1]) * len(out.run_ids)
+                if budget <= 0:  # the others next heartbeat, first
+                    break
+        return fresh
 
     def _live(self, watches: list[LeaseWatch]) -> list[LeaseWatch]:
         """Those still held and not removed meanwhile."""
@@ -202,3 +257,13 @@ class Renewer:
             watch.lost = True
             log.error("job %s: lock lost (token %d no longer current); stopping its command",
                       watch.name, watch.token)
+
+
+def _outputs(fresh: list[tuple[LiveOutput, int, str]]) -> list[tuple[int, str]]:
+    """(run id, output tail) of each record of ``fresh`` outputs."""
+    return [(run_id, text) for out, _total, text in fresh for run_id in out.run_ids]
+
+
+def _written(fresh: list[tuple[LiveOutput, int, str]]) -> None:
+    for out, total, _text in fresh:
+        out.written(total)

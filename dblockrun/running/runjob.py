@@ -19,7 +19,15 @@ from dblockrun.errors import DatabaseError
 from dblockrun.events import Events, RunEnded, RunStarted
 from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.runloop import RunLoop
-from dblockrun.running.runner import GRACE_RAN_OUT, LeaseWatch, Outcome, Process, argv_for
+from dblockrun.running.runner import (
+    GRACE_RAN_OUT,
+    LeaseWatch,
+    LiveOutput,
+    Outcome,
+    Process,
+    argv_for,
+    stored_text,
+)
 from dblockrun.store import models as m
 from dblockrun.store.base import Disables, RunStore
 from dblockrun.store.outage import Outage
@@ -91,12 +99,6 @@ def exit_status(code: int | None) -> int | None:
     if code is None:
         return None
     return 128 - code if code < 0 else code
-
-
-def stored_text(data: bytes) -> str:
-    """Command output as the runs table keeps it: UTF-8 with bad bytes
-    replaced, and NUL (which PostgreSQL text cannot hold) as U+FFFD."""
-    return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
 def stored_output(outcome: Outcome) -> str:
@@ -197,6 +199,9 @@ class ItemHook(Protocol):
 
     def record(self, attempt: int) -> int:
         """Record attempt ``attempt`` (above 1) of each item; its first run's id."""
+
+    def run_ids(self) -> list[int]:
+        """The run records of the attempt recorded last, one per item."""
 
     def finish(self, result: str, code: int | None, output: str, took: float) -> bool:
         """An attempt's result (its command ran ``took`` seconds), the items still held."""
@@ -346,6 +351,9 @@ class JobRun:
             user=job.user,
             on_err_line=self.err_sink,
         )
+        # Its records show the output while it runs (a batch: each item's).
+        self.watch.output = LiveOutput([run_id] if item is None else item.run_ids(),
+                                       process.output.tail)
         started = time.monotonic()
 
         def ended(outcome: Outcome | None = None) -> None:

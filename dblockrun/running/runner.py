@@ -56,6 +56,8 @@ class LeaseWatch:
     #: A group's seat held with the lock (dblockrun/scheduling/limits.py): (row, token),
     #: renewed with it; the lease is lost if either is.
     seat: tuple[str, int] | None = None
+    #: The running attempt's output, written with the renewals (None: none yet).
+    output: LiveOutput | None = None
 
     def rows(self) -> list[tuple[str, int]]:
         """The lock rows this lease renews: (name, token) each."""
@@ -123,21 +125,76 @@ def argv_for(command: Command, shell: str) -> list[str]:
 
 
 class Tail:
-    """The last ``limit`` bytes of a stream."""
+    """The last ``limit`` bytes of a stream, cut at a character's start
+    (a UTF-8 sequence split by the cut is left out, not decoded into
+    U+FFFD). Thread-safe: the spawn reactor adds, the heartbeat reads
+    (:class:`LiveOutput`)."""
 
     def __init__(self, limit: int = OUTPUT_TAIL) -> None:
         self.limit = limit
         self._buf = bytearray()
+        self._lock = threading.Lock()
+        #: Bytes added so far: the tail changed when this did.
         self.total = 0
 
     def add(self, data: bytes) -> None:
-        self.total += len(data)
-        self._buf += data
-        if len(self._buf) > 2 * self.limit:
-            del self._buf[: len(self._buf) - self.limit]
+        with self._lock:
+            self.total += len(data)
+            self._buf += data
+            if len(self._buf) > 2 * self.limit:
+                del self._buf[: len(self._buf) - self.limit]
 
     def value(self) -> bytes:
-        return bytes(self._buf[-self.limit :])
+        return self.read()[1]
+
+    def read(self) -> tuple[int, bytes]:
+        """(:attr:`total`, the tail) as of one instant."""
+        with self._lock:
+            total, tail = self.total, bytes(self._buf[-self.limit :])
+        if total > len(tail):  # cut: skip a split character's continuation bytes
+            start = 0
+            while start < min(3, len(tail)) and tail[start] & 0xC0 == 0x80:
+                start += 1
+            tail = tail[start:]
+        return total, tail
+
+
+def stored_text(data: bytes) -> str:
+    """Command output as the runs table keeps it: UTF-8 with bad bytes
+    replaced, and NUL (which PostgreSQL text cannot hold) as U+FFFD."""
+    return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+class LiveOutput:
+    """A running attempt's output tail, as its run record shows it while it
+    runs (``runs.output`` of a ``running`` run): the heartbeat writes it
+    with the lease's renewal (:class:`~dblockrun.running.heartbeat.Renewer`)
+    when it grew since the last write, and the run's result then replaces it."""
+
+    def __init__(self, run_ids: Sequence[int], tail: Tail) -> None:
+        #: Its run records: one, or a fan-out batch's (one per item).
+        self.run_ids = tuple(run_ids)
+        self._tail = tail
+        #: The tail's total as last written (0: nothing yet), and when (monotonic).
+        self._written = 0
+        self.written_at = 0.0
+        self._given_up = False
+
+    def fresh(self) -> tuple[int, str] | None:
+        """(its total, the tail's text) if it changed since it was last
+        :meth:`written`, else None: an unchanged tail is not copied."""
+        if self._tail.total == self._written or self._given_up:
+            return None
+        total, data = self._tail.read()
+        return total, stored_text(data)
+
+    def give_up(self) -> None:
+        """Write it no more (its write failed a renewal)."""
+        self._given_up = True
+
+    def written(self, total: int) -> None:
+        self._written = max(self._written, total)
+        self.written_at = time.monotonic()
 
 
 def group_running(pgid: int) -> bool:

@@ -507,26 +507,48 @@ class LockEngine:
         """Extend the lease; False when the token is no longer ours."""
         return name in self.renew_many(holder, [(name, token)], lease)
 
-    def renew_many(self, holder: str, held: Sequence[tuple[str, int]],
-                   lease: float) -> dict[str, str | None]:
+    def renew_many(self, holder: str, held: Sequence[tuple[str, int]], lease: float,
+                   outputs: Sequence[tuple[int, str]] = ()) -> dict[str, str | None]:
         """Extend all of ``holder``'s leases ``held`` ((name, token) pairs) in
         one statement; returns the names renewed (the others are lost), each
-        with its kill request (who and why; None: none)."""
+        with its kill request (who and why; None: none). ``outputs``: (run
+        id, output tail) of its running runs whose output grew, written in
+        the same statement (SQLite, embedded: one more) where the run is
+        still ``running``."""
         if not held:
             return {}
-        sql = self._text("renew_many", len(held))
+        sql = self._text("renew_many", len(held), len(outputs))
         params: dict[str, Any] = {"holder": holder, "lease": lease}
         for i, (name, token) in enumerate(held):
             params[f"n{i}"], params[f"t{i}"] = name, token
+        live: dict[str, Any] = {}
+        for i, (run_id, text) in enumerate(outputs):
+            live[f"r{i}"], live[f"o{i}"] = run_id, text
 
         def go(cur: Any) -> dict[str, str | None]:
-            self.x.send(cur, sql, params)
+            if outputs and self.dialect == "sqlite":
+                self.x.send(cur, self._text("live_outputs", len(outputs)), live)
+            self.x.send(cur, sql, params if self.dialect == "sqlite" else {**params, **live})
             if self.dialect == "mysql":
                 cur.nextset()
+                if outputs:
+                    cur.nextset()
             return {str(name): None if kill is None else str(kill)
                     for name, kill in cur.fetchall()}
 
         return self.x.run(go)
+
+    def write_outputs(self, outputs: Sequence[tuple[int, str]]) -> None:
+        """The live output tails of running runs ((run id, text) pairs) in
+        one statement, without a renewal (a fan-out batch's: its items are
+        renewed apart)."""
+        if not outputs:
+            return
+        params: dict[str, Any] = {}
+        for i, (run_id, text) in enumerate(outputs):
+            params[f"r{i}"], params[f"o{i}"] = run_id, text
+        sql = self._text("live_outputs", len(outputs))
+        self.x.run(lambda cur: self.x.send(cur, sql, params))
 
     def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool:
         """Free the lock, not before ``locked_at + lock_at_least``."""

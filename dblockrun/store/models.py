@@ -71,6 +71,12 @@ class RunRecord:
     output: str | None = None
 
     @property
+    def live(self) -> bool:
+        """Still running: its output is the tail (at most 64 KiB) its holder
+        last wrote with a lease renewal, not yet the stored output."""
+        return self.result == RUNNING
+
+    @property
     def duration(self) -> float | None:
         """None while running, or when a time was edited into NaN or infinity."""
         if self.finished is None:

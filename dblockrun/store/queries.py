@@ -441,13 +441,25 @@ class Queries:
         if none was made for the run holding it now (its token)."""
         return f"CASE WHEN {table}.kill_token = {table}.token THEN {table}.kill_by END"
 
-    def renew_many(self, count: int) -> str:
+    def renew_many(self, count: int, outputs: int = 0) -> str:
         """Renew ``count`` leases of one holder (``n0``/``t0``...); rows: the
         names renewed (a lease whose token moved on is not among them), each
-        with its kill request: a holder learns of a kill with its renewal."""
+        with its kill request: a holder learns of a kill with its renewal.
+        ``outputs``: with the live output of that many runs
+        (:meth:`live_outputs`), in the same statement."""
         locks = self.locks
-        return (f"UPDATE {locks} SET {self.lease} WHERE {self.held(locks, 'name', 'n', count)} "
-                f"RETURNING {locks}.name, {self.kill_of(locks)}")
+        renew = (f"UPDATE {locks} SET {self.lease} WHERE {self.held(locks, 'name', 'n', count)} "
+                 f"RETURNING {locks}.name, {self.kill_of(locks)}")
+        return f"WITH o AS ({self.live_outputs(outputs)}) {renew}" if outputs else renew
+
+    def live_outputs(self, count: int) -> str:
+        """The output tails ``o0``... of ``count`` runs ``r0``... still
+        running (a run's result, written meanwhile, is never overwritten)."""
+        runs, p = self.runs, self.p
+        cases = " ".join(f"WHEN {p(f'r{i}')} THEN {p(f'o{i}')}" for i in range(count))
+        return (f"UPDATE {runs} SET output = CASE {runs}.id {cases} END "
+                f"WHERE {runs}.id IN ({self.listed('r', count)}) "
+                f"AND {runs}.result = '{RUNNING}'")
 
     @cached_property
     def release(self) -> str:
@@ -696,10 +708,12 @@ class MysqlQueries(Queries):
                 f"AND {locks}.holder = {p('holder')} AND {locks}.token = LAST_INSERT_ID() "
                 f"ORDER BY {locks}.locked_at DESC LIMIT 1")
 
-    def renew_many(self, count: int) -> str:
-        """The UPDATE, then the names it renewed, in one round trip."""
+    def renew_many(self, count: int, outputs: int = 0) -> str:
+        """The UPDATE, then the names it renewed, in one round trip; the
+        live outputs first, with ``outputs``."""
         locks, mine = self.locks, self.held(self.locks, "name", "n", count)
-        return (f"UPDATE {locks} SET {self.lease} WHERE {mine}; "
+        first = f"{self.live_outputs(outputs)}; " if outputs else ""
+        return (f"{first}UPDATE {locks} SET {self.lease} WHERE {mine}; "
                 f"SELECT {locks}.name, {self.kill_of(locks)} FROM {locks} WHERE {mine}")
 
     def items_renew(self, count: int) -> str:
@@ -745,6 +759,11 @@ class SqliteQueries(Queries):
     @staticmethod
     def p(name: str) -> str:
         return f":{name}"
+
+    def renew_many(self, count: int, outputs: int = 0) -> str:
+        """Embedded: the live outputs are a statement of their own
+        (:meth:`LockEngine.renew_many <dblockrun.store.engine.LockEngine.renew_many>`)."""
+        return super().renew_many(count)
 
     def claim(self, shape: ClaimShape) -> str:
         """Row: (token, locked_at, version) when won (the record follows with

@@ -363,6 +363,7 @@ class Store:
 
     renew = on_engine(LockEngine.renew)
     renew_many = on_engine(LockEngine.renew_many)
+    write_outputs = on_engine(LockEngine.write_outputs)
     release = on_engine(LockEngine.release)
     record_slots = on_engine(LockEngine.record_slots)
     held_gaps = on_engine(LockEngine.held_gaps)
