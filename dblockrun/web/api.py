@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.web.acts import Act, perform
-from dblockrun.web.app import by_token, config, csrf_ok, current_user
+from dblockrun.web.context import by_token, config, csrf_ok, current_user
 from dblockrun.web.openapi import OPENAPI
 
 #: The role each action needs.

@@ -1,123 +1,22 @@
-"""The Starlette application: its settings, who is asking, and the headers
-every answer carries (CSP and friends)."""
+"""The Starlette application: the pages, the API, the static files, and the
+middleware every request passes (security headers, the signed session)."""
 
 from __future__ import annotations
 
-import hmac
-import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
-from starlette.requests import Request
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from dblockrun.store import Store
-from dblockrun.web.users import LoginLimit, User, user_of_token
-
-HERE = Path(__file__).parent
-
-#: No inline script or style, nothing from elsewhere, no framing.
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-HEADERS = [
-    (b"content-security-policy", CSP.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"same-origin"),
-    (b"cache-control", b"no-store"),
-]
-
-#: Who is asking when no users file is given: anyone, read-only.
-ANYONE = User("anyone", "viewer")
-
-
-@dataclass
-class WebConfig:
-    """What ``dblockrun web`` was started with."""
-
-    store: Store
-    #: None: read-only for anyone, no sign-in.
-    users: dict[str, User] | None
-    #: Signs the session cookie (``--secret-file``, DBLOCKRUN_WEB_SECRET, or new per start).
-    secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
-    #: The session cookie only over HTTPS (TLS here, or a proxy's).
-    https_only: bool = False
-    logins: LoginLimit = field(default_factory=LoginLimit)
-
-
-def config(request: Request) -> WebConfig:
-    found: WebConfig = request.app.state.web
-    return found
-
-
-def current_user(request: Request) -> User | None:
-    """The signed-in user: by an API token (``Authorization: Bearer``) or the
-    session; :data:`ANYONE` when no users are configured; None: nobody."""
-    cfg = config(request)
-    if cfg.users is None:
-        return ANYONE
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return user_of_token(cfg.users, auth[7:].strip())
-    name = request.session.get("user")
-    return cfg.users.get(name) if isinstance(name, str) else None
-
-
-def by_token(request: Request) -> bool:
-    return request.headers.get("authorization", "").lower().startswith("bearer ")
-
-
-def csrf_token(request: Request) -> str:
-    """The session's CSRF token (made on first use)."""
-    token = request.session.get("csrf")
-    if not isinstance(token, str):
-        token = secrets.token_urlsafe(32)
-        request.session["csrf"] = token
-    return token
-
-
-def csrf_ok(request: Request, given: str | None) -> bool:
-    token = request.session.get("csrf")
-    return isinstance(token, str) and given is not None and hmac.compare_digest(
-        token.encode(), given.encode())
-
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class SecurityHeaders:
-    """Adds :data:`HEADERS` to every HTTP answer."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
+from dblockrun.web import api, pages
+from dblockrun.web.context import HERE, SecurityHeaders, WebConfig
 
 
 def create_app(cfg: WebConfig) -> Starlette:
-    from dblockrun.web import api, pages
-
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield

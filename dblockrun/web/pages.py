@@ -15,7 +15,7 @@ from starlette.routing import Route
 from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.web.acts import ACTIONS, JOB_ACTIONS, Act, perform
 from dblockrun.web.api import ROLE_OF
-from dblockrun.web.app import HERE, config, csrf_ok, csrf_token, current_user
+from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user
 from dblockrun.web.users import check_password
 
 #: Jobs on one page of the Fleet page.

@@ -52,7 +52,8 @@ def secret(options: WebOptions) -> str | None:
 def serve(store: Store, options: WebOptions) -> None:
     import uvicorn
 
-    from dblockrun.web.app import WebConfig, create_app
+    from dblockrun.web.app import create_app
+    from dblockrun.web.context import WebConfig
     from dblockrun.web.users import load_users
 
     if (options.cert is None) != (options.key is None):
