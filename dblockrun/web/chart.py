@@ -11,6 +11,8 @@ from dblockrun.store.models import RunRecord
 WIDTH, HEIGHT = 600, 120
 #: The least height of a bar, so a run of 0 s (or still running) shows.
 FLOOR = 3
+#: The widest bar (a job with few runs).
+WIDEST = 24
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ def bars(runs: Sequence[RunRecord]) -> list[Bar]:
     if not shown:
         return []
     longest = max((r.duration or 0.0 for r in shown), default=0.0) or 1.0
-    step = WIDTH / len(shown)
+    step = min(WIDTH / len(shown), WIDEST + 2)
     out = []
     for i, run in enumerate(shown):
         took = max(run.duration or 0.0, 0.0)

@@ -103,12 +103,13 @@ def job(request: Request) -> Response:
         return render(request, "error.html", status=404, message=exc.message)
     doc = _status_doc(request, store.with_every_host([name]))
     runs = store.history(name, HISTORY, output=False)
-    from dblockrun.ops.output import run_json
+    from dblockrun.ops.output import audit_entry_json, run_json
 
     return render(request, "job.html", name=name, doc=doc,
                   job=next((j for j in doc["jobs"] if j["name"] == name), None),
                   runs=[run_json(r) for r in runs], bars=bars(runs), width=WIDTH,
-                  height=HEIGHT, audit=store.control.entries(name, 10))
+                  height=HEIGHT,
+                  audit=[audit_entry_json(e) for e in store.control.entries(name, 10)])
 
 
 def run_page(request: Request) -> Response:
