@@ -693,7 +693,7 @@ def web(ctx: click.Context, listen: str, users_file: str | None, cert: str | Non
     if ctx.invoked_subcommand is not None:
         return
     try:
-        from dblockrun.web.serve import WebOptions, serve
+        from dblockrun.web.serve import WebOptions, check, serve
     except ImportError as exc:
         raise DblockrunError(f"dblockrun web needs its extra: pip install 'dblockrun[web]' "
                              f"({exc.name} is missing)") from exc
@@ -701,9 +701,10 @@ def web(ctx: click.Context, listen: str, users_file: str | None, cert: str | Non
 
     options = WebOptions(listen=listen, users_file=users_file, cert=cert, key=key,
                          secret_file=secret_file, proxy_headers=proxy_headers)
+    checked = check(options)  # before the database: a bad file says so at once
     _setup_logging(logging.DEBUG if _globals().debug else logging.INFO)
     with _open(Access.WRITE if users_file else Access.READ, _jobs_for_db()) as store:
-        serve(store, options)
+        serve(store, checked)
 
 
 @web.command(name="hash-password")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dblockrun.errors import UsageError
 from dblockrun.store import Store
+from dblockrun.web.users import User
 
 #: The session cookie's signing key, when no --secret-file is given.
 SECRET_ENV = "DBLOCKRUN_WEB_SECRET"
@@ -49,23 +50,41 @@ def secret(options: WebOptions) -> str | None:
     return os.environ.get(SECRET_ENV) or None
 
 
-def serve(store: Store, options: WebOptions) -> None:
-    import uvicorn
+@dataclass(frozen=True)
+class Checked:
+    """The options checked and the users file read, before the database is opened."""
 
-    from dblockrun.web.app import create_app
-    from dblockrun.web.context import WebConfig
+    options: WebOptions
+    host: str
+    port: int
+    users: dict[str, User] | None
+    secret: str | None
+
+
+def check(options: WebOptions) -> Checked:
+    """UsageError or ConfigError (exit 2) for a bad option or users file."""
     from dblockrun.web.users import load_users
 
     if (options.cert is None) != (options.key is None):
         raise UsageError("give --cert and --key together")
     host, port = listen_addr(options.listen)
     users = load_users(options.users_file) if options.users_file is not None else None
-    cfg = WebConfig(store=store, users=users,
+    return Checked(options, host, port, users, secret(options))
+
+
+def serve(store: Store, checked: Checked) -> None:
+    import uvicorn
+
+    from dblockrun.web.app import create_app
+    from dblockrun.web.context import WebConfig
+
+    options = checked.options
+    cfg = WebConfig(store=store, users=checked.users,
                     https_only=options.cert is not None or options.proxy_headers)
-    key = secret(options)
-    if key is not None:
-        cfg.secret = key
-    uvicorn.run(create_app(cfg), host=host, port=port, ssl_certfile=options.cert,
-                ssl_keyfile=options.key, proxy_headers=options.proxy_headers,
+    if checked.secret is not None:
+        cfg.secret = checked.secret
+    uvicorn.run(create_app(cfg), host=checked.host, port=checked.port,
+                ssl_certfile=options.cert, ssl_keyfile=options.key,
+                proxy_headers=options.proxy_headers,
                 forwarded_allow_ips="127.0.0.1" if options.proxy_headers else None,
                 server_header=False, log_level="info")
