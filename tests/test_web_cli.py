@@ -3,12 +3,20 @@ line (exit 2), ``web hash-password``, bad options; and the Fleet page's paging."
 
 from __future__ import annotations
 
+import http.cookiejar
+import signal
+import ssl
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from argon2 import PasswordHasher
 from click.testing import CliRunner
-from helpers import TestDb
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, free_port, http_get, wait_for
 from starlette.testclient import TestClient
 from webtools import PASSWORD, app_for, bearer, csrf_of, users_file
 
@@ -73,3 +81,90 @@ def test_the_fleet_page_pages_and_filters(store: Store, tmp_path: Path) -> None:
     assert client.get("/?q=nothing").text.count("<tr data-job=") == 0
     status = client.get("/api/v1/status", headers=bearer("vera")).json()
     assert len(status["jobs"]) == 250  # the API: every job, as status --json
+
+
+def _serve(db: TestDb, tmp_path: Path, *options: str) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "web", "--listen",
+         f"127.0.0.1:{port}", "--users", str(users_file(tmp_path / "users.yaml")), *options],
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "web.log").open("wb"), env=clean_env(),
+        cwd=REPO)
+    return proc, port
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _sign_in(base: str, name: str, password: str, forwarded: str,
+             context: ssl.SSLContext | None = None) -> tuple[int, str]:
+    """A sign-in as a browser does it: the form (its cookie, its CSRF token), then the post."""
+    jar = http.cookiejar.CookieJar()
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.HTTPCookieProcessor(jar)]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
+    with opener.open(f"{base}/login", timeout=30) as r:
+        token = csrf_of(r.read().decode())
+        cookie = r.headers.get("set-cookie", "")
+    body = urllib.parse.urlencode({"name": name, "password": password, "csrf": token,
+                                   "next": "/"}).encode()
+    request = urllib.request.Request(f"{base}/login", data=body,
+                                     headers={"X-Forwarded-For": forwarded})
+    try:
+        with opener.open(request, timeout=30) as r:
+            return r.status, cookie
+    except urllib.error.HTTPError as e:
+        return e.code, cookie
+
+
+def test_forwarded_headers_are_ignored_unless_asked(sqlite_db: TestDb, store_sqlite: Store,
+                                                    tmp_path: Path) -> None:
+    proc, port = _serve(sqlite_db, tmp_path)
+    try:
+        wait_for(lambda: http_get(port, "/login")[0] == 200, 60, what="dblockrun web")
+        base = f"http://127.0.0.1:{port}"
+        # Another address in each X-Forwarded-For: the limit counts the real one.
+        codes = [_sign_in(base, f"nobody{i}", "guess", f"10.0.0.{i}")[0] for i in range(6)]
+        assert codes == [401] * 5 + [429]
+    finally:
+        _stop(proc)
+
+
+def test_tls_with_cert_and_key(sqlite_db: TestDb, store_sqlite: Store, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    proc, port = _serve(sqlite_db, tmp_path, "--cert", str(cert), "--key", str(key))
+    context = ssl.create_default_context(cafile=str(cert))
+    base = f"https://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            urllib.request.urlopen(f"{base}/login", context=context, timeout=5).close()
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_for(up, 60, what="dblockrun web over TLS")
+        code, cookie = _sign_in(base, "olga", PASSWORD, "-", context)
+        assert code == 200
+        assert "secure" in cookie.lower() and "httponly" in cookie.lower()
+        assert "samesite=strict" in cookie.lower()
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+def store_sqlite(sqlite_db: TestDb) -> Iterator[Store]:
+    with Store(sqlite_db.url, sqlite_db.prefix) as store:
+        store.ensure_schema()
+        yield store
