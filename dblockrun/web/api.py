@@ -61,9 +61,12 @@ def status(request: Request) -> Response:
 
     if (denied := _denied(request)) is not None:
         return denied
-    store = config(request).store
+    cfg = config(request)
+    store = cfg.store
     names = request.query_params.getlist("job")
-    got = report(store, store.with_every_host(names) or None)
+    if not names:
+        return _json(cfg.status.get())
+    got = report(store, store.with_every_host(names))
     missing = sorted(set(names) - {r.lock.name for r in got.jobs})
     if missing:
         return error(404, no_such_job(store, missing).message)
@@ -175,6 +178,7 @@ async def act(request: Request) -> Response:
                 body.get("until"), run_id)
     try:
         said, doc = await run_in_threadpool(perform, cfg.store, user.name, asked)
+        cfg.status.forget()
     except UsageError as exc:
         return error(404 if exc.message.startswith("no such job") else 400, exc.message)
     except DblockrunError as exc:

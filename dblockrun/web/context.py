@@ -14,6 +14,7 @@ from typing import Any
 from starlette.requests import Request
 
 from dblockrun.store import Store
+from dblockrun.web.snapshot import Snapshot
 from dblockrun.web.users import LoginLimit, User, user_of_token
 
 HERE = Path(__file__).parent
@@ -45,6 +46,20 @@ class WebConfig:
     #: The session cookie only over HTTPS (TLS here, or a proxy's).
     https_only: bool = False
     logins: LoginLimit = field(default_factory=LoginLimit)
+    #: The whole fleet's status document, shared by the requests for it.
+    status: Snapshot = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.status = Snapshot(lambda: whole_status(self.store))
+
+
+def whole_status(store: Store) -> str:
+    """``status --json`` of every job (ops/output.py's serializer)."""
+    from dblockrun.ops.output import status_json
+    from dblockrun.store.status import report
+
+    got = report(store)
+    return status_json(got.jobs, got.hosts, got.db_now, None, got.paused, got.groups)
 
 
 def config(request: Request) -> WebConfig:

@@ -214,6 +214,7 @@ async def act(request: Request) -> Response:
         said, _doc = await run_in_threadpool(
             perform, cfg.store, user.name,
             Act(action, job_name, field("reason"), field("for"), field("until"), run_id))
+        cfg.status.forget()
         request.session["flash"] = {"ok": True, "text": said}
     except DblockrunError as exc:
         request.session["flash"] = {"ok": False, "text": exc.message}
