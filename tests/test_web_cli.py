@@ -21,6 +21,7 @@ from starlette.testclient import TestClient
 from webtools import PASSWORD, app_for, bearer, csrf_of, users_file
 
 from dblockrun.cli import cli
+from dblockrun.errors import UsageError
 from dblockrun.store import Store
 from dblockrun.web.users import token_hash
 
@@ -168,3 +169,32 @@ def store_sqlite(sqlite_db: TestDb) -> Iterator[Store]:
     with Store(sqlite_db.url, sqlite_db.prefix) as store:
         store.ensure_schema()
         yield store
+
+
+def test_a_reason_is_shown_escaped(store: Store, tmp_path: Path) -> None:
+    store.ensure_jobs(["backup"])
+    client = TestClient(app_for(store, users_file(tmp_path / "users.yaml")))
+    reason = '<img src=x onerror="alert(1)">'
+    assert client.post("/api/v1/jobs/backup/disable", headers=bearer("olga"),
+                       json={"reason": reason}).status_code == 200
+    client.post("/login", data={"name": "vera", "password": PASSWORD, "next": "/",
+                                "csrf": csrf_of(client.get("/login").text)})
+    for path in ("/", "/jobs/backup", "/audit"):
+        page = client.get(path).text
+        assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in page, path
+        assert reason not in page, path
+
+
+def test_the_session_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dblockrun.web.serve import SECRET_ENV, WebOptions, secret
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    assert secret(WebOptions()) is None  # a new one each start
+    monkeypatch.setenv(SECRET_ENV, "from-the-environment")
+    assert secret(WebOptions()) == "from-the-environment"
+    path = tmp_path / "secret"
+    path.write_text("0123456789abcdef0123\nignored\n")
+    assert secret(WebOptions(secret_file=str(path))) == "0123456789abcdef0123"
+    path.write_text("short\n")
+    with pytest.raises(UsageError, match="at least 16 characters"):
+        secret(WebOptions(secret_file=str(path)))

@@ -41,7 +41,8 @@ def secret(options: WebOptions) -> str | None:
     else None (a new one each start: sessions end with the server)."""
     if options.secret_file is not None:
         try:
-            text = Path(options.secret_file).read_text().strip()
+            lines = Path(options.secret_file).read_text().splitlines()
+            text = lines[0].strip() if lines else ""
         except OSError as exc:
             raise UsageError(f"--secret-file {options.secret_file}: {exc.strerror}") from None
         if len(text) < 16:
