@@ -22,6 +22,7 @@ from webtools import PASSWORD, app_for, bearer, csrf_of, users_file
 
 from dblockrun.cli import cli
 from dblockrun.errors import UsageError
+from dblockrun.scheduling.limits import seat_names
 from dblockrun.store import Store
 from dblockrun.web.users import token_hash
 
@@ -68,7 +69,9 @@ def test_hash_password_and_token(sqlite_db: TestDb) -> None:
 
 
 def test_the_fleet_page_pages_and_filters(store: Store, tmp_path: Path) -> None:
-    store.ensure_jobs([f"job{i:04d}" for i in range(250)])
+    seats = seat_names("backups", 2)
+    store.ensure_jobs([f"job{i:04d}" for i in range(250)] + seats)
+    assert store.claim_seat(seats, "h1", 300, "job0001") is not None
     client = TestClient(app_for(store, users_file(tmp_path / "users.yaml")))
     client.post("/login", data={"name": "vera", "password": PASSWORD, "next": "/",
                                 "csrf": csrf_of(client.get("/login").text)})
@@ -79,7 +82,10 @@ def test_the_fleet_page_pages_and_filters(store: Store, tmp_path: Path) -> None:
     assert 'data-job="job0199"' not in last
     found = client.get("/?q=job012").text
     assert found.count("<tr data-job=") == 10 and "10 job(s)" in found
-    assert client.get("/?q=nothing").text.count("<tr data-job=") == 0
+    nothing = client.get("/?q=nothing").text
+    assert nothing.count("<tr data-job=") == 0
+    for page in (first, last, found, nothing):  # the groups' seats on every page
+        assert "<td>backups</td><td>1 of 2</td><td>job0001 on h1</td>" in page
     status = client.get("/api/v1/status", headers=bearer("vera")).json()
     assert len(status["jobs"]) == 250  # the API: every job, as status --json
 

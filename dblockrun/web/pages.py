@@ -70,12 +70,10 @@ def fleet_data(request: Request) -> dict[str, Any]:
     except ValueError:
         page = 1
     shown = names[(page - 1) * PAGE:page * PAGE]
-    # All of them when they fit: the groups' seats come with all jobs only.
-    # No job matches: a name no job has ("" is none) reads the rest alone.
-    whole = not query and len(names) <= PAGE
-    doc = _status_doc(request, None if whole else shown or [""])
-    return {"doc": doc, "page": page, "pages": pages, "total": len(names), "q": query,
-            "whole": whole}
+    # The page's jobs and the groups' seats (no job matches: the seats alone,
+    # and "", a name no row has, so that no name means none, not all).
+    doc = _status_doc(request, [*shown, *store.seat_names()] or [""])
+    return {"doc": doc, "page": page, "pages": pages, "total": len(names), "q": query}
 
 
 def fleet(request: Request) -> Response:
