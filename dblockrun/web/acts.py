@@ -14,8 +14,10 @@ from dblockrun.errors import UsageError
 from dblockrun.store import Store
 from dblockrun.store.control import Audit
 
-#: Actions by the role they need.
-ACTIONS = ("run", "disable", "enable", "kill", "unlock", "pause", "resume")
+#: Every action, and the least role each needs.
+ROLE_OF = {"run": "operator", "disable": "operator", "enable": "operator",
+           "kill": "operator", "unlock": "admin", "pause": "admin", "resume": "admin"}
+ACTIONS = tuple(ROLE_OF)
 #: Those that act on one job (pause and resume: on the fleet).
 JOB_ACTIONS = ("run", "disable", "enable", "kill", "unlock")
 #: The reason column's size (store/schema.py).

@@ -2,7 +2,7 @@
 ``history --json`` and ``audit --json`` (``dblockrun/ops/output.py``).
 
 Reads need a viewer (anyone when no users are configured); writes an
-operator or admin (:data:`ROLE_OF`), signed in by an API token
+operator or admin (``acts.ROLE_OF``), signed in by an API token
 (``Authorization: Bearer``) or by the session with its CSRF token in the
 ``X-CSRF-Token`` header. No endpoint takes a command or a job definition.
 """
@@ -17,13 +17,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dblockrun.errors import DblockrunError, UsageError
-from dblockrun.web.acts import Act, perform
-from dblockrun.web.context import by_token, config, csrf_ok, current_user
+from dblockrun.web.acts import ROLE_OF, Act, perform
+from dblockrun.web.context import config, current_user, refusal
 from dblockrun.web.openapi import OPENAPI
 
-#: The role each action needs.
-ROLE_OF = {"run": "operator", "disable": "operator", "enable": "operator",
-           "kill": "operator", "unlock": "admin", "pause": "admin", "resume": "admin"}
 #: The most runs or audit entries one request reads.
 MAX_LIMIT = 1000
 
@@ -151,16 +148,11 @@ async def act(request: Request) -> Response:
     role = ROLE_OF.get(action)
     if role is None:
         return error(404, f"no action {action!r}")
-    user = current_user(request)
-    cfg = config(request)
-    if cfg.users is None:
-        return error(403, "read-only: no users are configured (dblockrun web --users FILE)")
-    if user is None:
-        return error(401, "sign in: an API token (Authorization: Bearer) or a session")
-    if not by_token(request) and not csrf_ok(request, request.headers.get("x-csrf-token")):
-        return error(403, "a session's write needs its CSRF token in X-CSRF-Token")
-    if not user.can(role):
-        return error(403, f"{action} needs the {role} role; {user.name} is {user.role}")
+    refused = refusal(request, role, request.headers.get("x-csrf-token"))
+    if refused is not None:
+        return error(*refused)
+    cfg, user = config(request), current_user(request)
+    assert user is not None
     body: Any = {}
     raw = await request.body()
     if raw.strip():

@@ -99,6 +99,23 @@ def csrf_ok(request: Request, given: str | None) -> bool:
         token.encode(), given.encode())
 
 
+def refusal(request: Request, role: str, csrf_given: str | None) -> tuple[int, str] | None:
+    """Why this request may not act with ``role`` (an HTTP status and a
+    sentence), or None: the one check of the pages' forms and the API."""
+    cfg = config(request)
+    if cfg.users is None:
+        return 403, "read-only: no users are configured (dblockrun web --users FILE)"
+    user = current_user(request)
+    if user is None:
+        return 401, "sign in first: a session, or an API token (Authorization: Bearer)"
+    if not by_token(request) and not csrf_ok(request, csrf_given):
+        return 403, ("refused: the CSRF token is missing or wrong (a form: reload the page "
+                     "and try again; the API: send it in X-CSRF-Token, or use a token)")
+    if not user.can(role):
+        return 403, f"this needs the {role} role; {user.name} is {user.role}"
+    return None
+
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]

@@ -13,9 +13,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from dblockrun.errors import DblockrunError, UsageError
-from dblockrun.web.acts import ACTIONS, JOB_ACTIONS, Act, perform
-from dblockrun.web.api import ROLE_OF
-from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user
+from dblockrun.web.acts import ACTIONS, JOB_ACTIONS, ROLE_OF, Act, perform
+from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user, refusal
 from dblockrun.web.users import check_password
 
 #: Jobs on one page of the Fleet page.
@@ -187,21 +186,14 @@ async def act(request: Request) -> Response:
     form = await request.form()
     if action not in ACTIONS:
         return render(request, "error.html", status=404, message=f"no action {action!r}")
-    if cfg.users is None:
-        return render(request, "error.html", status=403,
-                      message="read-only: no users are configured (dblockrun web --users FILE)")
-    user = current_user(request)
-    if user is None:
-        return RedirectResponse("/login", status_code=303)
     token = form.get("csrf")
-    if not csrf_ok(request, token if isinstance(token, str) else None):
-        return render(request, "error.html", status=403,
-                      message="refused: the form's CSRF token is missing or wrong (reload "
-                              "the page and try again)")
-    role = ROLE_OF[action]
-    if not user.can(role):
-        return render(request, "error.html", status=403,
-                      message=f"{action} needs the {role} role; {user.name} is {user.role}")
+    refused = refusal(request, ROLE_OF[action], token if isinstance(token, str) else None)
+    if refused is not None and refused[0] == 401:
+        return RedirectResponse("/login", status_code=303)
+    if refused is not None:
+        return render(request, "error.html", status=refused[0], message=refused[1])
+    user = current_user(request)
+    assert user is not None
 
     def field(name: str) -> str | None:
         value = form.get(name)
@@ -209,6 +201,9 @@ async def act(request: Request) -> Response:
 
     try:
         job_name, run_id = _target(form)
+    except UsageError as exc:
+        return render(request, "error.html", status=404, message=exc.message)
+    try:
         said, _doc = await run_in_threadpool(
             perform, cfg.store, user.name,
             Act(action, job_name, field("reason"), field("for"), field("until"), run_id))
