@@ -18,6 +18,7 @@ from dblockrun.cli import cli
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.web.openapi import OPENAPI
+from dblockrun.web.users import LoginLimit
 
 
 @pytest.fixture
@@ -107,7 +108,10 @@ def test_a_session_write_needs_its_csrf_token(store: Store, users: Path) -> None
 
 
 def test_sign_in_is_rate_limited(store: Store, users: Path) -> None:
-    client = TestClient(app_for(store, users))
+    app = app_for(store, users)
+    # An hour's window: on a loaded machine five argon2 checks may take a minute.
+    app.state.web.logins = LoginLimit(attempts=5, window=3600)
+    client = TestClient(app)
     token = csrf_of(client.get("/login").text)
     for _ in range(5):
         wrong = client.post("/login", data={"name": "olga", "password": "guess",
