@@ -265,7 +265,7 @@ async def login(request: Request) -> Response:
     from starlette.concurrency import run_in_threadpool
 
     user = cfg.users.get(name)
-    ok = user is not None and await run_in_threadpool(check_password, user, password)
+    ok = await run_in_threadpool(check_password, user, password)
     if not ok or user is None:
         cfg.logins.failed(client, name)
         return render(request, "login.html", status=401, next=_next(form.get("next")),

@@ -14,6 +14,7 @@ strings, so their SHA-256 is enough and costs nothing per request.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -116,14 +117,21 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def check_password(user: User, password: str) -> bool:
+@functools.cache
+def _nobody() -> str:
+    """A hash to check an unknown name's password against: it takes as long
+    as a known one's, so the time does not say which names exist."""
+    return hash_password(secrets.token_urlsafe(16))
+
+
+def check_password(user: User | None, password: str) -> bool:
     from argon2 import PasswordHasher
     from argon2.exceptions import InvalidHashError, VerificationError
 
-    if user.password is None:
-        return False
+    digest = user.password if user is not None and user.password else _nobody()
     try:
-        return PasswordHasher().verify(user.password, password)
+        return PasswordHasher().verify(digest, password) and user is not None \
+            and user.password is not None
     except (VerificationError, InvalidHashError):
         return False
 
