@@ -4,6 +4,7 @@ line (exit 2), ``web hash-password``, bad options; and the Fleet page's paging."
 from __future__ import annotations
 
 import http.cookiejar
+import json
 import signal
 import ssl
 import subprocess
@@ -204,3 +205,23 @@ def test_the_session_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     path.write_text("short\n")
     with pytest.raises(UsageError, match="at least 16 characters"):
         secret(WebOptions(secret_file=str(path)))
+
+
+def test_the_fleet_page_shows_drift_and_live_hosts(store: Store, tmp_path: Path) -> None:
+    names = [f"job{i:04d}" for i in range(150)]
+    store.ensure_jobs(names)
+    for host, digest in (("h1:1:a", "aaaa"), ("h2:2:b", "bbbb")):
+        defs = dict.fromkeys(names, "same")
+        defs["job0120"] = digest  # the two hosts' files differ on one job
+        store.heartbeat_host(host, hostname=host[:2], pid=int(host[3]), version="t",
+                             clock_offset=0.002, running=0, jobs=json.dumps(defs))
+    client = TestClient(app_for(store, users_file(tmp_path / "users.yaml")))
+    client.post("/login", data={"name": "vera", "password": PASSWORD, "next": "/",
+                                "csrf": csrf_of(client.get("/login").text)})
+    page = client.get("/?page=2").text
+    row = page.split('<tr data-job="job0120"', 1)[1].split("</tr>", 1)[0]
+    assert '<span class="bad">differs</span>' in row
+    other = page.split('<tr data-job="job0121"', 1)[1].split("</tr>", 1)[0]
+    assert "differs" not in other
+    assert "job job0120 is defined differently: aaaa on h1:1:a; bbbb on h2:2:b" in page
+    assert "<td>h1:1:a</td>" in page and "+2.0 ms" in page

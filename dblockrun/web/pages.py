@@ -53,7 +53,11 @@ def _status_doc(request: Request, names: list[str]) -> dict[str, Any]:
     from dblockrun.store.status import report
 
     got = report(config(request).store, names)
-    hosts = [_with_jobs(h, set(names)) for h in got.hosts]
+    from dblockrun.config.jobs import EVERY_HOST_SEP
+
+    # A row JOB@HOST is its every-host job's: JOB's definition counts too.
+    wanted = set(names) | {name.split(EVERY_HOST_SEP, 1)[0] for name in names}
+    hosts = [_with_jobs(h, wanted) for h in got.hosts]
     doc: dict[str, Any] = json.loads(status_json(got.jobs, hosts, got.db_now, None,
                                                  got.paused, got.groups))
     return doc
