@@ -225,3 +225,5 @@ def test_the_fleet_page_shows_drift_and_live_hosts(store: Store, tmp_path: Path)
     assert "differs" not in other
     assert "job job0120 is defined differently: aaaa on h1:1:a; bbbb on h2:2:b" in page
     assert "<td>h1:1:a</td>" in page and "+2.0 ms" in page
+    hosts = client.get("/hosts").text
+    assert "<td>h1:1:a</td><td>yes</td><td>h1</td><td>1</td><td>t</td>" in hosts
