@@ -472,7 +472,9 @@ def disable(job: str, for_: str | None, until: str | None, reason: str | None,
     _check_name(job, host_row=True)
     _reason(reason)
     seconds = None if for_ is None else _duration(for_, "--for")
-    until_ts = _parse_time(until) if until is not None else None
+    from dblockrun.timetext import parse_time
+
+    until_ts = parse_time(until) if until is not None else None
     with _open(Access.CREATE if create else Access.WRITE, _jobs_for_db()) as store:
         done = disable_job(store, job, for_seconds=seconds, until=until_ts, reason=reason,
                            create=create, audit=_audit("disable", job, reason=reason,
@@ -505,19 +507,6 @@ def _reason(reason: str | None) -> str | None:
     if reason is not None and len(reason) > MAX_REASON:
         raise UsageError(f"--reason is {len(reason)} characters long (at most {MAX_REASON})")
     return reason
-
-
-def _parse_time(text: str) -> float:
-    from datetime import datetime
-
-    try:
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise UsageError(f"--until: {text!r} is not an ISO 8601 time "
-                         "(e.g. 2026-12-01T06:00:00Z)") from exc
-    if dt.tzinfo is None:
-        dt = dt.astimezone()
-    return dt.timestamp()
 
 
 @cli.command()
@@ -677,6 +666,68 @@ def audit(job: str | None, limit: int, as_json: bool) -> None:
         click.echo(output.audit_json(entries))
     else:
         output.print_audit(entries)
+
+
+@cli.group(invoke_without_command=True)
+@click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="[HOST:]PORT",
+              help="Where to serve (127.0.0.1 only, by default).")
+@click.option("--users", "users_file", metavar="FILE",
+              help="Users (name, role viewer|operator|admin, password hash or API token "
+                   "hash); without it the dashboard is read-only for anyone.")
+@click.option("--cert", metavar="FILE", help="TLS certificate (PEM), with --key.")
+@click.option("--key", metavar="FILE", help="TLS private key (PEM), with --cert.")
+@click.option("--secret-file", metavar="FILE",
+              help="The key that signs session cookies (also DBLOCKRUN_WEB_SECRET; default: "
+                   "a new one each start, so a restart signs everyone out).")
+@click.option("--proxy-headers", is_flag=True,
+              help="Trust X-Forwarded-For/-Proto from a reverse proxy on 127.0.0.1 (off by "
+                   "default); session cookies are then sent over HTTPS only.")
+@global_options()
+@click.pass_context
+@handle_errors
+def web(ctx: click.Context, listen: str, users_file: str | None, cert: str | None,
+        key: str | None, secret_file: str | None, proxy_headers: bool) -> None:
+    """Serve the dashboard and the JSON API (/api/v1) over the database: the
+    fleet, jobs, runs and their output, hosts, the audit trail, and the
+    operator actions for signed-in users. Needs `pip install 'dblockrun[web]'`."""
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        from dblockrun.web.serve import WebOptions, check, serve
+    except ImportError as exc:
+        raise DblockrunError(f"dblockrun web needs its extra: pip install 'dblockrun[web]' "
+                             f"({exc.name} is missing)") from exc
+    from dblockrun.ops.actions import Access
+
+    options = WebOptions(listen=listen, users_file=users_file, cert=cert, key=key,
+                         secret_file=secret_file, proxy_headers=proxy_headers)
+    checked = check(options)  # before the database: a bad file says so at once
+    _setup_logging(logging.DEBUG if _globals().debug else logging.INFO)
+    with _open(Access.WRITE if users_file else Access.READ, _jobs_for_db()) as store:
+        serve(store, checked)
+
+
+@web.command(name="hash-password")
+@click.option("--token", is_flag=True,
+              help="Make a new API token instead: print it, and the token-sha256 line for "
+                   "the users file.")
+@handle_errors
+def web_hash_password(token: bool) -> None:
+    """Read a password (prompted, or from stdin) and print its argon2 hash
+    for the users file's `password:`."""
+    from dblockrun.web.users import hash_password, new_token
+
+    if token:
+        secret, digest = new_token()
+        click.echo(f"token: {secret}\ntoken-sha256: {digest}")
+        return
+    if sys.stdin.isatty():
+        password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    if not password:
+        raise UsageError("an empty password")
+    click.echo(hash_password(password))
 
 
 def _forever() -> float:

@@ -96,6 +96,18 @@ ASKED_FOR = {"apprise": "a job's notify:", "prometheus_client": "--metrics",
              "http.server": "--metrics", "rich": "a table (status, history ...)"}
 
 
+#: The ``web`` extra's libraries: ``dblockrun web`` only, never a daemon.
+WEB_ONLY = {"starlette", "uvicorn", "jinja2", "argon2", "itsdangerous", "multipart",
+            "python_multipart"}
+
+
+def test_only_the_web_command_imports_the_web_package() -> None:
+    importers = {name for name, targets in imports().items()
+                 if any(t.startswith("dblockrun.web") for t in targets)
+                 and not name.startswith("dblockrun.web")}
+    assert importers == {"dblockrun.cli"}
+
+
 def daemon_imports(tmp_path: Path, url: str, prefix: str, jobs: str,
                    *options: str) -> set[str]:
     """Every module a real ``dblockrun daemon`` imported in its life: it
@@ -130,6 +142,8 @@ def test_a_daemon_imports_no_library_no_job_or_option_asks_for(
         f"    ping: 'http://127.0.0.1:{free_port()}/ping'\n")  # pings: urllib, not apprise
     assert "dblockrun.daemon.loop" in imported  # the log is read right
     assert {m for m in imported if m.split(".")[0] in ASKED_FOR or m in ASKED_FOR} == set()
+    assert {m for m in imported if m.split(".")[0] in WEB_ONLY | {"dblockrun.web"}
+            or m.startswith("dblockrun.web")} == set()
 
 
 def test_a_daemon_imports_apprise_and_prometheus_client_when_asked(

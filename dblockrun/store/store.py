@@ -727,6 +727,13 @@ class Store:
                 .where(locks.c.name.not_like(f"{m.SEAT_PREFIX}%")).order_by(locks.c.name))
         return self._run(lambda c: [str(r[0]) for r in c.execute(stmt)])
 
+    def seat_names(self) -> list[str]:
+        """The groups' seat rows' names: ``status`` of some jobs with them
+        (``report(store, names + seats)``) shows the groups' seats too."""
+        locks = self.t.locks
+        stmt = sa.select(locks.c.name).where(locks.c.name.like(f"{m.SEAT_PREFIX}%"))
+        return self._run(lambda c: sorted(str(r[0]) for r in c.execute(stmt)))
+
     def lock_state(self, name: str) -> m.LockState | None:
         locks = self.t.locks
         row = self._run(lambda c: c.execute(sa.select(locks).where(locks.c.name == name)).first())

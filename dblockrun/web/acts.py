@@ -1,0 +1,125 @@
+"""The dashboard's and the API's actions: each one the operator command's
+own function (``dblockrun/ops``, the store), audited with the signed-in user.
+
+Nothing here takes a command or a job definition: an action names a job the
+database knows, or a run, and at most a reason and a duration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dblockrun.errors import UsageError
+from dblockrun.store import Store
+from dblockrun.store.control import Audit
+
+#: Every action, and the least role each needs.
+ROLE_OF = {"run": "operator", "disable": "operator", "enable": "operator",
+           "kill": "operator", "unlock": "admin", "pause": "admin", "resume": "admin"}
+ACTIONS = tuple(ROLE_OF)
+#: Those that act on one job (pause and resume: on the fleet).
+JOB_ACTIONS = ("run", "disable", "enable", "kill", "unlock")
+#: The reason column's size (store/schema.py).
+MAX_REASON = 1000
+
+
+@dataclass(frozen=True)
+class Act:
+    """An action asked for on the dashboard or through the API."""
+
+    action: str
+    job: str | None = None
+    reason: str | None = None
+    #: disable and pause: a duration (``3h``); disable: or an ISO time.
+    for_: str | None = None
+    until: str | None = None
+    #: kill: this run instead of the job's.
+    run_id: int | None = None
+
+
+def who(user: str) -> str:
+    """How the audit trail names a dashboard user (not the server's OS user)."""
+    return f"web:{user}"
+
+
+def perform(store: Store, user: str, act: Act) -> tuple[str, dict[str, Any]]:
+    """Do ``act`` as ``user``: (what was done, in a sentence; the same as JSON).
+    UsageError (bad input, no such job) or DblockrunError (it cannot be done)."""
+    from dblockrun.ops import actions as ops
+    from dblockrun.ops.output import iso, pause_json, run_json
+
+    if act.action not in ACTIONS:
+        raise UsageError(f"no action {act.action!r}")
+    reason = (act.reason or "").strip() or None
+    if reason is not None and len(reason) > MAX_REASON:
+        raise UsageError(f"reason is {len(reason)} characters long (at most {MAX_REASON})")
+    job = act.job
+    if act.action in JOB_ACTIONS and act.action != "kill" and not job:
+        raise UsageError(f"{act.action}: which job?")
+    seconds = _seconds(act.for_)
+    by = who(user)
+
+    def audit(action: str, detail: str | None = None) -> Audit:
+        return Audit(by, action, job, detail, reason)
+
+    if act.action == "run":
+        assert job is not None
+        ops.request_runs(store, job, None, audit("run"))
+        why = ops.not_now(store, job, store.live_hosts())
+        note = f"; {why}" if why else ""
+        return f"{job}: run requested{note}", {"job": job, "requested": True, "note": why}
+    if act.action == "disable":
+        assert job is not None
+        if act.for_ and act.until:
+            raise UsageError("give for or until, not both")
+        from dblockrun.timetext import parse_time
+
+        until = parse_time(act.until, "until") if act.until else None
+        detail = (f"for {act.for_}" if act.for_ else f"until {act.until}" if act.until
+                  else "until enabled")
+        done = ops.disable_job(store, job, for_seconds=seconds, until=until, reason=reason,
+                               audit=audit("disable", detail))
+        return (f"{job} disabled until {iso(done.until)}",
+                {"job": job, "disabled_until": iso(done.until)})
+    if act.action == "enable":
+        assert job is not None
+        cleared = ops.enable_job(store, job, audit("enable"))
+        return (f"{job} enabled" if cleared else f"{job} was not disabled: nothing to do",
+                {"job": job, "enabled": cleared})
+    if act.action == "unlock":
+        assert job is not None
+        token = store.force_unlock(job, audit("unlock"))
+        if token is None:
+            raise ops.no_such_job(store, [job])
+        return f"{job} unlocked (token now {token})", {"job": job, "token": token}
+    if act.action == "kill":
+        from dblockrun.ops.kill import kill
+
+        if (job is None) == (act.run_id is None):
+            raise UsageError("kill: give a job or a run")
+        runs = kill(store, by, job=job, run_id=act.run_id, reason=reason, wait=None)
+        ids = ", ".join(str(r.id) for r in runs)
+        return (f"kill requested for run {ids}; its holder stops it at its next heartbeat",
+                {"killing": [run_json(r) for r in runs]})
+    if act.action == "pause":
+        entry = Audit(by, "pause", None, f"for {act.for_}" if act.for_ else None, reason)
+        paused = store.control.pause(entry, seconds)
+        return "fleet paused: no new run starts", {"paused": pause_json(paused)}
+    was = store.control.resume(Audit(by, "resume", None, None, reason))
+    return ("fleet resumed" if was else "the fleet was not paused",
+            {"resumed": was is not None})
+
+
+def _seconds(text: str | None) -> float | None:
+    from dblockrun.config.durations import parse_option_duration
+
+    if not text:
+        return None
+    try:
+        seconds = parse_option_duration(text)
+    except ValueError as exc:
+        raise UsageError(f"for: {exc}") from exc
+    if seconds <= 0:
+        raise UsageError(f"for: must be longer than 0s (got {text!r})")
+    return seconds

@@ -1,0 +1,303 @@
+"""The dashboard's pages (Jinja2, autoescaped) and its forms: sign-in, and
+each action's confirmation and post."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from dblockrun.errors import DblockrunError, UsageError
+from dblockrun.store.models import HostStatus
+from dblockrun.web.acts import ACTIONS, JOB_ACTIONS, ROLE_OF, Act, perform
+from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user, refusal
+from dblockrun.web.users import check_password
+
+#: Jobs on one page of the Fleet page.
+PAGE = 100
+#: Runs on a job's page (and in its chart).
+HISTORY = 50
+
+_env = Environment(loader=FileSystemLoader(HERE / "templates"),
+                   autoescape=select_autoescape(default=True, default_for_string=True))
+
+
+def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+    cfg = config(request)
+    user = current_user(request)
+    signed_in = cfg.users is not None and user is not None
+    flash = request.session.pop("flash", None) if "session" in request.scope else None
+    html = _env.get_template(template).render(
+        user=user, signed_in=signed_in, read_only=cfg.users is None,
+        csrf=csrf_token(request) if cfg.users is not None else "",
+        can=lambda action: signed_in and user is not None and user.can(ROLE_OF[action]),
+        flash=flash, **ctx)
+    return HTMLResponse(html, status_code=status)
+
+
+def _sign_in_first(request: Request) -> Response | None:
+    if current_user(request) is not None:
+        return None
+    return RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
+
+
+def _status_doc(request: Request, names: list[str]) -> dict[str, Any]:
+    """``status --json``'s document of some jobs (one serializer for the
+    CLI, API and pages)."""
+    from dblockrun.ops.output import status_json
+    from dblockrun.store.status import report
+
+    got = report(config(request).store, names)
+    from dblockrun.config.jobs import EVERY_HOST_SEP
+
+    # A row JOB@HOST is its every-host job's: JOB's definition counts too.
+    wanted = set(names) | {name.split(EVERY_HOST_SEP, 1)[0] for name in names}
+    hosts = [_with_jobs(h, wanted) for h in got.hosts]
+    doc: dict[str, Any] = json.loads(status_json(got.jobs, hosts, got.db_now, None,
+                                                 got.paused, got.groups))
+    return doc
+
+
+def _with_jobs(host: HostStatus, names: set[str]) -> HostStatus:
+    """``host`` with only these jobs' definitions: what the shown jobs'
+    drift and notes need (each live host lists every job of its file: 10,000
+    jobs on 4 hosts are 40,000 entries to sort through for 100 shown)."""
+    from dataclasses import replace
+
+    try:
+        listed = json.loads(host.jobs or "")
+    except ValueError:
+        return host
+    if not isinstance(listed, dict):
+        return host
+    return replace(host, jobs=json.dumps({k: v for k, v in listed.items() if k in names}))
+
+
+def fleet_data(request: Request) -> dict[str, Any]:
+    """One page of jobs (``?page=``, ``?q=`` a part of the name), hosts, pause."""
+    store = config(request).store
+    query = request.query_params.get("q", "").strip()
+    names = store.job_names()
+    if query:
+        names = [n for n in names if query.lower() in n.lower()]
+    pages = max(1, -(-len(names) // PAGE))
+    try:
+        page = min(max(1, int(request.query_params.get("page", "1"))), pages)
+    except ValueError:
+        page = 1
+    shown = names[(page - 1) * PAGE:page * PAGE]
+    # The page's jobs and the groups' seats (no job matches: the seats alone,
+    # and "", a name no row has, so that no name means none, not all).
+    doc = _status_doc(request, [*shown, *store.seat_names()] or [""])
+    return {"doc": doc, "page": page, "pages": pages, "total": len(names), "q": query}
+
+
+def fleet(request: Request) -> Response:
+    return _sign_in_first(request) or render(request, "fleet.html", **fleet_data(request))
+
+
+def fleet_live(request: Request) -> Response:
+    """The live part of the Fleet page, which its script fetches every 2 s."""
+    if current_user(request) is None:
+        return HTMLResponse("sign in", status_code=401)
+    return render(request, "fleet_live.html", **fleet_data(request))
+
+
+def job(request: Request) -> Response:
+    from dblockrun.ops.actions import require_job
+    from dblockrun.web.chart import HEIGHT, WIDTH, bars
+
+    if (login := _sign_in_first(request)) is not None:
+        return login
+    store = config(request).store
+    name = request.path_params["job"]
+    try:
+        require_job(store, name)
+    except UsageError as exc:
+        return render(request, "error.html", status=404, message=exc.message)
+    doc = _status_doc(request, store.with_every_host([name]))
+    runs = store.history(name, HISTORY, output=False)
+    from dblockrun.ops.output import audit_entry_json, run_json
+
+    return render(request, "job.html", name=name, doc=doc,
+                  job=next((j for j in doc["jobs"] if j["name"] == name), None),
+                  runs=[run_json(r) for r in runs], bars=bars(runs), width=WIDTH,
+                  height=HEIGHT,
+                  audit=[audit_entry_json(e) for e in store.control.entries(name, 10)])
+
+
+def run_page(request: Request) -> Response:
+    from dblockrun.ops.output import output_text, run_json
+
+    if (login := _sign_in_first(request)) is not None:
+        return login
+    try:
+        run_id = int(request.path_params["run_id"])
+    except ValueError:
+        run_id = 0
+    found = config(request).store.run(run_id) if run_id > 0 else None
+    if found is None:
+        return render(request, "error.html", status=404,
+                      message=f"no run {request.path_params['run_id']}")
+    return render(request, "run.html", run=run_json(found),
+                  output=output_text(found.output or ""))
+
+
+def hosts(request: Request) -> Response:
+    from dblockrun.ops.output import host_json
+
+    if (login := _sign_in_first(request)) is not None:
+        return login
+    store = config(request).store
+    live = {h.id for h in store.live_hosts()}
+    return render(request, "hosts.html",
+                  hosts=[{**host_json(h), "live": h.id in live} for h in store.hosts()])
+
+
+def audit(request: Request) -> Response:
+    from dblockrun.ops.output import audit_entry_json
+
+    if (login := _sign_in_first(request)) is not None:
+        return login
+    job_name = request.query_params.get("job") or None
+    entries = config(request).store.control.entries(job_name, 200)
+    return render(request, "audit.html", entries=[audit_entry_json(e) for e in entries],
+                  job=job_name)
+
+
+# -- actions ---------------------------------------------------------------------------
+
+
+def _target(params: Any) -> tuple[str | None, int | None]:
+    job_name = params.get("job") or None
+    run_text = params.get("run") or None
+    try:
+        run_id = int(run_text) if run_text else None
+    except ValueError:
+        raise UsageError(f"no run {run_text}") from None
+    return job_name, run_id
+
+
+def confirm(request: Request) -> Response:
+    """The form that asks to confirm an action (GET: changes nothing)."""
+    if (login := _sign_in_first(request)) is not None:
+        return login
+    action = request.path_params["action"]
+    if action not in ACTIONS:
+        return render(request, "error.html", status=404, message=f"no action {action!r}")
+    try:
+        job_name, run_id = _target(request.query_params)
+    except UsageError as exc:
+        return render(request, "error.html", status=404, message=exc.message)
+    return render(request, "confirm.html", action=action, job=job_name, run_id=run_id,
+                  role=ROLE_OF[action])
+
+
+async def act(request: Request) -> Response:
+    """POST /act/ACTION: the action, once the form's CSRF token, the user and
+    the role check; back to where it was asked, with what happened."""
+    from starlette.concurrency import run_in_threadpool
+
+    cfg = config(request)
+    action = request.path_params["action"]
+    form = await request.form()
+    if action not in ACTIONS:
+        return render(request, "error.html", status=404, message=f"no action {action!r}")
+    token = form.get("csrf")
+    refused = refusal(request, ROLE_OF[action], token if isinstance(token, str) else None)
+    if refused is not None and refused[0] == 401:
+        return RedirectResponse("/login", status_code=303)
+    if refused is not None:
+        return render(request, "error.html", status=refused[0], message=refused[1])
+    user = current_user(request)
+    assert user is not None
+
+    def field(name: str) -> str | None:
+        value = form.get(name)
+        return value if isinstance(value, str) and value.strip() else None
+
+    try:
+        job_name, run_id = _target(form)
+    except UsageError as exc:
+        return render(request, "error.html", status=404, message=exc.message)
+    try:
+        said, _doc = await run_in_threadpool(
+            perform, cfg.store, user.name,
+            Act(action, job_name, field("reason"), field("for"), field("until"), run_id))
+        cfg.status.forget()
+        request.session["flash"] = {"ok": True, "text": said}
+    except DblockrunError as exc:
+        request.session["flash"] = {"ok": False, "text": exc.message}
+    back = f"/jobs/{quote(job_name, safe='')}" if job_name and action in JOB_ACTIONS else (
+        f"/runs/{run_id}" if run_id else "/")
+    return RedirectResponse(back, status_code=303)
+
+
+# -- sign-in ---------------------------------------------------------------------------
+
+
+def _next(value: Any) -> str:
+    """Where to go after signing in: a path of this site only."""
+    if isinstance(value, str) and value.startswith("/") and not value.startswith("//") \
+            and "\\" not in value:
+        return value
+    return "/"
+
+
+async def login(request: Request) -> Response:
+    cfg = config(request)
+    if cfg.users is None:
+        return render(request, "error.html", status=404,
+                      message="no users are configured: the dashboard is read-only for anyone")
+    if request.method == "GET":
+        return render(request, "login.html", next=_next(request.query_params.get("next")))
+    form = await request.form()
+    name, password = str(form.get("name") or ""), str(form.get("password") or "")
+    token = form.get("csrf")
+    if not csrf_ok(request, token if isinstance(token, str) else None):
+        return render(request, "login.html", status=403, next="/",
+                      message="the form's CSRF token is missing or wrong: try again")
+    client = request.client.host if request.client else "-"
+    if cfg.logins.blocked(client, name):
+        return render(request, "login.html", status=429, next=_next(form.get("next")),
+                      message="too many failed sign-ins: wait a minute")
+    from starlette.concurrency import run_in_threadpool
+
+    user = cfg.users.get(name)
+    ok = await run_in_threadpool(check_password, user, password)
+    if not ok or user is None:
+        cfg.logins.failed(client, name)
+        return render(request, "login.html", status=401, next=_next(form.get("next")),
+                      message="wrong name or password")
+    request.session.clear()  # a new session: no fixation
+    request.session["user"] = user.name
+    csrf_token(request)
+    return RedirectResponse(_next(form.get("next")), status_code=303)
+
+
+async def logout(request: Request) -> Response:
+    form = await request.form()
+    token = form.get("csrf")
+    if csrf_ok(request, token if isinstance(token, str) else None):
+        request.session.clear()
+    return RedirectResponse("/login", status_code=303)
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/", fleet),
+        Route("/fleet/live", fleet_live),
+        Route("/jobs/{job}", job),
+        Route("/runs/{run_id}", run_page),
+        Route("/hosts", hosts),
+        Route("/audit", audit),
+        Route("/confirm/{action}", confirm),
+        Route("/act/{action}", act, methods=["POST"]),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+    ]

@@ -1,0 +1,241 @@
+"""The dashboard in a real browser (issue 22 item 6): Debian's chromium,
+driven by Playwright, over a real ``dblockrun web`` and two real daemons on
+PostgreSQL. One browser, one server and one fleet for the whole module.
+
+The screenshots in the README (docs/images/) are taken here."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import ServerDatabases, new_prefix, strict
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, free_port, http_get, wait_for
+from webtools import PASSWORD, users_file
+
+from dblockrun.store import Store
+from dblockrun.store import models as m
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = Path("/usr/bin/chromium")
+IMAGES = REPO / "docs" / "images"
+#: How long the page's script takes to show a change: it polls every 2 s.
+SHOWN = 20.0
+
+JOBS = """\
+jobs:
+  tick:
+    rate: 3s
+    command: 'sleep 0.5; echo tick'
+  once:
+    cron: '0 0 1 1 *'
+    command: 'echo ran >> {dir}/once.log'
+  long:
+    cron: '0 0 1 1 *'
+    command: 'echo started; exec sleep 300'
+  evil:
+    cron: '0 0 1 1 *'
+    command: >-
+      printf '<script>window.pwned=1</script><img src=x onerror="window.pwned=1">'
+      && printf '\\033]0;owned\\007\\033[2J\\033[31mred\\377 end\\n'
+"""
+
+
+@dataclass(frozen=True)
+class Fleet:
+    db: TestDb
+    store: Store
+    url: str
+    dir: Path
+
+
+def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=clean_env(),
+                                cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory,
+          server_databases: ServerDatabases) -> Iterator[Fleet]:
+    if not CHROMIUM.exists():
+        why = "no /usr/bin/chromium (apt-get install chromium; scripts/test does)"
+        if strict():
+            pytest.fail(f"{why} (CI/DBLOCKRUN_TEST_STRICT: not skipping)", pytrace=False)
+        pytest.skip(why)
+    work = tmp_path_factory.mktemp("web")
+    db = TestDb("postgresql", server_databases.url("postgresql"), new_prefix())
+    jobs = work / "jobs.yaml"
+    jobs.write_text(JOBS.format(dir=work))
+    base = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix]
+    procs = [_start([*base, "daemon", str(jobs), "--heartbeat", "1s", "--lease", "3s",
+                     "--label", f"hostname=host{i}"], work / f"daemon{i}.log") for i in (1, 2)]
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.job_names()) == 4 and len(store.live_hosts()) == 2, 60,
+                 what="two live daemons with the jobs")
+        port = free_port()
+        procs.append(_start([*base, "web", "--listen", f"127.0.0.1:{port}", "--users",
+                             str(users_file(work / "users.yaml"))], work / "web.log"))
+        wait_for(lambda: http_get(port, "/login")[0] == 200, 60, what="dblockrun web")
+        yield Fleet(db, store, f"http://127.0.0.1:{port}", work)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+def page_as(browser: object, fleet: Fleet, user: str | None):  # type: ignore[no-untyped-def]
+    """A new page in a browser context of its own (its own cookies), signed in as ``user``."""
+    context = browser.new_context(viewport={"width": 1100, "height": 650})  # type: ignore[attr-defined]
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    if user is not None:
+        page.goto(f"{fleet.url}/login")
+        page.fill("input[name=name]", user)
+        page.fill("input[name=password]", PASSWORD)
+        page.click("#sign-in")
+        page.wait_for_selector("#user")
+    return page
+
+
+def run_of(store: Store, job: str) -> m.RunRecord | None:
+    runs = store.history(job, 5, output=False)
+    return runs[0] if runs else None
+
+
+def test_the_fleet_page_shows_the_daemons_jobs_and_updates_when_a_run_ends(
+        browser: object, fleet: Fleet) -> None:
+    page = page_as(browser, fleet, "vera")
+    page.goto(fleet.url + "/")
+    for job in ("tick", "once", "long", "evil"):
+        page.wait_for_selector(f"tr[data-job={job}]")
+    assert page.locator("#hosts tbody tr").count() == 2
+    cell = page.locator("tr[data-job=tick] td.last")
+    first = wait_for(lambda: (text := cell.inner_text()) != "-" and text, SHOWN,
+                     what="tick's last run on the page")
+    # No reload: the page's script brings the next run's end.
+    changed = wait_for(lambda: (text := cell.inner_text()) != first and text, SHOWN,
+                       what="the next run of tick on the page")
+    assert changed.startswith("ok")
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(IMAGES / "web-fleet.png"))
+    page.context.close()
+
+
+def test_actions_need_sign_in_and_the_operator_role(browser: object, fleet: Fleet) -> None:
+    anonymous = page_as(browser, fleet, None)
+    anonymous.goto(f"{fleet.url}/confirm/run?job=once")
+    assert "/login" in anonymous.url
+    anonymous.context.close()
+
+    viewer = page_as(browser, fleet, "vera")
+    viewer.goto(f"{fleet.url}/jobs/once")
+    assert viewer.locator("#act-run").count() == 0
+    viewer.goto(f"{fleet.url}/confirm/run?job=once")
+    assert "needs the operator role" in viewer.inner_text("#denied")
+    # The form posted anyway, with the viewer's own CSRF token: refused.
+    status = viewer.evaluate(
+        """async () => {
+            const csrf = document.querySelector('input[name=csrf]').value;
+            const r = await fetch('/act/run', {method: 'POST', body: new URLSearchParams(
+                {csrf, job: 'once'})});
+            return r.status;
+        }""")
+    assert status == 403
+    viewer.context.close()
+    assert [e for e in fleet.store.control.entries() if e.action == "run"] == []
+
+
+def test_a_form_without_its_csrf_token_is_refused(browser: object, fleet: Fleet) -> None:
+    page = page_as(browser, fleet, "olga")
+    page.goto(f"{fleet.url}/confirm/disable?job=once")
+    page.evaluate("document.querySelector('#confirm-form input[name=csrf]').remove()")
+    page.fill("input[name=reason]", "no token")
+    page.click("#confirm")
+    assert "CSRF token is missing or wrong" in page.inner_text("#error")
+    state = fleet.store.lock_state("once")
+    assert state is not None and state.disabled_until is None
+    page.context.close()
+
+
+def test_a_run_started_from_the_page_runs_once(browser: object, fleet: Fleet) -> None:
+    page = page_as(browser, fleet, "olga")
+    page.goto(f"{fleet.url}/jobs/once")
+    page.click("#act-run")
+    page.fill("input[name=reason]", "from the browser")
+    page.click("#confirm")
+    assert "run requested" in page.inner_text("#flash")
+    ended = wait_for(lambda: (r := run_of(fleet.store, "once")) and r.result != m.RUNNING and r,
+                     60, what="the requested run's end")
+    assert ended.result == m.OK
+    assert [r.id for r in fleet.store.history("once", 10)] == [ended.id]
+    assert (fleet.dir / "once.log").read_text() == "ran\n"
+    state = fleet.store.lock_state("once")
+    assert state is not None and state.run_requested is None  # claimed: no second run
+    (entry,) = [e for e in fleet.store.control.entries("once") if e.action == "run"]
+    assert (entry.who, entry.reason) == ("web:olga", "from the browser")
+    page.goto(f"{fleet.url}/jobs/once")
+    page.wait_for_selector("#chart rect.r-ok")  # the run in the chart
+    page.context.close()
+
+
+def test_kill_from_the_page_ends_a_running_run(browser: object, fleet: Fleet) -> None:
+    page = page_as(browser, fleet, "olga")
+    page.goto(f"{fleet.url}/confirm/run?job=long")
+    page.click("#confirm")
+    run = wait_for(lambda: (r := run_of(fleet.store, "long")) and r.result == m.RUNNING and r,
+                   60, what="long's run")
+    page.goto(f"{fleet.url}/runs/{run.id}")
+    assert page.inner_text("#result") == "running"
+    page.click("#act-kill")
+    page.fill("input[name=reason]", "stuck")
+    page.click("#confirm")
+    # The run page follows the run to its end without a reload.
+    # (Polled from here: the page's CSP forbids the eval of wait_for_function.)
+    wait_for(lambda: page.inner_text("#result") == "killed", SHOWN, what="killed on the page")
+    assert "started" in page.inner_text("#output")
+    ended = fleet.store.run(run.id)
+    assert ended is not None and ended.result == m.KILLED
+    assert "web:olga" in (ended.output or "")
+    page.context.close()
+
+
+def test_a_hostile_output_is_inert(browser: object, fleet: Fleet) -> None:
+    page = page_as(browser, fleet, "olga")
+    page.goto(f"{fleet.url}/confirm/run?job=evil")
+    page.click("#confirm")
+    ended = wait_for(lambda: (r := run_of(fleet.store, "evil")) and r.result != m.RUNNING and r,
+                     60, what="evil's run")
+    page.goto(f"{fleet.url}/runs/{ended.id}")
+    text = page.inner_text("#output")
+    assert "<script>window.pwned=1</script>" in text  # shown as text
+    assert "\\x1b]0;owned\\x07" in text and "\x1b" not in text
+    assert page.evaluate("window.pwned === undefined")
+    assert page.locator("main script, main img").count() == 0
+    assert page.title().startswith("run ")
+    page.screenshot(path=str(IMAGES / "web-run.png"))
+    # The README's job page: tick has run every 3 s since the module began.
+    page.goto(f"{fleet.url}/jobs/tick")
+    page.wait_for_selector("#chart rect.r-ok")
+    page.screenshot(path=str(IMAGES / "web-job.png"))
+    page.context.close()
