@@ -684,8 +684,8 @@ class LockEngine:
                     within: float, labels: str | None = None,
                     targets: str | None = None, heartbeat: float | None = None,
                     audit_after: int = 0) -> BooksRound:
-        """PostgreSQL (``q.one_round``): a daemon's bookkeeping round, one
-        statement when no run died (then one more per dead run)."""
+        """A daemon's bookkeeping round (``q.books_in_one_trip``): one round
+        trip when no run died (then one more per dead run)."""
         params = {"id": host_id, "hostname": hostname, "pid": pid, "version": version,
                   "offset": clock_offset, "running": running, "jobs": jobs, "within": within,
                   "labels": labels, "targets": targets, "heartbeat": heartbeat,
@@ -693,8 +693,14 @@ class LockEngine:
 
         def go(cur: Any) -> BooksRound:
             wall0, mono0 = time.time(), time.monotonic()
-            db, live, differing, requested, dead, told = self.x.send(
-                cur, self.q.books_round, params).fetchone()
+            if self.q.one_round:
+                db, live, differing, requested, dead, told = self.x.send(
+                    cur, self.q.books_round, params).fetchone()
+            else:  # MySQL: one result a statement
+                db, live = self.x.send(cur, self.q.books_round, params).fetchone()
+                differing, requested, dead, told = (_next_rows(cur) for _ in range(4))
+                cur.nextset()  # the host row's write
+                requested = [row[0] for row in requested]
             wall1, mono1 = time.time(), time.monotonic()
             db = float(db)
             sample = ClockSample(db_now=db, offset=db - (wall0 + wall1) / 2,
@@ -726,3 +732,9 @@ class LockEngine:
 
     def db_now(self) -> float:
         return self.x.run(lambda cur: float(self.x.send(cur, self.q.clock).fetchone()[0]))
+
+
+def _next_rows(cur: Any) -> list[Any]:
+    """The rows of the next statement's result (MySQL, a query of several)."""
+    cur.nextset()
+    return list(cur.fetchall())

@@ -60,6 +60,10 @@ class Dialect:
         options: dict[str, Any] = {"connect_args": connect_options(self.name, pooler)}
         if self.name == "mysql":
             options["pool_recycle"] = 3600
+            # PyMySQL sends ROLLBACK for each connection.rollback(), autocommit
+            # or not: SQLAlchemy's at the end of each Core statement doubled
+            # an idle daemon's statements (bench/idle.py).
+            options["skip_autocommit_rollback"] = True
         return options
 
     def insert_ignore(self, table: sa.Table) -> Any:
@@ -659,10 +663,10 @@ class Store:
         record dead runs lost, read the other live hosts and the run-now
         requests, and the operator actions daemons log audited after
         ``audit_after``. PostgreSQL: one statement (store/queries.py
-        ``books_round``); MySQL and SQLite: five, and no requests (their
-        daemons poll for them)."""
+        ``books_round``); MySQL: one round trip of statements; SQLite:
+        five, and no requests (its daemons poll for them)."""
         engine = self.lock_engine()
-        if engine.q.one_round:
+        if engine.q.books_in_one_trip:
             return engine.books_round(host_id, hostname=hostname, pid=pid, version=version,
                                       clock_offset=clock_offset, running=running, jobs=jobs,
                                       within=within, labels=labels, targets=targets,
