@@ -89,6 +89,7 @@ class Queries:
     books_in_one_trip = True
 
     def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
         self.locks, self.runs, self.items, self.meta, self.hosts = (
             self.quote(f"{prefix}{table}")
             for table in ("locks", "runs", "items", "meta", "hosts"))
@@ -663,6 +664,34 @@ class MysqlQueries(Queries):
 
     def returning(self, columns: str) -> str:
         return ""
+
+    # -- the request doorbell (dblockrun/daemon/doorbell.py) ----------------------------
+
+    @cached_property
+    def wait_mark(self) -> str:
+        """What marks a daemon's request wait in the process list: a
+        comment with the table prefix (letters, digits and ``_``)."""
+        return f"/* dblockrun requests {self.prefix} */"
+
+    @cached_property
+    def request_wait(self) -> str:
+        """A daemon's wait for run-now and kill requests: ended early by
+        ``KILL QUERY`` from ``run`` and ``kill`` (:attr:`waiting`)."""
+        return f"SELECT SLEEP({self.p('seconds')}) {self.wait_mark}"
+
+    @cached_property
+    def waiting(self) -> str:
+        """The connections waiting in :attr:`request_wait` in this database
+        on this server that this user may see (all with the PROCESS privilege, else its
+        own). The pattern, a parameter, ends with the mark, so this
+        statement does not match itself."""
+        return ("SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' "
+                "AND DB = DATABASE() AND ID <> CONNECTION_ID() "
+                f"AND INFO LIKE {self.p('mark')}")
+
+    @cached_property
+    def wake(self) -> str:
+        return f"KILL QUERY {self.p('id')}"
 
     @cached_property
     def books_round(self) -> str:

@@ -6,6 +6,7 @@ the database clock (:meth:`Dialect.now`).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -38,6 +39,7 @@ from dblockrun.store.queries import NOW
 from dblockrun.store.schema import SCHEMA_VERSION, Name, Tables, build_tables
 
 T = TypeVar("T")
+log = logging.getLogger("dblockrun")
 
 #: ``disable`` with no duration: until 9999-12-31.
 FOREVER = 253402300799.0
@@ -585,6 +587,22 @@ class Store:
         self.lock_engine().request_run(name)
         if audit is not None:  # the request is the lock engine's statement: then its record
             self._run(lambda c: self.control.record(c, audit))
+        self.ring()
+
+    def ring(self) -> None:
+        """MySQL/MariaDB: wake the daemons waiting for requests
+        (dblockrun/daemon/doorbell.py), a run-now or kill request being
+        filed. Best effort: a daemon not woken (another user's without the
+        privilege, on another Galera node, or the database failing now)
+        reads the request with its next bookkeeping round."""
+        if self.dialect.name != "mysql":
+            return
+        try:
+            woken = self.lock_engine().ring()
+            log.debug("woke %d daemons' request waits", woken)
+        except DatabaseError as exc:
+            log.debug("could not wake the daemons' request waits (%s): they read the "
+                      "request with their next bookkeeping round", exc)
 
     def cancel_request(self, name: str, audit: Audit | None = None) -> bool | None:
         """Withdraw the run-now request of ``name`` (an every-host job: of
