@@ -6,11 +6,13 @@ holder blocked), definition drift between hosts, and how many hosts are live
 It runs in its own thread, one round every :data:`ROUND_EVERY` heartbeats,
 apart from the lease renewals (:class:`~dblockrun.running.heartbeat.Renewer`): a
 slow sweep or host read never delays a renewal. On PostgreSQL an idle round
-is one statement (:meth:`Store.books_round`), so an idle daemon sends 5 a
-minute at the default heartbeat; it also hands the round's run-now requests
-to the daemon, which hears them at once through LISTEN
-(:mod:`dblockrun.daemon.listen`) unless that connection is down or there
-is none (through a transaction pooler). After each round the pool's idle
+is one statement (:meth:`Store.books_round`; on MySQL one round trip of
+statements), so an idle daemon sends 5 a minute at the default heartbeat;
+it also hands the round's run-now requests to the daemon, which hears them
+at once through LISTEN (:mod:`dblockrun.daemon.listen`) or a woken wait on
+MySQL (:mod:`dblockrun.daemon.doorbell`) unless that connection is down,
+there is none (through a transaction pooler), or the requester could not
+wake it. After each round the pool's idle
 connections beyond one are closed (:meth:`Store.trim_pool`).
 """
 
