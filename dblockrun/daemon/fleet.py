@@ -148,18 +148,27 @@ class FleetBooks:
         rounds = 0
         while not self._worker.wait(delay):
             try:
-                self.round()
-                self.store.trim_pool()
-                if rounds + 1 == SETTLE_ROUNDS and self._settled is not None:
-                    self._settled()  # (a database error: again after the next round)
-                rounds += 1
-                if rounds % HELD_EVERY == 0:
-                    self.held_slots()
+                rounds = self.step(rounds)
                 self.outage.ok()
                 delay = self.interval
             except DatabaseError as exc:
                 delay = min(self.interval, self.outage.failed("bookkeeping", exc))
             self._worker.ok()
+
+    def step(self, rounds: int) -> int:
+        """What the loop does each :attr:`interval`, after ``rounds`` rounds
+        done: a round, the pool's trim, the run-on check after
+        :data:`SETTLE_ROUNDS`, the held slots every :data:`HELD_EVERY`; the
+        rounds done then (bench/idle_hosts.py drives many hosts' steps).
+        Raises :class:`~dblockrun.errors.DatabaseError`."""
+        self.round()
+        self.store.trim_pool()
+        if rounds + 1 == SETTLE_ROUNDS and self._settled is not None:
+            self._settled()  # (a database error: again after the next round)
+        rounds += 1
+        if rounds % HELD_EVERY == 0:
+            self.held_slots()
+        return rounds
 
     def round(self) -> None:
         """One round: host row, clock sample, lost runs, live hosts, drift,
