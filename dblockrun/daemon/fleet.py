@@ -51,8 +51,14 @@ log = logging.getLogger("dblockrun")
 #: host that is starting too will run.
 SETTLE_ROUNDS = 2
 #: Every this many rounds, the slots a lock held with no run kept from
-#: everyone are recorded (:meth:`FleetBooks.held_slots`).
+#: everyone are recorded (:meth:`FleetBooks.held_slots`) ...
 HELD_EVERY = 5
+#: ... by each of up to this many live hosts; in a bigger fleet each host
+#: looks less often, so that the fleet as a whole looks about this many
+#: times every :data:`HELD_EVERY` rounds (the question is the fleet's, not
+#: the host's): 1,000 idle hosts would otherwise send 1,000 statements a
+#: minute for it (bench/idle_hosts.py).
+HELD_HOSTS = 10
 
 
 #: The most slots of one held gap looked at one by one (a summary covers more).
@@ -119,6 +125,8 @@ class FleetBooks:
         self._settled = settled
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
+        #: Rounds since the held slots were last looked at.
+        self._since_held = 0
         self._drift_seen: set[tuple[str, str]] = set()
         #: The newest audit entry read (None: not yet; from the start-up
         #: round on, the operator actions :meth:`_tell` logs).
@@ -158,7 +166,8 @@ class FleetBooks:
     def step(self, rounds: int) -> int:
         """What the loop does each :attr:`interval`, after ``rounds`` rounds
         done: a round, the pool's trim, the run-on check after
-        :data:`SETTLE_ROUNDS`, the held slots every :data:`HELD_EVERY`; the
+        :data:`SETTLE_ROUNDS`, the held slots every :data:`HELD_EVERY` (more
+        in a fleet of more than :data:`HELD_HOSTS` live hosts); the
         rounds done then (bench/idle_hosts.py drives many hosts' steps).
         Raises :class:`~dblockrun.errors.DatabaseError`."""
         self.round()
@@ -166,7 +175,9 @@ class FleetBooks:
         if rounds + 1 == SETTLE_ROUNDS and self._settled is not None:
             self._settled()  # (a database error: again after the next round)
         rounds += 1
-        if rounds % HELD_EVERY == 0:
+        self._since_held += 1
+        if self._since_held >= HELD_EVERY * -(-self.live_hosts // HELD_HOSTS):
+            self._since_held = 0
             self.held_slots()
         return rounds
 
