@@ -10,9 +10,13 @@ slots every fifth round, through the daemon's :class:`SlotBook`) with a
 host id of its own, whose :meth:`FleetBooks.step` (what the daemon's
 bookkeeping thread does each round) comes on the daemon's timer: every 1.2
 heartbeats (the default heartbeat, 10 s). Not a thread per host (1,000
-Python threads on 2 cores starve each other and the pool): one timer
-hands each due step to one of ``--workers`` threads, and the steps'
-lateness is reported, so a simulator that fell behind shows it. The hosts
+Python threads on 2 cores starve each other and the pool): ``--procs``
+processes each take a share of the hosts, and in each one timer hands
+each due step to one of ``--workers`` threads. The steps' lateness is
+reported, so a simulator that fell behind shows it, and so are the
+statements the simulator sent (counted in the client: the executor's
+round trips and SQLAlchemy's cursor executions) beside the database's
+count, which also holds autovacuum's and the probes' own. The hosts
 start spread over one round's interval, as a fleet's daemons start at
 different moments. An idle daemon renews no lease, so its
 :class:`~dblockrun.running.heartbeat.Renewer` sends nothing and is left
@@ -38,10 +42,13 @@ from __future__ import annotations
 import argparse
 import heapq
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import sqlalchemy as sa
 from common import Table, percentile
 from fleet import code_version, fresh_database, load
 from fleet_scale import backend_cpu, pooler, transactions
@@ -55,6 +62,7 @@ from dblockrun.running.heartbeat import DbClock
 from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store.outage import Outage
+from dblockrun.store.status import ROUND_EVERY
 
 HEARTBEAT = 10.0
 GOAL_PER_S = 100.0
@@ -76,61 +84,100 @@ def jobs_file(folder: Path, jobs: int) -> Path:
     return path
 
 
-def measure(hosts: int, jobs: int, seconds: float, mode: str | None,
-            workers: int) -> list[str]:
+@dataclass
+class Slice:
+    """What one simulator process did: its steps' lateness inside the
+    window, the steps that failed, and the statements it sent in the window
+    (the executor's round trips and SQLAlchemy's cursor executions)."""
+
+    late: list[float] = field(default_factory=list)
+    failed: int = 0
+    sent: int = 0
+
+
+def run_slice(url: str, jobs_path: str, hosts: range, total: int, began: float,
+              window: tuple[float, float], workers: int) -> Slice:
+    """Drive the steps of ``hosts`` (of ``total``, started from wall time
+    ``began``) until the window's end."""
+    jobs_of = load_jobs(jobs_path)
+    store = SharedStore(url)
+    out = Slice()
+    sent = [0]
+
+    def core(*_: object) -> None:
+        if window[0] <= time.time() < window[1]:
+            sent[0] += 1
+
+    sa.event.listen(store.engine, "before_cursor_execute", core)
+    events = Events()
+    books = {i: FleetBooks(store, f"sim-{i}:{i}:bench", HEARTBEAT, DbClock(), Outage(),
+                           Metrics(), lambda: jobs_of, lambda: 0, None,
+                           book=SlotBook(store, f"sim-{i}:{i}:bench", events))
+             for i in hosts}
+    interval = ROUND_EVERY * HEARTBEAT
+    due = [(began + interval * (1 + i / total), i, 0) for i in hosts]
+    heapq.heapify(due)
+    lock = threading.Lock()
+
+    def step(i: int, rounds: int, at: float) -> None:
+        lag = time.time() - at
+        before = store.x.statements
+        try:
+            books[i].step(rounds)
+        except DatabaseError:
+            with lock:
+                out.failed += 1
+        if window[0] <= at < window[1]:
+            with lock:
+                out.late.append(lag)
+                out.sent += store.x.statements - before
+
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            while due:
+                at, i, rounds = heapq.heappop(due)
+                if at >= window[1]:
+                    break
+                time.sleep(max(0.0, at - time.time()))
+                pool.submit(step, i, rounds, at)
+                heapq.heappush(due, (at + interval, i, rounds + 1))
+    finally:
+        store.close()
+    out.sent += sent[0]
+    return out
+
+
+def measure(hosts: int, jobs: int, seconds: float, mode: str | None, workers: int,
+            procs: int) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="dblockrun-idlehosts-") as tmp, \
             fresh_database("postgresql", tmp) as db, pooler(mode, db) as (url, _):
-        jobs_of = load_jobs(str(jobs_file(Path(tmp), jobs)))
-        store = SharedStore(url)
+        path = str(jobs_file(Path(tmp), jobs))
+        store = Store(url)
         try:
-            store.ensure_jobs(j.name for j in jobs_of.jobs)
-            events = Events()
-            books = [FleetBooks(store, f"sim-{i}:{i}:bench", HEARTBEAT, DbClock(), Outage(),
-                                Metrics(), lambda: jobs_of, lambda: 0, None,
-                                book=SlotBook(store, f"sim-{i}:{i}:bench", events))
-                     for i in range(hosts)]
-            interval = 1.2 * HEARTBEAT
-            began = time.monotonic()
+            store.ensure_jobs(j.name for j in load_jobs(path).jobs)
+            interval = ROUND_EVERY * HEARTBEAT
+            began = time.time() + 3.0  # the processes' imports first
             # Every host has made its first round (its start-up reads too) by then.
             window = (began + 2 * interval, began + 2 * interval + seconds)
-            due = [(began + interval * (1 + i / hosts), i, 0) for i in range(hosts)]
-            heapq.heapify(due)
-            late: list[float] = []
-            failed = 0
-            marks: dict[str, tuple[int, dict[int, float], float]] = {}
-
-            def step(i: int, rounds: int, at: float) -> None:
-                nonlocal failed
-                lag = time.monotonic() - at
-                try:
-                    books[i].step(rounds)
-                except DatabaseError:
-                    failed += 1
-                if window[0] <= at < window[1]:
-                    late.append(lag)
-
-            with ThreadPoolExecutor(workers) as pool:
-                while due:
-                    at, i, rounds = heapq.heappop(due)
-                    for name, edge in (("start", window[0]), ("end", window[1])):
-                        if name not in marks and at >= edge:
-                            time.sleep(max(0.0, edge - time.monotonic()))
-                            marks[name] = (transactions(db), backend_cpu(db), time.monotonic())
-                    if "end" in marks:
-                        break
-                    time.sleep(max(0.0, at - time.monotonic()))
-                    pool.submit(step, i, rounds, at)
-                    heapq.heappush(due, (at + interval, i, rounds + 1))
+            with ProcessPoolExecutor(procs) as pool:
+                slices = [pool.submit(run_slice, url, path, range(k, hosts, procs), hosts,
+                                      began, window, workers) for k in range(procs)]
+                time.sleep(max(0.0, window[0] - time.time()))
+                q0, cpu0, t0 = transactions(db), backend_cpu(db), time.monotonic()
+                time.sleep(max(0.0, window[1] - time.time()))
+                q1, cpu1, t1 = transactions(db), backend_cpu(db), time.monotonic()
+                done = [f.result() for f in slices]
             live = len(store.hosts(seen_within=3 * HEARTBEAT))
         finally:
             store.close()
-    (q0, cpu0, t0), (q1, cpu1, t1) = marks["start"], marks["end"]
     per_s = (q1 - q0) / (t1 - t0)
     db_cpu = sum(c - cpu0.get(pid, 0.0) for pid, c in cpu1.items()) / (t1 - t0) * 60
-    late.sort()
-    return [str(hosts), str(jobs), str(live), f"{per_s:.1f}", f"{per_s * 60 / hosts:.2f}",
-            f"{db_cpu:.2f}", f"{percentile(late, 0.99) * 1000:.0f}",
-            f"{late[-1] * 1000:.0f}" if late else "-", str(failed),
+    late = sorted(x for d in done for x in d.late)
+    sent = sum(d.sent for d in done) / seconds
+    return [str(hosts), str(jobs), str(live), f"{per_s:.1f}", f"{sent:.1f}",
+            f"{sent * 60 / hosts:.2f}", f"{db_cpu:.2f}",
+            f"{percentile(late, 0.99) * 1000:.0f}" if late else "-",
+            f"{late[-1] * 1000:.0f}" if late else "-", str(sum(d.failed for d in done)),
             "yes" if per_s < GOAL_PER_S else "NO"]
 
 
@@ -140,12 +187,14 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--pooler", choices=("transaction", "session"))
-    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=8, help="threads per process")
+    ap.add_argument("--procs", type=int, default=4, help="simulator processes")
     args = ap.parse_args()
-    table = Table(["hosts", "jobs", "live", "stmts/s", "per host/min", "DB CPU s/min",
-                   "p99 late ms", "max late ms", "failed", "< 100/s"])
+    table = Table(["hosts", "jobs", "live", "DB stmts/s", "sent/s", "sent/host/min",
+                   "DB CPU s/min", "p99 late ms", "max late ms", "failed", "< 100/s"])
     for n in (int(x) for x in args.hosts.split(",")):
-        row = measure(n, args.jobs, args.seconds, args.pooler, args.workers)
+        row = measure(n, args.jobs, args.seconds, args.pooler, args.workers,
+                      min(args.procs, n))
         table.add(row)
         print(" ".join(row), flush=True)
     via = f"through PgBouncer ({args.pooler})" if args.pooler else "direct"
