@@ -16,9 +16,10 @@ each due step to one of ``--workers`` threads. The steps' lateness is
 reported, so a simulator that fell behind shows it, and so are the
 statements the simulator sent (counted in the client: the executor's
 round trips and SQLAlchemy's cursor executions) beside the database's
-count, which also holds autovacuum's and the probes' own. The hosts
-start spread over one round's interval, as a fleet's daemons start at
-different moments. An idle daemon renews no lease, so its
+count, which also holds autovacuum's and the probes' own. Each host
+makes its first round (and the reads of its start-up) before the timer
+starts; then the hosts' rounds are spread over the interval, as a fleet's
+daemons start at different moments. An idle daemon renews no lease, so its
 :class:`~dblockrun.running.heartbeat.Renewer` sends nothing and is left
 out; nothing is due (the jobs are yearly), so nothing is claimed.
 
@@ -115,7 +116,11 @@ def run_slice(url: str, jobs_path: str, hosts: range, total: int, began: float,
                            book=SlotBook(store, f"sim-{i}:{i}:bench", events))
              for i in hosts}
     interval = ROUND_EVERY * HEARTBEAT
-    due = [(began + interval * (1 + i / total), i, 0) for i in hosts]
+    # Each host's first round (with its start-up reads) before the timer
+    # starts, so that no start-up is inside the window however slow.
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda i: books[i].step(0), hosts))
+    due = [(began + interval * i / total, i, 1) for i in hosts]
     heapq.heapify(due)
     lock = threading.Lock()
 
@@ -159,9 +164,9 @@ def measure(hosts: int, jobs: int, seconds: float, mode: str | None, workers: in
         try:
             store.ensure_jobs(j.name for j in load_jobs(path).jobs)
             interval = ROUND_EVERY * HEARTBEAT
-            began = time.time() + 3.0  # the processes' imports first
-            # Every host has made its first round (its start-up reads too) by then.
-            window = (began + 2 * interval, began + 2 * interval + seconds)
+            # The processes' imports and the hosts' first rounds first.
+            began = time.time() + 10.0 + hosts * 0.03
+            window = (began + interval, began + interval + seconds)
             with ProcessPoolExecutor(procs) as pool:
                 slices = [pool.submit(run_slice, url, path, range(k, hosts, procs), hosts,
                                       began, window, workers) for k in range(procs)]
