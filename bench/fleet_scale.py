@@ -172,9 +172,12 @@ def measure(hosts: int, jobs: int, seconds: float, settle: float, mode: str | No
             connections = 0
             while time.monotonic() < t0 + seconds:
                 time.sleep(min(5.0, max(0.0, t0 + seconds - time.monotonic())))
-                connections = max(connections, query(
-                    db, "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                        "AND pid <> pg_backend_pid()", db.name))
+                try:
+                    connections = max(connections, query(
+                        db, "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                            "AND pid <> pg_backend_pid()", db.name))
+                except psycopg.OperationalError as exc:  # the server full: say so, go on
+                    print(f"{hosts}x{jobs}: no connection sample: {exc}", flush=True)
             cpu1, db1, q1 = fleet.cpu(), backend_cpu(db), transactions(db)
             t1, w1 = time.monotonic(), time.time()
             rss = sum(rss_mb(p.pid) for p in fleet.procs) / hosts
