@@ -15,7 +15,9 @@ service's parent) the moment it starts. Reported:
 * **idle CPU**: seconds per hour and as a share of one core, ``--seconds``
   measured after ``--settle``;
 * **statements per minute** (PostgreSQL: ``xact_commit`` of that database;
-  every statement is its own transaction in autocommit);
+  every statement is its own transaction in autocommit; MariaDB: counted on
+  the wire by a proxy in front of the server, bench/mycount.py, with the
+  idle minute's statements by first word printed below the table);
 * **RSS** of the daemon and of its spawn service at the end (VmRSS of each
   process), and their sum, against the goal of issue 21 (40 MB together).
 
@@ -39,6 +41,7 @@ from pathlib import Path
 import psycopg
 import pymysql
 from common import MY_HOST, MY_PORT, MY_USER, PG_DSN, Table
+from mycount import MyCountingProxy
 from psycopg import sql
 
 TARGET_CORE_PCT = 0.5
@@ -108,7 +111,9 @@ class Database:
             self.my = pymysql.connect(host=MY_HOST, port=MY_PORT, user=MY_USER, autocommit=True)
             with self.my.cursor() as cur:
                 cur.execute(f"CREATE DATABASE `{self.name}`")
-            self.url = f"mysql://{MY_USER}@{MY_HOST}:{MY_PORT}/{self.name}"
+            self.proxy = MyCountingProxy(MY_PORT, MY_HOST)
+            self.url = f"mysql://{MY_USER}@127.0.0.1:{self.proxy.port}/{self.name}"
+            self.count = self.proxy.statements
         else:
             self.url = f"sqlite:///{tmp}/{self.name}.db"
 
@@ -127,6 +132,7 @@ class Database:
             with self.my.cursor() as cur:
                 cur.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
             self.my.close()
+            self.proxy.close()
 
 
 def wait_for(marks: Path, proc: subprocess.Popen[bytes], timeout: float) -> str:
@@ -158,9 +164,15 @@ def measure(backend: str, n: int, tmp: str, args: argparse.Namespace,
             time.sleep(args.settle)
             c0, t0 = cpu_seconds(proc.pid), time.monotonic()
             q0 = db.count() if db.count else 0
+            w0 = db.proxy.by_word() if backend == "mariadb" else None
             time.sleep(args.seconds)
             c1, t1 = cpu_seconds(proc.pid), time.monotonic()
             q1 = db.count() if db.count else 0
+            if w0 is not None:
+                words = db.proxy.by_word()
+                words.subtract(w0)
+                print(f"{backend} {n} jobs, idle statements by first word: "
+                      f"{dict(+words)}", flush=True)
             rss_daemon = rss_mb(proc.pid)
             spawned = children(proc.pid)
             if spawned != [spawn_pid]:

@@ -24,93 +24,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import struct
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
 from common import URLS, Table, bench_prefix, make_schema
+from mycount import MyCountingProxy
 from pgcount import CountingProxy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GOAL_SECONDS = 1.0
 GOAL_STATEMENTS = 5
-
-
-# -- counting MySQL statements on the wire ---------------------------------------------
-
-
-class MyCountingProxy:
-    """A TCP proxy in front of MySQL/MariaDB counting the commands clients send.
-
-    A client packet is a 3-byte length, a sequence number and the payload. A
-    command starts a new sequence (number 0) and its first byte says which:
-    COM_QUERY (0x03) and COM_STMT_EXECUTE (0x17) are statements. The
-    handshake answers have sequence numbers above 0. TLS is never asked for
-    (PyMySQL without ``ssl``)."""
-
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
-        self.target = (target_host, target_port)
-        self.count = 0
-        self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def statements(self) -> int:
-        with self._lock:
-            return self.count
-
-    def close(self) -> None:
-        for s in [self._listener, *self._socks]:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                return
-            upstream.settimeout(None)
-            self._socks += [client, upstream]
-            threading.Thread(target=self._up, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
-
-    def _up(self, src: socket.socket, dst: socket.socket) -> None:
-        buf = b""
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-                buf += data
-                while len(buf) >= 5:
-                    length = struct.unpack("<I", buf[:3] + b"\0")[0]
-                    if len(buf) < 4 + length:
-                        break
-                    if buf[3] == 0 and length and buf[4] in (0x03, 0x17):
-                        with self._lock:
-                            self.count += 1
-                    buf = buf[4 + length:]
-        except OSError:
-            pass
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
 
 
 # -- the data -------------------------------------------------------------------------

@@ -187,11 +187,15 @@ class Loop:
 
     def __init__(self, threads: Threads | None, name: str, policy: Policy,
                  target: Callable[[], None], join_timeout: float = 30.0,
-                 wake: threading.Event | None = None) -> None:
+                 wake: threading.Event | None = None,
+                 interrupt: Callable[[], None] | None = None) -> None:
         self.supervised = (threads or Threads()).supervise(name, policy)
         self._stop = threading.Event()
         #: Set with the stop, so that a loop waiting on it too ends at once.
         self._wake = wake
+        #: Called after the stop is set, for a loop blocked where no event
+        #: reaches (a wait in the database: dblockrun/daemon/doorbell.py).
+        self._interrupt = interrupt
         self._join_timeout = join_timeout
         self._thread = self.supervised.thread(target, self._stop)
 
@@ -203,6 +207,8 @@ class Loop:
         self._stop.set()
         if self._wake is not None:
             self._wake.set()
+        if self._interrupt is not None and self._thread.is_alive():
+            self._interrupt()
         if self._thread.is_alive():
             self._thread.join(timeout=self._join_timeout)
 

@@ -169,7 +169,7 @@ def test_run_now_is_heard_at_once_on_postgresql(db: TestDb, tmp_path: Path) -> N
     bookkeeping round (which also reads requests) comes only every 36 s here;
     an idle daemon sends no statement to look for requests."""
     if db.backend != "postgresql":
-        pytest.skip("MySQL and SQLite daemons poll for requests every second")
+        pytest.skip("MySQL daemons are woken (tests/test_doorbell.py); SQLite polls every second")
     d = Daemon(db, tmp_path, "--heartbeat", "30s", "--lease", "90s")
     store = Store(db.url, db.prefix)
     try:

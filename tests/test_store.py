@@ -12,7 +12,7 @@ from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit
-from dblockrun.store.engine import LostRun
+from dblockrun.store.engine import BooksRound, LostRun
 from dblockrun.store.status import report
 
 
@@ -179,7 +179,7 @@ def test_sweep_marks_runs_of_dead_holders_lost_at_their_last_renewal(store: Stor
 
 def test_a_lost_retry_names_its_runs_first_attempt(store: Store) -> None:
     """Pings of a run are keyed by its first attempt: a retry recorded lost
-    by the sweep (or PostgreSQL's one-statement bookkeeping round) says which."""
+    by the sweep (or the one-round-trip bookkeeping round) says which."""
     store.ensure_jobs(["job", "other"])
     token = store.claim("job", "h1", 0.5)
     other = store.claim("other", "h1", 0.5)
@@ -189,7 +189,7 @@ def test_a_lost_retry_names_its_runs_first_attempt(store: Store) -> None:
     store.start_run("other", "h1", token=other)  # another job's run, token alike
     retry = store.start_run("job", "h1", token=token, attempt=2)
     assert store.renew("job", "h1", token, 0.5) and store.renew("other", "h1", other, 0.5)
-    if store.lock.q.one_round:
+    if store.lock.q.books_in_one_trip:
         def swept() -> list[LostRun] | None:
             return store.books_round("h2:1:x", hostname="h2", pid=1, version="0",
                                      clock_offset=None, running=0, jobs=None,
@@ -200,6 +200,31 @@ def test_a_lost_retry_names_its_runs_first_attempt(store: Store) -> None:
     lost = wait_for(swept, 10, what="the leases to run out")
     assert {(r.job, r.id, r.first_id) for r in lost} >= {("job", retry, first)}
     assert all(r.first_id == r.id for r in lost if r.job == "other")
+
+
+def test_a_bookkeeping_round_reads_what_the_fleet_filed(store: Store) -> None:
+    """One round writes this host's row and reads the other live hosts,
+    their differing definitions and the run-now requests (MySQL: statements
+    of one round trip; SQLite: one by one, its daemons polling for requests)."""
+    store.ensure_jobs(["a", "b"])
+    store.heartbeat_host("other:1:x", hostname="other", pid=1, version="0", clock_offset=0.0,
+                         running=0, jobs='{"a": "2"}')
+    store.request_run("b")
+
+    def round_of(host: str, jobs: str) -> BooksRound:
+        return store.books_round(host, hostname="me", pid=2, version="0", clock_offset=0.25,
+                                 running=1, jobs=jobs, within=60)
+
+    done = round_of("me:2:x", '{"a": "1"}')
+    assert done.live_others == 1
+    assert done.differing == [("other:1:x", '{"a": "2"}')]
+    assert done.requested == (["b"] if store.lock.q.books_in_one_trip else [])
+    hosts = {h.id: h for h in store.hosts(seen_within=60)}
+    assert hosts["me:2:x"].running == 1 and hosts["me:2:x"].clock_offset == 0.25
+    # The next round updates the row; this host is not counted among the others.
+    again = round_of("me:2:x", '{"a": "2"}')
+    assert (again.live_others, again.differing) == (1, [])
+    assert {h.id for h in store.hosts(seen_within=60)} == {"me:2:x", "other:1:x"}
 
 
 def test_hosts_register_with_offset(store: Store) -> None:

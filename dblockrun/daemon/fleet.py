@@ -6,11 +6,13 @@ holder blocked), definition drift between hosts, and how many hosts are live
 It runs in its own thread, one round every :data:`ROUND_EVERY` heartbeats,
 apart from the lease renewals (:class:`~dblockrun.running.heartbeat.Renewer`): a
 slow sweep or host read never delays a renewal. On PostgreSQL an idle round
-is one statement (:meth:`Store.books_round`), so an idle daemon sends 5 a
-minute at the default heartbeat; it also hands the round's run-now requests
-to the daemon, which hears them at once through LISTEN
-(:mod:`dblockrun.daemon.listen`) unless that connection is down or there
-is none (through a transaction pooler). After each round the pool's idle
+is one statement (:meth:`Store.books_round`; on MySQL one round trip of
+statements), so an idle daemon sends 5 a minute at the default heartbeat;
+it also hands the round's run-now requests to the daemon, which hears them
+at once through LISTEN (:mod:`dblockrun.daemon.listen`) or a woken wait on
+MySQL (:mod:`dblockrun.daemon.doorbell`) unless that connection is down,
+there is none (through a transaction pooler), or the requester could not
+wake it. After each round the pool's idle
 connections beyond one are closed (:meth:`Store.trim_pool`).
 """
 
@@ -49,8 +51,14 @@ log = logging.getLogger("dblockrun")
 #: host that is starting too will run.
 SETTLE_ROUNDS = 2
 #: Every this many rounds, the slots a lock held with no run kept from
-#: everyone are recorded (:meth:`FleetBooks.held_slots`).
+#: everyone are recorded (:meth:`FleetBooks.held_slots`) ...
 HELD_EVERY = 5
+#: ... by each of up to this many live hosts; in a bigger fleet each host
+#: looks less often, so that the fleet as a whole looks about this many
+#: times every :data:`HELD_EVERY` rounds (the question is the fleet's, not
+#: the host's): 1,000 idle hosts would otherwise send 1,000 statements a
+#: minute for it (bench/idle_hosts.py).
+HELD_HOSTS = 10
 
 
 #: The most slots of one held gap looked at one by one (a summary covers more).
@@ -118,6 +126,8 @@ class FleetBooks:
         self._settled = settled
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
+        #: Rounds since the held slots were last looked at.
+        self._since_held = 0
         self._drift_seen: set[tuple[str, str]] = set()
         #: The newest audit entry read (None: not yet; from the start-up
         #: round on, the operator actions :meth:`_tell` logs).
@@ -147,18 +157,30 @@ class FleetBooks:
         rounds = 0
         while not self._worker.wait(delay):
             try:
-                self.round()
-                self.store.trim_pool()
-                if rounds + 1 == SETTLE_ROUNDS and self._settled is not None:
-                    self._settled()  # (a database error: again after the next round)
-                rounds += 1
-                if rounds % HELD_EVERY == 0:
-                    self.held_slots()
+                rounds = self.step(rounds)
                 self.outage.ok()
                 delay = self.interval
             except DatabaseError as exc:
                 delay = min(self.interval, self.outage.failed("bookkeeping", exc))
             self._worker.ok()
+
+    def step(self, rounds: int) -> int:
+        """What the loop does each :attr:`interval`, after ``rounds`` rounds
+        done: a round, the pool's trim, the run-on check after
+        :data:`SETTLE_ROUNDS`, the held slots every :data:`HELD_EVERY` (more
+        in a fleet of more than :data:`HELD_HOSTS` live hosts); the
+        rounds done then (bench/idle_hosts.py drives many hosts' steps).
+        Raises :class:`~dblockrun.errors.DatabaseError`."""
+        self.round()
+        self.store.trim_pool()
+        if rounds + 1 == SETTLE_ROUNDS and self._settled is not None:
+            self._settled()  # (a database error: again after the next round)
+        rounds += 1
+        self._since_held += 1
+        if self._since_held >= HELD_EVERY * -(-self.live_hosts // HELD_HOSTS):
+            self._since_held = 0
+            self.held_slots()
+        return rounds
 
     def round(self) -> None:
         """One round: host row, clock sample, lost runs, live hosts, drift,

@@ -1,8 +1,10 @@
 """Run-now requests (``dblockrun run JOB``): where a daemon learns of them.
-One interface, two ways: PostgreSQL announces them (LISTEN/NOTIFY, with the
-bookkeeping round reading them too, so a dead listener costs at most a
-round); MySQL/MariaDB and SQLite are polled (one statement a
-``request_poll``).
+One interface, two ways. PostgreSQL announces them (LISTEN/NOTIFY:
+:mod:`dblockrun.daemon.listen`) and MySQL/MariaDB wakes a wait for them
+(``KILL QUERY``: :mod:`dblockrun.daemon.doorbell`); either way the
+bookkeeping round reads them too, so a dead listener or a daemon the
+requester could not wake costs at most a round. SQLite is polled (one
+statement a ``request_poll``).
 
 Through a transaction-pooling PgBouncer (``?pooler=transaction``) there is
 no session to LISTEN on: the daemon does not listen, and the bookkeeping
@@ -39,20 +41,25 @@ class Inbox(Protocol):
     def stop(self) -> None: ...
 
 
+class Listener(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class HeardInbox:
-    """PostgreSQL: requests are announced and heard by a listener (without
-    ``listen``, read by the bookkeeping rounds alone)."""
+    """PostgreSQL and MySQL/MariaDB: requests are heard by a listener (or
+    with none, read by the bookkeeping rounds alone)."""
 
     def __init__(self, store: Store, wake: Callable[[], None], heartbeat: float,
-                 killed: Callable[[], None], threads: Threads, *, listen: bool = True) -> None:
+                 listener: Callable[[HeardInbox], Listener] | None) -> None:
         self.store = store
         self.heartbeat = heartbeat
         self._wake = wake
         self._heard: set[str] = set()
         self._all = False
         self._lock = threading.Lock()
-        self.listener = RequestListener(store, self.hear, heartbeat, killed=killed,
-                                        threads=threads) if listen else None
+        self.listener = listener(self) if listener is not None else None
 
     def hear(self, names: list[str] | None) -> None:
         with self._lock:
@@ -83,7 +90,7 @@ class HeardInbox:
 
 
 class PolledInbox:
-    """MySQL/MariaDB and SQLite: the requests are read every ``every`` seconds."""
+    """SQLite: the requests are read every ``every`` seconds."""
 
     def __init__(self, store: Store, every: float) -> None:
         self.store = store
@@ -110,8 +117,17 @@ class PolledInbox:
 
 
 def inbox_for(store: Store, wake: Callable[[], None], heartbeat: float, poll: float,
-              killed: Callable[[], None], threads: Threads) -> Inbox:
+              killed: Callable[[float | None], None], threads: Threads) -> Inbox:
+    """``killed(gap)``: renew the leases now, at most once per ``gap``
+    seconds (None: per heartbeat); a kill may have been asked for."""
     if store.lock.q.one_round:
-        return HeardInbox(store, wake, heartbeat, killed, threads,
-                          listen=store.pooler != "transaction")
+        if store.pooler == "transaction":
+            return HeardInbox(store, wake, heartbeat, None)
+        return HeardInbox(store, wake, heartbeat, lambda inbox: RequestListener(
+            store, inbox.hear, heartbeat, killed=lambda: killed(None), threads=threads))
+    if store.dialect.name == "mysql":
+        from dblockrun.daemon.doorbell import Doorbell
+
+        return HeardInbox(store, wake, heartbeat, lambda inbox: Doorbell(
+            store, inbox.hear, heartbeat, killed=killed, threads=threads))
     return PolledInbox(store, poll)

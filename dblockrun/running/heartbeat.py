@@ -106,18 +106,22 @@ class Renewer:
     def stop(self) -> None:
         self._worker.stop()
 
-    def renew_now(self) -> None:
+    def renew_now(self, gap: float | None = None) -> None:
         """Renew at once (a kill was announced: the renewal reads it), then
-        every heartbeat from then on; at most once per heartbeat. Any role
-        that can connect to PostgreSQL can announce (NOTIFY needs no table
-        privilege): a flood of announcements costs one extra renewal per
-        heartbeat, not one per announcement, and a kill announced meanwhile
-        is still read within a heartbeat, by the next regular renewal."""
+        every heartbeat from then on; at most once per ``gap`` (None: per
+        heartbeat). Any role that can connect to PostgreSQL can announce
+        (NOTIFY needs no table privilege): a flood of announcements costs
+        one extra renewal per heartbeat, not one per announcement, and a
+        kill announced meanwhile is still read within a heartbeat, by the
+        next regular renewal. MySQL's wake-ups (dblockrun/daemon/doorbell.py)
+        come only from users who may end the daemon's statements, and say
+        not whether a run or a kill was asked for: a shorter ``gap``, so
+        that a kill soon after a run is still read at once."""
         now = time.monotonic()
         with self._lock:
             if now < self._extra_after:
                 return
-            self._extra_after = now + self.heartbeat
+            self._extra_after = now + (self.heartbeat if gap is None else gap)
         self._kick.set()
 
     def add(self, watch: LeaseWatch) -> None:

@@ -219,7 +219,10 @@ class ControlStore:
             return in_transaction(self.s.dialect.name, conn.exec_driver_sql,
                                   lambda: go(conn)) or []
 
-        return self.s._run(steps)
+        asked = self.s._run(steps)
+        if asked:
+            self.s.ring()  # MySQL: the holders renew now, so read it
+        return asked
 
 
 def _run_detail(run: m.RunRecord) -> str:

@@ -391,6 +391,30 @@ _PG_REFUSED = ("password authentication failed", "no pg_hba.conf entry",
                "permission denied", "does not exist", "no password supplied")
 
 
+#: MySQL/MariaDB: the statement was ended by ``KILL QUERY`` (a daemon's
+#: request wait woken, dblockrun/daemon/doorbell.py).
+_MYSQL_INTERRUPTED = 1317
+#: MySQL/MariaDB: ``KILL QUERY`` of a connection that is gone, or of another
+#: user's without the privilege to.
+_MYSQL_KILL_REFUSED = {1094, 1095}
+
+
+def _mysql_code(exc: BaseException) -> object:
+    args = getattr(exc, "args", None)
+    return args[0] if args else None
+
+
+def is_interrupted(exc: BaseException) -> bool:
+    """MySQL/MariaDB: the statement was ended by ``KILL QUERY``."""
+    return _mysql_code(exc) == _MYSQL_INTERRUPTED
+
+
+def is_kill_refused(exc: BaseException) -> bool:
+    """MySQL/MariaDB: a ``KILL QUERY`` that found no such connection, or one
+    of another user's without the privilege."""
+    return _mysql_code(exc) in _MYSQL_KILL_REFUSED
+
+
 def is_deadlock(exc: BaseException | None) -> bool:
     """The database rolled the statement back to break a deadlock (or a
     serialization conflict): sending it again is the remedy."""

@@ -18,9 +18,16 @@ from functools import partial
 from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
+from dblockrun.store.drivers import is_kill_refused
 from dblockrun.store.executor import Executor
 from dblockrun.store.models import RUNNING, ClockSample, bad_token_why, token_usable
-from dblockrun.store.queries import SCHEMA_VERSION, ClaimShape, Queries, queries_for
+from dblockrun.store.queries import (
+    SCHEMA_VERSION,
+    ClaimShape,
+    MysqlQueries,
+    Queries,
+    queries_for,
+)
 
 log = logging.getLogger("dblockrun")
 T = TypeVar("T")
@@ -713,8 +720,8 @@ class LockEngine:
                     within: float, labels: str | None = None,
                     targets: str | None = None, heartbeat: float | None = None,
                     audit_after: int = 0) -> BooksRound:
-        """PostgreSQL (``q.one_round``): a daemon's bookkeeping round, one
-        statement when no run died (then one more per dead run)."""
+        """A daemon's bookkeeping round (``q.books_in_one_trip``): one round
+        trip when no run died (then one more per dead run)."""
         params = {"id": host_id, "hostname": hostname, "pid": pid, "version": version,
                   "offset": clock_offset, "running": running, "jobs": jobs, "within": within,
                   "labels": labels, "targets": targets, "heartbeat": heartbeat,
@@ -722,8 +729,14 @@ class LockEngine:
 
         def go(cur: Any) -> BooksRound:
             wall0, mono0 = time.time(), time.monotonic()
-            db, live, differing, requested, dead, told = self.x.send(
-                cur, self.q.books_round, params).fetchone()
+            if self.q.one_round:
+                db, live, differing, requested, dead, told = self.x.send(
+                    cur, self.q.books_round, params).fetchone()
+            else:  # MySQL: one result a statement
+                db, live = self.x.send(cur, self.q.books_round, params).fetchone()
+                differing, requested, dead, told = (_next_rows(cur) for _ in range(4))
+                cur.nextset()  # the host row's write
+                requested = [row[0] for row in requested]
             wall1, mono1 = time.time(), time.monotonic()
             db = float(db)
             sample = ClockSample(db_now=db, offset=db - (wall0 + wall1) / 2,
@@ -741,6 +754,41 @@ class LockEngine:
         params = {"name": name, "channel": self.q.channel}
         self.x.run(lambda cur: self.x.send(cur, self.q.request_run, params))
 
+    def ring(self) -> int:
+        """MySQL/MariaDB: wake the daemons waiting for requests on this
+        server (dblockrun/daemon/doorbell.py): ``KILL QUERY`` of each wait
+        this user may end. How many were woken. One statement, then one a
+        daemon; a wait this user may not end is passed over (its daemon
+        reads the request with its next wait's end or bookkeeping round)."""
+        q = self.mysql_q
+        mark = {"mark": "%" + q.wait_mark.replace("_", "\\_")}
+
+        def go(cur: Any) -> int:
+            waits = self.x.send(cur, q.waiting, mark).fetchall()
+            return sum(self._wake(cur, int(conn_id)) for (conn_id,) in waits)
+
+        return self.x.run(go)
+
+    @property
+    def mysql_q(self) -> MysqlQueries:
+        """The statements, MySQL's (the request doorbell's are MySQL's only)."""
+        assert isinstance(self.q, MysqlQueries)
+        return self.q
+
+    def wake(self, conn_id: int) -> bool:
+        """End the request wait on connection ``conn_id`` (a daemon's own, at
+        its stop); whether it was there to end."""
+        return self.x.run(lambda cur: self._wake(cur, conn_id))
+
+    def _wake(self, cur: Any, conn_id: int) -> bool:
+        try:
+            self.x.send(cur, self.mysql_q.wake, {"id": conn_id})
+            return True
+        except Exception as exc:
+            if not is_kill_refused(exc):
+                raise
+            return False
+
     def prune_runs(self, job: str, keep: int) -> int:
         """Delete all but the newest ``keep`` runs of ``job``."""
 
@@ -755,3 +803,9 @@ class LockEngine:
 
     def db_now(self) -> float:
         return self.x.run(lambda cur: float(self.x.send(cur, self.q.clock).fetchone()[0]))
+
+
+def _next_rows(cur: Any) -> list[Any]:
+    """The rows of the next statement's result (MySQL, a query of several)."""
+    cur.nextset()
+    return list(cur.fetchall())

@@ -82,11 +82,15 @@ class Queries:
     skip_locked = " FOR UPDATE SKIP LOCKED"
     insert_ignore = ("INSERT INTO", " ON CONFLICT DO NOTHING")
     #: A bookkeeping round is one statement (:attr:`books_round`), and run-now
-    #: requests are announced (NOTIFY on :attr:`channel`); else the round's
-    #: statements go one by one and daemons poll for requests.
+    #: requests are announced (NOTIFY on :attr:`channel`); else daemons are
+    #: woken (MySQL) or poll (SQLite) for requests.
     one_round = True
+    #: A bookkeeping round is one round trip (:attr:`books_round`; MySQL:
+    #: statements of one query); else (SQLite) its statements go one by one.
+    books_in_one_trip = True
 
     def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
         self.locks, self.runs, self.items, self.meta, self.hosts = (
             self.quote(f"{prefix}{table}")
             for table in ("locks", "runs", "items", "meta", "hosts"))
@@ -675,6 +679,64 @@ class MysqlQueries(Queries):
     def returning(self, columns: str) -> str:
         return ""
 
+    # -- the request doorbell (dblockrun/daemon/doorbell.py) ----------------------------
+
+    @cached_property
+    def wait_mark(self) -> str:
+        """What marks a daemon's request wait in the process list: a
+        comment with the table prefix (letters, digits and ``_``)."""
+        return f"/* dblockrun requests {self.prefix} */"
+
+    @cached_property
+    def request_wait(self) -> str:
+        """A daemon's wait for run-now and kill requests: ended early by
+        ``KILL QUERY`` from ``run`` and ``kill`` (:attr:`waiting`)."""
+        return f"SELECT SLEEP({self.p('seconds')}) {self.wait_mark}"
+
+    @cached_property
+    def waiting(self) -> str:
+        """The connections waiting in :attr:`request_wait` in this database
+        on this server that this user may see (all with the PROCESS privilege, else its
+        own). The pattern, a parameter, ends with the mark, so this
+        statement does not match itself."""
+        return ("SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' "
+                "AND DB = DATABASE() AND ID <> CONNECTION_ID() "
+                f"AND INFO LIKE {self.p('mark')}")
+
+    @cached_property
+    def wake(self) -> str:
+        return f"KILL QUERY {self.p('id')}"
+
+    @cached_property
+    def books_round(self) -> str:
+        """A daemon's idle bookkeeping round in one round trip, as
+        statements of one query: (1) the database time and how many other
+        hosts are live, (2) the other live hosts whose definitions differ
+        from this one's, (3) the jobs with a run-now request, (4) the dead
+        runs (:attr:`lost_runs`), (5) the operator actions daemons log
+        audited after ``audit_after``, then this host's row written
+        (inserted the first time). The reads come first, so this host is
+        counted apart."""
+        hosts, locks, p, now = self.hosts, self.locks, self.p, self.now
+        others = (f"FROM {hosts} h WHERE h.id <> {p('id')} "
+                  f"AND h.last_seen >= {now} - {p('within')}")
+        return (f"SELECT {now}, (SELECT count(*) {others}); "
+                f"SELECT h.id, h.jobs {others} AND NOT (h.jobs <=> {p('jobs')}) "
+                "ORDER BY h.hostname, h.id; "
+                f"SELECT {locks}.name FROM {locks} WHERE {locks}.run_requested IS NOT NULL; "
+                f"{self.lost_runs}; "
+                f"SELECT a.id, a.who, a.action, a.job, a.detail, a.reason FROM {self.audit} a "
+                f"WHERE a.id > {p('audit_after')} "
+                f"AND a.action IN ({', '.join(repr(a) for a in TOLD_ACTIONS)}) ORDER BY a.id; "
+                f"INSERT INTO {hosts} (id, hostname, pid, version, started, last_seen, "
+                "clock_offset, running, jobs, labels, targets, heartbeat) "
+                f"VALUES ({p('id')}, {p('hostname')}, {p('pid')}, {p('version')}, {now}, {now}, "
+                f"{p('offset')}, {p('running')}, {p('jobs')}, {p('labels')}, {p('targets')}, "
+                f"{p('heartbeat')}) "
+                "ON DUPLICATE KEY UPDATE last_seen = VALUES(last_seen), "
+                "clock_offset = VALUES(clock_offset), running = VALUES(running), "
+                "jobs = VALUES(jobs), labels = VALUES(labels), targets = VALUES(targets)")
+
     def token_expr(self) -> str:
         return f"LAST_INSERT_ID({self.locks}.token + 1)"
 
@@ -751,6 +813,7 @@ class SqliteQueries(Queries):
     skip_locked = ""
     insert_ignore = ("INSERT OR IGNORE INTO", "")
     one_round = False
+    books_in_one_trip = False
 
     @staticmethod
     def quote(name: str) -> str:

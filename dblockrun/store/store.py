@@ -6,6 +6,7 @@ the database clock (:meth:`Dialect.now`).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -38,6 +39,7 @@ from dblockrun.store.queries import NOW
 from dblockrun.store.schema import SCHEMA_VERSION, Name, Tables, build_tables
 
 T = TypeVar("T")
+log = logging.getLogger("dblockrun")
 
 #: ``disable`` with no duration: until 9999-12-31.
 FOREVER = 253402300799.0
@@ -60,6 +62,10 @@ class Dialect:
         options: dict[str, Any] = {"connect_args": connect_options(self.name, pooler)}
         if self.name == "mysql":
             options["pool_recycle"] = 3600
+            # PyMySQL sends ROLLBACK for each connection.rollback(), autocommit
+            # or not: SQLAlchemy's at the end of each Core statement doubled
+            # an idle daemon's statements (bench/idle.py).
+            options["skip_autocommit_rollback"] = True
         return options
 
     def insert_ignore(self, table: sa.Table) -> Any:
@@ -592,6 +598,22 @@ class Store:
         self.lock_engine().request_run(name)
         if audit is not None:  # the request is the lock engine's statement: then its record
             self._run(lambda c: self.control.record(c, audit))
+        self.ring()
+
+    def ring(self) -> None:
+        """MySQL/MariaDB: wake the daemons waiting for requests
+        (dblockrun/daemon/doorbell.py), a run-now or kill request being
+        filed. Best effort: a daemon not woken (another user's without the
+        privilege, on another Galera node, or the database failing now)
+        reads the request with its next bookkeeping round."""
+        if self.dialect.name != "mysql":
+            return
+        try:
+            woken = self.lock_engine().ring()
+            log.debug("woke %d daemons' request waits", woken)
+        except DatabaseError as exc:
+            log.debug("could not wake the daemons' request waits (%s): they read the "
+                      "request with their next bookkeeping round", exc)
 
     def cancel_request(self, name: str, audit: Audit | None = None) -> bool | None:
         """Withdraw the run-now request of ``name`` (an every-host job: of
@@ -670,10 +692,10 @@ class Store:
         record dead runs lost, read the other live hosts and the run-now
         requests, and the operator actions daemons log audited after
         ``audit_after``. PostgreSQL: one statement (store/queries.py
-        ``books_round``); MySQL and SQLite: five, and no requests (their
-        daemons poll for them)."""
+        ``books_round``); MySQL: one round trip of statements; SQLite:
+        five, and no requests (its daemons poll for them)."""
         engine = self.lock_engine()
-        if engine.q.one_round:
+        if engine.q.books_in_one_trip:
             return engine.books_round(host_id, hostname=hostname, pid=pid, version=version,
                                       clock_offset=clock_offset, running=running, jobs=jobs,
                                       within=within, labels=labels, targets=targets,
