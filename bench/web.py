@@ -43,11 +43,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from common import URLS, Table, bench_prefix, percentile
 from status_scale import drop, env_for, fill, keep_hosts_live, timed
 
+if TYPE_CHECKING:
+    from dblockrun.store import Store
+
+T = TypeVar("T")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GOAL_PAGE, GOAL_P99 = 1.0, 0.2
@@ -145,18 +151,18 @@ def get_json(conn: http.client.HTTPConnection, path: str) -> dict[str, object]:
     return doc
 
 
-def until(what: str, check: object, timeout: float = 60) -> object:
+def until(what: str, check: Callable[[], T | None], timeout: float = 60) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (got := check()) is not None:  # type: ignore[operator]
+        if (got := check()) is not None:
             return got
         time.sleep(0.02)
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def _defined(store: object) -> bool | None:
+def _defined(store: Store) -> bool | None:
     try:
-        return "talk" in store.job_names() or None  # type: ignore[attr-defined]
+        return "talk" in store.job_names() or None
     except Exception:  # no tables yet
         return None
 
@@ -187,11 +193,10 @@ def live_output(url: str, heartbeat: float, lines: int) -> list[float]:
                        cwd=ROOT, stdout=subprocess.DEVNULL)
 
         def running() -> int | None:
-            runs = get_json(conn, "/api/v1/history?job=talk")["runs"]
-            return next((int(r["id"]) for r in runs if r["result"] == "running"),  # type: ignore[attr-defined, index]
-                        None)
+            runs = cast(list[dict[str, object]], get_json(conn, "/api/v1/history?job=talk")["runs"])
+            return next((int(str(r["id"])) for r in runs if r["result"] == "running"), None)
 
-        run_id = int(until("talk's run", running))  # type: ignore[call-overload]
+        run_id = until("talk's run", running)
         for i in range(1, lines + 1):
             time.sleep(random.uniform(0, heartbeat))  # a random phase of the heartbeat
             (work / f"go{i}").touch()
@@ -205,7 +210,7 @@ def live_output(url: str, heartbeat: float, lines: int) -> list[float]:
                         return time.time() - float(line.split()[2])
                 return None
 
-            took.append(float(until(f"line {i}", shown)))  # type: ignore[arg-type]
+            took.append(until(f"line {i}", shown))
         conn.close()
     finally:
         for proc in (daemon, web):
