@@ -3,6 +3,7 @@
 the same run.
 
     python bench/web.py [--jobs 10000] [--requests 100] [--loads 9]
+    python bench/web.py --live-only [--heartbeats 1,2] [--lines 9]
 
 For each backend: the data of bench/status_scale.py (10,000 jobs with five
 runs each, one in ten running, four live hosts), then a real `dblockrun
@@ -17,7 +18,15 @@ web` process on 127.0.0.1 (read-only: no users file). Measured:
 - `GET /` (the Fleet page's first 100 jobs, rendered): median and p99;
 - the Fleet page ready in Debian's chromium (Playwright): from `goto` to the
   jobs table on screen, with its CSS and script loaded (`load` event), a
-  new page each time: median of ``--loads``.
+  new page each time: median of ``--loads``;
+- live output (``--heartbeats``): a real daemon (``--heartbeat H``) runs a
+  command that prints ``--lines`` lines, each when the bench says so (a
+  file), stamped with the time it is printed; a client polls
+  ``GET /api/v1/runs/ID/output`` every 20 ms: the time from a line's print
+  to its showing there, median and max, as a ratio to H. A line is asked
+  for at a random moment of the heartbeat (after the previous one showed),
+  so the phase is uniform: the wait is about H/2 on average, H at most,
+  plus the write and the poll.
 """
 
 from __future__ import annotations
@@ -26,16 +35,25 @@ import argparse
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from common import URLS, Table, bench_prefix, percentile
 from status_scale import drop, env_for, fill, keep_hosts_live, timed
 
+if TYPE_CHECKING:
+    from dblockrun.store import Store
+
+T = TypeVar("T")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GOAL_PAGE, GOAL_P99 = 1.0, 0.2
@@ -113,6 +131,112 @@ def read_whole(url: str, prefix: str, repeats: int) -> float:
     return statistics.median(took)
 
 
+TALK = """\
+jobs:
+  talk:
+    cron: '0 0 1 1 *'
+    command: >-
+      for i in $(seq {lines}); do while [ ! -e {dir}/go$i ]; do sleep 0.01; done;
+      echo "line $i $(date +%s.%N)"; done
+"""
+
+
+def get_json(conn: http.client.HTTPConnection, path: str) -> dict[str, object]:
+    conn.request("GET", path)
+    response = conn.getresponse()
+    body = response.read()
+    if response.status != 200:
+        raise SystemExit(f"GET {path}: {response.status}")
+    doc: dict[str, object] = json.loads(body)
+    return doc
+
+
+def until(what: str, check: Callable[[], T | None], timeout: float = 60) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (got := check()) is not None:
+            return got
+        time.sleep(0.02)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def _defined(store: Store) -> bool | None:
+    try:
+        return "talk" in store.job_names() or None
+    except Exception:  # no tables yet
+        return None
+
+
+def live_output(url: str, heartbeat: float, lines: int) -> list[float]:
+    """Seconds from each line's print to its showing in the API, with a
+    daemon at ``--heartbeat heartbeat``."""
+    prefix = bench_prefix()
+    work = Path(tempfile.mkdtemp(prefix="bench-live-"))
+    jobs = work / "jobs.yaml"
+    jobs.write_text(TALK.format(lines=lines, dir=work))
+    base = [sys.executable, "-m", "dblockrun", "--db", url, "--table-prefix", prefix]
+    daemon = subprocess.Popen(
+        [*base, "daemon", str(jobs), "--heartbeat", f"{heartbeat:g}s",
+         "--lease", f"{max(10, 5 * heartbeat):g}s"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_for(), cwd=ROOT)
+    port = free_port()
+    web = None
+    took: list[float] = []
+    try:
+        from dblockrun.store import Store
+
+        with Store(url, prefix, create=False) as store:  # the daemon makes the tables
+            until("the daemon", lambda: _defined(store))
+        web = start_web(url, prefix, port)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        subprocess.run([*base, "run", "talk", "--no-wait"], check=True, env=env_for(),
+                       cwd=ROOT, stdout=subprocess.DEVNULL)
+
+        def running() -> int | None:
+            runs = cast(list[dict[str, object]], get_json(conn, "/api/v1/history?job=talk")["runs"])
+            return next((int(str(r["id"])) for r in runs if r["result"] == "running"), None)
+
+        run_id = until("talk's run", running)
+        for i in range(1, lines + 1):
+            time.sleep(random.uniform(0, heartbeat))  # a random phase of the heartbeat
+            (work / f"go{i}").touch()
+
+            def shown(i: int = i) -> float | None:
+                doc = get_json(conn, f"/api/v1/runs/{run_id}/output")
+                for line in str(doc["output"]).splitlines():
+                    if line.startswith(f"line {i} "):
+                        if i < lines and doc["live"] is not True:
+                            raise SystemExit("a running run's output not marked live")
+                        return time.time() - float(line.split()[2])
+                return None
+
+            took.append(until(f"line {i}", shown))
+        conn.close()
+    finally:
+        for proc in (daemon, web):
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+        drop(url, prefix)
+    return took
+
+
+def live_table(backends: list[str], heartbeats: list[float], lines: int) -> None:
+    table = Table(["backend", "--heartbeat", "lines", "print to API, median s", "max s",
+                   "median × heartbeat", "max × heartbeat", "goal (≤ 1 heartbeat)"])
+    for backend in backends:
+        for heartbeat in heartbeats:
+            print(f"{backend}: live output, --heartbeat {heartbeat:g}s ...", flush=True)
+            took = live_output(URLS[backend](""), heartbeat, lines)
+            med = statistics.median(took)
+            table.add([backend, f"{heartbeat:g}s", str(lines), f"{med:.2f}",
+                       f"{max(took):.2f}", f"{med / heartbeat:.2f}",
+                       f"{max(took) / heartbeat:.2f}",
+                       "met" if max(took) <= heartbeat else "median met" if med <= heartbeat
+                       else "not met"])
+    table.print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=10_000)
@@ -121,7 +245,14 @@ def main() -> None:
     ap.add_argument("--loads", type=int, default=9)
     ap.add_argument("--repeats", type=int, default=7, help="status --json processes")
     ap.add_argument("--backends", default="postgresql,mariadb")
+    ap.add_argument("--heartbeats", default="1,2", help="live output: daemons' --heartbeat, s")
+    ap.add_argument("--lines", type=int, default=9, help="live output: lines per heartbeat")
+    ap.add_argument("--live-only", action="store_true", help="only the live output figures")
     args = ap.parse_args()
+    live_table(args.backends.split(","), [float(h) for h in args.heartbeats.split(",")],
+               args.lines)
+    if args.live_only:
+        return
     table = Table(["backend", "what", "median ms", "p99 ms", "× status --json", "goal"])
     for backend in args.backends.split(","):
         url = URLS[backend]("")

@@ -194,3 +194,34 @@ def test_kill_through_the_api_ends_a_running_run(db: TestDb, store: Store,
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_running_runs_output_is_its_live_tail_marked_live(db: TestDb, store: Store,
+                                                            users: Path, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    proc = exec_cli(db, "chatty", "sh", "-c",
+                    f"echo first; while [ ! -e {go} ]; do sleep 0.1; done; echo second",
+                    lease="3s")
+    try:
+        client = TestClient(app_for(store, users))
+        (run,) = wait_for(lambda: store.control.running("chatty") or None, 30, what="the run")
+
+        def output() -> dict[str, object]:
+            got = client.get(f"/api/v1/runs/{run.id}/output", headers=bearer("vera"))
+            assert got.status_code == 200, got.text
+            doc: dict[str, object] = got.json()
+            return doc
+
+        # The holder's heartbeat brings the first line while the command waits.
+        doc = wait_for(lambda: "first" in str((d := output())["output"]) and d, 30,
+                       what="the first line, live")
+        assert doc["live"] is True and doc["run"]["result"] == m.RUNNING  # type: ignore[index]
+        assert "second" not in str(doc["output"])
+        go.touch()
+        assert proc.wait(timeout=30) == 0
+        doc = output()
+        assert doc["live"] is False and doc["run"]["result"] == m.OK  # type: ignore[index]
+        assert str(doc["output"]).split() == ["first", "second"]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -26,6 +26,11 @@ CHROMIUM = Path("/usr/bin/chromium")
 IMAGES = REPO / "docs" / "images"
 #: How long the page's script takes to show a change: it polls every 2 s.
 SHOWN = 20.0
+#: The daemons' --heartbeat: a running run's output reaches the database with it.
+HEARTBEAT = 1.0
+#: A line a running command prints shows on its Run page within a heartbeat,
+#: plus the page's 2 s poll, plus slack for a machine shared by test runs.
+LIVE_SHOWN = HEARTBEAT + 2.0 + 7.0
 
 JOBS = """\
 jobs:
@@ -38,6 +43,11 @@ jobs:
   long:
     cron: '0 0 1 1 *'
     command: 'echo started; exec sleep 300'
+  chatty:
+    cron: '0 0 1 1 *'
+    command: >-
+      echo first line; while [ ! -e {dir}/chatty.go ]; do sleep 0.1; done;
+      echo second line; while [ ! -e {dir}/chatty.end ]; do sleep 0.1; done
   evil:
     cron: '0 0 1 1 *'
     command: >-
@@ -73,11 +83,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory,
     jobs = work / "jobs.yaml"
     jobs.write_text(JOBS.format(dir=work))
     base = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix]
-    procs = [_start([*base, "daemon", str(jobs), "--heartbeat", "1s", "--lease", "3s",
+    procs = [_start([*base, "daemon", str(jobs), "--heartbeat", f"{HEARTBEAT:g}s", "--lease", "3s",
                      "--label", f"hostname=host{i}"], work / f"daemon{i}.log") for i in (1, 2)]
     store = Store(db.url, db.prefix)
     try:
-        wait_for(lambda: len(store.job_names()) == 4 and len(store.live_hosts()) == 2, 60,
+        wait_for(lambda: len(store.job_names()) == 5 and len(store.live_hosts()) == 2, 60,
                  what="two live daemons with the jobs")
         port = free_port()
         procs.append(_start([*base, "web", "--listen", f"127.0.0.1:{port}", "--users",
@@ -238,4 +248,28 @@ def test_a_hostile_output_is_inert(browser: object, fleet: Fleet) -> None:
     page.goto(f"{fleet.url}/jobs/tick")
     page.wait_for_selector("#chart rect.r-ok")
     page.screenshot(path=str(IMAGES / "web-job.png"))
+    page.context.close()
+
+
+def test_a_running_runs_output_shows_live_within_a_heartbeat(browser: object,
+                                                              fleet: Fleet) -> None:
+    page = page_as(browser, fleet, "olga")
+    page.goto(f"{fleet.url}/confirm/run?job=chatty")
+    page.click("#confirm")
+    # The command prints a line, then waits (for a file the test makes) before the next.
+    run = wait_for(lambda: (r := run_of(fleet.store, "chatty")) and r.result == m.RUNNING and r,
+                   60, what="chatty's run")
+    page.goto(f"{fleet.url}/runs/{run.id}")
+    assert page.is_visible("#live")  # said to be partial
+    wait_for(lambda: "first line" in page.inner_text("#output"), LIVE_SHOWN,
+             what="the first line on the page")
+    assert page.inner_text("#result") == "running" and "second" not in page.inner_text("#output")
+    (fleet.dir / "chatty.go").touch()  # the command prints its second line
+    wait_for(lambda: "second line" in page.inner_text("#output"), LIVE_SHOWN,
+             what="the second line on the page, without a reload")
+    assert page.inner_text("#result") == "running" and page.is_visible("#live")
+    (fleet.dir / "chatty.end").touch()
+    wait_for(lambda: page.inner_text("#result") == "ok", SHOWN, what="the run's end on the page")
+    assert not page.is_visible("#live")  # the stored output now, no longer partial
+    assert page.inner_text("#output").split("\n")[:2] == ["first line", "second line"]
     page.context.close()

@@ -109,7 +109,9 @@ def run(request: Request) -> Response:
 
 def output(request: Request) -> Response:
     """A run's stored output (the newest 64 KiB), as ``history --output``
-    prints it: control characters escaped, passwords in URLs hidden."""
+    prints it: control characters escaped, passwords in URLs hidden. While
+    the run is running it is the live tail its holder wrote at its last
+    heartbeat, said by ``live`` (``RunRecord.live``)."""
     from dblockrun.ops.output import JSON_VERSION, dumps, output_text, run_json
 
     if (denied := _denied(request)) is not None:
@@ -119,7 +121,7 @@ def output(request: Request) -> Response:
     if found is None:
         return error(404, f"no run {request.path_params['run_id']}")
     return _json(dumps({"version": JSON_VERSION, "run": run_json(found),
-                        "output": output_text(found.output or "")}))
+                        "output": output_text(found.output or ""), "live": found.live}))
 
 
 def audit(request: Request) -> Response:

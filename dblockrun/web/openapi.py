@@ -47,7 +47,8 @@ OPENAPI: dict[str, Any] = {
         "/api/v1/history": _get("Runs, newest first: `history --json`",
                                 [_param("job"), _param("item"), _param("limit", kind="integer")]),
         "/api/v1/runs/{run_id}": _get("One run", [_RUN]),
-        "/api/v1/runs/{run_id}/output": _get("A run and its output tail (escaped)", [_RUN]),
+        "/api/v1/runs/{run_id}/output": _get(
+            "A run and its output tail (escaped); live: a running run's tail so far", [_RUN]),
         "/api/v1/audit": _get("Operator actions: `audit --json`",
                               [_param("job"), _param("limit", kind="integer")]),
         "/api/v1/jobs/{job}/run": _post("Run now (operator)", [_JOB]),

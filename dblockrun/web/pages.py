@@ -144,7 +144,7 @@ def run_page(request: Request) -> Response:
     if found is None:
         return render(request, "error.html", status=404,
                       message=f"no run {request.path_params['run_id']}")
-    return render(request, "run.html", run=run_json(found),
+    return render(request, "run.html", run=run_json(found), live=found.live,
                   output=output_text(found.output or ""))
 
 

@@ -23,7 +23,8 @@ function refreshRun(pre) {
       document.getElementById("finished").textContent = doc.run.finished || "-";
       document.getElementById("duration").textContent =
         doc.run.duration === null ? "-" : String(doc.run.duration);
-      pre.dataset.running = doc.run.result === "running" ? "yes" : "no";
+      document.getElementById("live").hidden = !doc.live;
+      pre.dataset.running = doc.live ? "yes" : "no";
     })
     .catch(() => {})
     .finally(() => {
