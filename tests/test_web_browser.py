@@ -2,12 +2,15 @@
 driven by Playwright, over a real ``dblockrun web`` and two real daemons on
 PostgreSQL. One browser, one server and one fleet for the whole module.
 
-The screenshots in the README (docs/images/) are taken here."""
+The screenshots in the README (docs/images/) are taken here, with
+DBLOCKRUN_SCREENSHOTS=1."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +26,11 @@ from dblockrun.store import models as m
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = Path("/usr/bin/chromium")
-IMAGES = REPO / "docs" / "images"
+#: Where the screenshots go: the README's images with DBLOCKRUN_SCREENSHOTS=1
+#: (``DBLOCKRUN_SCREENSHOTS=1 ./scripts/test tests/test_web_browser.py``), else a
+#: temporary folder, so a test run leaves the checkout as it was.
+IMAGES = (REPO / "docs" / "images" if os.environ.get("DBLOCKRUN_SCREENSHOTS", "") not in ("", "0")
+          else Path(tempfile.gettempdir()) / "dblockrun-screenshots")
 #: How long the page's script takes to show a change: it polls every 2 s.
 SHOWN = 20.0
 #: The daemons' --heartbeat: a running run's output reaches the database with it.
