@@ -13,6 +13,10 @@ JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
 #: (``catch-up:``; dblockrun/catchup.py): the newest runs, none, or up to
 #: ``catch-up-limit`` of them, oldest first.
 CATCH_UP = ("latest", "none", "all")
+#: What a slot due while the job's run is still going becomes (``overlap:``;
+#: dblockrun/scheduling/planner.py): skipped, the one slot waiting for the
+#: run's end, or the run stopped and the slot started once it has ended.
+OVERLAP = ("forbid", "queue", "replace")
 
 #: A command: a string runs through the job's shell (``sh -c``), a tuple is exec'd.
 Command = str | tuple[str, ...]
@@ -178,6 +182,8 @@ class Job:
     catch_up_limit: int | None = None
     #: The fleet-wide limit group (``groups:`` at the top) the job runs in.
     group: str | None = None
+    #: ``overlap:``: one of :data:`OVERLAP`.
+    overlap: str = "forbid"
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -233,6 +239,8 @@ class Job:
             del data["catch_up"], data["catch_up_limit"]  # likewise without `catch-up:`
         if data["group"] is None:
             del data["group"]  # nor `group:`
+        if data["overlap"] == "forbid":
+            del data["overlap"]  # nor `overlap:`
         if data["env_inherit"] is None:
             del data["env_inherit"]  # nor `env-inherit:`
         if data["backoff"] == 1.0 and data["max_delay"] is None:
