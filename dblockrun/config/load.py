@@ -41,6 +41,7 @@ from dblockrun.config.jobs import (
     OnFailure,
     RunOn,
     SecretUrl,
+    differing_fields,
 )
 from dblockrun.config.secreturl import check_url
 from dblockrun.errors import ConfigError
@@ -654,6 +655,22 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "overlap": ("overlap", _required(_overlap)),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
+_KEY_OF_FIELD = {field: key for key, (field, _parse) in JOB_KEYS.items()}
+
+
+def job_key(field: str) -> str:
+    """The jobs file's key of a :class:`Job` field (``lock_at_most`` ->
+    ``lock-at-most``)."""
+    return _KEY_OF_FIELD.get(field, field.replace("_", "-"))
+
+
+def differing_keys(mine: dict[str, str], theirs: dict[str, str] | None) -> list[str]:
+    """The jobs file keys in which two hosts' definitions of a job differ,
+    from their field digests (:meth:`Job.field_digests`); none known when
+    ``theirs`` is None (the host did not write them)."""
+    if theirs is None:
+        return []
+    return sorted({job_key(field) for field in differing_fields(mine, theirs)})
 
 
 def _size(text: str) -> int:

@@ -34,6 +34,12 @@ Version 6: ``hosts.heartbeat``, each daemon's ``--heartbeat``, written with
 its host row: ``status`` calls a host live by its own heartbeat, not a
 fixed 15 s (:func:`~dblockrun.store.status.live_window`). Nullable: a row
 of an older daemon is live for 15 s, as before.
+
+Version 7: ``hosts.fields``, per job a short digest of each field the
+daemon's file sets (JSON), written when its jobs file is (re)loaded, so
+drift between hosts names the fields that differ
+(:func:`~dblockrun.config.jobs.differing_fields`). Nullable: an older
+daemon's drift is named by its definition hash only, as before.
 """
 
 from __future__ import annotations
