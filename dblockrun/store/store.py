@@ -682,6 +682,12 @@ class Store:
                                                 if h.jobs != jobs], [], lost,
                           self.control.told_after(audit_after))
 
+    @property
+    def _host_columns(self) -> list[sa.Column[Any]]:
+        """A host row's columns but ``fields`` (per job, its keys' digests:
+        read only where drift is found, :meth:`host_fields`)."""
+        return [c for c in self.t.hosts.c if c.name != "fields"]
+
     def host_fields(self, ids: list[str]) -> dict[str, str | None]:
         """The ``fields`` of the hosts ``ids`` (read when drift is found)."""
         hosts = self.t.hosts
@@ -694,7 +700,7 @@ class Store:
 
     def hosts(self, seen_within: float | None = None) -> list[m.HostStatus]:
         hosts = self.t.hosts
-        stmt = sa.select(hosts).order_by(hosts.c.hostname, hosts.c.id)
+        stmt = sa.select(*self._host_columns).order_by(hosts.c.hostname, hosts.c.id)
         if seen_within is not None:
             stmt = stmt.where(hosts.c.last_seen >= self.now - seen_within)
         return self._run(lambda c: [m.from_row(m.HostStatus, r._mapping) for r in c.execute(stmt)])
@@ -707,7 +713,7 @@ class Store:
         from dblockrun.store.status import live_window_sql
 
         hosts = self.t.hosts
-        stmt = (sa.select(hosts).order_by(hosts.c.hostname, hosts.c.id)
+        stmt = (sa.select(*self._host_columns).order_by(hosts.c.hostname, hosts.c.id)
                 .where(hosts.c.last_seen >= self.now - live_window_sql(hosts.c.heartbeat)))
         return self._run(lambda c: [m.from_row(m.HostStatus, r._mapping) for r in c.execute(stmt)])
 
