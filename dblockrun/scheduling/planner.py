@@ -12,6 +12,10 @@ cause, they go through one policy, configured by the job's ``catch-up`` and
   ``rate``), ``none`` only one not yet :data:`FRESH` old (live daemons may be
   claiming it right now); a slot passed because the job was busy, the host
   or group full or the lock held by a dead host runs none;
+- a slot due while the job runs here waits for the run's end instead with
+  ``overlap: queue`` or ``replace`` (one at most: a newer one takes its
+  place, and the one displaced is recorded ``skipped``, cause
+  ``queue-full``);
 - every slot not run ends in exactly one record: ``missed`` (``skipped``
   for the causes that run none), a row each for the newest
   :data:`RECORDED`, one summary row counting the older ones with their
