@@ -65,9 +65,12 @@ def test_a_bad_overlap_names_file_line_job_and_key(text: str, message: str) -> N
 
 
 def slots_from(store: Store, job: str, first: float) -> dict[float, RunRecord]:
-    """The job's finished records from slot ``first`` on, by slot."""
-    return {r.slot: r for r in store.history(job, 200)
-            if r.slot is not None and r.slot >= first and r.result != m.RUNNING}
+    """The job's finished records from slot ``first`` on, by slot (each
+    slot has one record: one start, or one record of why not)."""
+    records = [r for r in store.history(job, 200) if r.slot is not None and r.slot >= first]
+    slots = [r.slot for r in records]
+    assert len(set(slots)) == len(slots), records
+    return {r.slot: r for r in records if r.slot is not None and r.result != m.RUNNING}
 
 
 @pytest.mark.slow
@@ -107,7 +110,7 @@ def test_queue_runs_the_slot_that_came_while_busy_after_the_run(db: TestDb,
     assert waited, ok
     for before, after in waited:
         assert before.finished is not None
-        assert 0 <= after.started - before.finished < 1.5, (before, after)
+        assert 0 <= after.started - before.finished < 3.0, (before, after)
     slots = sorted(done)
     assert slots == [slots[0] + 2 * i for i in range(len(slots))], done  # none unrecorded
     for skipped in (r for r in done.values() if r.result == m.SKIPPED):
@@ -153,7 +156,7 @@ def test_replace_stops_the_running_run_and_starts_the_new_slot(db: TestDb,
         assert run.slot is not None
         assert f"replaced by the slot {utc(run.slot + 4)} (overlap: replace)" in record.output
         # Stopped within a few seconds of the next slot, not after 60 s.
-        assert run.duration is not None and run.duration < 4 + 4, run
+        assert run.duration is not None and run.duration < 15, run
     for before, after in zip(runs, runs[1:], strict=False):
         assert after.slot == (before.slot or 0) + 4
         assert before.finished is not None and after.started >= before.finished - 0.05
