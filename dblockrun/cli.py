@@ -782,12 +782,22 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
 
 @cli.command()
 @click.argument("jobs_file", metavar="[FILE]", required=False)
+@click.option("--max-running", type=click.IntRange(min=1), metavar="N",
+              help="Also warn of jobs due together beyond a daemon's --max-running N.")
 @global_options()
 @handle_errors
-def validate(jobs_file: str | None) -> None:
-    """Check a jobs file; exit 2 with `file:line: job: key: why` if invalid."""
+def validate(jobs_file: str | None, max_running: int | None) -> None:
+    """Check a jobs file; exit 2 with `file:line: job: key: why` if invalid.
+    Warns (stderr) of jobs that share a group, or --max-running N, and come
+    due together beyond its limit: all but the limit's are skipped."""
+    import time
+
+    from dblockrun.scheduling.limits import starving
+
     path = _jobs_path(jobs_file)
     jobs = _load(path, secrets=True)
+    for warning in starving(jobs, time.time(), max_running):
+        click.echo(f"{_shown(path)}: warning: {warning}", err=True)
     click.echo(f"{_shown(path)}: ok, {len(jobs.jobs)} job(s)")
 
 

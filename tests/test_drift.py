@@ -97,10 +97,13 @@ def test_daemons_warn_about_and_status_shows_config_drift(db: TestDb, tmp_path: 
                             what=f"a drift warning in {log.name}")
             assert " WARNING " in line, line
             assert f":{other.pid}:" in line, f"the warning does not name pid {other.pid}: {line}"
+            # ... and the key that differs (the commands; the cron is the same).
+            assert "(command differs; definition " in line, line
 
         jobs = jobs_by_name(db)
         drifted, same = jobs["drifted"], jobs["same"]
         assert drifted["drift"] is True, drifted
+        assert drifted["drift_keys"] == ["command"], drifted
         assert len(drifted["definitions"]) == 2, drifted["definitions"]
         holders = sorted(h for hosts in drifted["definitions"].values() for h in hosts)
         assert [sorted(hosts) for hosts in drifted["definitions"].values()] == [
@@ -108,14 +111,14 @@ def test_daemons_warn_about_and_status_shows_config_drift(db: TestDb, tmp_path: 
         ], f"each definition of `drifted` should be on one host: {drifted['definitions']}"
         assert sorted(int(h.split(":")[1]) for h in holders) == sorted(p.pid for p in procs)
         assert same["drift"] is False, same
+        assert same["drift_keys"] == [], same
         assert len(same["definitions"]) == 1, same["definitions"]
         assert sorted(next(iter(same["definitions"].values()))) == holders
 
         human = status(db).splitlines()
         warnings = [line for line in human if line.startswith("warning: job ")]
-        assert any(w.startswith("warning: job drifted is defined differently") for w in warnings), (
-            "\n".join(human)
-        )
+        assert any(w.startswith("warning: job drifted is defined differently (command differs): ")
+                   for w in warnings), "\n".join(human)
         assert not any("job same " in w for w in warnings), "\n".join(warnings)
 
         # One version left: no drift any more (a stopping daemon removes its host row).
@@ -130,3 +133,19 @@ def test_daemons_warn_about_and_status_shows_config_drift(db: TestDb, tmp_path: 
         assert len([w for w in drift_warnings(log) if DRIFT_WARNING in w]) == 1, (
             f"{log.name}: the drift should be reported once:\n{log.read_text()}"
         )
+
+
+def test_field_digests_name_the_keys_two_definitions_differ_in() -> None:
+    from dblockrun.config.load import differing_keys, load_jobs_text
+
+    def job(body: str) -> dict[str, str]:
+        return load_jobs_text(f"jobs:\n  tick:\n{body}", "jobs.yaml").jobs[0].field_digests()
+
+    ours = job('    cron: "* * * * *"\n    command: ./tick\n    lock-at-most: 5m\n')
+    theirs = job('    cron: "* * * * *"\n    command: ./their-tick\n    env: {A: "1"}\n')
+    # A different command, an env only they set, lock-at-most only we set.
+    assert differing_keys(ours, theirs) == ["command", "env", "lock-at-most"]
+    assert differing_keys(ours, ours) == []
+    assert differing_keys(ours, None) == []  # an older daemon: not known
+    # The values are not stored, only their digests.
+    assert "./tick" not in str(ours) and all(len(d) == 8 for d in ours.values())

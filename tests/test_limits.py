@@ -410,3 +410,52 @@ def test_a_seat_held_by_a_killed_daemon_is_taken_over_after_its_lease(
     start = min(r.started for r in ran)
     assert killed + 3 - 1 - 0.2 <= start <= killed + 3 + 3, (killed, start)
     store.close()
+
+
+# --- validate: jobs that would starve ------------------------------------------------
+
+
+STARVING = """\
+groups: {backups: 1}
+jobs:
+  dump-users: {cron: "0 * * * *", command: x, group: backups}
+  dump-orders: {cron: "0 * * * *", command: x, group: backups}
+  files: {cron: "30 * * * *", command: x, group: backups}
+  report: {cron: "0 * * * *", command: x}
+"""
+
+
+def test_validate_warns_of_group_jobs_due_together_beyond_the_limit(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(STARVING)
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{path}: ok, 4 job(s)\n"
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{path}: warning: group backups (limit 1): dump-orders, "
+                               "dump-users come due together (first at "), lines
+    assert "168 time(s) within 7 days): all but 1 are skipped each time" in lines[0]
+    # files comes at :30, alone in its group: not named.
+    assert "files" not in lines[0]
+
+
+def test_validate_warns_of_a_host_limit_only_when_given(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(STARVING)
+    lines = CliRunner().invoke(cli, ["validate", str(path), "--max-running", "2"]
+                               ).stderr.splitlines()
+    assert len(lines) == 2
+    assert lines[1].startswith(f"{path}: warning: --max-running 2: dump-orders, dump-users, "
+                               "report come due together"), lines
+    assert "a host alone runs 2 and skips the rest each time" in lines[1]
+    roomy = CliRunner().invoke(cli, ["validate", str(path), "--max-running", "3"])
+    assert len(roomy.stderr.splitlines()) == 1  # the group's only
+
+
+def test_validate_is_quiet_when_group_jobs_are_staggered(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(STARVING.replace('dump-orders: {cron: "0 * * * *"',
+                                     'dump-orders: {cron: "15 * * * *"'))
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert (result.exit_code, result.stderr) == (0, "")

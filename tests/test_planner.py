@@ -397,3 +397,58 @@ def test_slots_within_lock_at_least_of_a_start_here_are_recorded_skipped() -> No
     # The lock's own end is at least the claim's answer plus 4 s: 104.01 is in it.
     assert planner.decide(held, due(104.0), 104.01, busy=False, full=False).act is Act.RECORD
     assert planner.decide(held, due(106.0), 106.01, busy=False, full=False).act is Act.CLAIM
+
+
+# --- overlap: queue and replace --------------------------------------------------------
+
+
+def overlapping(policy: str) -> Job:
+    return Job("j", "true", cron="* * * * * *", overlap=policy)
+
+
+@pytest.mark.parametrize("policy", ["queue", "replace"])
+def test_a_slot_of_a_busy_queueing_job_waits_for_the_run_to_end(policy: str) -> None:
+    planner = Planner(10.0, 0.5)
+    d = planner.decide(overlapping(policy), due(NOW - 0.5), NOW, busy=True, full=False)
+    assert (d.act, d.slot, d.plan) == (Act.QUEUE, NOW - 0.5, None)
+    planner.after(overlapping(policy), NOW - 0.5, Outcome.QUEUED, NOW, 0.01)
+    # The next slot is still looked at while it waits.
+    nxt = planner.agenda.pop_due(NOW + 1)
+    assert nxt is not None and nxt.slot == NOW + 0.5
+    # The run ends 1.7 s later: the slot that waited is due at once and
+    # claimed, though a newer one (NOW+0.5) came meanwhile (it was queued
+    # in its place in the next test; here it was not due yet).
+    planner.after(overlapping(policy), None, Outcome.ENDED, NOW + 0.3, 0.01)
+    waited = planner.agenda.pop_due(NOW + 0.3)
+    assert waited is not None and waited.slot == NOW - 0.5
+    go = planner.decide(overlapping(policy), waited, NOW + 0.3, busy=False, full=False)
+    assert (go.act, go.slot, go.due_next) == (Act.CLAIM, NOW - 0.5, NOW + 0.5)
+
+
+def test_a_newer_slot_takes_the_waiting_ones_place_and_that_one_is_skipped() -> None:
+    planner = Planner(10.0, 0.5)
+    queue = overlapping("queue")
+    planner.decide(queue, due(NOW - 0.5), NOW, busy=True, full=False)
+    planner.after(queue, NOW - 0.5, Outcome.QUEUED, NOW, 0.01)
+    d = planner.decide(queue, due(NOW + 0.5), NOW + 1, busy=True, full=False)
+    assert (d.act, d.slot) == (Act.QUEUE, NOW + 0.5)
+    assert d.plan is not None and d.plan.records == (NOW - 0.5,)
+    assert (d.plan.cause, d.plan.result) == (Cause.QUEUE_FULL, "skipped")
+    assert "queue holds one slot" in d.plan.reason
+    assert planner.queued == {"j": NOW + 0.5}
+
+
+def test_a_forbidding_job_is_skipped_and_nothing_waits() -> None:
+    planner = Planner(10.0, 0.5)
+    d = planner.decide(overlapping("forbid"), due(NOW - 0.5), NOW, busy=True, full=False)
+    assert d.act is Act.RECORD and planner.queued == {}
+
+
+def test_a_resync_drops_the_waiting_slot_for_the_catch_up_policy() -> None:
+    planner = Planner(10.0, 0.5)
+    queue = overlapping("queue")
+    planner.decide(queue, due(NOW - 0.5), NOW, busy=True, full=False)
+    planner.resync(queue, NOW + 1, Cause.OUTAGE, NOW + 0.5)
+    planner.after(queue, None, Outcome.ENDED, NOW + 1, 0.01)
+    d = planner.agenda.pop_due(NOW + 1)
+    assert d is not None and d.resync is Cause.OUTAGE  # not replaced by the waiting slot

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from functools import cached_property
+from typing import Any
 
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -13,6 +14,10 @@ JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
 #: (``catch-up:``; dblockrun/catchup.py): the newest runs, none, or up to
 #: ``catch-up-limit`` of them, oldest first.
 CATCH_UP = ("latest", "none", "all")
+#: What a slot due while the job's run is still going becomes (``overlap:``;
+#: dblockrun/scheduling/planner.py): skipped, the one slot waiting for the
+#: run's end, or the run stopped and the slot started once it has ended.
+OVERLAP = ("forbid", "queue", "replace")
 
 #: A command: a string runs through the job's shell (``sh -c``), a tuple is exec'd.
 Command = str | tuple[str, ...]
@@ -178,6 +183,8 @@ class Job:
     catch_up_limit: int | None = None
     #: The fleet-wide limit group (``groups:`` at the top) the job runs in.
     group: str | None = None
+    #: ``overlap:``: one of :data:`OVERLAP`.
+    overlap: str = "forbid"
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -214,8 +221,9 @@ class Job:
         spacing = max(self.rate or 0.0, self.lock_at_least)
         return spacing or None
 
-    def definition_hash(self) -> str:
-        """A short hash of everything that defines the job (not its line)."""
+    def definition_data(self) -> dict[str, Any]:
+        """Everything that defines the job (not its line), as hashed: keys
+        added since a version leave the data (and hash) as before when unset."""
         data = asdict(self)
         data.pop("line")
         if data["user"] is None:
@@ -233,15 +241,60 @@ class Job:
             del data["catch_up"], data["catch_up_limit"]  # likewise without `catch-up:`
         if data["group"] is None:
             del data["group"]  # nor `group:`
+        if data["overlap"] == "forbid":
+            del data["overlap"]  # nor `overlap:`
         if data["env_inherit"] is None:
             del data["env_inherit"]  # nor `env-inherit:`
         if data["backoff"] == 1.0 and data["max_delay"] is None:
             del data["backoff"], data["max_delay"]  # nor `backoff:`
-        import hashlib  # here: exec never hashes, and starts faster without them
-        import json
+        return data
 
-        blob = json.dumps(data, sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
+    def definition_hash(self) -> str:
+        """A short hash of everything that defines the job (not its line)."""
+        return _digest(self.definition_data(), 12)
+
+    def field_digests(self) -> dict[str, str]:
+        """A short digest of each field the job sets to other than its
+        default (field name -> 8 hex digits; the name salts it): two hosts'
+        digests name the fields their definitions differ in
+        (:func:`differing_fields`) without either storing the values."""
+        data = self.definition_data()
+        out = {}
+        for name, value in sorted(data.items()):
+            if name == "name" or (name in _DEFAULTS and _DEFAULTS[name] == value):
+                continue
+            out[name] = _digest([self.name, name, value], 8)
+        return out
+
+
+def _digest(data: object, size: int) -> str:
+    import hashlib  # here: exec never hashes, and starts faster without them
+    import json
+
+    blob = json.dumps(data, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:size]
+
+
+def differing_fields(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The fields (as :meth:`Job.field_digests` names them) in which two
+    hosts' definitions of a job differ: a digest that differs, or a field
+    one sets and the other leaves at its default."""
+    return sorted(name for name in a.keys() | b.keys() if a.get(name) != b.get(name))
+
+
+def loads_fields(text: str | None) -> dict[str, dict[str, str]] | None:
+    """A host row's ``fields`` (per job, :meth:`Job.field_digests`); None:
+    not written (an older daemon) or not readable."""
+    import json
+
+    try:
+        data = json.loads(text or "")
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {str(job): {str(k): str(v) for k, v in fields.items()}
+            for job, fields in data.items() if isinstance(fields, dict)}
 
 
 @dataclass(frozen=True)
@@ -262,3 +315,9 @@ class JobsFile:
         # A daemon looks a job up for each attempt: 2,000 jobs due at once
         # were 4 million name comparisons with a scan.
         return {job.name: job for job in self.jobs}
+
+
+#: Each Job field's default, as :meth:`Job.definition_data` holds it.
+_DEFAULTS: dict[str, Any] = {
+    f.name: asdict(Job("x", "x"))[f.name] for f in fields(Job)
+    if f.default is not MISSING or f.default_factory is not MISSING}

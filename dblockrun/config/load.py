@@ -33,6 +33,7 @@ from dblockrun.config.jobs import (
     MAX_COMMAND_BYTES,
     NOTIFY_EVENTS,
     NOTIFY_ON,
+    OVERLAP,
     Command,
     Job,
     JobsFile,
@@ -40,6 +41,7 @@ from dblockrun.config.jobs import (
     OnFailure,
     RunOn,
     SecretUrl,
+    differing_fields,
 )
 from dblockrun.config.secreturl import check_url
 from dblockrun.errors import ConfigError
@@ -591,6 +593,13 @@ def _catch_up(value: Any) -> str:
     return str(value)
 
 
+def _overlap(value: Any) -> str:
+    if value not in OVERLAP:
+        raise _Invalid(f"must be one of {', '.join(OVERLAP)} (what a slot due while the "
+                       f"job's run is still going becomes), got {_kind(value)}")
+    return str(value)
+
+
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``parse``, with ``null`` meaning unset."""
 
@@ -643,8 +652,25 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "catch-up": ("catch_up", _required(_catch_up)),
     "catch-up-limit": ("catch_up_limit", _optional(lambda v: _integer(v, 1))),
     "group": ("group", _optional(lambda v: _string(v, empty=False))),
+    "overlap": ("overlap", _required(_overlap)),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
+_KEY_OF_FIELD = {field: key for key, (field, _parse) in JOB_KEYS.items()}
+
+
+def job_key(field: str) -> str:
+    """The jobs file's key of a :class:`Job` field (``lock_at_most`` ->
+    ``lock-at-most``)."""
+    return _KEY_OF_FIELD.get(field, field.replace("_", "-"))
+
+
+def differing_keys(mine: dict[str, str], theirs: dict[str, str] | None) -> list[str]:
+    """The jobs file keys in which two hosts' definitions of a job differ,
+    from their field digests (:meth:`Job.field_digests`); none known when
+    ``theirs`` is None (the host did not write them)."""
+    if theirs is None:
+        return []
+    return sorted({job_key(field) for field in differing_fields(mine, theirs)})
 
 
 def _size(text: str) -> int:
@@ -899,6 +925,10 @@ class _Parser:
         if job.catch_up_limit is not None and job.catch_up != "all":
             why = f"only with catch-up: all (this job's catch-up is {job.catch_up})"
             raise self.error(why, keys["catch-up-limit"][1], name, "catch-up-limit")
+        if job.overlap != "forbid" and (job.cron is None or job.fan_out):
+            why = ("only for a cron job without items (a rate job starts when its last start "
+                   "is a rate old; a fan-out job's items have their own slots)")
+            raise self.error(why, keys["overlap"][1], name, "overlap")
         if job.group is not None:
             where = keys["group"][1]
             if job.group not in self.groups:

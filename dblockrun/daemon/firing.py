@@ -67,6 +67,8 @@ class Firing:
         self._pause = pause
         #: Per job, the highest fencing token won here and the newest slot run here.
         self._seen: dict[str, tuple[int, float | None]] = {}
+        #: The jobs whose run here was asked to stop for a newer slot (overlap: replace).
+        self._replacing: set[str] = set()
 
     @property
     def margin(self) -> float:
@@ -114,6 +116,8 @@ class Firing:
             outcome, delay = Outcome.AT_LIMIT, SHARE_WAIT
         elif decision.act is Act.RECORD:
             outcome, delay = self._record(job, decision)
+        elif decision.act is Act.QUEUE:
+            outcome, delay = self._queue(job, decision)
         elif job.fan_out:
             outcome = self._fan_out(job, slot, decision.due_next)
         elif slot is None and self.runs.full():
@@ -151,6 +155,33 @@ class Firing:
         except DatabaseError as exc:
             return self._failed(job, exc, f"record {job.name}")
         return Outcome.RECORDED, 0.0
+
+    def _queue(self, job: Job, decision: Decision) -> tuple[Outcome, float]:
+        """``overlap: queue`` or ``replace``: the slot waits for the end of
+        the job's run here (the planner holds it); the slot it took the
+        place of is recorded skipped; ``replace`` asks the run to stop,
+        through the kill request every holder reads with its renewal."""
+        assert decision.slot is not None
+        if decision.plan is not None:
+            outcome, delay = self._record(job, decision)
+            if outcome is Outcome.DB_ERROR:
+                return outcome, delay
+        if job.overlap == "replace" and job.name not in self._replacing:
+            try:
+                mine = [run for run in self.store.control.running(job.name)
+                        if run.host == self.s.holder]
+                asked = self.store.control.kill(
+                    mine, self.s.holder, f"replaced by the slot {utc(decision.slot)} "
+                    "(overlap: replace)") if mine else []
+                self.outage.ok()
+            except DatabaseError as exc:
+                return self._failed(job, exc, f"stop {job.name} to replace it")
+            if asked:
+                self._replacing.add(job.name)
+                log.info("job %s: stopping run %s to start the slot %s (overlap: replace)",
+                         job.name, ", ".join(str(run.id) for run in asked),
+                         utc(decision.slot), extra={"job": job.name})
+        return Outcome.QUEUED, 0.0
 
     def _claim(self, job: Job, slot: float | None,
                due_next: float | None) -> tuple[Outcome, float]:
@@ -280,6 +311,7 @@ class Firing:
         """Plan again the jobs whose run just ended: a backlog's next slot, a
         rate-only job's next start (its lease is over now)."""
         for name in self.runs.finished():
+            self._replacing.discard(name)
             job = self._jobs().job(name)
             if job is not None and job.enabled:
                 self._after(job, None, Outcome.ENDED)

@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from dblockrun import __version__
-from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.config.jobs import Job, JobsFile, loads_fields
+from dblockrun.config.load import differing_keys
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Events, RunLost
 from dblockrun.metrics import Metrics
@@ -134,6 +135,10 @@ class FleetBooks:
         self._audit_after: int | None = None
         self._defs_for: JobsFile | None = None
         self._defs: tuple[dict[str, str], str] = ({}, "{}")
+        #: Per job, its fields' digests (config/jobs.py field_digests), and
+        #: the jobs file they were last written to the host row for.
+        self._fields: dict[str, dict[str, str]] = {}
+        self._fields_written: JobsFile | None = None
         # A crash is restarted after a backoff of at most a round's interval:
         # meanwhile the other hosts sweep lost runs and the renewals go on.
         self._worker = Loop(threads, "bookkeeping", Policy(max_delay=self.interval), self._loop)
@@ -185,7 +190,11 @@ class FleetBooks:
     def round(self) -> None:
         """One round: host row, clock sample, lost runs, live hosts, drift,
         run-now requests (one statement on PostgreSQL when idle)."""
-        mine, mine_json = self._definitions()
+        jobs = self._jobs()
+        mine, mine_json = self._definitions(jobs)
+        # Written when the file is (re)loaded; NULL keeps the row's.
+        fields = (json.dumps(self._fields, sort_keys=True)
+                  if self._fields_written is not jobs else None)
         if not self.clock.known:
             # The first round writes the host row with the offset known before
             # it: sample once first, or `status` shows none until the next round.
@@ -205,7 +214,9 @@ class FleetBooks:
             targets=self._targets() if self._targets is not None else None,
             heartbeat=self.heartbeat,
             audit_after=self._audit_after,
+            fields=fields,
         )
+        self._fields_written = jobs
         self.clock.add(done.sample)
         self.live_hosts = 1 + done.live_others
         for lost in done.lost:
@@ -352,13 +363,13 @@ class FleetBooks:
         assert self._book is not None
         return plan is None or self._book.record(job, plan, now)
 
-    def _definitions(self) -> tuple[dict[str, str], str]:
+    def _definitions(self, jobs: JobsFile) -> tuple[dict[str, str], str]:
         """Each job's definition hash (and as JSON), once per jobs file: an idle
         heartbeat then costs the same whatever the number of jobs."""
-        jobs = self._jobs()
         if self._defs_for is not jobs:
             defs = {j.name: j.definition_hash() for j in jobs.jobs}
             self._defs = (defs, json.dumps(defs))
+            self._fields = {j.name: j.field_digests() for j in jobs.jobs}
             self._defs_for = jobs
         return self._defs
 
@@ -375,15 +386,31 @@ class FleetBooks:
             if isinstance(defs, dict):
                 for name, digest in defs.items():
                     seen.setdefault(str(name), {}).setdefault(str(digest), []).append(host)
-        for name, defs in seen.items():
-            if name not in mine:
-                continue
-            for digest, hosts in defs.items():
-                key = (name, digest)
-                if digest != mine[name] and key not in self._drift_seen:
-                    self._drift_seen.add(key)
-                    log.warning(
-                        "job %s: defined differently on %s (definition %s, here %s): "
-                        "check that every host has the same jobs file",
-                        name, ", ".join(hosts), digest, mine[name],
-                    )
+        new = [(name, digest, hosts) for name, defs in seen.items() if name in mine
+               for digest, hosts in defs.items()
+               if digest != mine[name] and (name, digest) not in self._drift_seen]
+        if not new:
+            return
+        theirs = self._their_fields(sorted({h for _n, _d, hosts in new for h in hosts}))
+        for name, digest, hosts in new:
+            self._drift_seen.add((name, digest))
+            differ = sorted({key for host in hosts if (fields := theirs.get(host)) is not None
+                             for key in differing_keys(self._fields.get(name, {}),
+                                                       fields.get(name))})
+            log.warning(
+                "job %s: defined differently on %s (%sdefinition %s, here %s): "
+                "check that every host has the same jobs file, or that two files "
+                "sharing this database do not use the same job name",
+                name, ", ".join(hosts),
+                f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''}; "
+                if differ else "", digest, mine[name],
+            )
+
+    def _their_fields(self, hosts: list[str]) -> dict[str, dict[str, dict[str, str]]]:
+        """The other hosts' field digests, per job (a host that did not
+        write them, an older daemon, is left out)."""
+        out: dict[str, dict[str, dict[str, str]]] = {}
+        for host, text in self.store.host_fields(hosts).items():
+            if (fields := loads_fields(text)) is not None:
+                out[host] = fields
+        return out

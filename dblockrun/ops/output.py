@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from dblockrun.config.durations import format_duration
-from dblockrun.config.jobs import EVERY_HOST_SEP, RunOn
+from dblockrun.config.jobs import EVERY_HOST_SEP, RunOn, loads_fields
+from dblockrun.config.load import differing_keys
 from dblockrun.printable import printable
 from dblockrun.scheduling.targeting import (
     describe,
@@ -185,6 +186,7 @@ class Fleet:
         #: The fleet-wide pause in effect: no job's next run comes while it lasts.
         self.paused = paused
         self.defs = definitions(self.hosts)
+        self._fields = {h.id: h.fields for h in self.hosts}
         #: Job names some live daemon has; None if a host did not say.
         self.known = jobs_known(self.hosts)
         #: Each live host's labels, and the targeting of the jobs their files
@@ -194,6 +196,22 @@ class Fleet:
         for h in self.hosts:
             for name, spec in loads_targets(h.targets).items():
                 self.targets.setdefault(name, spec)
+
+    def drift_keys(self, name: str) -> list[str]:
+        """The jobs file keys in which live hosts' definitions of ``name``
+        differ (as far as their hosts wrote their fields' digests)."""
+        defs = self.defs.get(name, {})
+        if len(defs) < 2:
+            return []
+        seen: list[dict[str, str]] = []
+        for hosts in defs.values():
+            for host in hosts:
+                fields = loads_fields(self._fields.get(host))
+                if fields is not None and name in fields:
+                    seen.append(fields[name])
+                    break
+        return sorted({key for i, a in enumerate(seen) for b in seen[i + 1:]
+                       for key in differing_keys(a, b)})
 
     def target(self, name: str) -> tuple[RunOn, bool] | None:
         """The job's ``run-on`` and every-host, as live hosts' files say
@@ -245,7 +263,9 @@ def warnings(jobs: Sequence[JobStatus], fleet: Fleet,
     for name, defs in sorted(fleet.defs.items()):
         if len(defs) > 1 and name in names:
             where = "; ".join(f"{d} on {', '.join(h)}" for d, h in sorted(defs.items()))
-            out.append(f"job {name} is defined differently: {where}")
+            keys = fleet.drift_keys(name)
+            differ = f" ({', '.join(keys)} differ{'s' if len(keys) == 1 else ''})" if keys else ""
+            out.append(f"job {name} is defined differently{differ}: {where}")
     for name in sorted(names):
         if (nowhere := fleet.unmatched(name)) is not None:
             out.append(f"job {name}: {nowhere}, so it runs nowhere")
@@ -344,6 +364,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             "items": s.items,
             "definitions": defs.get(s.lock.name, {}),
             "drift": len(defs.get(s.lock.name, {})) > 1,
+            "drift_keys": fleet.drift_keys(s.lock.name),
             **_target_json(fleet.target(s.lock.name)),
         })
     return dumps({

@@ -23,7 +23,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.store.models import SEAT_PREFIX
+from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
     from dblockrun.store import Store
@@ -74,3 +76,57 @@ def take_seat(store: Store, jobs: JobsFile, job: Job, holder: str,
             return got
         holders = store.seat_holders(seats)
     return group_reason(job.group, limit, holders)
+
+
+#: ``validate`` looks this far ahead (seconds) for jobs due together ...
+CROWD_HORIZON = 7 * 86400.0
+#: ... and at most this many slots of each job.
+CROWD_SLOTS = 2000
+
+
+def crowded(jobs: list[Job], limit: int, now: float) -> tuple[int, float, list[str]] | None:
+    """How often more than ``limit`` of ``jobs`` (cron jobs; the others are
+    left out) come due at one instant in the next :data:`CROWD_HORIZON`:
+    (instants, the first, the jobs due together then); None: never."""
+    due: dict[float, list[str]] = {}
+    for job in jobs:
+        if job.cron is None or not job.enabled:
+            continue
+        slot = now
+        for _ in range(CROWD_SLOTS):
+            slot = next_slot_at(job.schedule, slot)
+            if slot > now + CROWD_HORIZON:
+                break
+            due.setdefault(slot, []).append(job.name)
+    over = sorted(at for at, names in due.items() if len(names) > limit)
+    if not over:
+        return None
+    return len(over), over[0], sorted(due[over[0]])
+
+
+def _named(names: list[str], shown: int = 10) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def starving(jobs: JobsFile, now: float, max_running: int | None = None) -> list[str]:
+    """What ``validate`` warns of: jobs of a group (or, with
+    ``max_running``, of one host) that come due together beyond its limit,
+    so that all but the limit's are skipped each time (a full group skips;
+    a host alone at ``--max-running`` skips what no other host takes)."""
+    out: list[str] = []
+    for group, limit in jobs.groups:
+        members = [job for job in jobs.jobs if job.group == group]
+        if (found := crowded(members, limit, now)) is not None:
+            count, first, names = found
+            out.append(f"group {group} (limit {limit}): {_named(names)} come due together "
+                       f"(first at {utc(first)}; {count} time(s) within 7 days): all but "
+                       f"{limit} are skipped each time; stagger their schedules or raise "
+                       "the limit")
+    if max_running is not None and (found := crowded(
+            [job for job in jobs.jobs if not job.fan_out], max_running, now)) is not None:
+        count, first, names = found
+        out.append(f"--max-running {max_running}: {_named(names)} come due together (first "
+                   f"at {utc(first)}; {count} time(s) within 7 days): a host alone runs "
+                   f"{max_running} and skips the rest each time")
+    return out

@@ -12,6 +12,10 @@ cause, they go through one policy, configured by the job's ``catch-up`` and
   ``rate``), ``none`` only one not yet :data:`FRESH` old (live daemons may be
   claiming it right now); a slot passed because the job was busy, the host
   or group full or the lock held by a dead host runs none;
+- a slot due while the job runs here waits for the run's end instead with
+  ``overlap: queue`` or ``replace`` (one at most: a newer one takes its
+  place, and the one displaced is recorded ``skipped``, cause
+  ``queue-full``);
 - every slot not run ends in exactly one record: ``missed`` (``skipped``
   for the causes that run none), a row each for the newest
   :data:`RECORDED`, one summary row counting the older ones with their
@@ -71,11 +75,13 @@ class Cause(StrEnum):
     LOCK_AT_LEAST = "lock-at-least"  # within lock-at-least of the job's last start
     LOCK_HELD = "lock-held"  # the lock held with no run (a dead host's retry or window)
     UNCLAIMABLE = "unclaimable"  # a catch-up's slots refused: the fleet paused, the job disabled
+    QUEUE_FULL = "queue-full"  # overlap: queue/replace: a newer slot took its place
 
 
 #: Causes whose slots run none and are recorded ``skipped``.
 SKIPPING = frozenset({Cause.BUSY, Cause.HOST_FULL, Cause.GROUP_FULL, Cause.DEAD_HOLDER,
-                      Cause.LOCK_AT_LEAST, Cause.LOCK_HELD, Cause.UNCLAIMABLE})
+                      Cause.LOCK_AT_LEAST, Cause.LOCK_HELD, Cause.UNCLAIMABLE,
+                      Cause.QUEUE_FULL})
 #: The reason stored with catch-up slots whose claim was refused.
 UNCLAIMABLE_REASON = ("catch-up stopped: the slot could not be claimed (the fleet paused, the "
                       "job disabled, its rate, or a lock row edited by hand)")
@@ -397,6 +403,8 @@ class Act(Enum):
     RECORD = "record"  # record the plan's slot, claim nothing
     DEFER = "defer"  # at --max-running: leave it to the others, look once more
     WAIT = "wait"  # nothing now (a rate job at --max-running, a catch-up in progress)
+    QUEUE = "queue"  # overlap: queue/replace: the slot waits for the run's end (the
+    #                  plan: the slot it took the place of, recorded skipped)
 
 
 @dataclass(frozen=True)
@@ -420,6 +428,7 @@ class Outcome(Enum):
     RECORDED = "recorded"  # recorded without a run: busy, too late, a full host
     AT_LIMIT = "at limit"  # --max-running: left to the other hosts for a moment
     GROUP_FULL = "group full"  # won, but no seat of its group: recorded skipped
+    QUEUED = "queued"  # waits for the end of the job's run here (overlap: queue/replace)
     DB_ERROR = "database error"
     ENDED = "ended"  # its run on this host is over
 
@@ -452,6 +461,11 @@ class Planner:
         self._held: dict[str, tuple[float, float]] = {}
         #: Catch-up slots whose claim was refused, to record (next attempt).
         self._given_up: dict[str, Plan] = {}
+        #: Per job with ``overlap: queue`` or ``replace``, the slot waiting
+        #: for the end of its run here (at most one).
+        self.queued: dict[str, float] = {}
+        #: The waiting slot each job's run's end made due now.
+        self._was_queued: dict[str, float] = {}
 
     # -- planning ------------------------------------------------------------
 
@@ -486,6 +500,8 @@ class Planner:
         self._deferred.clear()
         self._held.clear()
         self._given_up.clear()
+        self.queued.clear()
+        self._was_queued.clear()
 
     def resync(self, job: Job, at: float, cause: Cause, since: float | None = None) -> None:
         """Read the job's last slot at ``at`` and plan from there."""
@@ -513,6 +529,7 @@ class Planner:
         disable began (``disabled_since``, when known) are recorded, none
         run."""
         self.backlog.pop(job.name, None)
+        self.queued.pop(job.name, None)  # planned again from the database
         last_slot = None if row is None else row.last_slot
         floor = last_slot
         if since is not None and cause in (Cause.OUTAGE, Cause.LATE):
@@ -545,6 +562,7 @@ class Planner:
         its slots first (``delay`` 0: read again at once), or the database
         failed (after its backoff)."""
         self.backlog.pop(job.name, None)
+        self.queued.pop(job.name, None)
         self.resync(job, now + max(delay, 0.05), cause, since)
 
     def after(self, job: Job, slot: float | None, outcome: Outcome, now: float,
@@ -565,8 +583,16 @@ class Planner:
             return False
         if job.cron is None:
             return self._rate(job, outcome, now, margin, row)
+        if outcome is Outcome.QUEUED:
+            assert slot is not None
+            self.regular(job, slot, margin)  # newer slots come while it waits
+            return False
         if outcome is Outcome.ENDED:
-            if self.head(job.name) is not None:
+            waiting = self.queued.pop(job.name, None)
+            if waiting is not None and not self.agenda.resyncing(job.name):
+                self._was_queued[job.name] = waiting
+                self.agenda.push(now, job.name, waiting)  # the slot that waited: now
+            elif self.head(job.name) is not None:
                 self.regular(job, now, margin)  # the backlog's next slot
             return False
         assert slot is not None
@@ -662,6 +688,8 @@ class Planner:
             del self.backlog[name]
         for name in [n for n in self._given_up if n not in names]:
             del self._given_up[name]
+        for name in [n for n in self.queued if n not in names]:
+            del self.queued[name]
 
     def decide(self, job: Job, due: Due, now: float, *, busy: bool, full: bool,
                winding_up: bool = False) -> Decision:
@@ -697,12 +725,18 @@ class Planner:
                     head, Cause.DEADLINE, deadline_reason(job, head, now)))
             due_next = queue[1] if len(queue) > 1 else next_due(job, head, self.tolerance)
             return Decision(Act.CLAIM, head, due_next)
-        if next_slot_at(job.schedule, slot) <= now:
+        waited = self._was_queued.pop(job.name, None) == slot
+        if next_slot_at(job.schedule, slot) <= now and not waited:
+            # (A slot that waited for a run's end (overlap: queue, replace)
+            # is due now though its next slot may have come: a newer slot
+            # would have taken its place, so none passed unrecorded.)
             if job.fan_out:
                 slot = newest_due(job, slot, now)  # its items have their own slots
             else:
                 return Decision(Act.RESYNC, slot, cause=Cause.LATE)
         if busy and not job.fan_out:
+            if job.overlap != "forbid":
+                return self._enqueue(job, slot)
             return Decision(Act.RECORD, slot, plan=single(
                 slot, Cause.BUSY, "previous run still going"))
         held = self._held.get(job.name)
@@ -722,3 +756,16 @@ class Planner:
         deferred = self._deferred.pop(job.name, None) is not None
         return Decision(Act.CLAIM, slot, next_due(job, slot, self.tolerance),
                         batch=not job.fan_out and not deferred)
+
+    def _enqueue(self, job: Job, slot: float) -> Decision:
+        """``overlap: queue`` or ``replace``: ``slot`` waits for the end of
+        the job's run here; a slot already waiting is dropped (recorded
+        skipped: the newer one took its place)."""
+        older = self.queued.get(job.name)
+        self.queued[job.name] = slot
+        plan = None
+        if older is not None and older < slot:
+            plan = single(older, Cause.QUEUE_FULL,
+                          f"overlap: {job.overlap}: the queue holds one slot and {utc(slot)} "
+                          "took its place while the previous run was still going")
+        return Decision(Act.QUEUE, slot, plan=plan)

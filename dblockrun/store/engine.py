@@ -719,13 +719,13 @@ class LockEngine:
                     clock_offset: float | None, running: int, jobs: str | None,
                     within: float, labels: str | None = None,
                     targets: str | None = None, heartbeat: float | None = None,
-                    audit_after: int = 0) -> BooksRound:
+                    audit_after: int = 0, fields: str | None = None) -> BooksRound:
         """A daemon's bookkeeping round (``q.books_in_one_trip``): one round
         trip when no run died (then one more per dead run)."""
         params = {"id": host_id, "hostname": hostname, "pid": pid, "version": version,
                   "offset": clock_offset, "running": running, "jobs": jobs, "within": within,
                   "labels": labels, "targets": targets, "heartbeat": heartbeat,
-                  "audit_after": audit_after}
+                  "audit_after": audit_after, "fields": fields}
 
         def go(cur: Any) -> BooksRound:
             wall0, mono0 = time.time(), time.monotonic()

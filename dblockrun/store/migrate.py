@@ -39,6 +39,12 @@ Version 7: ``runs.covers_from``, the first slot a summary record of passed
 slots stands for (its ``slot`` is the last), so the bookkeeping that records
 the slots a held lock kept sees the summarized ones as recorded. Nullable:
 older summaries keep their range only in their text.
+
+Version 8: ``hosts.fields``, per job a short digest of each field the
+daemon's file sets (JSON), written when its jobs file is (re)loaded, so
+drift between hosts names the fields that differ
+(:func:`~dblockrun.config.jobs.differing_fields`). Nullable: an older
+daemon's drift is named by its definition hash only, as before.
 """
 
 from __future__ import annotations

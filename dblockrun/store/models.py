@@ -163,6 +163,9 @@ class HostStatus:
     targets: str | None = None
     #: Its ``--heartbeat`` (schema 6; None: an older daemon): how long it stays live.
     heartbeat: float | None = None
+    #: Per job, a digest of each field its file sets (schema 7, JSON;
+    #: dblockrun/config/jobs.py field_digests); None: not written (yet).
+    fields: str | None = None
 
 
 #: Per record kind: its fields, each with the number type it holds (if any).

@@ -23,12 +23,13 @@ from functools import cached_property
 
 from dblockrun.store.models import RUNNING, TOKEN_MAX
 
-SCHEMA_VERSION = 7  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 8  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
 #                       nullable columns and tables, added by store/migrate.py;
 #                    5: locks.prev_slot and prev_until (a claim's jump over held slots);
 #                    6: hosts.heartbeat (liveness by each daemon's own --heartbeat);
-#                    7: runs.covers_from (the range of a summary record of passed slots)
+#                    7: runs.covers_from (the range of a summary record of passed slots);
+#                    8: hosts.fields (drift names the fields that differ)
 
 #: The operator actions each daemon logs as its bookkeeping reads them from
 #: the audit trail (dblockrun/daemon/fleet.py).
@@ -634,13 +635,15 @@ class Queries:
         others = (f"FROM {hosts} h WHERE h.id <> {p('id')} "
                   f"AND h.last_seen >= {now} - {p('within')}")
         return (f"WITH me AS (INSERT INTO {hosts} (id, hostname, pid, version, started, "
-                f"last_seen, clock_offset, running, jobs, labels, targets, heartbeat) "
+                f"last_seen, clock_offset, running, jobs, labels, targets, heartbeat, fields) "
                 f"VALUES ({p('id')}, {p('hostname')}, {p('pid')}, {p('version')}, {now}, {now}, "
                 f"{p('offset')}, {p('running')}, {p('jobs')}, {p('labels')}, {p('targets')}, "
-                f"{p('heartbeat')}) "
+                f"{p('heartbeat')}, {p('fields')}) "
                 "ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen, "
                 "clock_offset = EXCLUDED.clock_offset, running = EXCLUDED.running, "
-                "jobs = EXCLUDED.jobs, labels = EXCLUDED.labels, targets = EXCLUDED.targets "
+                "jobs = EXCLUDED.jobs, labels = EXCLUDED.labels, targets = EXCLUDED.targets, "
+                # NULL: unchanged (written only when the jobs file is loaded).
+                f"fields = COALESCE(EXCLUDED.fields, {hosts}.fields) "
                 "RETURNING last_seen) "
                 f"SELECT (SELECT last_seen FROM me), (SELECT count(*) {others}), "
                 f"(SELECT json_agg(json_build_array(h.id, h.jobs) ORDER BY h.hostname, h.id) "
@@ -729,13 +732,15 @@ class MysqlQueries(Queries):
                 f"WHERE a.id > {p('audit_after')} "
                 f"AND a.action IN ({', '.join(repr(a) for a in TOLD_ACTIONS)}) ORDER BY a.id; "
                 f"INSERT INTO {hosts} (id, hostname, pid, version, started, last_seen, "
-                "clock_offset, running, jobs, labels, targets, heartbeat) "
+                "clock_offset, running, jobs, labels, targets, heartbeat, fields) "
                 f"VALUES ({p('id')}, {p('hostname')}, {p('pid')}, {p('version')}, {now}, {now}, "
                 f"{p('offset')}, {p('running')}, {p('jobs')}, {p('labels')}, {p('targets')}, "
-                f"{p('heartbeat')}) "
+                f"{p('heartbeat')}, {p('fields')}) "
                 "ON DUPLICATE KEY UPDATE last_seen = VALUES(last_seen), "
                 "clock_offset = VALUES(clock_offset), running = VALUES(running), "
-                "jobs = VALUES(jobs), labels = VALUES(labels), targets = VALUES(targets)")
+                "jobs = VALUES(jobs), labels = VALUES(labels), targets = VALUES(targets), "
+                # NULL: unchanged (written only when the jobs file is loaded).
+                f"fields = COALESCE(VALUES(fields), {hosts}.fields)")
 
     def token_expr(self) -> str:
         return f"LAST_INSERT_ID({self.locks}.token + 1)"

@@ -176,6 +176,9 @@ def build_tables(prefix: str) -> Tables:
         # Schema 6: the daemon's --heartbeat (seconds): how long its row
         # stays live in `status` (dblockrun/store/status.py live_window).
         sa.Column("heartbeat", sa.Double()),
+        # Schema 7: per job, a digest of each field its file sets (JSON;
+        # config/jobs.py field_digests): drift names the fields that differ.
+        sa.Column("fields", _Text),
     )
     items = sa.Table(
         f"{prefix}items",

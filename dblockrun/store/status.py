@@ -13,7 +13,7 @@ number of jobs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -88,9 +88,15 @@ def report(store: Store, names: Sequence[str] | None = None,
            live_within: float | None = None) -> StatusReport:
     """Jobs (all, or ``names``), live hosts (seen within ``live_within``;
     None: each by its own heartbeat), the groups' seats (read with the
-    jobs) and the pause: five statements."""
+    jobs) and the pause: five statements (six when live hosts define a job
+    differently: their keys' digests, to name the keys that differ)."""
     jobs, seats, db_now = _read(store, names)
     hosts = store.live_hosts(live_within)
+    drifting = {h for defs in m.definitions(hosts).values() if len(defs) > 1
+                for ids in defs.values() for h in ids}
+    if drifting:  # the keys that differ: those hosts' field digests (one more statement)
+        fields = store.host_fields(sorted(drifting))
+        hosts = [replace(h, fields=fields.get(h.id)) if h.id in drifting else h for h in hosts]
     return StatusReport(jobs=jobs, hosts=hosts, db_now=db_now, live_within=live_within,
                         paused=store.control.paused(), groups=_group_usage(seats, db_now))
 

@@ -668,10 +668,13 @@ class Store:
     def heartbeat_host(self, host_id: str, *, hostname: str, pid: int, version: str,
                        clock_offset: float | None, running: int, jobs: str | None,
                        labels: str | None = None, targets: str | None = None,
-                       heartbeat: float | None = None) -> None:
+                       heartbeat: float | None = None, fields: str | None = None) -> None:
+        """Write the host's row; ``fields`` None: the row's are kept."""
         hosts, now = self.t.hosts, self.now
         values = {"last_seen": now, "clock_offset": clock_offset, "running": running, "jobs": jobs,
                   "labels": labels, "targets": targets}
+        if fields is not None:
+            values["fields"] = fields
 
         def go(conn: Connection) -> None:
             res = conn.execute(hosts.update().where(hosts.c.id == host_id).values(**values))
@@ -686,7 +689,7 @@ class Store:
                     clock_offset: float | None, running: int, jobs: str | None,
                     within: float, labels: str | None = None,
                     targets: str | None = None, heartbeat: float | None = None,
-                    audit_after: int = 0) -> BooksRound:
+                    audit_after: int = 0, fields: str | None = None) -> BooksRound:
         """A daemon's bookkeeping round: write its host row (with its labels
         and targeting, dblockrun/scheduling/targeting.py, and its heartbeat), sample the clock,
         record dead runs lost, read the other live hosts and the run-now
@@ -699,16 +702,30 @@ class Store:
             return engine.books_round(host_id, hostname=hostname, pid=pid, version=version,
                                       clock_offset=clock_offset, running=running, jobs=jobs,
                                       within=within, labels=labels, targets=targets,
-                                      heartbeat=heartbeat, audit_after=audit_after)
+                                      heartbeat=heartbeat, audit_after=audit_after,
+                                      fields=fields)
         sample = self.clock_sample()
         self.heartbeat_host(host_id, hostname=hostname, pid=pid, version=version,
                             clock_offset=clock_offset, running=running, jobs=jobs,
-                            labels=labels, targets=targets, heartbeat=heartbeat)
+                            labels=labels, targets=targets, heartbeat=heartbeat,
+                            fields=fields)
         lost = self.sweep_lost()
         others = [h for h in self.hosts(seen_within=within) if h.id != host_id]
         return BooksRound(sample, len(others), [(h.id, h.jobs) for h in others
                                                 if h.jobs != jobs], [], lost,
                           self.control.told_after(audit_after))
+
+    @property
+    def _host_columns(self) -> list[sa.Column[Any]]:
+        """A host row's columns but ``fields`` (per job, its keys' digests:
+        read only where drift is found, :meth:`host_fields`)."""
+        return [c for c in self.t.hosts.c if c.name != "fields"]
+
+    def host_fields(self, ids: list[str]) -> dict[str, str | None]:
+        """The ``fields`` of the hosts ``ids`` (read when drift is found)."""
+        hosts = self.t.hosts
+        stmt = sa.select(hosts.c.id, hosts.c.fields).where(hosts.c.id.in_(ids))
+        return self._run(lambda c: {str(r[0]): r[1] for r in c.execute(stmt)})
 
     def remove_host(self, host_id: str) -> None:
         hosts = self.t.hosts
@@ -716,7 +733,7 @@ class Store:
 
     def hosts(self, seen_within: float | None = None) -> list[m.HostStatus]:
         hosts = self.t.hosts
-        stmt = sa.select(hosts).order_by(hosts.c.hostname, hosts.c.id)
+        stmt = sa.select(*self._host_columns).order_by(hosts.c.hostname, hosts.c.id)
         if seen_within is not None:
             stmt = stmt.where(hosts.c.last_seen >= self.now - seen_within)
         return self._run(lambda c: [m.from_row(m.HostStatus, r._mapping) for r in c.execute(stmt)])
@@ -729,7 +746,7 @@ class Store:
         from dblockrun.store.status import live_window_sql
 
         hosts = self.t.hosts
-        stmt = (sa.select(hosts).order_by(hosts.c.hostname, hosts.c.id)
+        stmt = (sa.select(*self._host_columns).order_by(hosts.c.hostname, hosts.c.id)
                 .where(hosts.c.last_seen >= self.now - live_window_sql(hosts.c.heartbeat)))
         return self._run(lambda c: [m.from_row(m.HostStatus, r._mapping) for r in c.execute(stmt)])
 
