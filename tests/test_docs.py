@@ -23,6 +23,7 @@ from test_man import commands, option_names
 
 from dblockrun.cli import cli
 from dblockrun.config.load import JOB_KEYS, TOP_LEVEL_KEYS
+from dblockrun.store.schema import build_tables
 
 pytestmark = pytest.mark.docs
 
@@ -242,3 +243,13 @@ def test_the_readme_is_short_and_links_to_every_page() -> None:
 def test_the_readme_keeps_the_two_commands() -> None:
     text = README.read_text()
     assert "    ./scripts/quickstart " in text and "    ./scripts/test " in text
+
+
+def test_getting_started_names_every_table() -> None:
+    tables = build_tables("dblockrun_")
+    text = (DOCS / "getting-started.md").read_text()
+    sentence = re.search(r"The schema \(([^)]*)\)", text)
+    assert sentence is not None
+    named = re.findall(r"`(?:dblockrun)?(_[a-z]+)`", sentence.group(1))
+    assert sorted(named) == sorted(t.name.removeprefix("dblockrun") for t in
+                                   tables.metadata.sorted_tables)
