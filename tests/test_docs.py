@@ -22,7 +22,7 @@ from helpers import REPO, clean_env
 from test_man import commands, option_names
 
 from dblockrun.cli import cli
-from dblockrun.config.load import JOB_KEYS, TOP_LEVEL_KEYS
+from dblockrun.config.load import JOB_KEYS, NOTIFY_KEYS, ON_FAILURE_KEYS, TOP_LEVEL_KEYS
 from dblockrun.store.schema import build_tables
 
 pytestmark = pytest.mark.docs
@@ -176,6 +176,16 @@ def test_the_reference_names_every_key_and_no_other() -> None:
     for key, (default, example) in rows.items():
         assert default, f"{key}: no default"
         assert sets(example, key), f"{key}: its example does not set it"
+
+
+def test_the_reference_describes_the_nested_keys() -> None:
+    rows = {line.split(" | ")[0].strip("| `"): line
+            for line in (DOCS / "jobs-file.md").read_text().splitlines()
+            if line.startswith("| `")}
+    for key, nested in (("on-failure", ON_FAILURE_KEYS), ("notify", NOTIFY_KEYS)):
+        missing = [name for name in nested
+                   if not re.search(rf"[`{{]{re.escape(name)}[`:]", rows[key])]
+        assert not missing, f"{key}: {missing} not described"
 
 
 def test_every_reference_example_validates(tmp_path: Path) -> None:
