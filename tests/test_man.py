@@ -21,6 +21,7 @@ import click
 import pytest
 import yaml
 
+from dblockrun import __version__
 from dblockrun.cli import cli
 from dblockrun.config.durations import parse_duration
 from dblockrun.config.load import (
@@ -288,7 +289,7 @@ def flag_value(args: list[str], flag: str, default: str) -> str:
 
 def test_the_kubernetes_example() -> None:
     docs = {doc["kind"]: doc for doc in k8s_documents()}
-    assert set(docs) == {"ConfigMap", "Deployment"}
+    assert set(docs) == {"ConfigMap", "Deployment", "Secret"}
     jobs_text = docs["ConfigMap"]["data"]["jobs.yaml"]
     assert load_jobs_text(jobs_text, "k8s ConfigMap").jobs
 
@@ -302,7 +303,15 @@ def test_the_kubernetes_example() -> None:
     assert pod["spec"]["terminationGracePeriodSeconds"] > grace + 5
 
     env = {item["name"]: item for item in container["env"]}
-    assert "secretKeyRef" in env["DBLOCKRUN_DB"]["valueFrom"]
+    secret = env["DBLOCKRUN_DB"]["valueFrom"]["secretKeyRef"]
+    assert secret["name"] == docs["Secret"]["metadata"]["name"]
+    assert docs["Secret"]["stringData"][secret["key"]].startswith("postgresql://")
+
+    # The image the Containerfile builds, of this version, and its user.
+    repository, _, tag = container["image"].rpartition(":")
+    assert repository.endswith("/dblockrun") and tag == __version__
+    uid = re.search(r"useradd --uid (\d+)", (REPO / "Containerfile").read_text())
+    assert uid is not None and pod["spec"]["securityContext"]["runAsUser"] == int(uid.group(1))
 
     host, _, port_text = flag_value(args, "--metrics", "").rpartition(":")
     port = int(port_text)

@@ -41,7 +41,7 @@ CONNECT_OPTIONS: dict[str, dict[str, Any]] = {
 #: ``?pooler=`` of a PostgreSQL URL: the pool mode of the connection pooler
 #: (PgBouncer) between dblockrun and the server. Both: no ``options``
 #: startup parameter (a pooler refuses it; the statement timeout is the
-#: server's, README "PgBouncer"). ``transaction``: no prepared statements
+#: server's, docs/high-availability.md "PgBouncer"). ``transaction``: no prepared statements
 #: (the next transaction may be on another server connection) and no
 #: LISTEN (run-now and kill requests are read by the bookkeeping round and
 #: the lease renewals). ``session`` (and no pooler): a connection keeps its

@@ -176,6 +176,6 @@ def _refusal(tables: Tables, groups: list[list[str]]) -> str:
         f"{SCHEMA_VERSION}: {shown}{more} differ only in case or trailing spaces and have "
         "shared one lock and one fencing-token sequence, because the database compared names "
         "without case and trailing spaces; now they would be two locks. Keep one name of each: "
-        "rename or remove the others in every jobs file, delete their rows (README, "
-        "\"Schema versions\"), then run `dblockrun init-db`"
+        "rename or remove the others in every jobs file, delete their rows "
+        "(docs/getting-started.md, \"Schema versions\"), then run `dblockrun init-db`"
     )

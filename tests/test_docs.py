@@ -1,0 +1,265 @@
+"""The documentation site (``docs/``, ``mkdocs.yml``): it builds with
+``mkdocs build --strict`` (broken links and anchors fail), every YAML block in
+it and every example jobs file passes ``dblockrun validate``, the jobs file
+reference names every key the loader accepts, the commands page every command
+and option of the CLI, and the README stays short and links to every page.
+
+``pytest -m docs`` picks this module.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import REPO, clean_env
+from test_man import commands, option_names
+
+from dblockrun.cli import cli
+from dblockrun.config.load import JOB_KEYS, NOTIFY_KEYS, ON_FAILURE_KEYS, TOP_LEVEL_KEYS
+from dblockrun.store.schema import build_tables
+
+pytestmark = pytest.mark.docs
+
+DOCS = REPO / "docs"
+README = REPO / "README.md"
+EXAMPLES = REPO / "examples"
+PAGES = sorted(DOCS.rglob("*.md"))
+
+#: A YAML block: ```yaml ... ``` at the start of a line.
+YAML_BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.S | re.M)
+#: ``{env: NAME}`` in a jobs file (``ping:`` first): validate needs the variable set.
+ENV_SECRET = re.compile(r"(ping: *)?\{env: *([A-Za-z_][A-Za-z0-9_]*)\}")
+#: ``{file: PATH}`` with a relative path: validate reads the file.
+FILE_SECRET = re.compile(r"\{file: *([\w.-]+)\}")
+
+
+def nav_pages(nav: list[Any]) -> list[str]:
+    """Every page ``mkdocs.yml``'s nav names, in order."""
+    found: list[str] = []
+    for entry in nav:
+        values = entry.values() if isinstance(entry, dict) else [entry]
+        for value in values:
+            found.extend(nav_pages(value) if isinstance(value, list) else [value])
+    return found
+
+
+def mkdocs_config() -> dict[str, Any]:
+    # mkdocs.yml holds no tags that need mkdocs's own loader.
+    config: dict[str, Any] = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    return config
+
+
+def validate(text: str, where: str, tmp_path: Path) -> None:
+    """``dblockrun validate`` on ``text`` as a jobs file; fails naming ``where``."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text(text)
+    # The secrets a block names, made up: a ping URL is http(s), a
+    # notification URL one of apprise's.
+    env = clean_env(**{name: "https://hc-ping.com/x" if ping else "json://localhost/hook"
+                       for ping, name in ENV_SECRET.findall(text)})
+    for name in FILE_SECRET.findall(text):
+        (tmp_path / name).write_text("json://localhost/hook\n")
+    proc = subprocess.run([sys.executable, "-m", "dblockrun", "validate", str(path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"{where}: {proc.stderr}"
+
+
+def yaml_blocks() -> list[tuple[str, str]]:
+    """(``page:line``, text) of every YAML block in the docs and the README."""
+    blocks: list[tuple[str, str]] = []
+    for page in [*PAGES, README]:
+        text = page.read_text()
+        for match in YAML_BLOCK.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            blocks.append((f"{page.relative_to(REPO)}:{line}", match.group(1)))
+    return blocks
+
+
+# --- the site ---------------------------------------------------------------------------
+
+
+def test_the_site_builds_strict(tmp_path: Path) -> None:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING" not in proc.stderr, proc.stderr
+    # The pages ARCHITECTURE.md and CHANGELOG.md are included into, not copied to.
+    architecture = (tmp_path / "site" / "architecture" / "index.html").read_text()
+    assert "The path of a slot" in architecture
+    changelog = (tmp_path / "site" / "changelog" / "index.html").read_text()
+    assert "Unreleased" in changelog
+
+
+def test_every_page_is_in_the_nav() -> None:
+    nav = nav_pages(mkdocs_config()["nav"])
+    assert sorted(nav) == sorted(str(page.relative_to(DOCS)) for page in PAGES)
+
+
+def test_nothing_fetches_from_the_network() -> None:
+    config = mkdocs_config()
+    assert config["theme"].get("font") is False  # else Google Fonts are linked
+    assert [p if isinstance(p, str) else next(iter(p)) for p in config["plugins"]] == ["search"]
+
+
+@pytest.mark.parametrize("where,text", yaml_blocks(), ids=[w for w, _ in yaml_blocks()])
+def test_every_yaml_block_validates(where: str, text: str, tmp_path: Path) -> None:
+    validate(text, where, tmp_path)
+
+
+def example_jobs_files() -> list[tuple[str, str]]:
+    """(name, text) of every jobs file in ``examples/``: the YAML files
+    themselves, and the jobs files a Kubernetes ConfigMap or compose config
+    carries inside."""
+    found: list[tuple[str, str]] = []
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and "jobs" in doc:
+                found.append((path.name, path.read_text()))
+            elif isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
+                found.extend((f"{path.name}: ConfigMap {key}", value)
+                             for key, value in doc["data"].items() if key.endswith(".yaml"))
+            elif isinstance(doc, dict) and "configs" in doc:  # compose
+                found.extend((f"{path.name}: config {key}", value["content"])
+                             for key, value in doc["configs"].items() if "content" in value)
+    return found
+
+
+def test_there_are_example_jobs_files() -> None:
+    names = {name.split(":")[0] for name, _ in example_jobs_files()}
+    assert {"jobs.yaml", "k8s-deployment.yaml", "compose.yaml"} <= names
+
+
+@pytest.mark.parametrize("where,text", example_jobs_files(),
+                         ids=[w for w, _ in example_jobs_files()])
+def test_every_example_validates(where: str, text: str, tmp_path: Path) -> None:
+    validate(text, f"examples/{where}", tmp_path)
+
+
+# --- the jobs file reference -----------------------------------------------------------
+
+
+def reference_rows() -> dict[str, tuple[str, str]]:
+    """The reference tables of ``docs/jobs-file.md``: key -> (default, example)."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in (DOCS / "jobs-file.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        if len(cells) != 4 or not cells[0].startswith("`") or not cells[2].startswith("`"):
+            continue
+        keys = re.findall(r"`([^`]+)`", cells[0])
+        example = cells[2].strip("`")
+        for key in keys:
+            assert key not in rows, f"{key} has two rows"
+            rows[key] = (cells[1], example)
+    return rows
+
+
+def sets(example: str, key: str) -> bool:
+    """Whether the one-line YAML ``example`` (``key: value`` or a flow
+    mapping) sets ``key`` at its top. Read as text: PyYAML reads ``on`` as
+    true, where dblockrun's loader keeps it a key."""
+    inner = example[1:-1] if example.startswith("{") else example
+    return re.search(rf"(^|, ){re.escape(key)}:", inner) is not None
+
+
+def test_the_reference_names_every_key_and_no_other() -> None:
+    rows = reference_rows()
+    assert sorted(rows) == sorted([*JOB_KEYS, *TOP_LEVEL_KEYS])
+    for key, (default, example) in rows.items():
+        assert default, f"{key}: no default"
+        assert sets(example, key), f"{key}: its example does not set it"
+
+
+def test_the_reference_describes_the_nested_keys() -> None:
+    rows = {line.split(" | ")[0].strip("| `"): line
+            for line in (DOCS / "jobs-file.md").read_text().splitlines()
+            if line.startswith("| `")}
+    for key, nested in (("on-failure", ON_FAILURE_KEYS), ("notify", NOTIFY_KEYS)):
+        missing = [name for name in nested
+                   if not re.search(rf"[`{{]{re.escape(name)}[`:]", rows[key])]
+        assert not missing, f"{key}: {missing} not described"
+
+
+def test_every_reference_example_validates(tmp_path: Path) -> None:
+    for key, (_, example) in reference_rows().items():
+        inner = example[1:-1] if example.startswith("{") else example
+        if key in TOP_LEVEL_KEYS:
+            # A whole file: the example's top-level key with a job beside it.
+            lines = [inner]
+            if key != "jobs":
+                lines.append('jobs: {report: {cron: "30 2 * * *", command: "true"}}')
+            if key == "database-file":
+                (tmp_path / "db-url").write_text("postgresql://scheduler@db.internal/ops\n")
+        else:
+            job = [] if sets(example, "cron") else ['cron: "30 2 * * *"']
+            job += ['command: "true"'] if not sets(example, "command") else []
+            lines = ["jobs:", f"  report: {{{', '.join([*job, inner])}}}"]
+            if key == "group":
+                lines.append("groups: {backups: 1}")
+        validate("\n".join(lines) + "\n", f"docs/jobs-file.md: {key}: {example}", tmp_path)
+
+
+# --- the commands page ------------------------------------------------------------------
+
+
+def command_rows() -> dict[str, str]:
+    """The commands table of ``docs/commands.md``: command -> its row."""
+    rows: dict[str, str] = {}
+    for line in (DOCS / "commands.md").read_text().splitlines():
+        if line.startswith("| `dblockrun "):
+            name = line.split()[2].rstrip("`")
+            assert name not in rows, f"{name} has two rows"
+            rows[name] = line
+    return rows
+
+
+def test_the_commands_page_names_every_command_and_no_other() -> None:
+    assert sorted(command_rows()) == sorted(name for name, _ in commands())
+
+
+@pytest.mark.parametrize("name", [name for name, _ in commands()])
+def test_every_option_is_on_the_commands_page(name: str) -> None:
+    row = command_rows()[name]
+    command = cli.commands[name]
+    missing = [opt for opt in option_names(command)
+               if opt.startswith("--") and opt != "--help"
+               and not re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", row)]
+    assert not missing, f"{name}: {missing} not on docs/commands.md"
+    known = set(option_names(command)) | set(option_names(cli))
+    stale = [opt for opt in re.findall(r"(?<![\w-])--[a-z][a-z-]*", row) if opt not in known]
+    assert not stale, f"{name}: docs/commands.md names {stale}, which it does not take"
+
+
+# --- the README -------------------------------------------------------------------------
+
+
+def test_the_readme_is_short_and_links_to_every_page() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    links = set(re.findall(r"\]\((docs/[^)#]+)", text))
+    assert links == {f"docs/{page.relative_to(DOCS)}" for page in PAGES}
+    for target in re.findall(r"\]\(([^)#:]+)", text):
+        assert (REPO / target).exists(), target
+
+
+def test_the_readme_keeps_the_two_commands() -> None:
+    text = README.read_text()
+    assert "    ./scripts/quickstart " in text and "    ./scripts/test " in text
+
+
+def test_getting_started_names_every_table() -> None:
+    tables = build_tables("dblockrun_")
+    text = (DOCS / "getting-started.md").read_text()
+    sentence = re.search(r"The schema \(([^)]*)\)", text)
+    assert sentence is not None
+    named = re.findall(r"`(?:dblockrun)?(_[a-z]+)`", sentence.group(1))
+    assert sorted(named) == sorted(t.name.removeprefix("dblockrun") for t in
+                                   tables.metadata.sorted_tables)
