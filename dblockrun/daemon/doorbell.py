@@ -18,10 +18,7 @@ cluster (the process list is a node's own), or while this connection is
 down. The wait's connection is the daemon's second server connection (the
 first is its pool's).
 
-Supervised (dblockrun/supervise.py): a driver error is the connection being
-down (a warning, then the retry); any other exception is a crash, restarted
-after a backoff of at most ``retry``, the bookkeeping round reading the
-requests meanwhile.
+The thread, its connection and its outage handling: dblockrun/daemon/requestwait.py.
 """
 
 from __future__ import annotations
@@ -30,12 +27,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import sqlalchemy as sa
-
+from dblockrun.daemon.requestwait import RequestWait
 from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
 from dblockrun.store.drivers import is_interrupted
-from dblockrun.supervise import Loop, Policy, Threads
+from dblockrun.supervise import Threads
 
 log = logging.getLogger("dblockrun")
 
@@ -47,7 +43,7 @@ WAIT = 10.0
 RENEW_GAP = 0.5
 
 
-class Doorbell:
+class Doorbell(RequestWait):
     """A thread that calls ``heard(None)`` (read all requests) and
     ``killed(RENEW_GAP)`` (renew now) each time its wait is ended by a request, and
     ``heard(None)`` after each connect."""
@@ -55,19 +51,9 @@ class Doorbell:
     def __init__(self, store: Store, heard: Callable[[list[str] | None], None],
                  retry: float, killed: Callable[[float], None],
                  threads: Threads | None = None) -> None:
-        self.store = store
-        self.heard = heard
-        self.retry = retry
+        super().__init__(store, heard, retry, threads, join_timeout=WAIT + 5,
+                         interrupt=self._end_wait)
         self.killed = killed
-        self._conn: Any = None
-        self._worker = Loop(threads, "run-requests", Policy(max_delay=retry), self._loop,
-                            join_timeout=WAIT + 5, interrupt=self._end_wait)
-
-    def start(self) -> None:
-        self._worker.start()
-
-    def stop(self) -> None:
-        self._worker.stop()
 
     def _end_wait(self) -> None:
         """At the stop: end the wait now rather than within :data:`WAIT`."""
@@ -79,31 +65,12 @@ class Doorbell:
         except DatabaseError:
             pass  # it ends within WAIT
 
-    def _loop(self) -> None:
+    def driver_errors(self) -> tuple[type[BaseException], ...]:
         import pymysql  # a MySQL daemon's only
 
-        failed = False
-        while not self._worker.stopping:
-            try:
-                self._wait()
-                failed = False
-            except (DatabaseError, sa.exc.SQLAlchemyError, pymysql.Error, OSError) as exc:
-                # the database or the connection is down: an outage, not a crash
-                if not failed:
-                    log.warning("run requests: not waiting for them (%s); requests are "
-                                "read every bookkeeping round until it reconnects",
-                                str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
-                failed = True
-                self._worker.ok()
-            finally:
-                self._close()
-            self._worker.wait(self.retry)
+        return (pymysql.Error,)
 
-    def _wait(self) -> None:
-        pooled = self.store.engine.raw_connection()
-        conn: Any = pooled.driver_connection
-        self._conn = conn
-        pooled.detach()  # ours for good: closed here, not returned to the pool
+    def wait(self, conn: Any) -> None:
         log.debug("run requests: waiting for them on connection %d", conn.thread_id())
         self.heard(None)  # those filed while not waiting
         wait = self.store.lock.mysql_q.request_wait
@@ -119,11 +86,3 @@ class Doorbell:
                         self.heard(None)
                         self.killed(RENEW_GAP)  # (Renewer.renew_now)
             self._worker.ok()  # a round: a wait
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # already dead
-                pass

@@ -11,10 +11,7 @@ it (re)connects it has the daemon read the requests filed meanwhile; while
 it cannot connect, the bookkeeping round (every 12 s by default) still
 hands the daemon the requests it reads.
 
-Supervised (dblockrun/supervise.py): a driver error is the connection being
-down (a warning, then the retry); any other exception is a crash, restarted
-after a backoff of at most ``retry``, the bookkeeping round reading the
-requests meanwhile.
+The thread, its connection and its outage handling: dblockrun/daemon/requestwait.py.
 """
 
 from __future__ import annotations
@@ -24,11 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import sqlalchemy as sa
-
-from dblockrun.errors import DatabaseError
+from dblockrun.daemon.requestwait import RequestWait
 from dblockrun.store import Store
-from dblockrun.supervise import Loop, Policy, Threads
+from dblockrun.supervise import Threads
 
 log = logging.getLogger("dblockrun")
 
@@ -40,54 +35,26 @@ WAIT = 1.0
 HAND_EVERY = 0.25
 
 
-class RequestListener:
+class RequestListener(RequestWait):
     """A thread that calls ``heard([job])`` for each request announced, and
     ``heard(None)`` (read all requests) once listening, after each connect."""
+
+    down_text = "not listening"
 
     def __init__(self, store: Store, heard: Callable[[list[str] | None], None],
                  retry: float, killed: Callable[[], None] | None = None,
                  threads: Threads | None = None) -> None:
-        self.store = store
-        self.heard = heard
-        self.retry = retry
+        super().__init__(store, heard, retry, threads, join_timeout=2 * WAIT + 5)
         self.killed = killed
         self.channel = store.lock.q.channel
         self.kill_channel = store.lock.q.kill_channel
-        self._conn: Any = None
-        self._worker = Loop(threads, "run-requests", Policy(max_delay=retry), self._loop,
-                            join_timeout=2 * WAIT + 5)
 
-    def start(self) -> None:
-        self._worker.start()
-
-    def stop(self) -> None:
-        self._worker.stop()
-
-    def _loop(self) -> None:
+    def driver_errors(self) -> tuple[type[BaseException], ...]:
         import psycopg  # a PostgreSQL daemon's only
 
-        failed = False
-        while not self._worker.stopping:
-            try:
-                self._listen()
-                failed = False
-            except (DatabaseError, sa.exc.SQLAlchemyError, psycopg.Error, OSError) as exc:
-                # the database or the connection is down: an outage, not a crash
-                if not failed:
-                    log.warning("run requests: not listening (%s); requests are read "
-                                "every bookkeeping round until it reconnects",
-                                str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
-                failed = True
-                self._worker.ok()
-            finally:
-                self._close()
-            self._worker.wait(self.retry)
+        return (psycopg.Error,)
 
-    def _listen(self) -> None:
-        pooled = self.store.engine.raw_connection()
-        conn: Any = pooled.driver_connection
-        self._conn = conn
-        pooled.detach()  # ours for good: closed here, not returned to the pool
+    def wait(self, conn: Any) -> None:
         # The prefix is letters, digits and _ (validated): a quoted identifier.
         conn.execute(f'LISTEN "{self.channel}"')
         if self.killed is not None:
@@ -115,11 +82,3 @@ class RequestListener:
         self.heard(sorted(pending))
         pending.clear()
         return now + HAND_EVERY
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # already dead
-                pass
