@@ -70,21 +70,32 @@ def status(request: Request) -> Response:
     return _json(status_json(got.jobs, got.hosts, got.db_now, None, got.paused, got.groups))
 
 
-def history(request: Request) -> Response:
+def _job_and_limit(request: Request) -> tuple[str | None, int] | Response:
+    """A listing's ``?job=`` (a job the database knows) and ``?limit=``, or
+    the response that refuses the request."""
     from dblockrun.ops.actions import require_job
-    from dblockrun.ops.output import history_json
 
     if (denied := _denied(request)) is not None:
         return denied
-    store = config(request).store
     job = request.query_params.get("job")
     try:
         limit = _limit(request)
         if job is not None:
-            require_job(store, job)
+            require_job(config(request).store, job)
     except UsageError as exc:
         return error(400, exc.message)
-    runs = store.history(job, limit, item=request.query_params.get("item"), output=False)
+    return job, limit
+
+
+def history(request: Request) -> Response:
+    from dblockrun.ops.output import history_json
+
+    asked = _job_and_limit(request)
+    if isinstance(asked, Response):
+        return asked
+    job, limit = asked
+    runs = config(request).store.history(job, limit, item=request.query_params.get("item"),
+                                          output=False)
     return _json(history_json(runs))
 
 
@@ -125,20 +136,13 @@ def output(request: Request) -> Response:
 
 
 def audit(request: Request) -> Response:
-    from dblockrun.ops.actions import require_job
     from dblockrun.ops.output import audit_json
 
-    if (denied := _denied(request)) is not None:
-        return denied
-    store = config(request).store
-    job = request.query_params.get("job")
-    try:
-        limit = _limit(request)
-        if job is not None:
-            require_job(store, job)
-    except UsageError as exc:
-        return error(400, exc.message)
-    return _json(audit_json(store.control.entries(job, limit)))
+    asked = _job_and_limit(request)
+    if isinstance(asked, Response):
+        return asked
+    job, limit = asked
+    return _json(audit_json(config(request).store.control.entries(job, limit)))
 
 
 async def act(request: Request) -> Response:
