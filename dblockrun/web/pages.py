@@ -144,9 +144,8 @@ def _definition(request: Request, name: str, job: dict[str, Any] | None) -> dict
     job = job or {}
     hosts = []
     for digest, on in job.get("definitions", {}).items():
-        keys = job.get("drift_keys", []) if job.get("drift") and digest != mine_hash else []
-        if keys:
-            differs = ", ".join(keys)
+        if job.get("drift") and digest != mine_hash:  # the keys, where daemons wrote them
+            differs = ", ".join(job.get("drift_keys", [])) or "keys not known (an older daemon)"
         elif mine_hash is not None and digest != mine_hash:
             differs = "differs from this server's jobs file"
         else:
