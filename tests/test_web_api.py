@@ -242,6 +242,7 @@ jobs:
     env:
       API_TOKEN: s3cr3t-token-value
     lock-at-most: 2h
+    ping: https://hc-ping.example/ping-uuid-secret
 """
 
 
@@ -285,6 +286,9 @@ def test_the_job_page_shows_the_jobs_files_definition_and_which_keys_differ(
     # env: its names, never its values.
     assert "<code>env</code></td><td><code>API_TOKEN</code>" in html
     assert "s3cr3t" not in html and "hunter2" not in html
+    # ping: where its URL comes from, never the URL (it may be a secret).
+    assert "<code>ping</code></td><td><code>literal</code>" in html
+    assert "ping-uuid-secret" not in html
     # Per live host its hash; the host that differs names the key.
     assert mine.jobs[0].definition_hash() in host_row(html, "web-1")
     assert "as in this server" in host_row(html, "web-1")
