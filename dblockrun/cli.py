@@ -703,8 +703,9 @@ def web(ctx: click.Context, listen: str, users_file: str | None, cert: str | Non
                          secret_file=secret_file, proxy_headers=proxy_headers)
     checked = check(options)  # before the database: a bad file says so at once
     _setup_logging(logging.DEBUG if _globals().debug else logging.INFO)
-    with _open(Access.WRITE if users_file else Access.READ, _jobs_for_db()) as store:
-        serve(store, checked)
+    jobs = _jobs_for_db()
+    with _open(Access.WRITE if users_file else Access.READ, jobs) as store:
+        serve(store, checked, jobs)
 
 
 @web.command(name="hash-password")

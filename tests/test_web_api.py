@@ -5,6 +5,7 @@ CSRF, the sign-in limit, and output rendered inert."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -15,8 +16,12 @@ from starlette.testclient import TestClient
 from webtools import PASSWORD, app_for, bearer, csrf_of, users_file
 
 from dblockrun.cli import cli
+from dblockrun.config.jobs import JobsFile
+from dblockrun.config.load import load_jobs
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.web.app import create_app
+from dblockrun.web.context import WebConfig
 from dblockrun.web.openapi import OPENAPI
 from dblockrun.web.users import LoginLimit
 
@@ -225,3 +230,82 @@ def test_a_running_runs_output_is_its_live_tail_marked_live(db: TestDb, store: S
     finally:
         proc.kill()
         proc.wait()
+
+
+# -- the Job page's definition (issue 22 item 1) ------------------------------------
+
+SECRET_JOBS = """\
+jobs:
+  backup:
+    cron: "0 3 * * *"
+    command: pg_dump postgresql://backup:hunter2@db.internal/app
+    env:
+      API_TOKEN: s3cr3t-token-value
+    lock-at-most: 2h
+    ping: https://hc-ping.example/ping-uuid-secret
+"""
+
+
+def jobs_yaml(path: Path, text: str) -> JobsFile:
+    path.write_text(text)
+    return load_jobs(str(path))
+
+
+def live_host(store: Store, host: str, jobs: JobsFile) -> None:
+    """A live daemon's host row, as its bookkeeping writes it: each job's
+    definition hash and its keys' digests."""
+    store.heartbeat_host(
+        host, hostname=host, pid=1, version="test", clock_offset=0.0, running=0,
+        jobs=json.dumps({j.name: j.definition_hash() for j in jobs.jobs}),
+        fields=json.dumps({j.name: j.field_digests() for j in jobs.jobs}), heartbeat=60.0)
+
+
+def host_row(html: str, host: str) -> str:
+    found = re.search(rf"<tr><td>{host}</td>.*?</tr>", html)
+    assert found is not None, f"no row for {host} in the Job page's hosts"
+    return found.group(0)
+
+
+def test_the_job_page_shows_the_jobs_files_definition_and_which_keys_differ(
+        store: Store, tmp_path: Path) -> None:
+    mine = jobs_yaml(tmp_path / "jobs.yaml", SECRET_JOBS)
+    other = jobs_yaml(tmp_path / "other.yaml",
+                      SECRET_JOBS.replace("pg_dump postgresql", "pg_dumpall postgresql"))
+    store.ensure_jobs(["backup"])
+    live_host(store, "web-1", mine)
+    live_host(store, "web-2", other)
+    client = TestClient(create_app(WebConfig(store=store, users=None, jobs=mine)))
+    page = client.get("/jobs/backup")
+    assert page.status_code == 200, page.text
+    html = page.text
+    assert "<h3>in this server's jobs file</h3>" in html
+    # The keys and values as the loader parsed them, the URL's password hidden.
+    assert "<code>command</code></td><td><code>pg_dump postgresql://backup:***@db.internal/app" \
+        in html
+    assert "<code>lock-at-most</code></td><td><code>7200.0</code>" in html
+    # env: its names, never its values.
+    assert "<code>env</code></td><td><code>API_TOKEN</code>" in html
+    assert "s3cr3t" not in html and "hunter2" not in html
+    # ping: where its URL comes from, never the URL (it may be a secret).
+    assert "<code>ping</code></td><td><code>literal</code>" in html
+    assert "ping-uuid-secret" not in html
+    # Per live host its hash; the host that differs names the key.
+    assert mine.jobs[0].definition_hash() in host_row(html, "web-1")
+    assert "as in this server" in host_row(html, "web-1")
+    assert '<td class="differs">command</td>' in host_row(html, "web-2")
+    assert other.jobs[0].definition_hash() in host_row(html, "web-2")
+
+
+def test_without_a_jobs_file_the_job_page_says_how_to_show_the_definition(
+        store: Store, tmp_path: Path) -> None:
+    mine = jobs_yaml(tmp_path / "jobs.yaml", SECRET_JOBS)
+    other = jobs_yaml(tmp_path / "other.yaml",
+                      SECRET_JOBS.replace("lock-at-most: 2h", "lock-at-most: 3h"))
+    store.ensure_jobs(["backup"])
+    live_host(store, "web-1", mine)
+    live_host(store, "web-2", other)
+    html = TestClient(app_for(store, None)).get("/jobs/backup").text
+    assert "not in the database" in html and "<code>-f JOBS_FILE</code>" in html
+    assert "pg_dump" not in html
+    for host in ("web-1", "web-2"):  # each defines it differently from the other
+        assert '<td class="differs">lock-at-most</td>' in host_row(html, host)

@@ -227,3 +227,24 @@ def test_the_fleet_page_shows_drift_and_live_hosts(store: Store, tmp_path: Path)
     assert "<td>h1:1:a</td>" in page and "+2.0 ms" in page
     hosts = client.get("/hosts").text
     assert "<td>h1:1:a</td><td>yes</td><td>h1</td><td>1</td><td>t</td>" in hosts
+
+
+def test_web_with_f_shows_the_files_definition(sqlite_db: TestDb, store_sqlite: Store,
+                                               tmp_path: Path) -> None:
+    """``dblockrun web -f FILE`` (the global option, after the command) hands
+    the jobs file to the Job page."""
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text('jobs:\n  nightly:\n    cron: "0 3 * * *"\n    command: echo from-the-file\n'
+                    "    env:\n      TOKEN: do-not-show-me\n")
+    store_sqlite.ensure_jobs(["nightly"])
+    proc, port = _serve(sqlite_db, tmp_path, "-f", str(jobs))
+    try:
+        wait_for(lambda: http_get(port, "/login")[0] == 200, 60, what="dblockrun web")
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/jobs/nightly",
+                                         headers=bearer("vera"))
+        with urllib.request.urlopen(request, timeout=30) as r:
+            html = r.read().decode()
+        assert "in this server's jobs file" in html and "echo from-the-file" in html
+        assert "TOKEN" in html and "do-not-show-me" not in html
+    finally:
+        _stop(proc)

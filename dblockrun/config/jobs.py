@@ -253,18 +253,20 @@ class Job:
         """A short hash of everything that defines the job (not its line)."""
         return _digest(self.definition_data(), 12)
 
+    def set_fields(self) -> dict[str, Any]:
+        """The fields the job sets to other than their default, as
+        :meth:`definition_data` holds them (field name -> value, sorted; not
+        its name): what :meth:`field_digests` digests and the dashboard shows."""
+        return {name: value for name, value in sorted(self.definition_data().items())
+                if name != "name" and not (name in _DEFAULTS and _DEFAULTS[name] == value)}
+
     def field_digests(self) -> dict[str, str]:
         """A short digest of each field the job sets to other than its
         default (field name -> 8 hex digits; the name salts it): two hosts'
         digests name the fields their definitions differ in
         (:func:`differing_fields`) without either storing the values."""
-        data = self.definition_data()
-        out = {}
-        for name, value in sorted(data.items()):
-            if name == "name" or (name in _DEFAULTS and _DEFAULTS[name] == value):
-                continue
-            out[name] = _digest([self.name, name, value], 8)
-        return out
+        return {name: _digest([self.name, name, value], 8)
+                for name, value in self.set_fields().items()}
 
 
 def _digest(data: object, size: int) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from dblockrun.config.jobs import JobsFile
 from dblockrun.store import Store
 from dblockrun.web.snapshot import Snapshot
 from dblockrun.web.users import LoginLimit, User, user_of_token
@@ -46,6 +47,8 @@ class WebConfig:
     #: The session cookie only over HTTPS (TLS here, or a proxy's).
     https_only: bool = False
     logins: LoginLimit = field(default_factory=LoginLimit)
+    #: This server's jobs file (``-f``): the Job page shows its definitions.
+    jobs: JobsFile | None = None
     #: The whole fleet's status document, shared by the requests for it.
     status: Snapshot = field(init=False)
 

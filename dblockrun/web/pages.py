@@ -124,11 +124,38 @@ def job(request: Request) -> Response:
     runs = store.history(name, HISTORY, output=False)
     from dblockrun.ops.output import audit_entry_json, run_json
 
-    return render(request, "job.html", name=name, doc=doc,
-                  job=next((j for j in doc["jobs"] if j["name"] == name), None),
+    shown = next((j for j in doc["jobs"] if j["name"] == name), None)
+    return render(request, "job.html", name=name, doc=doc, job=shown,
+                  **_definition(request, name, shown),
                   runs=[run_json(r) for r in runs], bars=bars(runs), width=WIDTH,
                   height=HEIGHT,
                   audit=[audit_entry_json(e) for e in store.control.entries(name, 10)])
+
+
+def _definition(request: Request, name: str, job: dict[str, Any] | None) -> dict[str, Any]:
+    """The Job page's definition: this server's jobs file's (``-f``), and each
+    live host's hash with, where it differs, the keys that do (``status
+    --json``'s ``drift_keys``)."""
+    from dblockrun.web.definition import file_job, shown_definition
+
+    jobs = config(request).jobs
+    mine = file_job(jobs, name) if jobs is not None else None
+    mine_hash = mine.definition_hash() if mine is not None else None
+    job = job or {}
+    hosts = []
+    for digest, on in job.get("definitions", {}).items():
+        if job.get("drift") and digest != mine_hash:  # the keys, where daemons wrote them
+            differs = ", ".join(job.get("drift_keys", [])) or "keys not known (an older daemon)"
+        elif mine_hash is not None and digest != mine_hash:
+            differs = "differs from this server's jobs file"
+        else:
+            differs = "-"
+        hosts += [{"host": host, "hash": digest, "same": digest == mine_hash,
+                   "differs": differs} for host in on]
+    return {"jobs_file": jobs.path if jobs is not None else None,
+            "definition": shown_definition(mine) if mine is not None else None,
+            "definition_hash": mine_hash, "host_definitions": sorted(
+                hosts, key=lambda h: str(h["host"]))}
 
 
 def run_page(request: Request) -> Response:

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dblockrun.config.jobs import JobsFile
 from dblockrun.errors import UsageError
 from dblockrun.store import Store
 from dblockrun.web.users import User
@@ -73,7 +74,8 @@ def check(options: WebOptions) -> Checked:
     return Checked(options, host, port, users, secret(options))
 
 
-def serve(store: Store, checked: Checked) -> None:
+def serve(store: Store, checked: Checked, jobs: JobsFile | None = None) -> None:
+    """``jobs``: the jobs file, whose definitions the Job page shows."""
     import uvicorn
 
     from dblockrun.web.app import create_app
@@ -81,7 +83,7 @@ def serve(store: Store, checked: Checked) -> None:
 
     options = checked.options
     cfg = WebConfig(store=store, users=checked.users,
-                    https_only=options.cert is not None or options.proxy_headers)
+                    https_only=options.cert is not None or options.proxy_headers, jobs=jobs)
     if checked.secret is not None:
         cfg.secret = checked.secret
     uvicorn.run(create_app(cfg), host=checked.host, port=checked.port,
