@@ -163,9 +163,22 @@ class HostStatus:
     targets: str | None = None
     #: Its ``--heartbeat`` (schema 6; None: an older daemon): how long it stays live.
     heartbeat: float | None = None
-    #: Per job, a digest of each field its file sets (schema 7, JSON;
+    #: Per job, a digest of each field its file sets (schema 8, JSON;
     #: dblockrun/config/jobs.py field_digests); None: not written (yet).
     fields: str | None = None
+
+    def job_hashes(self) -> dict[str, str] | None:
+        """Its file's jobs, each with its definition hash (``jobs``, JSON);
+        None if it did not say, or said something else."""
+        import json
+
+        try:
+            listed = json.loads(self.jobs or "")
+        except ValueError:
+            return None
+        if not isinstance(listed, dict):
+            return None
+        return {str(name): str(digest) for name, digest in listed.items()}
 
 
 #: Per record kind: its fields, each with the number type it holds (if any).
@@ -213,33 +226,20 @@ def from_row(kind: type[R], row: Mapping[Any, Any]) -> R:
 
 def jobs_known(hosts: list[HostStatus]) -> set[str] | None:
     """The job names the hosts' files have; None if a host did not say."""
-    import json
-
     names: set[str] = set()
     for host in hosts:
-        try:
-            jobs = json.loads(host.jobs or "")
-        except ValueError:
+        jobs = host.job_hashes()
+        if jobs is None:
             return None
-        if not isinstance(jobs, dict):
-            return None
-        names.update(str(name) for name in jobs)
+        names.update(jobs)
     return names
 
 
 def definitions(hosts: list[HostStatus]) -> dict[str, dict[str, list[str]]]:
     """Per job, which hosts run which version of it (definition hash -> host ids)."""
-    import json
-
     out: dict[str, dict[str, list[str]]] = {}
     for host in hosts:
-        try:
-            jobs = json.loads(host.jobs or "{}")
-        except ValueError:
-            continue
-        if not isinstance(jobs, dict):
-            continue
-        for name, digest in jobs.items():
-            out.setdefault(str(name), {}).setdefault(str(digest), []).append(host.id)
+        for name, digest in (host.job_hashes() or {}).items():
+            out.setdefault(name, {}).setdefault(digest, []).append(host.id)
     return out
 

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from dblockrun.errors import DblockrunError, UsageError
+from dblockrun.store.models import RunRecord
 from dblockrun.web.acts import ROLE_OF, Act, perform
 from dblockrun.web.context import config, current_user, refusal
 from dblockrun.web.openapi import OPENAPI
@@ -106,15 +107,23 @@ def _run_id(request: Request) -> int | None:
         return None
 
 
-def run(request: Request) -> Response:
-    from dblockrun.ops.output import JSON_VERSION, dumps, run_json
-
+def _found_run(request: Request) -> RunRecord | Response:
+    """The run the path names, or the response that refuses the request."""
     if (denied := _denied(request)) is not None:
         return denied
     run_id = _run_id(request)
     found = None if run_id is None else config(request).store.run(run_id)
     if found is None:
         return error(404, f"no run {request.path_params['run_id']}")
+    return found
+
+
+def run(request: Request) -> Response:
+    from dblockrun.ops.output import JSON_VERSION, dumps, run_json
+
+    found = _found_run(request)
+    if isinstance(found, Response):
+        return found
     return _json(dumps({"version": JSON_VERSION, "run": run_json(found)}))
 
 
@@ -125,12 +134,9 @@ def output(request: Request) -> Response:
     heartbeat, said by ``live`` (``RunRecord.live``)."""
     from dblockrun.ops.output import JSON_VERSION, dumps, output_text, run_json
 
-    if (denied := _denied(request)) is not None:
-        return denied
-    run_id = _run_id(request)
-    found = None if run_id is None else config(request).store.run(run_id)
-    if found is None:
-        return error(404, f"no run {request.path_params['run_id']}")
+    found = _found_run(request)
+    if isinstance(found, Response):
+        return found
     return _json(dumps({"version": JSON_VERSION, "run": run_json(found),
                         "output": output_text(found.output or ""), "live": found.live}))
 

@@ -69,11 +69,8 @@ def _with_jobs(host: HostStatus, names: set[str]) -> HostStatus:
     jobs on 4 hosts are 40,000 entries to sort through for 100 shown)."""
     from dataclasses import replace
 
-    try:
-        listed = json.loads(host.jobs or "")
-    except ValueError:
-        return host
-    if not isinstance(listed, dict):
+    listed = host.job_hashes()
+    if listed is None:
         return host
     return replace(host, jobs=json.dumps({k: v for k, v in listed.items() if k in names}))
 
