@@ -225,21 +225,20 @@ class Queues:
             holders = self.store.seat_holders(seats)
         return Wait(f"a seat of {group_reason(job.group, limit, holders)}", ahead, host=False)
 
-    def ahead(self, run: Waiter) -> int:
-        """How many slots of the run's group, older than its own, wait
-        across the fleet (one statement)."""
+    def ahead(self, run: Waiter, *, older: bool = True) -> int:
+        """How many slots of the run's group, older than its own (``older``
+        False: any other), wait across the fleet (one statement)."""
         job = run.job
         members = [j.name for j in self._jobs().jobs if j.group == job.group]
-        older = [w for w in self.store.control.waiting(members)
-                 if (w.slot if w.slot is not None else w.started, w.id)
-                 < (run.order[0], run.run_id or 0) and w.id != run.run_id]
-        return len(older)
+        mine = (run.order[0], run.run_id or 0)
+        return sum(1 for w in self.store.control.waiting(members) if w.id != run.run_id and (
+            not older or (w.slot if w.slot is not None else w.started, w.id) < mine))
 
     def over(self, run: Waiter, wait: Wait) -> Refused | None:
         """Whether the run, waiting now (its record says so), finds its
-        queue full: as many older slots waiting as it holds (the group's
+        queue full: as many other slots waiting as it holds. The group's are
         counted again, now that its own record waits: of two slots that
-        came at once, each sees the other)."""
+        come at once, each sees the other, so the bound is never passed."""
         job = run.job
         if wait.host and self.host_queue is not None:
             if wait.ahead >= self.host_queue:
@@ -250,7 +249,7 @@ class Queues:
         bound = self.bound(job)
         if bound is None or job.group is None:
             return None
-        ahead = wait.ahead if wait.host else self.ahead(run)
+        ahead = self.ahead(run, older=False)
         if ahead >= bound:
             return Refused(Cause.GROUP_FULL, (
                 f"group {job.group} full and {ahead} slot(s) already waiting for a seat "

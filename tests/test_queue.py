@@ -1,0 +1,288 @@
+"""Limits that queue (issue 23): a group with `when-full: queue`, and
+`daemon --max-running N --when-full queue`: the slots a full group or host
+used to skip wait, oldest first, bounded, visible in `status`. Real
+`dblockrun daemon` processes on every database."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from helpers import TestDb, wait_for
+from test_limits import jobs_file, overlaps, slots_done, start_daemon, stop_all
+
+from dblockrun.cli import cli
+from dblockrun.config.load import load_jobs_text
+from dblockrun.errors import ConfigError
+from dblockrun.ops import output
+from dblockrun.store import Store
+from dblockrun.store.models import RunRecord
+from dblockrun.store.status import report
+
+FILE = "jobs.yaml"
+
+
+# --- the jobs file and the options ---------------------------------------------------------
+
+
+def test_a_group_says_whether_a_full_group_queues_and_how_many_wait() -> None:
+    jobs = load_jobs_text(textwrap.dedent("""\
+        groups:
+          backups: {seats: 1, when-full: queue}
+          reports: {seats: 2, when-full: queue, queue: 3}
+          mail: {seats: 1, when-full: skip}
+          misc: 4
+        jobs: {}
+        """), FILE)
+    assert jobs.groups == (("backups", 1), ("mail", 1), ("misc", 4), ("reports", 2))
+    assert jobs.group_queues == (("backups", 10), ("reports", 3))
+
+
+@pytest.mark.parametrize(("group", "message"), [
+    ("{seats: 1, when-full: wait}",
+     "jobs.yaml:3: groups.backups.when-full: must be skip or queue, got 'wait'"),
+    ("{seats: 1, when-full: queue, queue: 0}",
+     "jobs.yaml:3: groups.backups.queue: must be at least 1, got 0"),
+    ("{seats: 1, when-full: queue, queue: -2}",
+     "jobs.yaml:3: groups.backups.queue: must be at least 1, got -2"),
+    ("{seats: 1, when-full: queue, queue: many}",
+     "jobs.yaml:3: groups.backups.queue: must be a whole number, got a string ('many')"),
+    ("{seats: 1, queue: 3}",
+     "jobs.yaml:3: groups.backups.queue: a queue's bound needs when-full: queue"),
+    ("{seats: 0, when-full: queue}",
+     "jobs.yaml:3: groups.backups.seats: must be at least 1, got 0"),
+    ("{when-full: queue}",
+     "jobs.yaml:3: groups.backups: needs seats: (at most this many of its jobs at once)"),
+    ("{seats: 1, when_full: queue}",
+     "jobs.yaml:3: groups.backups.when_full: unknown key (did you mean 'when-full'?)"),
+])
+def test_bad_queue_settings_are_rejected_with_file_line_and_key(
+        tmp_path: Path, group: str, message: str) -> None:
+    text = f"# queues\ngroups:\n  backups: {group}\njobs: {{}}\n"
+    with pytest.raises(ConfigError) as info:
+        load_jobs_text(text, FILE)
+    assert info.value.render() == message
+    path = tmp_path / FILE
+    path.write_text(text)
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 2
+    assert message.replace("jobs.yaml", str(path)) in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--when-full", "queue"], "--when-full queue needs --max-running N"),
+    (["--max-running", "1", "--queue", "3"], "--queue needs --when-full queue"),
+    (["--max-running", "1", "--when-full", "queue", "--queue", "0"],
+     "0 is not in the range x>=1"),
+    (["--max-running", "1", "--when-full", "later"], "'later' is not one of 'skip', 'queue'"),
+])
+def test_bad_when_full_options_are_usage_errors(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["daemon", *args, FILE])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+# --- real daemons ---------------------------------------------------------------------
+
+
+def queue_runs(store: Store, names: set[str], first: float, count: int
+               ) -> dict[float, dict[str, RunRecord]]:
+    return wait_for(lambda: slots_done(store, names, first, count), 40, interval=0.2,
+                    what=f"{count} slots of {sorted(names)}")
+
+
+QUEUED_GROUP = "groups:\n  backups: {seats: 1, when-full: queue}"
+GROUPED = {name: """\
+    cron: "*/3 * * * * *"
+    group: backups
+    command: sleep 1
+    """ for name in ("dump-users", "dump-orders")}
+
+
+@pytest.mark.slow
+def test_a_full_group_that_queues_runs_every_slot_one_after_the_other(
+        db: TestDb, tmp_path: Path) -> None:
+    """Two jobs of a group of one seat, due at the same instants, two
+    daemons: every slot of both runs (none skipped), never two at once, and
+    the slot that waited keeps its slot time (its start shows the delay).
+    While one waits, status shows it (text and JSON), and for what."""
+    jobs = jobs_file(tmp_path / "jobs.yaml", GROUPED, QUEUED_GROUP)
+    procs = [start_daemon(db, jobs, tmp_path / f"d{i}.log") for i in range(2)]
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
+        first = store.db_now() + 1
+
+        def waiting() -> Any:
+            got = report(store)
+            doc = json.loads(output.status_json(got.jobs, got.hosts, got.db_now, None,
+                                                got.paused, got.groups))
+            return (got, doc) if doc["waiting"] else None
+
+        got, doc = wait_for(waiting, 20, interval=0.1, what="a waiting slot in status")
+        slots = queue_runs(store, set(GROUPED), first, 3)
+    finally:
+        codes = stop_all(procs)
+    assert codes == [0, 0]
+    [entry] = doc["waiting"]
+    assert entry["job"] in GROUPED and entry["slot"] is not None and entry["since"]
+    assert entry["for"].startswith("a seat of group backups at its limit (1): held by ")
+    assert {j["name"]: j["state"] for j in doc["jobs"]}[entry["job"]] == "waiting"
+    text = output.status_text(got.jobs, got.hosts, got.db_now, None, 200, got.paused,
+                              got.groups, wide=True)
+    assert "waiting slots (oldest first)" in text
+    assert "a seat of group backups at its limit (1)" in text
+    runs = [r for per_slot in slots.values() for r in per_slot.values()]
+    assert {r.result for r in runs} == {"ok"}, slots
+    assert overlaps(runs) == []
+    for per_slot in slots.values():
+        later = max(per_slot.values(), key=lambda r: r.started)
+        assert later.slot is not None and later.started - later.slot >= 0.9  # it waited
+    store.close()
+
+
+@pytest.mark.slow
+def test_the_oldest_waiting_slot_gets_the_seat_first_across_the_fleet(
+        db: TestDb, tmp_path: Path) -> None:
+    """A seat held for a while; meanwhile a slot comes due on one host and,
+    a second later, another on a second host. The older slot runs first,
+    every time, whichever host's try comes first when the seat frees."""
+    jobs = jobs_file(tmp_path / "jobs.yaml", {
+        "hold": """\
+            cron: "0/6 * * * * *"
+            group: backups
+            run-on: {hostname: a}
+            command: sleep 3
+            """,
+        "older": """\
+            cron: "1/6 * * * * *"
+            group: backups
+            run-on: {hostname: b}
+            command: sleep 0.5
+            """,
+        "newer": """\
+            cron: "2/6 * * * * *"
+            group: backups
+            run-on: {hostname: a}
+            command: sleep 0.5
+            """}, QUEUED_GROUP)
+    procs = [start_daemon(db, jobs, tmp_path / f"{host}.log", "--label", f"hostname={host}")
+             for host in ("a", "b")]
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
+        first = store.db_now() + 1
+
+        def rounds() -> list[tuple[RunRecord, RunRecord]] | None:
+            done = [r for r in store.history(limit=200)
+                    if r.slot is not None and r.slot >= first and r.finished is not None]
+            older = sorted((r for r in done if r.job == "older"), key=lambda r: r.slot or 0)
+            newer = {(r.slot or 0) - 1: r for r in done if r.job == "newer"}
+            pairs = [(o, newer[o.slot or 0]) for o in older if (o.slot or 0) in newer]
+            return pairs if len(pairs) >= 3 else None
+
+        pairs = wait_for(rounds, 45, interval=0.2, what="3 rounds of older and newer")
+    finally:
+        codes = stop_all(procs)
+    assert codes == [0, 0]
+    for older, newer in pairs:
+        assert (older.result, newer.result) == ("ok", "ok")
+        assert older.started < newer.started, (older, newer)
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_full_queue_records_the_slot_skipped_with_the_reason(
+        db: TestDb, tmp_path: Path) -> None:
+    """A group of one seat whose queue holds one slot, three jobs due
+    together: one runs, one waits and runs, the third is recorded skipped,
+    saying why."""
+    jobs = jobs_file(tmp_path / "jobs.yaml", {name: """\
+        cron: "*/4 * * * * *"
+        group: backups
+        command: sleep 1
+        """ for name in ("a", "b", "c")},
+        "groups:\n  backups: {seats: 1, when-full: queue, queue: 1}")
+    proc = start_daemon(db, jobs, tmp_path / "d.log")
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        first = store.db_now() + 1
+        slots = queue_runs(store, {"a", "b", "c"}, first, 2)
+    finally:
+        codes = stop_all([proc])
+    assert codes == [0]
+    for per_slot in slots.values():
+        assert sorted(r.result for r in per_slot.values()) == ["ok", "ok", "skipped"], per_slot
+        skipped = store.run(next(r for r in per_slot.values() if r.result == "skipped").id)
+        assert skipped is not None and skipped.output == (
+            "skipped: group backups full and 1 slot(s) already waiting for a seat (queue: 1)\n")
+        assert overlaps([r for r in per_slot.values() if r.result == "ok"]) == []
+    store.close()
+
+
+TWO_JOBS = {name: """\
+    cron: "*/3 * * * * *"
+    command: sleep 1
+    """ for name in ("left", "right")}
+
+
+@pytest.mark.slow
+def test_a_full_host_that_queues_runs_every_slot_one_after_the_other(
+        db: TestDb, tmp_path: Path) -> None:
+    """`--max-running 1 --when-full queue`, alone, two jobs due together:
+    both run every slot, one after the other."""
+    jobs = jobs_file(tmp_path / "jobs.yaml", TWO_JOBS)
+    proc = start_daemon(db, jobs, tmp_path / "d.log", "--max-running", "1",
+                        "--when-full", "queue")
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        first = store.db_now() + 1
+
+        def waiting() -> dict[str, Any] | None:
+            got = report(store)
+            doc = json.loads(output.status_json(got.jobs, got.hosts, got.db_now))
+            return doc["waiting"][0] if doc["waiting"] else None
+
+        entry = wait_for(waiting, 20, interval=0.1, what="a waiting slot in status")
+        slots = queue_runs(store, set(TWO_JOBS), first, 3)
+    finally:
+        codes = stop_all([proc])
+    assert codes == [0]
+    assert entry["for"].endswith("(--max-running 1)") and entry["for"].startswith("room on ")
+    runs = [r for per_slot in slots.values() for r in per_slot.values()]
+    assert {r.result for r in runs} == {"ok"}, slots
+    assert overlaps(runs) == []
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_full_host_queue_records_the_slot_skipped_with_the_reason(
+        db: TestDb, tmp_path: Path) -> None:
+    jobs = jobs_file(tmp_path / "jobs.yaml", {name: """\
+        cron: "*/4 * * * * *"
+        command: sleep 1
+        """ for name in ("a", "b", "c")})
+    proc = start_daemon(db, jobs, tmp_path / "d.log", "--max-running", "1",
+                        "--when-full", "queue", "--queue", "1")
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        first = store.db_now() + 1
+        slots = queue_runs(store, {"a", "b", "c"}, first, 2)
+    finally:
+        codes = stop_all([proc])
+    assert codes == [0]
+    for per_slot in slots.values():
+        assert sorted(r.result for r in per_slot.values()) == ["ok", "ok", "skipped"], per_slot
+        skipped = store.run(next(r for r in per_slot.values() if r.result == "skipped").id)
+        assert skipped is not None and skipped.output is not None
+        assert "at its --max-running limit (1) and 1 slot(s) already waiting there " \
+               "(--queue 1)" in skipped.output
+    store.close()
