@@ -154,19 +154,19 @@ def test_the_oldest_waiting_slot_gets_the_seat_first_across_the_fleet(
     every time, whichever host's try comes first when the seat frees."""
     jobs = jobs_file(tmp_path / "jobs.yaml", {
         "hold": """\
-            cron: "0/6 * * * * *"
+            cron: "0-59/6 * * * * *"
             group: backups
             run-on: {hostname: a}
             command: sleep 3
             """,
         "older": """\
-            cron: "1/6 * * * * *"
+            cron: "1-59/6 * * * * *"
             group: backups
             run-on: {hostname: b}
             command: sleep 0.5
             """,
         "newer": """\
-            cron: "2/6 * * * * *"
+            cron: "2-59/6 * * * * *"
             group: backups
             run-on: {hostname: a}
             command: sleep 0.5

@@ -182,7 +182,7 @@ class Daemon:
             metrics=self.metrics, events=parts.events)
         runs = Runs(opts.max_running, self.signals.wake.set)
         queues = Queues(self.store, lambda: self.local.jobs, runs, self.holder, opts.lease,
-                        self.clock.now, opts.host_queue)
+                        self.clock.now, opts.host_queue, lambda: self.local.file)
         return Firing(
             self.store, Settings(self.holder, opts.lease, opts.heartbeat), self.clock,
             self.outage, self.metrics,

@@ -162,9 +162,13 @@ class Queues:
     (from the jobs file) and, with ``host_queue``, its ``--max-running``."""
 
     def __init__(self, store: Store, jobs: Callable[[], JobsFile], room: Room, holder: str,
-                 lease: float, now: Callable[[], float], host_queue: int | None) -> None:
+                 lease: float, now: Callable[[], float], host_queue: int | None,
+                 file: Callable[[], JobsFile] | None = None) -> None:
         self.store = store
+        #: The jobs this host runs, and the whole file (a group's members
+        #: include the jobs other hosts run: run-on).
         self._jobs = jobs
+        self._file = file or jobs
         self.room = room
         self.holder = holder
         self.lease = lease
@@ -229,7 +233,8 @@ class Queues:
         """How many slots of the run's group, older than its own (``older``
         False: any other), wait across the fleet (one statement)."""
         job = run.job
-        members = [j.name for j in self._jobs().jobs if j.group == job.group]
+        members = sorted({j.name for j in (*self._file().jobs, *self._jobs().jobs)
+                          if j.group == job.group})
         mine = (run.order[0], run.run_id or 0)
         return sum(1 for w in self.store.control.waiting(members) if w.id != run.run_id and (
             not older or (w.slot if w.slot is not None else w.started, w.id) < mine))
