@@ -286,3 +286,17 @@ def test_a_full_host_queue_records_the_slot_skipped_with_the_reason(
         assert "at its --max-running limit (1) and 1 slot(s) already waiting there " \
                "(--queue 1)" in skipped.output
     store.close()
+
+
+def test_validate_warns_of_jobs_due_together_only_in_a_group_that_skips(
+        tmp_path: Path) -> None:
+    path = tmp_path / FILE
+    jobs = {name: 'cron: "0 2 * * *"\ngroup: GROUP\ncommand: "true"' for name in ("a", "b")}
+    for group, warned in (("{seats: 1, when-full: queue}", False), ("1", True),
+                          ("{seats: 1, when-full: skip}", True)):
+        jobs_file(path, {n: body.replace("GROUP", "backups") for n, body in jobs.items()},
+                  f"groups:\n  backups: {group}")
+        result = CliRunner().invoke(cli, ["validate", str(path)])
+        assert result.exit_code == 0
+        assert ("warning: group backups (limit 1): a, b come due together" in result.output) \
+            is warned, (group, result.output)

@@ -297,9 +297,13 @@ def starving(jobs: JobsFile, now: float, max_running: int | None = None) -> list
     """What ``validate`` warns of: jobs of a group (or, with
     ``max_running``, of one host) that come due together beyond its limit,
     so that all but the limit's are skipped each time (a full group skips;
-    a host alone at ``--max-running`` skips what no other host takes)."""
+    a host alone at ``--max-running`` skips what no other host takes). A
+    group that queues (``when-full: queue``) starves none: not warned of."""
     out: list[str] = []
+    queued = dict(jobs.group_queues)
     for group, limit in jobs.groups:
+        if group in queued:
+            continue
         members = [job for job in jobs.jobs if job.group == group]
         if (found := crowded(members, limit, now)) is not None:
             count, first, names = found
