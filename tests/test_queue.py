@@ -300,3 +300,67 @@ def test_validate_warns_of_jobs_due_together_only_in_a_group_that_skips(
         assert result.exit_code == 0
         assert ("warning: group backups (limit 1): a, b come due together" in result.output) \
             is warned, (group, result.output)
+
+
+HOLD = {
+    "hold": """\
+        cron: "0-59/6 * * * * *"
+        group: backups
+        command: sleep 3
+        """,
+    "late": """\
+        cron: "1-59/6 * * * * *"
+        group: backups
+        starting-deadline: 1s
+        command: "true"
+        """}
+
+
+@pytest.mark.slow
+def test_a_slot_that_waits_past_its_starting_deadline_is_recorded_missed(
+        db: TestDb, tmp_path: Path) -> None:
+    jobs = jobs_file(tmp_path / "jobs.yaml", HOLD, QUEUED_GROUP)
+    proc = start_daemon(db, jobs, tmp_path / "d.log")
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        first = store.db_now()
+        late = wait_for(lambda: next((r for r in store.history("late", 20)
+                                      if r.slot and r.slot > first and r.finished), None),
+                        20, interval=0.1, what="a finished slot of late")
+    finally:
+        codes = stop_all([proc])
+    assert codes == [0]
+    record = store.run(late.id)
+    assert record is not None and late.result == "missed", record
+    assert record.output is not None and record.output.startswith("waited: ")
+    assert record.output.endswith("s late, starting-deadline 1s\n")
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_daemon_stopped_while_a_slot_waits_records_it_skipped(
+        db: TestDb, tmp_path: Path) -> None:
+    jobs = jobs_file(tmp_path / "jobs.yaml", {
+        "hold": HOLD["hold"], "after": """\
+            cron: "1-59/6 * * * * *"
+            group: backups
+            command: "true"
+            """},
+        QUEUED_GROUP)
+    proc = start_daemon(db, jobs, tmp_path / "d.log")
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        waiting = wait_for(lambda: next((r for r in store.history("after", 5)
+                                         if r.result == "waiting"), None),
+                           20, interval=0.05, what="a waiting slot")
+    finally:
+        codes = stop_all([proc])
+    assert codes == [0]
+    record = store.run(waiting.id)
+    assert record is not None and record.result == "skipped", record
+    assert record.output == ("not run: the daemon stopped while the slot waited for a seat of "
+                             "group backups at its limit (1): held by hold on "
+                             f"{record.host}\n")
+    store.close()
