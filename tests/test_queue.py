@@ -364,3 +364,54 @@ def test_a_daemon_stopped_while_a_slot_waits_records_it_skipped(
                              "group backups at its limit (1): held by hold on "
                              f"{record.host}\n")
     store.close()
+
+
+def test_status_and_the_web_pages_show_a_waiting_slot(store: Store, tmp_path: Path) -> None:
+    """A slot whose record waits (as a daemon marks it): `status` text and
+    JSON, the API and the fleet page list it, oldest first; a dead waiter's
+    slot is swept lost like a dead run."""
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+    from webtools import PASSWORD, app_for, bearer, csrf_of, users_file
+
+    store.ensure_schema()
+    store.ensure_jobs(["dump-orders", "dump-users"])
+    slot = store.db_now() - 2
+    why = "a seat of group backups at its limit (1): held by dump-orders on h2"
+    older = store.claim_and_record("dump-users", "h1", 300, slot=slot)
+    newer = store.claim_and_record("dump-orders", "h2", 300, slot=slot + 1)
+    assert older is not None and older.run_id is not None and newer is not None
+    assert store.run_waits(older.run_id, why)
+    got = report(store)
+    assert {s.lock.name: s.state for s in got.jobs} == {"dump-orders": "running",
+                                                        "dump-users": "waiting"}
+    doc = json.loads(output.status_json(got.jobs, got.hosts, got.db_now))
+    assert [(w["job"], w["host"], w["for"], w["run_id"]) for w in doc["waiting"]] == [
+        ("dump-users", "h1", why, older.run_id)]
+    text = output.status_text(got.jobs, got.hosts, got.db_now, None, 300, wide=True)
+    assert "waiting slots (oldest first)" in text and why in text
+    client = TestClient(app_for(store, users_file(tmp_path / "users.yaml")))
+    assert client.get("/api/v1/status", headers=bearer("vera")).json()["waiting"][0][
+        "for"] == why
+    client.post("/login", data={"name": "vera", "password": PASSWORD, "next": "/",
+                                "csrf": csrf_of(client.get("/login").text)})
+    page = client.get("/").text
+    assert '<table id="waiting">' in page and f"<td>{why}</td>" in page
+    # Its command starts: running from now, its slot kept.
+    assert store.run_admitted(older.run_id)
+    run = store.run(older.run_id)
+    assert run is not None and run.result == "running" and run.slot == slot
+    assert run.started > slot + 1.5
+    assert json.loads(output.status_json(*(lambda r: (r.jobs, r.hosts, r.db_now))(
+        report(store))))["waiting"] == []
+    # A waiter whose lease ran out (its daemon died) is swept lost.
+    third = store.claim_and_record("dump-orders", "h3", 0.5, slot=slot + 2)
+    assert third is None  # still held by h2
+    store.release("dump-orders", "h2", newer.token)
+    third = store.claim_and_record("dump-orders", "h3", 0.2, slot=slot + 2)
+    assert third is not None and third.run_id is not None
+    assert store.run_waits(third.run_id, why)
+    wait_for(lambda: any(r.id == third.run_id for r in store.sweep_lost()), 10,
+             interval=0.1, what="the dead waiter swept lost")
+    lost = store.run(third.run_id)
+    assert lost is not None and lost.result == "lost"
