@@ -383,9 +383,10 @@ class Firing:
                 got = queues.over(run, got) or got
             self.outage.ok()
         except DatabaseError as exc:
-            self.outage.failed(f"claim a seat of group {job.group}", exc)
-            got = Refused(Cause.GROUP_FULL, f"could not take a seat of group {job.group}: "
-                          "database error")
+            what = f"a seat of group {job.group}" if job.group else "room for the slot"
+            self.outage.failed(f"find {what} for {job.name}", exc)
+            got = Refused(Cause.GROUP_FULL if job.group else Cause.HOST_FULL,
+                          f"could not find {what}: database error")
         if isinstance(got, Go):
             run.watch.seat = got.seat
             run.start()
