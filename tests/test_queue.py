@@ -416,3 +416,18 @@ def test_status_and_the_web_pages_show_a_waiting_slot(store: Store, tmp_path: Pa
              interval=0.1, what="the dead waiter swept lost")
     lost = store.run(third.run_id)
     assert lost is not None and lost.result == "lost"
+
+
+def test_a_host_that_queues_claims_the_slot_none_took_instead_of_skipping_it() -> None:
+    """The planner: at --max-running the slot is left to the others once,
+    then, with --when-full queue, claimed here (its run waits for room)."""
+    from test_planner import NOW, due, job
+
+    from dblockrun.scheduling.planner import Act, Outcome, Planner
+
+    planner = Planner(10.0, 0.5, host_queue=True)
+    assert planner.decide(job(), due(NOW - 0.5), NOW, busy=False, full=True).act is Act.DEFER
+    planner.after(job(), NOW - 0.5, Outcome.AT_LIMIT, NOW, 0.01, delay=0.25)
+    second = planner.decide(job(), due(NOW - 0.5), NOW + 0.25, busy=False, full=True)
+    assert (second.act, second.slot, second.batch, second.plan) == (
+        Act.CLAIM, NOW - 0.5, False, None)
