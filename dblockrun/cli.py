@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import click
 
 from dblockrun import __version__
+from dblockrun.config.jobs import DEFAULT_QUEUE, WHEN_FULL
 from dblockrun.errors import EXIT_INTERRUPTED, ConfigError, DblockrunError, UsageError
 
 if TYPE_CHECKING:
@@ -318,6 +319,12 @@ def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | Non
 @click.option("--max-running", type=click.IntRange(min=1), metavar="N",
               help="Run at most N commands at once on this host; at the limit, slots are "
                    "left to other hosts (recorded skipped if none takes them).")
+@click.option("--when-full", type=click.Choice(WHEN_FULL), default="skip", show_default=True,
+              help="At --max-running, what becomes of a slot no other host takes: skip "
+                   "(recorded skipped) or queue (it waits here for room, oldest first).")
+@click.option("--queue", "queue_bound", type=click.IntRange(min=1), metavar="N",
+              help=f"With --when-full queue: at most N slots wait here; more are recorded "
+                   f"skipped.  [default: {DEFAULT_QUEUE}]")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one object per line.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logs.")
@@ -331,7 +338,8 @@ def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | Non
 @handle_errors
 def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
            metrics_addr: str | None, log_format: str, verbose: bool,
-           labels: tuple[str, ...], max_running: int | None, watch_file: bool) -> None:
+           labels: tuple[str, ...], max_running: int | None, when_full: str,
+           queue_bound: int | None, watch_file: bool) -> None:
     """Run the scheduler on FILE (SIGHUP reloads it, SIGTERM stops).
 
     FILE defaults to -f, then DBLOCKRUN_JOBS, then /etc/dblockrun/jobs.yaml."""
@@ -344,6 +352,10 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
     from dblockrun.scheduling.targeting import LABELS_ENV, host_labels
 
     g = _globals()
+    if when_full == "queue" and max_running is None:
+        raise UsageError("--when-full queue needs --max-running N (the limit it queues for)")
+    if queue_bound is not None and when_full != "queue":
+        raise UsageError("--queue needs --when-full queue")
     try:
         host = host_labels(labels, os.environ.get(LABELS_ENV))
     except ValueError as exc:
@@ -356,6 +368,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
         grace=_duration(grace, "--grace", zero_ok=True),
         metrics_addr=metrics_addr,
         max_running=max_running,
+        host_queue=(queue_bound or DEFAULT_QUEUE) if when_full == "queue" else None,
         watch_file=watch_file,
     )
     if metrics_addr:

@@ -18,6 +18,10 @@ CATCH_UP = ("latest", "none", "all")
 #: dblockrun/scheduling/planner.py): skipped, the one slot waiting for the
 #: run's end, or the run stopped and the slot started once it has ended.
 OVERLAP = ("forbid", "queue", "replace")
+#: What a full group (or a host at ``--max-running``) does with a slot.
+WHEN_FULL = ("skip", "queue")
+#: ``when-full: queue`` without a bound: at most this many slots wait.
+DEFAULT_QUEUE = 10
 
 #: A command: a string runs through the job's shell (``sh -c``), a tuple is exec'd.
 Command = str | tuple[str, ...]
@@ -308,6 +312,9 @@ class JobsFile:
     database_file: str | None = None
     #: ``groups:``: (group, at most this many of its jobs at once in the fleet).
     groups: tuple[tuple[str, int], ...] = ()
+    #: The groups whose slots wait for a seat when it is full (``when-full:
+    #: queue``), each with its queue's bound: at most that many slots wait.
+    group_queues: tuple[tuple[str, int], ...] = ()
 
     def job(self, name: str) -> Job | None:
         return self._by_name.get(name)

@@ -25,6 +25,7 @@ import yaml
 from dblockrun.config.durations import format_duration, parse_duration
 from dblockrun.config.jobs import (
     CATCH_UP,
+    DEFAULT_QUEUE,
     ENV,
     FILE,
     JOB_NAME,
@@ -34,6 +35,7 @@ from dblockrun.config.jobs import (
     NOTIFY_EVENTS,
     NOTIFY_ON,
     OVERLAP,
+    WHEN_FULL,
     Command,
     Job,
     JobsFile,
@@ -55,6 +57,8 @@ MAX_INT = 2**31 - 1
 #: A group's seats are lock rows named ``group:NAME:N`` (dblockrun/scheduling/limits.py).
 MAX_GROUP_NAME = 100
 MAX_GROUP_LIMIT = 1000
+#: A group's long form: ``{seats: N, when-full: skip|queue, queue: N}``.
+GROUP_KEYS = ("seats", "when-full", "queue")
 ON_FAILURE_KEYS = ("disable-for", "command")
 NOTIFY_KEYS = ("urls", "on")
 SECRET_SOURCES = (ENV, FILE)
@@ -762,12 +766,14 @@ class _Parser:
             # Relative to the jobs file, like any path a reader of the file would follow.
             database_file = os.path.join(os.path.dirname(self.path), database_file)
         defaults = self.parse_defaults(data)
-        self.groups = self.parse_groups(data)
+        self.groups, queues = self.parse_groups(data)
         groups = tuple(sorted(self.groups.items()))
+        group_queues = tuple(sorted(queues.items()))
         jobs = data["jobs"]
         if jobs is None:
             return JobsFile(path=self.path, database=database, jobs=(),
-                            database_file=database_file, groups=groups)
+                            database_file=database_file, groups=groups,
+                            group_queues=group_queues)
         if not isinstance(jobs, _Mapping):
             why = f"must be a mapping of job names to jobs, got {_kind(jobs)}"
             raise self.error(why, data.lines["jobs"], key="jobs")
@@ -775,17 +781,20 @@ class _Parser:
             self.parse_job(name, body, jobs.lines[name], defaults) for name, body in jobs.items()
         )
         return JobsFile(path=self.path, database=database, jobs=parsed,
-                        database_file=database_file, groups=groups)
+                        database_file=database_file, groups=groups, group_queues=group_queues)
 
-    def parse_groups(self, data: _Mapping) -> dict[str, int]:
-        """``groups:``: each group's fleet-wide limit (jobs of it at once)."""
+    def parse_groups(self, data: _Mapping) -> tuple[dict[str, int], dict[str, int]]:
+        """``groups:``: each group's fleet-wide limit (jobs of it at once),
+        and the bound of the groups whose slots queue when it is full
+        (``when-full: queue``; the short form ``NAME: N`` skips them)."""
         raw = data.get("groups")
         if raw is None:
-            return {}
+            return {}, {}
         if not isinstance(raw, _Mapping):
             why = f"must be a mapping of group names to limits, got {_kind(raw)}"
             raise self.error(why, data.lines["groups"], key="groups")
         groups: dict[str, int] = {}
+        queues: dict[str, int] = {}
         for name, value in raw.items():
             line = raw.lines[name]
             key = f"groups.{name}"
@@ -795,14 +804,49 @@ class _Parser:
             if len(name) > MAX_GROUP_NAME:
                 why = f"group name is {len(name)} characters long (at most {MAX_GROUP_NAME})"
                 raise self.error(why, line, key=key)
+            seats = value
+            if isinstance(value, _Mapping):
+                seats, bound = self.parse_group(name, value, line)
+                if bound is not None:
+                    queues[name] = bound
+                key = f"groups.{name}.seats"
+                line = value.lines.get("seats", line)
             try:
-                groups[name] = _integer(value, 1)
+                groups[name] = _integer(seats, 1)
             except _Invalid as exc:
                 raise self.error(exc.why, line, key=key) from None
             if groups[name] > MAX_GROUP_LIMIT:
-                why = f"must be at most {MAX_GROUP_LIMIT}, got {value}"
+                why = f"must be at most {MAX_GROUP_LIMIT}, got {seats}"
                 raise self.error(why, line, key=key)
-        return groups
+        return groups, queues
+
+    def parse_group(self, name: str, body: _Mapping, line: int) -> tuple[Any, int | None]:
+        """A group's long form: (its seats, unchecked; its queue's bound,
+        None when its full group skips)."""
+        for k in body:
+            if k not in GROUP_KEYS:
+                raise self.error(_suggest(k, GROUP_KEYS), body.lines[k],
+                                 key=f"groups.{name}.{k}")
+        if "seats" not in body:
+            raise self.error("needs seats: (at most this many of its jobs at once)", line,
+                             key=f"groups.{name}")
+        when = body.get("when-full", "skip")
+        if when not in WHEN_FULL:
+            why = f"must be skip or queue, got {when!r}"
+            raise self.error(why, body.lines["when-full"], key=f"groups.{name}.when-full")
+        bound = body.get("queue")
+        if bound is not None:
+            if when != "queue":
+                why = "a queue's bound needs when-full: queue"
+                raise self.error(why, body.lines["queue"], key=f"groups.{name}.queue")
+            try:
+                bound = _integer(bound, 1)
+            except _Invalid as exc:
+                raise self.error(exc.why, body.lines["queue"],
+                                 key=f"groups.{name}.queue") from None
+        if when == "queue":
+            return body["seats"], DEFAULT_QUEUE if bound is None else bound
+        return body["seats"], None
 
     def check_duplicates(self, data: _Mapping) -> None:
         """Reject a key written twice in any mapping of the file."""

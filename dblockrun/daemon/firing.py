@@ -6,6 +6,7 @@ ends in an :class:`Outcome` the planner consumes (dblockrun/scheduling/planner.p
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -20,7 +21,7 @@ from dblockrun.metrics import Metrics
 from dblockrun.running.fanout import FanOut
 from dblockrun.running.heartbeat import DbClock
 from dblockrun.running.runjob import JobRun, RunContext
-from dblockrun.scheduling.limits import Seat, full_reason, take_seat
+from dblockrun.scheduling.limits import Go, Queues, Refused, Seat, full_reason, take_seat
 from dblockrun.scheduling.planner import (
     SHARE_WAIT,
     Act,
@@ -51,7 +52,8 @@ class Firing:
     def __init__(self, store: Store, settings: Settings, clock: DbClock, outage: Outage,
                  metrics: Metrics, planner: Planner, runs: Runs, book: SlotBook,
                  ctx: RunContext, books: FleetBooks, jobs: Callable[[], JobsFile],
-                 stopping: Callable[[], bool], pause: Callable[[float], None]) -> None:
+                 stopping: Callable[[], bool], pause: Callable[[float], None],
+                 queues: Queues | None = None) -> None:
         self.store = store
         self.s = settings
         self.clock = clock
@@ -65,6 +67,10 @@ class Firing:
         self._jobs = jobs
         self._stopping = stopping
         self._pause = pause
+        #: The limits that queue (groups with when-full: queue, --when-full queue).
+        self.queues = queues
+        #: Arrivals, to order the slots that wait for the same instant.
+        self._arrivals = itertools.count()
         #: Per job, the highest fencing token won here and the newest slot run here.
         self._seen: dict[str, tuple[int, float | None]] = {}
         #: The jobs whose run here was asked to stop for a newer slot (overlap: replace).
@@ -339,6 +345,8 @@ class Firing:
                run_id: int | None = None) -> Outcome:
         if self._went_back(job, token, slot, run_id):
             return Outcome.RECORDED
+        if self.queues is not None and self.queues.applies(job):
+            return self._start_queued(self.queues, job, token, slot, claimed_mono, run_id)
         seat = None
         if job.group is not None:
             seat = self._seat(job, token, slot, run_id)
@@ -348,6 +356,53 @@ class Firing:
                      run_id=run_id, seat=seat)
         self.runs.add(run)
         run.start()
+        return Outcome.STARTED
+
+    def _start_queued(self, queues: Queues, job: Job, token: int, slot: float | None,
+                      claimed_mono: float, run_id: int | None) -> Outcome:
+        """A run whose slot may wait (dblockrun/scheduling/limits.py): it
+        starts if its seat (or room) is free and no older slot waits for it;
+        else its record says ``waiting`` and it tries again, unless its
+        queue is full (recorded skipped, as a full group or host skips)."""
+        now = self.clock.now()
+        if run_id is None:  # a run-now request: its record first
+            try:
+                run_id = self.store.start_run(job.name, self.s.holder, token=token, slot=slot)
+                self.outage.ok()
+            except DatabaseError as exc:  # its lease runs out; the claim is over
+                self.outage.failed(f"record {job.name}", exc)
+                return Outcome.RECORDED
+        run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self.runs.done,
+                     run_id=run_id, queue=queues,
+                     order=(slot if slot is not None else now, next(self._arrivals)))
+        self.runs.add(run)  # it counts no command while it waits
+        try:
+            got = queues.enter(run)
+            if not isinstance(got, Go | Refused):
+                self.store.run_waits(run_id, got.reason)
+                got = queues.over(run, got) or got
+            self.outage.ok()
+        except DatabaseError as exc:
+            what = f"a seat of group {job.group}" if job.group else "room for the slot"
+            self.outage.failed(f"find {what} for {job.name}", exc)
+            got = Refused(Cause.GROUP_FULL if job.group else Cause.HOST_FULL,
+                          f"could not find {what}: database error")
+        if isinstance(got, Go):
+            run.watch.seat = got.seat
+            run.start()
+            return Outcome.STARTED
+        if isinstance(got, Refused):
+            self.runs.drop(run)
+            try:
+                self.book.claimed(job, single(slot or now, got.cause, got.reason), token,
+                                  run_id, self.clock.now())
+            except DatabaseError as exc:  # its lease runs out; the run is recorded lost
+                self.outage.failed(f"release {job.name}", exc)
+            return Outcome.GROUP_FULL
+        log.info("job %s: slot %s waits for %s (%d ahead)", job.name,
+                 utc(slot) if slot is not None else "-", got.reason, got.ahead,
+                 extra={"job": job.name})
+        run.wait(got.reason)
         return Outcome.STARTED
 
     def _seat(self, job: Job, token: int, slot: float | None,

@@ -41,6 +41,7 @@ from dblockrun.running.runjob import RunContext
 from dblockrun.running.runlog import log_run
 from dblockrun.running.runloop import RunLoop
 from dblockrun.running.runner import GRACE_RAN_OUT, SECOND_INTERRUPT
+from dblockrun.scheduling.limits import Queues
 from dblockrun.scheduling.planner import Planner
 from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.scheduling.targeting import (
@@ -78,6 +79,9 @@ class DaemonOptions:
     #: Commands at once on this host (None: no limit); at it, the host leaves
     #: slots to the others (dblockrun/scheduling/limits.py).
     max_running: int | None = None
+    #: ``--when-full queue``: at ``--max-running``, at most this many slots
+    #: nobody else took wait here for room (None: they are recorded skipped).
+    host_queue: int | None = None
     #: ``--watch-file``: reload when the jobs file changes (dblockrun/daemon/reload.py).
     watch_file: bool = False
 
@@ -176,12 +180,15 @@ class Daemon:
             stop_why=lambda: SECOND_INTERRUPT if self.signals.stop_now else GRACE_RAN_OUT,
             loop=RunLoop(self.stop, threads=parts.threads),
             metrics=self.metrics, events=parts.events)
+        runs = Runs(opts.max_running, self.signals.wake.set)
+        queues = Queues(self.store, lambda: self.local.jobs, runs, self.holder, opts.lease,
+                        self.clock.now, opts.host_queue, lambda: self.local.file)
         return Firing(
             self.store, Settings(self.holder, opts.lease, opts.heartbeat), self.clock,
-            self.outage, self.metrics, Planner(opts.heartbeat, CLAIM_TOLERANCE),
-            Runs(opts.max_running, self.signals.wake.set),
-            parts.book, ctx, parts.books,
-            lambda: self.local.jobs, self._stopping, self._pause)
+            self.outage, self.metrics,
+            Planner(opts.heartbeat, CLAIM_TOLERANCE, host_queue=opts.host_queue is not None),
+            runs, parts.book, ctx, parts.books,
+            lambda: self.local.jobs, self._stopping, self._pause, queues)
 
     # -- control from signal handlers ---------------------------------------
 

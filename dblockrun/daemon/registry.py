@@ -27,6 +27,21 @@ class Run(Protocol):
         """Whether only its record and release are left (its command is over)."""
         ...
 
+    #: Its slot waits (``when-full: queue``; dblockrun/scheduling/limits.py):
+    #: it counts no command while ``queued``; ``wants_room``: it waits for
+    #: room here (not for a group's seat); ``order``: older first.
+    queued: bool
+    wants_room: bool
+    order: tuple[float, int]
+
+
+class Queued(Protocol):
+    """A run as :meth:`Runs.admit` sees it (dblockrun/scheduling/limits.py Waiter)."""
+
+    queued: bool
+    wants_room: bool
+    order: tuple[float, int]
+
 
 class Runs:
     def __init__(self, cap: int | None, ended: Callable[[], None]) -> None:
@@ -61,10 +76,44 @@ class Runs:
             run = self._running.get(name)
         return run is not None and run.winding_up()
 
+    def drop(self, run: Run) -> None:
+        """Forget ``run``, which never started (its slot recorded skipped)."""
+        with self._lock:
+            if self._running.get(run.job.name) is run:
+                del self._running[run.job.name]
+
+    def admit(self, run: Queued) -> bool:
+        """Whether the waiting ``run`` may start now: room for one more
+        command and no older slot waiting here for room. From then on it
+        counts (checked and counted at once)."""
+        with self._lock:
+            room = self.cap is None or self._count() < self.cap
+            older = any(r.wants_room and r.queued and r.order < run.order
+                        for r in self._running.values() if r is not run)
+            if room and not older:
+                run.queued = run.wants_room = False
+                return True
+            run.wants_room = True
+            return False
+
+    def unadmit(self, run: Queued) -> None:
+        """``run`` waits again (for a group's seat): it counts no command."""
+        with self._lock:
+            run.queued = True
+
+    def ahead(self, run: Queued) -> int:
+        """How many older slots wait here for room."""
+        with self._lock:
+            return sum(1 for r in self._running.values()
+                       if r is not run and r.wants_room and r.queued and r.order < run.order)
+
     def count(self) -> int:
         """Commands running here (what --max-running counts)."""
         with self._lock:
-            return sum(run.commands for run in self._running.values())
+            return self._count()
+
+    def _count(self) -> int:
+        return sum(run.commands for run in self._running.values())
 
     def free(self) -> int | None:
         """How many more runs this host may start (None: no limit)."""

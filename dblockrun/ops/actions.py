@@ -18,7 +18,14 @@ from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.store import Store
 from dblockrun.store.control import Audit
 from dblockrun.store.dburl import default_url, describe, missing_sqlite_file
-from dblockrun.store.models import OK, RUNNING, Disabled, HostStatus, RunRecord, jobs_known
+from dblockrun.store.models import (
+    OK,
+    UNFINISHED,
+    Disabled,
+    HostStatus,
+    RunRecord,
+    jobs_known,
+)
 
 
 class Access(enum.Enum):
@@ -300,7 +307,7 @@ def wait_for_ends(store: Store, runs: list[RunRecord], until: float | None = Non
         for run in runs:
             if run.id not in ended:
                 now = store.run(run.id)
-                if now is None or now.result != RUNNING:
+                if now is None or now.result not in UNFINISHED:
                     ended[run.id] = now or run
         if len(ended) == len(runs) or (until is not None and time.monotonic() >= until):
             return ended

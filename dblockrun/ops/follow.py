@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.ops.actions import no_such_job
 from dblockrun.store import Store
-from dblockrun.store.models import RUNNING, RunRecord
+from dblockrun.store.models import UNFINISHED, RunRecord
 
 #: How often ``tail`` reads the run (its holder writes once a heartbeat).
 FOLLOW_POLL = 0.5
@@ -57,7 +57,7 @@ def running_run(store: Store, job: str) -> RunRecord:
         last = store.history(job, 1, output=False)
         was = (f"; its last, run {last[0].id}, ended {last[0].result} "
                f"(`dblockrun history --output {last[0].id}` shows its output)"
-               if last and last[0].result != RUNNING else "")
+               if last and last[0].result not in UNFINISHED else "")
         raise DblockrunError(f"no run of {job} is running{was}")
     return runs[0]
 
@@ -76,6 +76,6 @@ def follow(store: Store, run_id: int, write: Callable[[str], None],
         if text != shown:
             write(grown(shown, text))
             shown = text
-        if run.result != RUNNING:
+        if run.result not in UNFINISHED:  # waiting: its command is still to come
             return run
         time.sleep(poll)

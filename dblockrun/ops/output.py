@@ -36,7 +36,14 @@ from dblockrun.scheduling.targeting import (
     matches,
 )
 from dblockrun.store import FOREVER
-from dblockrun.store.models import HostStatus, JobStatus, RunRecord, definitions, jobs_known
+from dblockrun.store.models import (
+    WAITING,
+    HostStatus,
+    JobStatus,
+    RunRecord,
+    definitions,
+    jobs_known,
+)
 from dblockrun.store.status import live_window
 
 if TYPE_CHECKING:
@@ -376,8 +383,23 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         "hosts": [host_json(h) for h in hosts],
         "groups": [{"name": g.group, "seats": g.seats, "held": len(g.held),
                     "holders": [{"job": j, "host": h} for j, h in g.held]} for g in groups],
+        "waiting": [{"job": run.job, "slot": iso(run.slot), "host": run.host,
+                     "since": iso(run.started), "run_id": run.id, "for": waiting_for(run)}
+                    for run in waiting_slots(jobs)],
         "warnings": warnings(jobs, fleet, live_within),
     })
+
+
+def waiting_slots(jobs: Sequence[JobStatus]) -> list[RunRecord]:
+    """The queued slots (``when-full: queue``) of ``jobs``, oldest first."""
+    found = [s.running for s in jobs
+             if s.running is not None and s.running.result == WAITING and s.state == "waiting"]
+    return sorted(found, key=lambda r: (r.slot if r.slot is not None else r.started, r.id))
+
+
+def waiting_for(run: RunRecord) -> str:
+    """What a queued slot waits for, as its record says."""
+    return (run.output or "").strip()
 
 
 def _target_json(spec: tuple[RunOn, bool] | None) -> dict[str, Any]:
@@ -792,6 +814,14 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
                    [[g.group, f"{len(g.held)}/{g.seats}",
                      ", ".join(f"{j} on {h}" for j, h in g.held) or "-"] for g in groups],
                    ("group", "in use"))
+    queued = waiting_slots(jobs)
+    if queued:  # when-full: queue (dblockrun/scheduling/limits.py)
+        page.line()
+        page.line("waiting slots (oldest first)")
+        page.table(("job", "slot", "host", "waiting since", "for"),
+                   [[run.job, _short(run.slot, db_now),
+                     run.host, _short(run.started, db_now), waiting_for(run)]
+                    for run in queued], ("job",))
     found = warnings(jobs, fleet, live_within)
     if found:
         page.line()

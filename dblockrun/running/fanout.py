@@ -129,6 +129,11 @@ class FanOut:
     #: so that two of them cannot both take the last.
     _reserving = threading.Lock()
 
+    #: A fan-out never waits in a queue (dblockrun/daemon/registry.py Run).
+    queued = False
+    wants_room = False
+    order = (0.0, 0)
+
     def __init__(self, ctx: RunContext, job: Job, slot: float | None,
                  on_done: Callable[[FanOut], None] | None = None,
                  next_due: float | None = None,

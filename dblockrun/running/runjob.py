@@ -35,6 +35,7 @@ from dblockrun.withheld import withheld
 
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
+    from dblockrun.scheduling.limits import Queues, Seat
 
 log = logging.getLogger("dblockrun")
 out_log = logging.getLogger("dblockrun.output")
@@ -234,13 +235,18 @@ class JobRun:
         err_sink: Callable[[bytes], None] | None = None,
         seat: tuple[str, int] | None = None,
         item: ItemHook | None = None,
+        queue: Queues | None = None,
+        order: tuple[float, int] = (0.0, 0),
     ) -> None:
         """``run_id``: the first attempt's run record, when the claim made it.
         ``line_sink``: the command's output lines (default: logged);
         ``err_sink``: its stderr lines apart (default: with the output);
         ``seat``: the group seat the run holds (dblockrun/scheduling/limits.py), renewed
         with its lease and released at its end; ``item``: a run of fan-out
-        items, which it records, renews and releases."""
+        items, which it records, renews and releases; ``queue``: the limits
+        its slot may wait for (dblockrun/scheduling/limits.py), before
+        :meth:`start` or :meth:`wait`; ``order``: its place among waiting
+        slots (older first)."""
         self.ctx = ctx
         self.job = job
         self.token = token
@@ -267,11 +273,96 @@ class JobRun:
         self._first_run_id: int | None = None
         self._seat_released = False
         self._winding_up = False
+        self.queue = queue
+        #: Its slot waits for a seat or room (counts no command meanwhile).
+        self.queued = queue is not None
+        self.wants_room = False
+        self.order = order
+        #: What it waits for, as its record says.
+        self._waits_for: str | None = None
+
+    @property
+    def run_id(self) -> int | None:
+        """The first attempt's record, when the claim made it."""
+        return self._recorded
 
     def start(self) -> None:
         """Start the run; :attr:`done` is set once it is over."""
         self.ctx.renewer.add(self.watch)
         self._step(lambda: self._attempt(1))
+
+    def wait(self, reason: str) -> None:
+        """Its slot waits (its record says so: ``reason``); it tries for a
+        seat or room every :data:`~dblockrun.scheduling.limits.QUEUE_POLL`,
+        holding the job's lock meanwhile."""
+        from dblockrun.scheduling.limits import QUEUE_POLL
+
+        self._waits_for = reason
+        self.ctx.renewer.add(self.watch)
+        self.ctx.loop.call_later(QUEUE_POLL, lambda: self._step(self._try))
+
+    def _try(self) -> None:
+        """A waiting slot's try: start, wait on, or end without a run."""
+        from dblockrun.scheduling.limits import QUEUE_POLL, Go, Refused
+
+        ctx, job, queue = self.ctx, self.job, self.queue
+        assert queue is not None
+        if self._lease_ran_out():
+            log.warning("job %s: the waiting slot lost its lease; not starting it", job.name)
+            self._end()  # its record is swept lost
+            return
+        if ctx.stop.is_set():
+            self._not_run(m.SKIPPED, "not run: the daemon stopped while the slot waited for "
+                          f"{self._waits_for}")
+            return
+        if self.watch.killed is not None:
+            self._not_run(m.KILLED, f"killed while waiting: {self.watch.killed}")
+            return
+        try:
+            got = queue.enter(self)
+            if not isinstance(got, Go | Refused) and got.reason != self._waits_for:
+                if self.run_id is not None:
+                    ctx.store.run_waits(self.run_id, got.reason)
+                self._waits_for = got.reason
+            ctx.outage.ok()
+        except DatabaseError as exc:  # tried again; the heartbeat watches the lease
+            ctx.outage.failed(f"find a seat for {job.name}", exc)
+            got = None
+        if isinstance(got, Go):
+            self._admitted(got.seat)
+        elif isinstance(got, Refused):
+            self._not_run(got.result, got.reason)
+        else:
+            ctx.loop.call_later(QUEUE_POLL, lambda: self._step(self._try))
+
+    def _admitted(self, seat: Seat | None) -> None:
+        """The waiting slot got its seat (or room): its command starts now,
+        its record ``running`` from now (lock-at-most counts from here)."""
+        ctx, run_id = self.ctx, self.run_id
+        self.watch.seat = seat
+        if run_id is not None:
+            ctx.outage.retry(f"record the start of {self.job.name}",
+                             lambda: ctx.store.run_admitted(run_id),
+                             self.watch.fence_at(ctx.kill_grace + 1))
+        self.deadline = time.monotonic() + self.job.lock_at_most
+        log.info("job %s: the waiting slot starts (it waited for %s)", self.job.name,
+                 self._waits_for, extra={"job": self.job.name})
+        self._attempt(1)
+
+    def _not_run(self, result: str, reason: str) -> None:
+        """End a waiting slot without a run: its record ``result`` with
+        ``reason``, the lock released in the same round trip."""
+        job, ctx, run_id = self.job, self.ctx, self.run_id
+        ctx.renewer.remove(self.watch)
+        if run_id is not None:
+            both = ctx.outage.retry(
+                f"record {job.name}", lambda: ctx.store.finish_and_release(
+                    run_id, job.name, ctx.holder, self.token, result, None, reason + "\n"),
+                time.monotonic() + 30)
+            self._released = both is not None
+        log.warning("job %s: waiting slot %s: %s", job.name, run_id, reason,
+                    extra={"job": job.name})
+        self._end()
 
     def run(self) -> None:
         """Start the run and wait for its end (``exec``)."""
@@ -413,8 +504,9 @@ class JobRun:
 
     @property
     def commands(self) -> int:
-        """Commands it counts for ``--max-running``: one, from its claim to its release."""
-        return 1
+        """Commands it counts for ``--max-running``: one, from its claim (or
+        the end of its slot's wait) to its release."""
+        return 0 if self.queued else 1
 
     def winding_up(self) -> bool:
         """Whether the run's command is over and only its bookkeeping (its

@@ -15,15 +15,30 @@ The daemon (:mod:`dblockrun.daemon.loop`) applies both: a host at its
 ``--max-running`` does not claim, and records a slot nobody took skipped;
 a grouped claim that finds no free seat is released and its slot recorded
 skipped, with the holders named.
+
+Either limit can queue instead (``when-full: queue`` on a group, ``daemon
+--when-full queue`` for ``--max-running``; :class:`Queues`): the slot is
+claimed as usual (one start per slot) and its run *waits*: it holds the
+job's lock (renewed by the heartbeat like a run's), its record says
+``waiting`` and for what, and every :data:`QUEUE_POLL` it tries again. A
+seat goes to the oldest waiting slot of the group across the fleet (the
+waiting records, read before each try: a slot takes a seat only while
+fewer slots older than it wait than seats are free); room on a host to its
+oldest waiting slot. A queue is bounded: a slot that finds as many older
+ones waiting is recorded skipped. A slot that waits past its job's
+``starting-deadline`` is recorded missed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.scheduling.cron import next_slot_at
+from dblockrun.scheduling.planner import Cause, deadline_reason, too_late
+from dblockrun.store import models as m
 from dblockrun.store.models import SEAT_PREFIX
 from dblockrun.timetext import utc
 
@@ -78,6 +93,175 @@ def take_seat(store: Store, jobs: JobsFile, job: Job, holder: str,
     return group_reason(job.group, limit, holders)
 
 
+# -- queues (when-full: queue) ---------------------------------------------------------
+
+#: Seconds between a waiting slot's tries for its seat or room.
+QUEUE_POLL = 0.25
+
+
+class Waiter(Protocol):
+    """A claimed run whose slot may have to wait (dblockrun/running/runjob.py)."""
+
+    job: Job
+    slot: float | None
+    #: (slot, or when claimed for a rate job's turn; arrival): older first.
+    order: tuple[float, int]
+    queued: bool
+    wants_room: bool
+
+    @property
+    def run_id(self) -> int | None:
+        """Its record (made by the claim)."""
+        ...
+
+
+class Room(Protocol):
+    """The host's runs (dblockrun/daemon/registry.py): room for a waiting
+    run, oldest slot first."""
+
+    cap: int | None
+
+    def admit(self, run: Waiter) -> bool: ...
+
+    def unadmit(self, run: Waiter) -> None: ...
+
+    def ahead(self, run: Waiter) -> int: ...
+
+
+@dataclass(frozen=True)
+class Go:
+    """The run may start: with this seat of its group (None: no group)."""
+
+    seat: Seat | None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Not yet: ``reason`` (its record says it), ``ahead`` older slots
+    waiting for the same; ``host``: for room on this host, else a seat."""
+
+    reason: str
+    ahead: int
+    host: bool
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The slot does not run: recorded with ``cause`` and ``reason``."""
+
+    cause: Cause
+    reason: str
+
+    @property
+    def result(self) -> str:
+        return m.MISSED if self.cause is Cause.DEADLINE else m.SKIPPED
+
+
+class Queues:
+    """A daemon's limits that queue: its groups with ``when-full: queue``
+    (from the jobs file) and, with ``host_queue``, its ``--max-running``."""
+
+    def __init__(self, store: Store, jobs: Callable[[], JobsFile], room: Room, holder: str,
+                 lease: float, now: Callable[[], float], host_queue: int | None,
+                 file: Callable[[], JobsFile] | None = None) -> None:
+        self.store = store
+        #: The jobs this host runs, and the whole file (a group's members
+        #: include the jobs other hosts run: run-on).
+        self._jobs = jobs
+        self._file = file or jobs
+        self.room = room
+        self.holder = holder
+        self.lease = lease
+        self._now = now
+        #: ``--when-full queue``: at most this many slots wait here (None: skip).
+        self.host_queue = host_queue
+
+    def bound(self, job: Job) -> int | None:
+        """The bound of the queue of ``job``'s group (None: it skips)."""
+        if job.group is None:
+            return None
+        return dict(self._jobs().group_queues).get(job.group)
+
+    def applies(self, job: Job) -> bool:
+        """Whether a claimed run of ``job`` may wait (else: as before, a full
+        group skips it and a full host does not claim)."""
+        if job.fan_out:
+            return False
+        return self.bound(job) is not None or (
+            self.host_queue is not None and self.room.cap is not None)
+
+    def enter(self, run: Waiter) -> Go | Wait | Refused:
+        """Room on this host (oldest first), then a seat of the run's group
+        (oldest slot of the group first, across the fleet). Raises
+        :class:`~dblockrun.errors.DatabaseError`."""
+        job = run.job
+        if run.slot is not None and too_late(job, run.slot, self._now()):
+            return Refused(Cause.DEADLINE, "waited: " + deadline_reason(
+                job, run.slot, self._now()))
+        if not self.room.admit(run):
+            return Wait(f"room on {self.holder} (--max-running {self.room.cap})",
+                        self.room.ahead(run), host=True)
+        if job.group is None:
+            return Go(None)
+        try:
+            got = self._seat(run)
+        except BaseException:
+            self.room.unadmit(run)
+            raise
+        if not isinstance(got, Go):
+            self.room.unadmit(run)
+        return got
+
+    def _seat(self, run: Waiter) -> Go | Wait | Refused:
+        job = run.job
+        assert job.group is not None
+        if self.bound(job) is None:  # the group skips (only the host queues)
+            got = take_seat(self.store, self._jobs(), job, self.holder, self.lease)
+            return Refused(Cause.GROUP_FULL, got) if isinstance(got, str) else Go(got)
+        limit = dict(self._jobs().groups)[job.group]
+        seats = seat_names(job.group, limit)
+        ahead = self.ahead(run)
+        holders = self.store.seat_holders(seats)
+        if ahead < limit - len(holders):
+            got = take_seat(self.store, self._jobs(), job, self.holder, self.lease)
+            if not isinstance(got, str):
+                return Go(got)
+            holders = self.store.seat_holders(seats)
+        return Wait(f"a seat of {group_reason(job.group, limit, holders)}", ahead, host=False)
+
+    def ahead(self, run: Waiter, *, older: bool = True) -> int:
+        """How many slots of the run's group, older than its own (``older``
+        False: any other), wait across the fleet (one statement)."""
+        job = run.job
+        members = sorted({j.name for j in (*self._file().jobs, *self._jobs().jobs)
+                          if j.group == job.group})
+        mine = (run.order[0], run.run_id or 0)
+        return sum(1 for w in self.store.control.waiting(members) if w.id != run.run_id and (
+            not older or (w.slot if w.slot is not None else w.started, w.id) < mine))
+
+    def over(self, run: Waiter, wait: Wait) -> Refused | None:
+        """Whether the run, waiting now (its record says so), finds its
+        queue full: as many other slots waiting as it holds. The group's are
+        counted again, now that its own record waits: of two slots that
+        come at once, each sees the other, so the bound is never passed."""
+        job = run.job
+        if wait.host and self.host_queue is not None:
+            if wait.ahead >= self.host_queue:
+                return Refused(Cause.HOST_FULL, (
+                    f"{self.holder} at its --max-running limit ({self.room.cap}) and "
+                    f"{wait.ahead} slot(s) already waiting there (--queue {self.host_queue})"))
+            return None
+        bound = self.bound(job)
+        if bound is None or job.group is None:
+            return None
+        ahead = self.ahead(run, older=False)
+        if ahead >= bound:
+            return Refused(Cause.GROUP_FULL, (
+                f"group {job.group} full and {ahead} slot(s) already waiting for a seat "
+                f"(queue: {bound})"))
+        return None
+
+
 #: ``validate`` looks this far ahead (seconds) for jobs due together ...
 CROWD_HORIZON = 7 * 86400.0
 #: ... and at most this many slots of each job.
@@ -113,9 +297,13 @@ def starving(jobs: JobsFile, now: float, max_running: int | None = None) -> list
     """What ``validate`` warns of: jobs of a group (or, with
     ``max_running``, of one host) that come due together beyond its limit,
     so that all but the limit's are skipped each time (a full group skips;
-    a host alone at ``--max-running`` skips what no other host takes)."""
+    a host alone at ``--max-running`` skips what no other host takes). A
+    group that queues (``when-full: queue``) starves none: not warned of."""
     out: list[str] = []
+    queued = dict(jobs.group_queues)
     for group, limit in jobs.groups:
+        if group in queued:
+            continue
         members = [job for job in jobs.jobs if job.group == group]
         if (found := crowded(members, limit, now)) is not None:
             count, first, names = found

@@ -449,8 +449,11 @@ class Planner:
     ``--max-running``. Every "when next" of the daemon is decided here, from
     the outcomes of its attempts (:meth:`after`)."""
 
-    def __init__(self, heartbeat: float, tolerance: float) -> None:
+    def __init__(self, heartbeat: float, tolerance: float, *, host_queue: bool = False) -> None:
         self.heartbeat = heartbeat
+        #: ``--when-full queue``: a slot left to the others at ``--max-running``
+        #: and taken by none is claimed here, to wait for room (else: skipped).
+        self.host_queue = host_queue
         #: The claim's clock tolerance (dblockrun/store/engine.py).
         self.tolerance = tolerance
         self.agenda = Agenda()
@@ -752,6 +755,8 @@ class Planner:
             if self._deferred.get(job.name) != slot:
                 return Decision(Act.DEFER, slot)
             del self._deferred[job.name]
+            if self.host_queue:  # its run waits for room here (scheduling/limits.py)
+                return Decision(Act.CLAIM, slot, next_due(job, slot, self.tolerance))
             return Decision(Act.RECORD, slot, plan=single(slot, Cause.HOST_FULL, ""))
         deferred = self._deferred.pop(job.name, None) is not None
         return Decision(Act.CLAIM, slot, next_due(job, slot, self.tolerance),

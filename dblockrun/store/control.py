@@ -13,7 +13,7 @@ that listen renew at once. The pause is one row of the ``pause`` table, which
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -170,14 +170,11 @@ class ControlStore:
                 run_id: int | None = None) -> list[m.RunRecord]:
         """The runs still running under a live lease: of ``job`` (and
         ``item``), or the run ``run_id``."""
-        runs, q = self.s.t.runs, self.s.lock.q
+        runs = self.s.t.runs
         if run_id is not None and not m.run_id_possible(run_id):
             return []
-        held = sa.literal_column(
-            f"(EXISTS (SELECT 1 FROM {q.locks} WHERE {q.holding(q.locks, True)}) "
-            f"OR EXISTS (SELECT 1 FROM {q.items} WHERE {q.holding(q.items, True)}))",
-            sa.Boolean())
-        stmt = sa.select(runs).where(runs.c.result == m.RUNNING, held).order_by(runs.c.id)
+        stmt = (sa.select(runs).where(runs.c.result.in_(m.UNFINISHED), self._held())
+                .order_by(runs.c.id))
         if run_id is not None:
             stmt = stmt.where(runs.c.id == run_id)
         if job is not None:
@@ -186,6 +183,27 @@ class ControlStore:
             stmt = stmt.where(runs.c.item == item)
         return self.s._run(
             lambda c: [m.from_row(m.RunRecord, r._mapping) for r in c.execute(stmt)])
+
+    def waiting(self, jobs: Sequence[str]) -> list[m.RunRecord]:
+        """The slots of ``jobs`` waiting under a live lease (``when-full:
+        queue``), oldest slot first (a rate job's turn: when it was
+        claimed), one statement."""
+        runs = self.s.t.runs
+        if not jobs:
+            return []
+        stmt = (sa.select(runs).where(runs.c.result == m.WAITING, runs.c.job.in_(list(jobs)),
+                                      self._held())
+                .order_by(sa.func.coalesce(runs.c.slot, runs.c.started), runs.c.id))
+        return self.s._run(
+            lambda c: [m.from_row(m.RunRecord, r._mapping) for r in c.execute(stmt)])
+
+    def _held(self) -> sa.ColumnElement[bool]:
+        """A run's lock row (or item) holds it with its token, its lease live."""
+        q = self.s.lock.q
+        return sa.literal_column(
+            f"(EXISTS (SELECT 1 FROM {q.locks} WHERE {q.holding(q.locks, True)}) "
+            f"OR EXISTS (SELECT 1 FROM {q.items} WHERE {q.holding(q.items, True)}))",
+            sa.Boolean())
 
     def kill(self, runs: list[m.RunRecord], who: str,
              reason: str | None) -> list[m.RunRecord]:

@@ -623,6 +623,14 @@ class LockEngine:
             released = self.release(job, holder, token, lock_at_least)
         return written, released
 
+    def run_waits(self, run_id: int, output: str) -> bool:
+        """The run's slot waits for ``output`` (a seat, room on the host)."""
+        return self._one_row(self.q.run_waits, {"run_id": run_id, "output": output})
+
+    def run_admitted(self, run_id: int) -> bool:
+        """The waiting run's command starts: ``running`` from now."""
+        return self._one_row(self.q.run_admitted, {"run_id": run_id})
+
     def release_seat(self, seat: tuple[str, int], holder: str) -> bool:
         """Free a group seat (its row, the token it was taken with)."""
         params = {"seat": seat[0], "seat_token": seat[1], "holder": holder}

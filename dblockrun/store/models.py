@@ -14,6 +14,12 @@ R = TypeVar("R", bound="DataclassInstance")
 
 #: Run results.
 RUNNING = "running"
+#: A queued slot: claimed, waiting for a seat of its full group or for room on
+#: its host (``when-full: queue``, dblockrun/scheduling/limits.py); ``running``
+#: once its command starts.
+WAITING = "waiting"
+#: The results of a run not over yet.
+UNFINISHED = (RUNNING, WAITING)
 OK = "ok"
 FAILED = "failed"
 TIMEOUT = "timeout"
@@ -139,7 +145,7 @@ class JobStatus:
             return "disabled"
         if lock.lock_until is not None and lock.lock_until > self.db_now:
             if self.running is not None:
-                return "running"
+                return "waiting" if self.running.result == WAITING else "running"
             last = self.last_run
             if last is not None and last.result == FAILED and last.token == lock.token:
                 return "retrying"  # the holder waits out the failed attempt's retry delay

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from dblockrun.store.models import RUNNING, TOKEN_MAX
+from dblockrun.store.models import RUNNING, TOKEN_MAX, WAITING
 
 SCHEMA_VERSION = 8  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
@@ -254,9 +254,11 @@ class Queries:
 
     def lost_where(self, jobs: str) -> str:
         """Runs of ``jobs`` (a condition on the runs table) still ``running``
-        though no live lease holds them: their holder died or was fenced."""
+        (or ``waiting``) though no live lease holds them: their holder died or
+        was fenced."""
         runs, locks, items = self.runs, self.locks, self.items
-        return (f"{jobs} AND {runs}.result = '{RUNNING}' AND {runs}.token IS NOT NULL "
+        return (f"{jobs} AND {runs}.result IN ('{RUNNING}', '{WAITING}') "
+                f"AND {runs}.token IS NOT NULL "
                 f"AND NOT EXISTS (SELECT 1 FROM {locks} WHERE {self.holding(locks, True)}) "
                 f"AND NOT EXISTS (SELECT 1 FROM {items} WHERE {self.holding(items, True)})")
 
@@ -512,6 +514,23 @@ class Queries:
                 f"s AS ({self.seat_release} RETURNING {locks}.name) "
                 "SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM l)")
 
+    @cached_property
+    def run_waits(self) -> str:
+        """A claimed run's slot waits (``when-full: queue``): its record says
+        for what (``output``) until its command starts."""
+        runs, p = self.runs, self.p
+        return (f"UPDATE {runs} SET result = '{WAITING}', output = {p('output')} "
+                f"WHERE {runs}.id = {p('run_id')} AND {runs}.result IN ('{RUNNING}', "
+                f"'{WAITING}')")
+
+    @cached_property
+    def run_admitted(self) -> str:
+        """A waiting slot's command starts now: its record is ``running``
+        from now (its slot stays: the delay shows)."""
+        runs, p = self.runs, self.p
+        return (f"UPDATE {runs} SET result = '{RUNNING}', started = {self.now}, output = NULL "
+                f"WHERE {runs}.id = {p('run_id')} AND {runs}.result = '{WAITING}'")
+
     def start_run(self, running: bool) -> str:
         p = self.p
         finished = "NULL" if running else self.now
@@ -595,7 +614,7 @@ class Queries:
         """One run lost: it ended at its lease's last renewal (``ended``)."""
         runs, p = self.runs, self.p
         return (f"UPDATE {runs} SET result = 'lost', finished = {p('ended')} "
-                f"WHERE {runs}.id = {p('id')} AND {runs}.result = '{RUNNING}'")
+                f"WHERE {runs}.id = {p('id')} AND {runs}.result IN ('{RUNNING}', '{WAITING}')")
 
     @cached_property
     def prune_cutoff(self) -> str:

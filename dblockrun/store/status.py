@@ -136,7 +136,7 @@ def _read(store: Store, names: Sequence[str] | None
         if locks:
             for r in conn.execute(runs_stmt).all():
                 run = m.from_row(m.RunRecord, r._mapping)
-                if run.result != m.RUNNING:
+                if run.result not in m.UNFINISHED:
                     last[run.job] = run
                 elif run.job not in running or running[run.job].id < run.id:
                     running[run.job] = run  # the newest attempt
@@ -213,14 +213,16 @@ def _runs_statement(store: Store, names: list[str] | None) -> sa.CompoundSelect[
     token (few: found through the result index). A window over all runs took
     0.37 s on MariaDB with 5 runs per job, and grows with every run kept."""
     runs, locks = store.t.runs, store.t.locks
-    columns = [runs.c[c] for c in _RUN_COLUMNS]
+    # A waiting slot's record says what it waits for (a seat, room on its host).
+    columns = [*(runs.c[c] for c in _RUN_COLUMNS),
+               sa.case((runs.c.result == m.WAITING, runs.c.output)).label("output")]
     r = runs.alias("newest")
-    last_id = (sa.select(r.c.id).where(r.c.job == locks.c.name, r.c.result != m.RUNNING)
+    last_id = (sa.select(r.c.id).where(r.c.job == locks.c.name, r.c.result.not_in(m.UNFINISHED))
                .order_by(r.c.id.desc()).limit(1).scalar_subquery())
     last = sa.select(*columns).select_from(locks.join(runs, runs.c.id == last_id))
     running = sa.select(*columns).select_from(locks.join(
         runs, sa.and_(runs.c.job == locks.c.name, runs.c.token == locks.c.token))
-    ).where(runs.c.result == m.RUNNING)
+    ).where(runs.c.result.in_(m.UNFINISHED))
     if names:
         last = last.where(locks.c.name.in_(names))
         running = running.where(locks.c.name.in_(names))

@@ -376,6 +376,8 @@ class Store:
     held_gaps_seen = on_engine(LockEngine.held_gaps_seen)
     claim_seat = on_engine(LockEngine.claim_seat)
     release_seat = on_engine(LockEngine.release_seat)
+    run_waits = on_engine(LockEngine.run_waits)
+    run_admitted = on_engine(LockEngine.run_admitted)
 
     def seat_holders(self, seats: Sequence[str]) -> list[tuple[str, str]]:
         """The (job, host) holding each seat of ``seats`` whose lease holds."""
