@@ -22,6 +22,7 @@ from dblockrun.ops import output
 from dblockrun.store import Store
 from dblockrun.store.models import RunRecord
 from dblockrun.store.status import report
+from dblockrun.timetext import utc
 
 FILE = "jobs.yaml"
 
@@ -334,8 +335,12 @@ def test_a_slot_that_waits_past_its_starting_deadline_is_recorded_missed(
     assert codes == [0]
     record = store.run(late.id)
     assert record is not None and late.result == "missed", record
-    assert record.output is not None and record.output.startswith("waited: ")
+    assert record.output is not None and record.output.startswith("missed: waited: ")
     assert record.output.endswith("s late, starting-deadline 1s\n")
+    # Recorded through the slot book, as every passed slot is: its log line
+    # (and its event: metrics, a `missed` notification).
+    said = (tmp_path / "d.log").read_text()
+    assert f"job late: slot {utc(late.slot)} missed: waited: " in said, said[-3000:]
     store.close()
 
 
@@ -361,7 +366,7 @@ def test_a_daemon_stopped_while_a_slot_waits_records_it_skipped(
     assert codes == [0]
     record = store.run(waiting.id)
     assert record is not None and record.result == "skipped", record
-    assert record.output == ("not run: the daemon stopped while the slot waited for a seat of "
+    assert record.output == ("skipped: the daemon stopped while the slot waited for a seat of "
                              "group backups at its limit (1): held by hold on "
                              f"{record.host}\n")
     store.close()

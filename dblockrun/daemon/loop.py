@@ -179,7 +179,7 @@ class Daemon:
             stop_grace=lambda: self.signals.deadline,
             stop_why=lambda: SECOND_INTERRUPT if self.signals.stop_now else GRACE_RAN_OUT,
             loop=RunLoop(self.stop, threads=parts.threads),
-            metrics=self.metrics, events=parts.events)
+            metrics=self.metrics, events=parts.events, book=parts.book, now=self.clock.now)
         runs = Runs(opts.max_running, self.signals.wake.set)
         queues = Queues(self.store, lambda: self.local.jobs, runs, self.holder, opts.lease,
                         self.clock.now, opts.host_queue, lambda: self.local.file)

@@ -28,6 +28,7 @@ from dblockrun.running.runner import (
     argv_for,
     stored_text,
 )
+from dblockrun.scheduling.planner import Cause, single
 from dblockrun.store import models as m
 from dblockrun.store.base import Disables, RunStore
 from dblockrun.store.outage import Outage
@@ -36,6 +37,7 @@ from dblockrun.withheld import withheld
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
     from dblockrun.scheduling.limits import Queues, Seat
+    from dblockrun.scheduling.slotbook import SlotBook
 
 log = logging.getLogger("dblockrun")
 out_log = logging.getLogger("dblockrun.output")
@@ -65,6 +67,11 @@ class RunContext:
     events: Events | None = None
     #: Why the shutdown stops a command (dblockrun/running/runner.py).
     stop_why: Callable[[], str] = lambda: GRACE_RAN_OUT
+    #: Records a claimed slot that ends without a run (a queued slot given
+    #: up): its record, release, log line and event (the daemon's slot book).
+    book: SlotBook | None = None
+    #: The database clock (a passed slot's lateness).
+    now: Callable[[], float] = time.time
 
 
 #: A growing retry delay is shortened by up to this share, at random, so the
@@ -312,11 +319,11 @@ class JobRun:
             self._end()  # its record is swept lost
             return
         if ctx.stop.is_set():
-            self._not_run(m.SKIPPED, "not run: the daemon stopped while the slot waited for "
+            self._not_run(Cause.STOPPED, "the daemon stopped while the slot waited for "
                           f"{self._waits_for}")
             return
         if self.watch.killed is not None:
-            self._not_run(m.KILLED, f"killed while waiting: {self.watch.killed}")
+            self._not_run(None, f"killed while waiting: {self.watch.killed}")
             return
         try:
             got = queue.enter(self)
@@ -331,7 +338,7 @@ class JobRun:
         if isinstance(got, Go):
             self._admitted(got.seat)
         elif isinstance(got, Refused):
-            self._not_run(got.result, got.reason)
+            self._not_run(got.cause, got.reason)
         else:
             ctx.loop.call_later(QUEUE_POLL, lambda: self._step(self._try))
 
@@ -349,19 +356,39 @@ class JobRun:
                  self._waits_for, extra={"job": self.job.name})
         self._attempt(1)
 
-    def _not_run(self, result: str, reason: str) -> None:
-        """End a waiting slot without a run: its record ``result`` with
-        ``reason``, the lock released in the same round trip."""
-        job, ctx, run_id = self.job, self.ctx, self.run_id
+    def _not_run(self, cause: Cause | None, reason: str) -> None:
+        """End a waiting slot without a run, the lock released in the same
+        round trip: passed for ``cause`` (recorded ``skipped`` or ``missed``
+        through the slot book, as every passed slot is), or killed by an
+        operator (``cause`` None: recorded ``killed``, told as a run's end)."""
+        job, ctx, run_id, token = self.job, self.ctx, self.run_id, self.token
         ctx.renewer.remove(self.watch)
+        until = time.monotonic() + 30
+        if cause is not None and ctx.book is not None:
+            book, now = ctx.book, ctx.now()
+            plan = single(self.slot if self.slot is not None else now, cause, reason)
+
+            def record() -> bool:
+                book.claimed(job, plan, token, run_id, now)
+                return True
+
+            self._released = ctx.outage.retry(f"record {job.name}", record, until) is not None
+            self._end()
+            return
+        result = m.KILLED if cause is None else single(0.0, cause, reason).result
         if run_id is not None:
             both = ctx.outage.retry(
                 f"record {job.name}", lambda: ctx.store.finish_and_release(
-                    run_id, job.name, ctx.holder, self.token, result, None, reason + "\n"),
-                time.monotonic() + 30)
+                    run_id, job.name, ctx.holder, token, result, None, reason + "\n"),
+                until)
             self._released = both is not None
         log.warning("job %s: waiting slot %s: %s", job.name, run_id, reason,
                     extra={"job": job.name})
+        if cause is None and run_id is not None:
+            self._emit(RunEnded(
+                job=job, host=ctx.holder, run_id=run_id, first_run_id=run_id, slot=self.slot,
+                attempt=1, result=result, exit_code=None, duration=0.0, output=reason + "\n",
+                detail=reason, final=True, token=token))
         self._end()
 
     def run(self) -> None:

@@ -76,12 +76,13 @@ class Cause(StrEnum):
     LOCK_HELD = "lock-held"  # the lock held with no run (a dead host's retry or window)
     UNCLAIMABLE = "unclaimable"  # a catch-up's slots refused: the fleet paused, the job disabled
     QUEUE_FULL = "queue-full"  # overlap: queue/replace: a newer slot took its place
+    STOPPED = "stopped"  # the daemon stopped while the claimed slot waited for a seat or room
 
 
 #: Causes whose slots run none and are recorded ``skipped``.
 SKIPPING = frozenset({Cause.BUSY, Cause.HOST_FULL, Cause.GROUP_FULL, Cause.DEAD_HOLDER,
                       Cause.LOCK_AT_LEAST, Cause.LOCK_HELD, Cause.UNCLAIMABLE,
-                      Cause.QUEUE_FULL})
+                      Cause.QUEUE_FULL, Cause.STOPPED})
 #: The reason stored with catch-up slots whose claim was refused.
 UNCLAIMABLE_REASON = ("catch-up stopped: the slot could not be claimed (the fleet paused, the "
                       "job disabled, its rate, or a lock row edited by hand)")
