@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from dblockrun.store.models import RUNNING, TOKEN_MAX
+from dblockrun.store.models import LANE_PREFIX, RUNNING, TOKEN_MAX
 
 SCHEMA_VERSION = 8  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
@@ -267,7 +267,9 @@ class Queries:
         locks, items, runs = self.locks, self.items, self.runs
         taken_over = (f"{locks}.name = {runs}.job AND {runs}.item IS NULL "
                       f"AND {locks}.token = {runs}.token + 1")
-        return (f"COALESCE((SELECT {locks}.renewed_at FROM {locks} "
+        # max(): a lane's run may find the job's row with its token too (freed
+        # when the run took the lane); the lane's renewals are the later.
+        return (f"COALESCE((SELECT max({locks}.renewed_at) FROM {locks} "
                 f"WHERE {self.holding(locks, False)}), (SELECT {items}.renewed_at FROM {items} "
                 f"WHERE {self.holding(items, False)}), (SELECT {locks}.prev_renewed_at "
                 f"FROM {locks} WHERE {taken_over}), {self.now})")
@@ -359,14 +361,18 @@ class Queries:
 
     # -- a group's seats (dblockrun/scheduling/limits.py) ----------------------------------------
 
-    def seat_claim(self, count: int) -> str:
+    def seat_claim(self, count: int, lane: bool = False) -> str:
         """Take one free seat of a group for the job ``job``: the same
         conditional write as a job's claim, of the first of the ``count``
         seat rows that no other claim is taking at this moment. Row: (name,
-        token) when won."""
+        token) when won. ``lane``: a lane of an ``overlap: allow N`` job,
+        which takes the fencing token ``token`` of the job's claim (so a
+        run's token is the job's, and a lane taken again fences the run
+        that held it before)."""
         locks = self.locks
         pick = self.batch_pick(SEAT, count)
-        return (self.claim_write(locks, SEAT, f"{locks}.name = ({pick})")
+        token = self.p("token") if lane else ""
+        return (self.claim_write(locks, SEAT, f"{locks}.name = ({pick})", token=token)
                 + self.returning(f"{locks}.name, {locks}.token"))
 
     # -- fan-out items ---------------------------------------------------------------
@@ -565,12 +571,20 @@ class Queries:
             f"{p('result')}, {p(f'out{i}')}, {p(f'from{i}')})" for i in range(count))
         return f"INSERT INTO {self.runs} ({RUN_COLUMNS}, output, covers_from) VALUES {rows}"
 
+    @staticmethod
+    def lane_row(table: str) -> str:
+        """``table``'s row is a lane (no ``LIKE``: a literal percent sign
+        would need escaping for the drivers' parameter style)."""
+        return f"SUBSTR({table}.name, 1, {len(LANE_PREFIX)}) = '{LANE_PREFIX}'"
+
     def holding(self, table: str, alive: bool) -> str:
         """The lock row (a job's, or a fan-out item's) that holds a run with
         its token; ``alive``: and its lease has not run out."""
         runs, now = self.runs, self.now
         if table == self.locks:
-            match = f"{table}.name = {runs}.job AND {runs}.item IS NULL"
+            # The job's own row, or (overlap: allow N) one of its lanes.
+            match = (f"({table}.name = {runs}.job OR ({table}.held_for = {runs}.job "
+                     f"AND {self.lane_row(table)})) AND {runs}.item IS NULL")
         else:
             match = f"{table}.job = {runs}.job AND {table}.item = {runs}.item"
         lease = f" AND {table}.lock_until > {now}" if alive else ""
@@ -586,7 +600,8 @@ class Queries:
                  f"AND f.token = {runs}.token AND f.host = {runs}.host "
                  f"AND (f.item = {runs}.item OR (f.item IS NULL AND {runs}.item IS NULL)))")
         return (f"SELECT {runs}.id, {runs}.job, {runs}.item, {runs}.host, {runs}.token, "
-                f"(SELECT {locks}.lock_until FROM {locks} WHERE {self.holding(locks, False)}), "
+                f"(SELECT max({locks}.lock_until) FROM {locks} "
+                f"WHERE {self.holding(locks, False)}), "
                 f"{self.lost_end()}, {runs}.slot, {first} "
                 f"FROM {runs} WHERE {self.lost_where('1 = 1')}")
 
@@ -762,14 +777,15 @@ class MysqlQueries(Queries):
             parts.append(self.known_row)
         return "; ".join(parts)
 
-    def seat_claim(self, count: int) -> str:
+    def seat_claim(self, count: int, lane: bool = False) -> str:
         """No subquery on the UPDATE's own table: the UPDATE takes the first
         free seat itself (``ORDER BY ... LIMIT 1``; the token comes back in
         the OK packet), then names it, in one round trip. Of two seats this
         holder has with that token, the newest claim is this one."""
         locks, p = self.locks, self.p
         names = f"{locks}.name IN ({self.listed('n', count)})"
-        update = self.claim_write(locks, SEAT, names, token=self.token_expr())
+        token = f"LAST_INSERT_ID({p('token')})" if lane else self.token_expr()
+        update = self.claim_write(locks, SEAT, names, token=token)
         return (f"{update} ORDER BY {locks}.name LIMIT 1; "
                 f"SELECT {locks}.name FROM {locks} WHERE {names} "
                 f"AND {locks}.holder = {p('holder')} AND {locks}.token = LAST_INSERT_ID() "

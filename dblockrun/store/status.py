@@ -128,8 +128,7 @@ def _read(store: Store, names: Sequence[str] | None
         seats = [SeatRow(str(r["name"]), r["held_for"], r["holder"],
                          None if r["lock_until"] is None else float(r["lock_until"]))
                  for r in rows if r["name"] is not None and r["name"].startswith(SEAT_PREFIX)]
-        locks = [r for r in rows
-                 if r["name"] is not None and not r["name"].startswith(SEAT_PREFIX)]
+        locks = [r for r in rows if r["name"] is not None and m.is_job_row(r["name"])]
         last: dict[str, m.RunRecord] = {}
         running: dict[str, m.RunRecord] = {}
         counts: dict[str, dict[str, int]] = {}
