@@ -18,10 +18,12 @@ from test_limits import jobs_file, overlaps, start_daemon, stop_all
 from dblockrun.cli import cli
 from dblockrun.config.load import load_jobs_text
 from dblockrun.errors import ConfigError
+from dblockrun.ops import output
 from dblockrun.scheduling.limits import lane_names
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.models import RunRecord
+from dblockrun.store.status import report
 from dblockrun.timetext import utc
 
 FILE = "jobs.yaml"
@@ -316,6 +318,12 @@ def test_a_dead_hosts_lanes_are_found_lost_freed_and_kill_stops_every_run(
         assert all(r.host != held[0].host for r in after), after
         # Not before the dead host's leases (3 s) ran out.
         assert min(r.started for r in after) >= killed + 3 - 1 - 0.2, (killed, after)
+        # status shows each run going (the job's own row is free between claims).
+        shown = report(store, ["long"]).jobs[0]
+        assert shown.state == "running", shown
+        assert [r.id for r in shown.lane_runs] == sorted(r.id for r in after), shown
+        assert "; 2 runs: " in output.status_text(
+            [shown], store.live_hosts(), shown.db_now, wide=True), shown
         stop = subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
                                "kill", "long"], capture_output=True, text=True, timeout=60)
         assert stop.returncode == 0, stop
@@ -323,6 +331,7 @@ def test_a_dead_hosts_lanes_are_found_lost_freed_and_kill_stops_every_run(
             assert f"run {run.id} on {run.host} killed" in stop.stdout, stop.stdout
         ended = [store.run(r.id) for r in after]
         assert [r.result if r else None for r in ended] == [m.KILLED, m.KILLED], ended
+        assert report(store, ["long"]).jobs[0].lane_runs == ()
     finally:
         codes = stop_all(procs)
     assert codes[1:] == [0]

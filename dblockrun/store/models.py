@@ -131,12 +131,16 @@ class JobStatus:
     db_now: float
     #: Fan-out jobs: total, done (this slot), running, waiting, failed.
     items: dict[str, int] | None = None
+    #: ``overlap: allow N``: the runs its lanes hold (live leases), oldest first.
+    lane_runs: tuple[RunRecord, ...] = ()
 
     @property
     def state(self) -> str:
         lock = self.lock
         if lock.disabled_until is not None and lock.disabled_until > self.db_now:
             return "disabled"
+        if self.lane_runs:
+            return "running"
         if lock.lock_until is not None and lock.lock_until > self.db_now:
             if self.running is not None:
                 return "running"
