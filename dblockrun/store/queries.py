@@ -256,9 +256,23 @@ class Queries:
         """Runs of ``jobs`` (a condition on the runs table) still ``running``
         though no live lease holds them: their holder died or was fenced."""
         runs, locks, items = self.runs, self.locks, self.items
+        # The job's own row first: a run it holds, the common case, is
+        # decided there by its key. The runs the lanes hold (overlap: allow
+        # N) are read once, not looked for run by run (the lanes have no key
+        # by job: a scan of the locks each).
+        lanes = (f"SELECT {self.lane_job(f'{locks}.held_for', True)}, {locks}.token "
+                 f"FROM {locks} WHERE {self.lane_row(locks)} AND {locks}.held_for IS NOT NULL "
+                 f"AND {locks}.lock_until > {self.now}")
         return (f"{jobs} AND {runs}.result = '{RUNNING}' AND {runs}.token IS NOT NULL "
-                f"AND NOT EXISTS (SELECT 1 FROM {locks} WHERE {self.holding(locks, True)}) "
-                f"AND NOT EXISTS (SELECT 1 FROM {items} WHERE {self.holding(items, True)})")
+                f"AND NOT EXISTS (SELECT 1 FROM {locks} WHERE {self.holding(locks, True, False)}) "
+                f"AND NOT EXISTS (SELECT 1 FROM {items} WHERE {self.holding(items, True)}) "
+                f"AND ({self.lane_job(f'{runs}.job', False)}, {runs}.token) NOT IN ({lanes})")
+
+    @staticmethod
+    def lane_job(column: str, held_for: bool) -> str:
+        """A job name as the lanes' runs are looked up by (``held_for``:
+        the lanes' column, else the runs')."""
+        return column
 
     def lost_end(self) -> str:
         """When a lost run ended: its lease's last renewal, kept on its lock
@@ -577,14 +591,21 @@ class Queries:
         would need escaping for the drivers' parameter style)."""
         return f"SUBSTR({table}.name, 1, {len(LANE_PREFIX)}) = '{LANE_PREFIX}'"
 
-    def holding(self, table: str, alive: bool) -> str:
-        """The lock row (a job's, or a fan-out item's) that holds a run with
-        its token; ``alive``: and its lease has not run out."""
+    def lanes_of(self, table: str, job: str) -> str:
+        """The lane rows of ``table`` held for the job ``job`` (a column)."""
+        return f"{table}.held_for = {job} AND {self.lane_row(table)}"
+
+    def holding(self, table: str, alive: bool, lane: bool | None = None) -> str:
+        """The lock row (a job's, one of its lanes, or a fan-out item's) that
+        holds a run with its token; ``alive``: and its lease has not run
+        out. Of the locks, ``lane`` False: the job's own row only; True: a
+        lane only (``overlap: allow N``); None: either."""
         runs, now = self.runs, self.now
         if table == self.locks:
-            # The job's own row, or (overlap: allow N) one of its lanes.
-            match = (f"({table}.name = {runs}.job OR ({table}.held_for = {runs}.job "
-                     f"AND {self.lane_row(table)})) AND {runs}.item IS NULL")
+            own = f"{table}.name = {runs}.job"
+            lanes = self.lanes_of(table, f"{runs}.job")
+            match = {False: own, True: lanes, None: f"({own} OR ({lanes}))"}[lane]
+            match += f" AND {runs}.item IS NULL"
         else:
             match = f"{table}.job = {runs}.job AND {table}.item = {runs}.item"
         lease = f" AND {table}.lock_until > {now}" if alive else ""
@@ -696,6 +717,16 @@ class MysqlQueries(Queries):
 
     def returning(self, columns: str) -> str:
         return ""
+
+    @staticmethod
+    def lane_job(column: str, held_for: bool) -> str:
+        """Both sides in one collation, so that the lanes' runs are read
+        once (materialized), not looked for run by run: ``held_for`` has
+        the table's default collation (and charset), the runs' job a
+        binary one. ``utf8mb4_bin`` pads, but a job name has no spaces."""
+        text = f"CONVERT({column} USING utf8mb4)" if held_for else column
+        return f"{text} COLLATE utf8mb4_bin"
+
 
     # -- the request doorbell (dblockrun/daemon/doorbell.py) ----------------------------
 
