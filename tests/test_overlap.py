@@ -16,7 +16,9 @@ from helpers import TestDb, dblockrun_cmd, wait_for
 from test_limits import jobs_file, overlaps, start_daemon, stop_all
 
 from dblockrun.cli import cli
+from dblockrun.config.jobs import Job
 from dblockrun.config.load import load_jobs_text
+from dblockrun.daemon.registry import Runs
 from dblockrun.errors import ConfigError
 from dblockrun.ops import output
 from dblockrun.scheduling.limits import lane_names
@@ -273,7 +275,7 @@ def test_allow_2_runs_two_at_once_across_the_fleet_and_skips_the_third(
             record.output
     # Each run's fencing token is the job's, one per start, increasing with the slot.
     by_slot = sorted(ok, key=lambda r: r.slot or 0)
-    tokens = [r.token for r in by_slot]
+    tokens = [r.token or 0 for r in by_slot]
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), by_slot
     forbid = [r for r in single.values() if r.result == m.OK]
     assert forbid and running_at_once(forbid) == 1, single
@@ -343,3 +345,33 @@ def test_a_dead_hosts_lanes_are_found_lost_freed_and_kill_stops_every_run(
         codes = stop_all(procs)
     assert codes[1:] == [0]
     store.close()
+
+
+class FakeRun:
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.commands = 1
+
+    def is_alive(self) -> bool:
+        return True
+
+    def winding_up(self) -> bool:
+        return False
+
+
+def test_a_host_counts_each_run_of_an_allow_job_for_max_running() -> None:
+    """Two runs of one ``allow`` job on a host are two commands for
+    ``--max-running`` and both are stopped at shutdown (``all``); the job
+    is busy here until the last one ends."""
+    job = load_jobs_text('jobs: {a: {cron: "@hourly", command: x, overlap: allow 2}}',
+                        FILE).jobs[0]
+    ended: list[int] = []
+    runs = Runs(cap=2, ended=lambda: ended.append(1))
+    first, second = FakeRun(job), FakeRun(job)
+    runs.add(first)
+    runs.add(second)
+    assert (runs.count(), runs.full(), len(runs.all())) == (2, True, 2)
+    runs.done(first)
+    assert (runs.count(), runs.busy("a"), runs.all()) == (1, True, [second])
+    runs.done(second)
+    assert (runs.count(), runs.busy("a"), runs.finished()) == (0, False, {"a"})
