@@ -375,3 +375,32 @@ def test_a_host_counts_each_run_of_an_allow_job_for_max_running() -> None:
     assert (runs.count(), runs.busy("a"), runs.all()) == (1, True, [second])
     runs.done(second)
     assert (runs.count(), runs.busy("a"), runs.finished()) == (0, False, {"a"})
+
+
+@pytest.mark.slow
+def test_run_now_takes_a_lane_and_says_when_all_are_held(db: TestDb, tmp_path: Path) -> None:
+    """`dblockrun run` of an ``allow 2`` job: each request starts a run
+    alongside the others while a lane is free; with both held the third is
+    not started, and says why."""
+    jobs = jobs_file(tmp_path / "jobs.yaml", {"long": """\
+        cron: "@yearly"
+        overlap: allow 2
+        command: sleep 60
+        """})
+    procs = [start_daemon(db, jobs, tmp_path / "d.log", "--grace", "0.5s")]
+    store = Store(db.url, db.prefix)
+    run = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "run", "long"]
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        for started in (1, 2):
+            asked = subprocess.run(run, capture_output=True, text=True, timeout=60)
+            assert asked.returncode == 0, asked
+            assert len(store.control.running("long")) == started
+        third = subprocess.run(run, capture_output=True, text=True, timeout=60)
+        assert third.returncode == 1, third
+        assert "overlap: allow 2: 2 runs already going (on " in third.stderr, third.stderr
+        assert len(store.control.running("long")) == 2
+    finally:
+        codes = stop_all(procs)
+    assert codes == [0]
+    store.close()
