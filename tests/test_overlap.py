@@ -5,18 +5,27 @@ every database, two daemons sharing the job."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import TestDb, wait_for
+from click.testing import CliRunner
+from helpers import TestDb, dblockrun_cmd, wait_for
 from test_limits import jobs_file, overlaps, start_daemon, stop_all
 
+from dblockrun.cli import cli
+from dblockrun.config.jobs import Job
 from dblockrun.config.load import load_jobs_text
+from dblockrun.daemon.registry import Runs
 from dblockrun.errors import ConfigError
+from dblockrun.ops import output
+from dblockrun.scheduling.limits import lane_names
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.models import RunRecord
+from dblockrun.store.status import report
 from dblockrun.timetext import utc
 
 FILE = "jobs.yaml"
@@ -49,7 +58,8 @@ def test_overlap_is_read_from_the_job_and_from_defaults() -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ('jobs:\n  a: {cron: "@hourly", command: x, overlap: sometimes}\n',
-     "jobs.yaml:2: job 'a': overlap: must be one of forbid, queue, replace (what a slot due "
+     "jobs.yaml:2: job 'a': overlap: must be one of forbid, queue, replace, allow N (what a "
+     "slot due "
      "while the job's run is still going becomes), got a string ('sometimes')"),
     ('jobs:\n  a:\n    rate: 5m\n    command: x\n    overlap: queue\n',
      "jobs.yaml:5: job 'a': overlap: only for a cron job without items (a rate job starts "
@@ -161,4 +171,236 @@ def test_replace_stops_the_running_run_and_starts_the_new_slot(db: TestDb,
         assert after.slot == (before.slot or 0) + 4
         assert before.finished is not None and after.started >= before.finished - 0.05
     assert running.slot is not None and running.slot > runs[-1].slot  # type: ignore[operator]
+    store.close()
+
+
+# --- overlap: allow N ----------------------------------------------------------------
+
+
+def test_allow_n_is_read_with_its_bound() -> None:
+    jobs = load_jobs_text(textwrap.dedent("""\
+        jobs:
+          a: {cron: "@hourly", command: x, overlap: allow 3}
+          b: {cron: "@hourly", command: x, overlap: "allow  12"}
+          c: {cron: "@hourly", command: x}
+        """), FILE)
+    assert [(j.overlap, j.allow) for j in jobs.jobs] == [
+        ("allow 3", 3), ("allow 12", 12), ("forbid", None)]
+    assert lane_names(jobs.jobs[0]) == ["lane:a:1", "lane:a:2", "lane:a:3"]
+    assert lane_names(jobs.jobs[2]) == []
+    assert jobs.jobs[0].definition_hash() != load_jobs_text(
+        'jobs: {a: {cron: "@hourly", command: x, overlap: allow 2}}', FILE
+    ).jobs[0].definition_hash()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("allow", "jobs.yaml:4: job 'a': overlap: allow needs a bound: allow N, at most N runs of "
+              "the job at once across the fleet (e.g. allow 2)"),
+    ("allow 0", "jobs.yaml:4: job 'a': overlap: allow N: N must be a whole number from 1 to "
+                "1000 (runs of the job at once across the fleet), got '0'"),
+    ("allow two", "got 'two'"),
+    ("allow 1001", "got '1001'"),
+    ("allow -1", "got '-1'"),
+])
+def test_a_bad_allow_bound_names_file_line_job_and_key(value: str, message: str) -> None:
+    assert message in error(f'jobs:\n  a:\n    cron: "@hourly"\n    overlap: {value}\n'
+                            "    command: x\n")
+
+
+def test_validate_accepts_allow_n_and_rejects_it_without_a_bound(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text('jobs:\n  a:\n    cron: "@hourly"\n    command: x\n    overlap: allow 2\n')
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('jobs:\n  a:\n    cron: "@hourly"\n    command: x\n    overlap: allow\n')
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["validate", str(good)])
+    assert ok.exit_code == 0, ok.output
+    failed = runner.invoke(cli, ["validate", str(bad)])
+    assert failed.exit_code == 2
+    assert f"{bad}:5: job 'a': overlap: allow needs a bound" in failed.output
+    assert "Traceback" not in failed.output
+
+
+def running_at_once(runs: list[RunRecord]) -> int:
+    """The most of ``runs`` going at one instant (start to finish)."""
+    edges = sorted([(r.started, 1) for r in runs]
+                   + [(r.finished or float("inf"), -1) for r in runs], key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _at, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.slow
+def test_allow_2_runs_two_at_once_across_the_fleet_and_skips_the_third(
+        db: TestDb, tmp_path: Path) -> None:
+    """A slot every second, each run 2.5 s, two daemons: with ``allow 2``
+    two runs go at once (on either host), never three; a slot due while two
+    go is recorded skipped (2 runs already going); every slot has exactly
+    one record. The same job with ``forbid`` never has two at once."""
+    jobs = jobs_file(tmp_path / "jobs.yaml", {"many": """\
+        cron: "* * * * * *"
+        overlap: allow 2
+        command: sleep 2.5
+        """, "one": """\
+        cron: "* * * * * *"
+        command: sleep 2.5
+        """})
+    procs = [start_daemon(db, jobs, tmp_path / f"d{i}.log") for i in range(2)]
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
+        first = store.db_now() + 1
+
+        def enough() -> dict[float, RunRecord] | None:
+            done = slots_from(store, "many", first)
+            results = [r.result for r in done.values()]
+            return done if results.count(m.OK) >= 6 and m.SKIPPED in results else None
+
+        wait_for(enough, 60, interval=0.2, what="6 runs and a skipped slot")
+    finally:
+        codes = stop_all(procs)
+    assert codes == [0, 0]
+    # Read once both stopped: the runs they had going have ended (within --grace).
+    done, single = slots_from(store, "many", first), slots_from(store, "one", first)
+    ok = [r for r in done.values() if r.result == m.OK]
+    assert running_at_once(ok) == 2, ok
+    slots = sorted(done)
+    assert slots == [slots[0] + i for i in range(len(slots))], done  # none unrecorded
+    for skipped in (r for r in done.values() if r.result == m.SKIPPED):
+        record = store.run(skipped.id)
+        assert record is not None and record.output is not None
+        assert record.output.startswith("skipped: overlap: allow 2: 2 runs already going (on "), \
+            record.output
+    # Each run's fencing token is the job's, one per start, increasing with the slot.
+    by_slot = sorted(ok, key=lambda r: r.slot or 0)
+    tokens = [r.token or 0 for r in by_slot]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), by_slot
+    forbid = [r for r in single.values() if r.result == m.OK]
+    assert forbid and running_at_once(forbid) == 1, single
+    assert any(r.result == m.SKIPPED for r in single.values()), single
+    # The lanes are not jobs.
+    assert store.job_names() == ["many", "one"]
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_dead_hosts_lanes_are_found_lost_freed_and_kill_stops_every_run(
+        db: TestDb, tmp_path: Path) -> None:
+    """``allow 2`` with runs that would take a minute: the first daemon
+    holds both lanes; killed (SIGKILL), its two runs are recorded lost by the
+    other daemon's bookkeeping, which then takes the lanes once their
+    leases ran out; `dblockrun kill JOB` stops both of its runs."""
+    jobs = jobs_file(tmp_path / "jobs.yaml", {"long": """\
+        cron: "* * * * * *"
+        overlap: allow 2
+        command: sleep 60
+        """})
+    first = start_daemon(db, jobs, tmp_path / "d0.log")
+    procs = [first]
+    store = Store(db.url, db.prefix)
+    try:
+        held = wait_for(lambda: len(store.control.running("long")) == 2 and
+                        store.control.running("long"), 30, what="2 runs of the first daemon")
+        procs.append(start_daemon(db, jobs, tmp_path / "d1.log"))
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        killed = store.db_now()
+        # Where the dead daemon's leases of the lanes end (it renews them no more).
+        lanes, _now = store.lock_states()
+        ends = [lock.lock_until or 0.0 for name, lock in lanes.items() if name.startswith("lane:")]
+        assert len(ends) == 2, lanes
+
+        def taken_over() -> list[RunRecord] | None:
+            now = store.control.running("long")
+            return now if len(now) == 2 and not {r.id for r in now} & {r.id for r in held} \
+                else None
+
+        after = wait_for(taken_over, 20, interval=0.2, what="both lanes taken over")
+        lost = [store.run(r.id) for r in held]
+        assert [r.result if r else None for r in lost] == [m.LOST, m.LOST], lost
+        assert all(r.host != held[0].host for r in after), after
+        # Not before the dead host's leases ran out (a run's start is its
+        # claim of the job's row, a round trip before it takes the lane).
+        assert min(r.started for r in after) >= min(ends) - 0.2, (ends, after)
+        print(f"\nallow 2: both lanes taken over {max(r.started for r in after) - killed:.1f}s "
+              "after the SIGKILL (lease 3s)")
+        # status shows each run going (the job's own row is free between claims).
+        shown = report(store, ["long"]).jobs[0]
+        assert shown.state == "running", shown
+        assert [r.id for r in shown.lane_runs] == sorted(r.id for r in after), shown
+        assert "; 2 runs: " in output.status_text(
+            [shown], store.live_hosts(), shown.db_now, wide=True), shown
+        stop = subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
+                               "kill", "long"], capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop
+        for run in after:
+            assert f"run {run.id} on {run.host} killed" in stop.stdout, stop.stdout
+        ended = [store.run(r.id) for r in after]
+        assert [r.result if r else None for r in ended] == [m.KILLED, m.KILLED], ended
+        assert report(store, ["long"]).jobs[0].lane_runs == ()
+    finally:
+        codes = stop_all(procs)
+    assert codes[1:] == [0]
+    store.close()
+
+
+class FakeRun:
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.commands = 1
+
+    def is_alive(self) -> bool:
+        return True
+
+    def winding_up(self) -> bool:
+        return False
+
+
+def test_a_host_counts_each_run_of_an_allow_job_for_max_running() -> None:
+    """Two runs of one ``allow`` job on a host are two commands for
+    ``--max-running`` and both are stopped at shutdown (``all``); the job
+    is busy here until the last one ends."""
+    job = load_jobs_text('jobs: {a: {cron: "@hourly", command: x, overlap: allow 2}}',
+                        FILE).jobs[0]
+    ended: list[int] = []
+    runs = Runs(cap=2, ended=lambda: ended.append(1))
+    first, second = FakeRun(job), FakeRun(job)
+    runs.add(first)
+    runs.add(second)
+    assert (runs.count(), runs.full(), len(runs.all())) == (2, True, 2)
+    runs.done(first)
+    assert (runs.count(), runs.busy("a"), runs.all()) == (1, True, [second])
+    runs.done(second)
+    assert (runs.count(), runs.busy("a"), runs.finished()) == (0, False, {"a"})
+
+
+@pytest.mark.slow
+def test_run_now_takes_a_lane_and_says_when_all_are_held(db: TestDb, tmp_path: Path) -> None:
+    """`dblockrun run` of an ``allow 2`` job: each request starts a run
+    alongside the others while a lane is free; with both held the third is
+    not started, and says why."""
+    jobs = jobs_file(tmp_path / "jobs.yaml", {"long": """\
+        cron: "@yearly"
+        overlap: allow 2
+        command: sleep 60
+        """})
+    procs = [start_daemon(db, jobs, tmp_path / "d.log", "--grace", "0.5s")]
+    store = Store(db.url, db.prefix)
+    run = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "run", "long"]
+    try:
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        for started in (1, 2):
+            asked = subprocess.run(run, capture_output=True, text=True, timeout=60)
+            assert asked.returncode == 0, asked
+            assert len(store.control.running("long")) == started
+        third = subprocess.run(run, capture_output=True, text=True, timeout=60)
+        assert third.returncode == 1, third
+        assert "overlap: allow 2: 2 runs already going (on " in third.stderr, third.stderr
+        assert len(store.control.running("long")) == 2
+    finally:
+        codes = stop_all(procs)
+    assert codes == [0]
     store.close()

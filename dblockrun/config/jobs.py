@@ -16,8 +16,10 @@ JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
 CATCH_UP = ("latest", "none", "all")
 #: What a slot due while the job's run is still going becomes (``overlap:``;
 #: dblockrun/scheduling/planner.py): skipped, the one slot waiting for the
-#: run's end, or the run stopped and the slot started once it has ended.
-OVERLAP = ("forbid", "queue", "replace")
+#: run's end, the run stopped and the slot started once it has ended, or
+#: (``allow N``) started alongside while fewer than N runs of the job go on
+#: across the fleet (dblockrun/scheduling/limits.py: its lanes).
+OVERLAP = ("forbid", "queue", "replace", "allow")
 #: What a full group (or a host at ``--max-running``) does with a slot.
 WHEN_FULL = ("skip", "queue")
 #: ``when-full: queue`` without a bound: at most this many slots wait.
@@ -187,9 +189,16 @@ class Job:
     catch_up_limit: int | None = None
     #: The fleet-wide limit group (``groups:`` at the top) the job runs in.
     group: str | None = None
-    #: ``overlap:``: one of :data:`OVERLAP`.
+    #: ``overlap:``: one of :data:`OVERLAP`; ``allow N`` with its bound.
     overlap: str = "forbid"
     line: int = 0  # line of the job's name in the file; not part of the definition
+
+    @property
+    def allow(self) -> int | None:
+        """``overlap: allow N``: at most N runs of the job at once across the
+        fleet, each holding one of its N lanes; None: one run at a time."""
+        kind, _, bound = self.overlap.partition(" ")
+        return int(bound) if kind == "allow" else None
 
     @property
     def fan_out(self) -> bool:

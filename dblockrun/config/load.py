@@ -59,6 +59,8 @@ MAX_GROUP_NAME = 100
 MAX_GROUP_LIMIT = 1000
 #: A group's long form: ``{seats: N, when-full: skip|queue, queue: N}``.
 GROUP_KEYS = ("seats", "when-full", "queue")
+#: ``overlap: allow N``: each of a job's N lanes is a lock row, like a group's seats.
+MAX_ALLOW = 1000
 ON_FAILURE_KEYS = ("disable-for", "command")
 NOTIFY_KEYS = ("urls", "on")
 SECRET_SOURCES = (ENV, FILE)
@@ -598,9 +600,21 @@ def _catch_up(value: Any) -> str:
 
 
 def _overlap(value: Any) -> str:
+    """One of :data:`OVERLAP`; ``allow N`` (N from 1 to :data:`MAX_ALLOW`)
+    kept as ``allow N``."""
+    kind, _, bound = value.strip().partition(" ") if isinstance(value, str) else ("", "", "")
+    if kind == "allow":
+        bound = bound.strip()
+        if not bound:
+            raise _Invalid("allow needs a bound: allow N, at most N runs of the job at once "
+                           "across the fleet (e.g. allow 2)")
+        if not bound.isdigit() or not 1 <= int(bound) <= MAX_ALLOW:
+            raise _Invalid(f"allow N: N must be a whole number from 1 to {MAX_ALLOW} (runs of "
+                           f"the job at once across the fleet), got {bound!r}")
+        return f"allow {int(bound)}"
     if value not in OVERLAP:
-        raise _Invalid(f"must be one of {', '.join(OVERLAP)} (what a slot due while the "
-                       f"job's run is still going becomes), got {_kind(value)}")
+        raise _Invalid(f"must be one of forbid, queue, replace, allow N (what a slot due "
+                       f"while the job's run is still going becomes), got {_kind(value)}")
     return str(value)
 
 

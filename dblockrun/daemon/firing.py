@@ -21,7 +21,15 @@ from dblockrun.metrics import Metrics
 from dblockrun.running.fanout import FanOut
 from dblockrun.running.heartbeat import DbClock
 from dblockrun.running.runjob import JobRun, RunContext
-from dblockrun.scheduling.limits import Go, Queues, Refused, Seat, full_reason, take_seat
+from dblockrun.scheduling.limits import (
+    Go,
+    Queues,
+    Refused,
+    Seat,
+    full_reason,
+    take_lane,
+    take_seat,
+)
 from dblockrun.scheduling.planner import (
     SHARE_WAIT,
     Act,
@@ -94,9 +102,12 @@ class Firing:
             if job is None or not job.enabled:
                 continue
             full = self.runs.full()
-            decision = self.planner.decide(job, due, now, busy=self.runs.busy(job.name),
-                                           full=full,
-                                           winding_up=self.runs.winding_up(job.name))
+            # overlap: allow N: a run here does not hold the next slot back
+            # (its claim, then a free lane, decides).
+            alongside = job.allow is not None
+            decision = self.planner.decide(
+                job, due, now, busy=not alongside and self.runs.busy(job.name), full=full,
+                winding_up=not alongside and self.runs.winding_up(job.name))
             if decision.act is Act.RESYNC:
                 assert decision.cause is not None
                 resync.append((job, decision.cause, decision.slot))
@@ -329,7 +340,8 @@ class Firing:
         (enabled jobs of the local file; fan-out jobs follow their items)."""
         for name in names:
             job = self._jobs().job(name)
-            if job is None or not job.enabled or job.fan_out or self.runs.busy(name):
+            if job is None or not job.enabled or job.fan_out or (
+                    job.allow is None and self.runs.busy(name)):
                 continue
             if self.runs.full():
                 continue  # the request stays for a host with room
@@ -345,15 +357,23 @@ class Firing:
                run_id: int | None = None) -> Outcome:
         if self._went_back(job, token, slot, run_id):
             return Outcome.RECORDED
-        if self.queues is not None and self.queues.applies(job):
+        if job.allow is None and self.queues is not None and self.queues.applies(job):
             return self._start_queued(self.queues, job, token, slot, claimed_mono, run_id)
-        seat = None
+        lane = seat = None
+        if job.allow is not None:
+            lane = self._seat(job, token, slot, run_id, lane=True)
+            if lane is None:
+                return Outcome.GROUP_FULL
         if job.group is not None:
             seat = self._seat(job, token, slot, run_id)
             if seat is None:
+                if lane is not None:
+                    self._free_lane(lane)
                 return Outcome.GROUP_FULL
+        if lane is not None:
+            self._free_job_row(job, token)
         run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self.runs.done,
-                     run_id=run_id, seat=seat)
+                     run_id=run_id, seat=seat, lane=lane)
         self.runs.add(run)
         run.start()
         return Outcome.STARTED
@@ -406,25 +426,44 @@ class Firing:
         return Outcome.STARTED
 
     def _seat(self, job: Job, token: int, slot: float | None,
-              run_id: int | None) -> Seat | None:
+              run_id: int | None, *, lane: bool = False) -> Seat | None:
         """A grouped job's claim won: take a seat of its group too (one more
-        round trip). With none free (or the database failing), the claim is
+        round trip); ``lane``: an ``overlap: allow N`` job's, a lane of the
+        job. With none free (or the database failing), the claim is
         released and its slot recorded skipped with the reason (it is taken,
         so no host runs it late)."""
+        what = f"a lane of {job.name}" if lane else f"a seat of group {job.group}"
         try:
-            got = take_seat(self.store, self._jobs(), job, self.s.holder, self.s.lease)
+            got = (take_lane(self.store, job, self.s.holder, self.s.lease, token) if lane else
+                   take_seat(self.store, self._jobs(), job, self.s.holder, self.s.lease))
             self.outage.ok()
         except DatabaseError as exc:
-            self.outage.failed(f"claim a seat of group {job.group}", exc)
-            got = f"could not take a seat of group {job.group}: database error"
+            self.outage.failed(f"claim {what}", exc)
+            got = f"could not take {what}: database error"
         if not isinstance(got, str):
             return got
+        cause = Cause.LANES_FULL if lane else Cause.GROUP_FULL
         try:
-            self.book.claimed(job, single(slot or self.clock.now(), Cause.GROUP_FULL, got),
+            self.book.claimed(job, single(slot or self.clock.now(), cause, got),
                               token, run_id, self.clock.now())
         except DatabaseError as exc:  # its lease runs out; the run is recorded lost
             self.outage.failed(f"release {job.name}", exc)
         return None
+
+    def _free_lane(self, lane: Seat) -> None:
+        """A lane taken for a run that cannot start (its group is full)."""
+        try:
+            self.store.release_seat(lane, self.s.holder)
+        except DatabaseError as exc:  # its lease runs out
+            self.outage.failed(f"release {lane[0]}", exc)
+
+    def _free_job_row(self, job: Job, token: int) -> None:
+        """``overlap: allow N``: the run holds its lane from now on; the job's
+        row is freed (after its lock-at-least) for the next slot's claim."""
+        try:
+            self.store.release(job.name, self.s.holder, token, job.lock_at_least)
+        except DatabaseError as exc:  # its lease runs out: the next claims wait that long
+            self.outage.failed(f"release {job.name}", exc)
 
     def _went_back(self, job: Job, token: int, slot: float | None,
                    run_id: int | None) -> bool:

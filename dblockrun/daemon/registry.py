@@ -49,19 +49,23 @@ class Runs:
         self.cap = cap
         #: Called (from a run's thread) when a run ends: wakes the main loop.
         self._ended = ended
-        self._running: dict[str, Run] = {}
+        #: Per job, its runs here, oldest first (several only with ``overlap: allow N``).
+        self._running: dict[str, list[Run]] = {}
         self._finished: set[str] = set()
         self._lock = threading.Lock()
 
     def add(self, run: Run) -> None:
         with self._lock:
-            self._running[run.job.name] = run
+            self._running.setdefault(run.job.name, []).append(run)
 
     def done(self, run: Run) -> None:
         """``run`` is over (its lifecycle's last step, any thread)."""
         with self._lock:
-            if self._running.get(run.job.name) is run:
-                del self._running[run.job.name]
+            runs = self._running.get(run.job.name, [])
+            if run in runs:
+                runs.remove(run)
+                if not runs:
+                    del self._running[run.job.name]
             self._finished.add(run.job.name)
         self._ended()
 
@@ -73,14 +77,17 @@ class Runs:
         """Whether the job's run here has only its record and release left
         (its command is over): its next slot waits for it, not skipped."""
         with self._lock:
-            run = self._running.get(name)
-        return run is not None and run.winding_up()
+            runs = list(self._running.get(name, ()))
+        return bool(runs) and all(run.winding_up() for run in runs)
 
     def drop(self, run: Run) -> None:
         """Forget ``run``, which never started (its slot recorded skipped)."""
         with self._lock:
-            if self._running.get(run.job.name) is run:
-                del self._running[run.job.name]
+            runs = self._running.get(run.job.name, [])
+            if run in runs:
+                runs.remove(run)
+                if not runs:
+                    del self._running[run.job.name]
 
     def admit(self, run: Queued) -> bool:
         """Whether the waiting ``run`` may start now: room for one more
@@ -89,7 +96,7 @@ class Runs:
         with self._lock:
             room = self.cap is None or self._count() < self.cap
             older = any(r.wants_room and r.queued and r.order < run.order
-                        for r in self._running.values() if r is not run)
+                        for r in self._all() if r is not run)
             if room and not older:
                 run.queued = run.wants_room = False
                 return True
@@ -104,7 +111,7 @@ class Runs:
     def ahead(self, run: Queued) -> int:
         """How many older slots wait here for room."""
         with self._lock:
-            return sum(1 for r in self._running.values()
+            return sum(1 for r in self._all()
                        if r is not run and r.wants_room and r.queued and r.order < run.order)
 
     def count(self) -> int:
@@ -113,7 +120,10 @@ class Runs:
             return self._count()
 
     def _count(self) -> int:
-        return sum(run.commands for run in self._running.values())
+        return sum(run.commands for run in self._all())
+
+    def _all(self) -> list[Run]:
+        return [run for runs in self._running.values() for run in runs]
 
     def free(self) -> int | None:
         """How many more runs this host may start (None: no limit)."""
@@ -130,4 +140,4 @@ class Runs:
 
     def all(self) -> list[Run]:
         with self._lock:
-            return list(self._running.values())
+            return [run for runs in self._running.values() for run in runs]

@@ -368,6 +368,8 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             "run_requested": iso(s.lock.run_requested),
             "last_run": run_json(s.last_run),
             "running": run_json(v.running),
+            # overlap: allow N: every run its lanes hold.
+            "runs": [run_json(run) for run in s.lane_runs],
             "items": s.items,
             "definitions": defs.get(s.lock.name, {}),
             "drift": len(defs.get(s.lock.name, {})) > 1,
@@ -664,9 +666,20 @@ def _header_rule() -> Box:
                "    \n", ascii=True)
 
 
+def _lanes_text(s: JobStatus, *, ids: bool) -> str:
+    """``overlap: allow N``: its runs going, and where (``; 2 runs: 12 on
+    web-1, 13 on web-2``); empty for the other jobs."""
+    if not s.lane_runs:
+        return ""
+    each = ", ".join((f"{run.id} on " if ids else "") + host_name(run.host)
+                     for run in s.lane_runs)
+    count = len(s.lane_runs)
+    return f"; {count} run{'s' if count > 1 else ''}: {each}"
+
+
 def _state_cell(v: JobView, now: float) -> str:
     s = v.status
-    text = s.state
+    text = s.state + _lanes_text(s, ids=True)
     if s.state == "disabled":
         until = _short(s.lock.disabled_until, now)
         text += " " + until if until == "until enabled" else f" until {until}"
@@ -731,7 +744,9 @@ def host_name(holder: str) -> str:
 def _narrow_state(v: JobView, now: float) -> str:
     s = v.status
     text = s.state
-    if v.running is not None:
+    if s.lane_runs:
+        text += _lanes_text(s, ids=False)
+    elif v.running is not None:
         text += f" on {host_name(v.running.host)}"
     if s.state == "disabled":
         until = s.lock.disabled_until

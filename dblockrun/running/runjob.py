@@ -244,6 +244,7 @@ class JobRun:
         item: ItemHook | None = None,
         queue: Queues | None = None,
         order: tuple[float, int] = (0.0, 0),
+        lane: tuple[str, int] | None = None,
     ) -> None:
         """``run_id``: the first attempt's run record, when the claim made it.
         ``line_sink``: the command's output lines (default: logged);
@@ -253,7 +254,10 @@ class JobRun:
         items, which it records, renews and releases; ``queue``: the limits
         its slot may wait for (dblockrun/scheduling/limits.py), before
         :meth:`start` or :meth:`wait`; ``order``: its place among waiting
-        slots (older first)."""
+        slots (older first); ``lane``: the lane of
+        an ``overlap: allow N`` job the run holds instead of the job's row
+        (dblockrun/scheduling/limits.py; taken with the claim's token): its
+        lease, kill requests, result and release are the lane's."""
         self.ctx = ctx
         self.job = job
         self.token = token
@@ -261,7 +265,12 @@ class JobRun:
         self.item = item
         #: The job, or the job and its items, as logs name the run.
         self.label = job.name if item is None else f"{job.name}:{item.label}"
-        self.watch = LeaseWatch(job.name, ctx.holder, token, ctx.lease, last_ok=claimed_mono,
+        #: The lock row the run holds: the job's, or its lane.
+        self.lock = job.name if lane is None else lane[0]
+        #: What the lock's release keeps it held for (a lane: nothing; the
+        #: job's row kept lock-at-least when the run took the lane).
+        self.least = job.lock_at_least if lane is None else 0.0
+        self.watch = LeaseWatch(self.lock, ctx.holder, token, ctx.lease, last_ok=claimed_mono,
                                 seat=seat, renew=item.renew if item is not None else None)
         # The lease counts from the claim's request (it may have expired by
         # then); lock-at-most from its answer, a few ms before the command
@@ -592,8 +601,8 @@ class JobRun:
             both = ctx.outage.retry(what, (lambda: item.finish_and_release(
                 result, code, output, job.lock_at_least, took)) if item is not None else
                 lambda: store.finish_and_release(
-                run_id, job.name, ctx.holder, self.token, result, code, output,
-                job.lock_at_least, seat=self.watch.seat, took=took), until)
+                run_id, self.lock, ctx.holder, self.token, result, code, output,
+                self.least, seat=self.watch.seat, took=took), until)
             written = None if both is None else both[0]
             self._released = self._seat_released = both is not None
             if self._released:
@@ -601,7 +610,7 @@ class JobRun:
         else:
             written = ctx.outage.retry(what, (lambda: item.finish(result, code, output, took))
                                        if item is not None else lambda: store.finish_run(
-                run_id, job.name, self.token, result, code, output, took=took), until)
+                run_id, self.lock, self.token, result, code, output, took=took), until)
         if written is False:
             log.warning("job %s: run %d result not recorded: token %d is no longer current",
                         job.name, run_id, self.token)
@@ -610,8 +619,8 @@ class JobRun:
         job, ctx, item = self.job, self.ctx, self.item
         ctx.outage.retry(f"release {job.name}",
                          (lambda: item.release(job.lock_at_least)) if item is not None else
-                         lambda: ctx.store.release(job.name, ctx.holder, self.token,
-                                                   job.lock_at_least),
+                         lambda: ctx.store.release(self.lock, ctx.holder, self.token,
+                                                   self.least),
                          time.monotonic() + 30)
         self._prune()
 

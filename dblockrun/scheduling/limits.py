@@ -11,6 +11,19 @@ job's lock; the heartbeat renews the seat in the statement that renews the
 job's lease, and the run's end releases it. A holder that dies loses it when
 its lease runs out, like any lock.
 
+The same rows bound ``overlap: allow N`` (at most N runs of one job at
+once across the fleet): the job has N *lane* rows, ``lane:JOB:1`` ...
+``lane:JOB:N``. The job's own claim still decides each slot (it advances
+the job's last slot: one start per slot); the run then takes a free lane
+with the same seat claim, but with the token of the job's claim (a run's
+fencing token stays the job's, strictly increasing; a lane taken again
+fences the run that held it before), and frees the job's row at once, so
+the next slot's claim does not wait for it. From then on the lane is the
+run's lock: renewed by the heartbeat, read for kill requests, released at
+the run's end, and found by the bookkeeping when its holder dies
+(``Queries.holding``). A claim that finds every lane held is released and
+its slot recorded skipped: N runs already going.
+
 The daemon (:mod:`dblockrun.daemon.loop`) applies both: a host at its
 ``--max-running`` does not claim, and records a slot nobody took skipped;
 a grouped claim that finds no free seat is released and its slot recorded
@@ -39,7 +52,7 @@ from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, deadline_reason, too_late
 from dblockrun.store import models as m
-from dblockrun.store.models import SEAT_PREFIX
+from dblockrun.store.models import LANE_PREFIX, SEAT_PREFIX
 from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
@@ -54,9 +67,16 @@ def seat_names(group: str, limit: int) -> list[str]:
     return [f"{SEAT_PREFIX}{group}:{i}" for i in range(1, limit + 1)]
 
 
+def lane_names(job: Job) -> list[str]:
+    """The lane rows of an ``overlap: allow N`` job (none for the others)."""
+    return [f"{LANE_PREFIX}{job.name}:{i}" for i in range(1, (job.allow or 0) + 1)]
+
+
 def all_seats(jobs: JobsFile) -> list[str]:
-    """Every seat row of the jobs file's groups (made with the jobs' rows)."""
-    return [seat for group, limit in jobs.groups for seat in seat_names(group, limit)]
+    """Every seat row of the jobs file's groups and lane row of its jobs
+    (made with the jobs' rows)."""
+    return ([seat for group, limit in jobs.groups for seat in seat_names(group, limit)]
+            + [lane for job in jobs.jobs for lane in lane_names(job)])
 
 
 def full_reason(holder: str, limit: int, waited: float) -> str:
@@ -71,26 +91,46 @@ def group_reason(group: str, limit: int, holders: Sequence[tuple[str, str]]) -> 
     return f"group {group} at its limit ({limit})" + (f": held by {held}" if held else "")
 
 
+def lanes_reason(job: Job, holders: Sequence[tuple[str, str]]) -> str:
+    """Why an ``overlap: allow N`` job's slot was skipped: every lane held."""
+    held = ", ".join(sorted(host for _job, host in holders))
+    return (f"overlap: {job.overlap}: {job.allow} runs already going"
+            + (f" (on {held})" if held else ""))
+
+
 def take_seat(store: Store, jobs: JobsFile, job: Job, holder: str,
               lease: float) -> Seat | str:
     """A seat of ``job``'s group for its run (one statement), or the reason
     none is free (one more read, only then)."""
     assert job.group is not None
     limit = dict(jobs.groups)[job.group]
-    seats = seat_names(job.group, limit)
-    got = store.claim_seat(seats, holder, lease, job.name)
+    got = _take(store, seat_names(job.group, limit), job, holder, lease)
+    return got if not isinstance(got, list) else group_reason(job.group, limit, got)
+
+
+def take_lane(store: Store, job: Job, holder: str, lease: float, token: int) -> Seat | str:
+    """A lane of an ``overlap: allow N`` job for the run its claim with
+    ``token`` won (one statement), or the reason none is free."""
+    got = _take(store, lane_names(job), job, holder, lease, token)
+    return got if not isinstance(got, list) else lanes_reason(job, got)
+
+
+def _take(store: Store, rows: list[str], job: Job, holder: str, lease: float,
+          token: int | None = None) -> Seat | list[tuple[str, str]]:
+    """One of ``rows`` (seats or lanes) taken, or the (job, host) holding them."""
+    got = store.claim_seat(rows, holder, lease, job.name, token)
     if got is not None:
         return got
-    holders = store.seat_holders(seats)
+    holders = store.seat_holders(rows)
     if not holders:
-        # No seat held, none taken: its rows are missing (a reload that could
+        # None held, none taken: the rows are missing (a reload that could
         # not make them, rows deleted by hand). Make them and try once more.
-        store.ensure_jobs(seats)
-        got = store.claim_seat(seats, holder, lease, job.name)
+        store.ensure_jobs(rows)
+        got = store.claim_seat(rows, holder, lease, job.name, token)
         if got is not None:
             return got
-        holders = store.seat_holders(seats)
-    return group_reason(job.group, limit, holders)
+        holders = store.seat_holders(rows)
+    return holders
 
 
 # -- queues (when-full: queue) ---------------------------------------------------------
@@ -184,8 +224,9 @@ class Queues:
 
     def applies(self, job: Job) -> bool:
         """Whether a claimed run of ``job`` may wait (else: as before, a full
-        group skips it and a full host does not claim)."""
-        if job.fan_out:
+        group skips it and a full host does not claim). A fan-out's items and
+        an ``overlap: allow N`` job's runs do not wait: they skip when full."""
+        if job.fan_out or job.allow is not None:
             return False
         return self.bound(job) is not None or (
             self.host_queue is not None and self.room.cap is not None)

@@ -77,12 +77,13 @@ class Cause(StrEnum):
     UNCLAIMABLE = "unclaimable"  # a catch-up's slots refused: the fleet paused, the job disabled
     QUEUE_FULL = "queue-full"  # overlap: queue/replace: a newer slot took its place
     STOPPED = "stopped"  # the daemon stopped while the claimed slot waited for a seat or room
+    LANES_FULL = "lanes-full"  # overlap: allow N: N runs of the job already going
 
 
 #: Causes whose slots run none and are recorded ``skipped``.
 SKIPPING = frozenset({Cause.BUSY, Cause.HOST_FULL, Cause.GROUP_FULL, Cause.DEAD_HOLDER,
                       Cause.LOCK_AT_LEAST, Cause.LOCK_HELD, Cause.UNCLAIMABLE,
-                      Cause.QUEUE_FULL, Cause.STOPPED})
+                      Cause.QUEUE_FULL, Cause.STOPPED, Cause.LANES_FULL})
 #: The reason stored with catch-up slots whose claim was refused.
 UNCLAIMABLE_REASON = ("catch-up stopped: the slot could not be claimed (the fleet paused, the "
                       "job disabled, its rate, or a lock row edited by hand)")
@@ -428,7 +429,8 @@ class Outcome(Enum):
     LOST = "lost"  # another host has it, or the claim was refused
     RECORDED = "recorded"  # recorded without a run: busy, too late, a full host
     AT_LIMIT = "at limit"  # --max-running: left to the other hosts for a moment
-    GROUP_FULL = "group full"  # won, but no seat of its group: recorded skipped
+    GROUP_FULL = "group full"  # won, but no seat of its group (or lane of the job,
+    #                            overlap: allow N): recorded skipped
     QUEUED = "queued"  # waits for the end of the job's run here (overlap: queue/replace)
     DB_ERROR = "database error"
     ENDED = "ended"  # its run on this host is over

@@ -217,14 +217,20 @@ class ControlStore:
             asked: list[m.RunRecord] = []
             for run in runs:
                 if run.item is None:
-                    where = sa.and_(locks.c.name == run.job, locks.c.token == run.token,
-                                    locks.c.lock_until > now)
+                    # The job's row, or the lane of an overlap: allow N job's
+                    # run (the job's row may still have the run's token too,
+                    # within its lock-at-least: the lane is the run's).
+                    lane = sa.and_(locks.c.held_for == run.job,
+                                   sa.func.substr(locks.c.name, 1, len(m.LANE_PREFIX))
+                                   == m.LANE_PREFIX)
+                    where = sa.and_(sa.or_(locks.c.name == run.job, lane),
+                                    locks.c.token == run.token, locks.c.lock_until > now)
                     stmt = locks.update().where(where)
                 else:
                     where = sa.and_(items.c.job == run.job, items.c.item == run.item,
                                     items.c.token == run.token, items.c.lock_until > now)
                     stmt = items.update().where(where)
-                if conn.execute(stmt.values(kill_token=run.token, kill_by=by)).rowcount == 1:
+                if conn.execute(stmt.values(kill_token=run.token, kill_by=by)).rowcount >= 1:
                     asked.append(run)
                     self.record(conn, Audit(who, "kill", run.job, _run_detail(run), reason))
             if asked and self.s.dialect.name == "postgresql":

@@ -377,12 +377,15 @@ class LockEngine:
     # -- a group's seats ---------------------------------------------------------------
 
     def claim_seat(self, seats: Sequence[str], holder: str, lease: float,
-                   job: str) -> tuple[str, int] | None:
-        """Take one free seat of ``seats`` (a group's seat rows) for ``job``,
-        with the lease and fencing of a job's lock: one statement (one round
-        trip). (seat, token), or None when every seat is held."""
-        sql = self._text("seat_claim", len(seats))
-        params: dict[str, Any] = {"holder": holder, "lease": lease, "job": job, "limit": 1}
+                   job: str, token: int | None = None) -> tuple[str, int] | None:
+        """Take one free seat of ``seats`` (a group's seat rows, or the lanes
+        of an ``overlap: allow N`` job) for ``job``, with the lease and
+        fencing of a job's lock: one statement (one round trip). (seat,
+        token), or None when every seat is held. ``token``: a lane's, the
+        job's claim's (else the seat's own next one)."""
+        sql = self._text("seat_claim", len(seats), token is not None)
+        params: dict[str, Any] = {"holder": holder, "lease": lease, "job": job, "limit": 1,
+                                  "token": token}
         if self.q.arrays:
             params["names"] = list(seats)
         else:

@@ -137,12 +137,16 @@ class JobStatus:
     db_now: float
     #: Fan-out jobs: total, done (this slot), running, waiting, failed.
     items: dict[str, int] | None = None
+    #: ``overlap: allow N``: the runs its lanes hold (live leases), oldest first.
+    lane_runs: tuple[RunRecord, ...] = ()
 
     @property
     def state(self) -> str:
         lock = self.lock
         if lock.disabled_until is not None and lock.disabled_until > self.db_now:
             return "disabled"
+        if self.lane_runs:
+            return "running"
         if lock.lock_until is not None and lock.lock_until > self.db_now:
             if self.running is not None:
                 return "waiting" if self.running.result == WAITING else "running"
@@ -195,6 +199,16 @@ _NUMBER = {"int": int, "int | None": int, "float": float, "float | None": float}
 #: The seat rows of a limit group (dblockrun/scheduling/limits.py) in the locks table
 #: are named ``group:NAME:N``; no job can be (a job name has no ``:``).
 SEAT_PREFIX = "group:"
+#: The lane rows of an ``overlap: allow N`` job (dblockrun/scheduling/limits.py),
+#: ``lane:JOB:1`` ... ``lane:JOB:N``: each running run holds one, with the
+#: job's fencing token of its claim. Neither kind of row is a job.
+LANE_PREFIX = "lane:"
+NOT_JOB_PREFIXES = (SEAT_PREFIX, LANE_PREFIX)
+
+
+def is_job_row(name: str) -> bool:
+    """Whether a lock row is a job's (not a group's seat, not a job's lane)."""
+    return not name.startswith(NOT_JOB_PREFIXES)
 
 
 class SeatRow(NamedTuple):

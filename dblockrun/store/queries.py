@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from dblockrun.store.models import RUNNING, TOKEN_MAX, WAITING
+from dblockrun.store.models import LANE_PREFIX, RUNNING, TOKEN_MAX, WAITING
 
 SCHEMA_VERSION = 8  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
@@ -257,10 +257,24 @@ class Queries:
         (or ``waiting``) though no live lease holds them: their holder died or
         was fenced."""
         runs, locks, items = self.runs, self.locks, self.items
+        # The job's own row first: a run it holds, the common case, is
+        # decided there by its key. The runs the lanes hold (overlap: allow
+        # N) are read once, not looked for run by run (the lanes have no key
+        # by job: a scan of the locks each).
+        lanes = (f"SELECT {self.lane_job(f'{locks}.held_for', True)}, {locks}.token "
+                 f"FROM {locks} WHERE {self.lane_row(locks)} AND {locks}.held_for IS NOT NULL "
+                 f"AND {locks}.lock_until > {self.now}")
         return (f"{jobs} AND {runs}.result IN ('{RUNNING}', '{WAITING}') "
                 f"AND {runs}.token IS NOT NULL "
-                f"AND NOT EXISTS (SELECT 1 FROM {locks} WHERE {self.holding(locks, True)}) "
-                f"AND NOT EXISTS (SELECT 1 FROM {items} WHERE {self.holding(items, True)})")
+                f"AND NOT EXISTS (SELECT 1 FROM {locks} WHERE {self.holding(locks, True, False)}) "
+                f"AND NOT EXISTS (SELECT 1 FROM {items} WHERE {self.holding(items, True)}) "
+                f"AND ({self.lane_job(f'{runs}.job', False)}, {runs}.token) NOT IN ({lanes})")
+
+    @staticmethod
+    def lane_job(column: str, held_for: bool) -> str:
+        """A job name as the lanes' runs are looked up by (``held_for``:
+        the lanes' column, else the runs')."""
+        return column
 
     def lost_end(self) -> str:
         """When a lost run ended: its lease's last renewal, kept on its lock
@@ -269,7 +283,9 @@ class Queries:
         locks, items, runs = self.locks, self.items, self.runs
         taken_over = (f"{locks}.name = {runs}.job AND {runs}.item IS NULL "
                       f"AND {locks}.token = {runs}.token + 1")
-        return (f"COALESCE((SELECT {locks}.renewed_at FROM {locks} "
+        # max(): a lane's run may find the job's row with its token too (freed
+        # when the run took the lane); the lane's renewals are the later.
+        return (f"COALESCE((SELECT max({locks}.renewed_at) FROM {locks} "
                 f"WHERE {self.holding(locks, False)}), (SELECT {items}.renewed_at FROM {items} "
                 f"WHERE {self.holding(items, False)}), (SELECT {locks}.prev_renewed_at "
                 f"FROM {locks} WHERE {taken_over}), {self.now})")
@@ -361,14 +377,18 @@ class Queries:
 
     # -- a group's seats (dblockrun/scheduling/limits.py) ----------------------------------------
 
-    def seat_claim(self, count: int) -> str:
+    def seat_claim(self, count: int, lane: bool = False) -> str:
         """Take one free seat of a group for the job ``job``: the same
         conditional write as a job's claim, of the first of the ``count``
         seat rows that no other claim is taking at this moment. Row: (name,
-        token) when won."""
+        token) when won. ``lane``: a lane of an ``overlap: allow N`` job,
+        which takes the fencing token ``token`` of the job's claim (so a
+        run's token is the job's, and a lane taken again fences the run
+        that held it before)."""
         locks = self.locks
         pick = self.batch_pick(SEAT, count)
-        return (self.claim_write(locks, SEAT, f"{locks}.name = ({pick})")
+        token = self.p("token") if lane else ""
+        return (self.claim_write(locks, SEAT, f"{locks}.name = ({pick})", token=token)
                 + self.returning(f"{locks}.name, {locks}.token"))
 
     # -- fan-out items ---------------------------------------------------------------
@@ -584,12 +604,27 @@ class Queries:
             f"{p('result')}, {p(f'out{i}')}, {p(f'from{i}')})" for i in range(count))
         return f"INSERT INTO {self.runs} ({RUN_COLUMNS}, output, covers_from) VALUES {rows}"
 
-    def holding(self, table: str, alive: bool) -> str:
-        """The lock row (a job's, or a fan-out item's) that holds a run with
-        its token; ``alive``: and its lease has not run out."""
+    @staticmethod
+    def lane_row(table: str) -> str:
+        """``table``'s row is a lane (no ``LIKE``: a literal percent sign
+        would need escaping for the drivers' parameter style)."""
+        return f"SUBSTR({table}.name, 1, {len(LANE_PREFIX)}) = '{LANE_PREFIX}'"
+
+    def lanes_of(self, table: str, job: str) -> str:
+        """The lane rows of ``table`` held for the job ``job`` (a column)."""
+        return f"{table}.held_for = {job} AND {self.lane_row(table)}"
+
+    def holding(self, table: str, alive: bool, lane: bool | None = None) -> str:
+        """The lock row (a job's, one of its lanes, or a fan-out item's) that
+        holds a run with its token; ``alive``: and its lease has not run
+        out. Of the locks, ``lane`` False: the job's own row only; True: a
+        lane only (``overlap: allow N``); None: either."""
         runs, now = self.runs, self.now
         if table == self.locks:
-            match = f"{table}.name = {runs}.job AND {runs}.item IS NULL"
+            own = f"{table}.name = {runs}.job"
+            lanes = self.lanes_of(table, f"{runs}.job")
+            match = {False: own, True: lanes, None: f"({own} OR ({lanes}))"}[lane]
+            match += f" AND {runs}.item IS NULL"
         else:
             match = f"{table}.job = {runs}.job AND {table}.item = {runs}.item"
         lease = f" AND {table}.lock_until > {now}" if alive else ""
@@ -605,7 +640,8 @@ class Queries:
                  f"AND f.token = {runs}.token AND f.host = {runs}.host "
                  f"AND (f.item = {runs}.item OR (f.item IS NULL AND {runs}.item IS NULL)))")
         return (f"SELECT {runs}.id, {runs}.job, {runs}.item, {runs}.host, {runs}.token, "
-                f"(SELECT {locks}.lock_until FROM {locks} WHERE {self.holding(locks, False)}), "
+                f"(SELECT max({locks}.lock_until) FROM {locks} "
+                f"WHERE {self.holding(locks, False)}), "
                 f"{self.lost_end()}, {runs}.slot, {first} "
                 f"FROM {runs} WHERE {self.lost_where('1 = 1')}")
 
@@ -701,6 +737,16 @@ class MysqlQueries(Queries):
     def returning(self, columns: str) -> str:
         return ""
 
+    @staticmethod
+    def lane_job(column: str, held_for: bool) -> str:
+        """Both sides in one collation, so that the lanes' runs are read
+        once (materialized), not looked for run by run: ``held_for`` has
+        the table's default collation (and charset), the runs' job a
+        binary one. ``utf8mb4_bin`` pads, but a job name has no spaces."""
+        text = f"CONVERT({column} USING utf8mb4)" if held_for else column
+        return f"{text} COLLATE utf8mb4_bin"
+
+
     # -- the request doorbell (dblockrun/daemon/doorbell.py) ----------------------------
 
     @cached_property
@@ -781,14 +827,15 @@ class MysqlQueries(Queries):
             parts.append(self.known_row)
         return "; ".join(parts)
 
-    def seat_claim(self, count: int) -> str:
+    def seat_claim(self, count: int, lane: bool = False) -> str:
         """No subquery on the UPDATE's own table: the UPDATE takes the first
         free seat itself (``ORDER BY ... LIMIT 1``; the token comes back in
         the OK packet), then names it, in one round trip. Of two seats this
         holder has with that token, the newest claim is this one."""
         locks, p = self.locks, self.p
         names = f"{locks}.name IN ({self.listed('n', count)})"
-        update = self.claim_write(locks, SEAT, names, token=self.token_expr())
+        token = f"LAST_INSERT_ID({p('token')})" if lane else self.token_expr()
+        update = self.claim_write(locks, SEAT, names, token=token)
         return (f"{update} ORDER BY {locks}.name LIMIT 1; "
                 f"SELECT {locks}.name FROM {locks} WHERE {names} "
                 f"AND {locks}.holder = {p('holder')} AND {locks}.token = LAST_INSERT_ID() "

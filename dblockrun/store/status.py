@@ -4,7 +4,8 @@ number of jobs.
 1. the lock rows, with the database clock (and the groups' seat rows,
    dblockrun/scheduling/limits.py, which are not jobs);
 2. each job's last finished run and its current run (UNION ALL of a
-   correlated ``ORDER BY id DESC LIMIT 1`` and a join on the token);
+   correlated ``ORDER BY id DESC LIMIT 1`` and a join on the token), and
+   the runs an ``overlap: allow N`` job's lanes hold;
 3. each fan-out job's item counts (GROUP BY job);
 4. the live hosts (:meth:`Store.hosts`);
 5. the fleet-wide pause (store/control.py).
@@ -128,15 +129,17 @@ def _read(store: Store, names: Sequence[str] | None
         seats = [SeatRow(str(r["name"]), r["held_for"], r["holder"],
                          None if r["lock_until"] is None else float(r["lock_until"]))
                  for r in rows if r["name"] is not None and r["name"].startswith(SEAT_PREFIX)]
-        locks = [r for r in rows
-                 if r["name"] is not None and not r["name"].startswith(SEAT_PREFIX)]
+        locks = [r for r in rows if r["name"] is not None and m.is_job_row(r["name"])]
         last: dict[str, m.RunRecord] = {}
         running: dict[str, m.RunRecord] = {}
+        lane_runs: dict[str, dict[int, m.RunRecord]] = {}
         counts: dict[str, dict[str, int]] = {}
         if locks:
             for r in conn.execute(runs_stmt).all():
                 run = m.from_row(m.RunRecord, r._mapping)
-                if run.result not in m.UNFINISHED:
+                if r._mapping["lane"]:
+                    lane_runs.setdefault(run.job, {})[run.id] = run
+                elif run.result not in m.UNFINISHED:
                     last[run.job] = run
                 elif run.job not in running or running[run.job].id < run.id:
                     running[run.job] = run  # the newest attempt
@@ -147,7 +150,9 @@ def _read(store: Store, names: Sequence[str] | None
             lock = m.from_row(m.LockState, row)
             out.append(m.JobStatus(lock=lock, last_run=last.get(lock.name),
                                    running=running.get(lock.name), db_now=db_now,
-                                   items=counts.get(lock.name)))
+                                   items=counts.get(lock.name),
+                                   lane_runs=tuple(sorted(lane_runs.get(lock.name, {}).values(),
+                                                          key=lambda run: run.id))))
         return out, seats, db_now
 
     return store._run(go)
@@ -219,11 +224,18 @@ def _runs_statement(store: Store, names: list[str] | None) -> sa.CompoundSelect[
     r = runs.alias("newest")
     last_id = (sa.select(r.c.id).where(r.c.job == locks.c.name, r.c.result.not_in(m.UNFINISHED))
                .order_by(r.c.id.desc()).limit(1).scalar_subquery())
-    last = sa.select(*columns).select_from(locks.join(runs, runs.c.id == last_id))
-    running = sa.select(*columns).select_from(locks.join(
+    last = sa.select(*columns, sa.literal(0).label("lane")).select_from(
+        locks.join(runs, runs.c.id == last_id))
+    running = sa.select(*columns, sa.literal(0).label("lane")).select_from(locks.join(
         runs, sa.and_(runs.c.job == locks.c.name, runs.c.token == locks.c.token))
     ).where(runs.c.result.in_(m.UNFINISHED))
+    # overlap: allow N: the runs its lanes hold (dblockrun/scheduling/limits.py).
+    lanes = sa.select(*columns, sa.literal(1).label("lane")).select_from(locks.join(
+        runs, sa.and_(runs.c.job == locks.c.held_for, runs.c.token == locks.c.token))
+    ).where(runs.c.result == m.RUNNING, runs.c.item.is_(None), locks.c.lock_until > store.now,
+            sa.func.substr(locks.c.name, 1, len(m.LANE_PREFIX)) == m.LANE_PREFIX)
     if names:
         last = last.where(locks.c.name.in_(names))
         running = running.where(locks.c.name.in_(names))
-    return sa.union_all(last, running)
+        lanes = lanes.where(runs.c.job.in_(names))
+    return sa.union_all(last, running, lanes)

@@ -762,10 +762,12 @@ class Store:
         return self._run(lambda c: lock_rows(self, c))
 
     def job_names(self) -> list[str]:
-        """Every job's lock row name (not the groups' seat rows), sorted."""
+        """Every job's lock row name (not the groups' seat rows, nor the
+        jobs' lanes), sorted."""
         locks = self.t.locks
         stmt = (sa.select(locks.c.name)
-                .where(locks.c.name.not_like(f"{m.SEAT_PREFIX}%")).order_by(locks.c.name))
+                .where(*(locks.c.name.not_like(f"{prefix}%") for prefix in m.NOT_JOB_PREFIXES))
+                .order_by(locks.c.name))
         return self._run(lambda c: [str(r[0]) for r in c.execute(stmt)])
 
     def seat_names(self) -> list[str]:
