@@ -466,6 +466,14 @@ class Queries:
                 f"WHERE {runs}.id IN ({self.listed('r', count)}) "
                 f"AND {runs}.result = '{RUNNING}'")
 
+    def next_due_many(self, count: int) -> str:
+        """Write the next slots ``d0``... of ``count`` jobs ``n0``...
+        (``status`` shows them)."""
+        locks, p = self.locks, self.p
+        cases = " ".join(f"WHEN {p(f'n{i}')} THEN {p(f'd{i}')}" for i in range(count))
+        return (f"UPDATE {locks} SET next_due = CASE {locks}.name {cases} END "
+                f"WHERE {locks}.name IN ({self.listed('n', count)})")
+
     @cached_property
     def release(self) -> str:
         locks, p = self.locks, self.p
