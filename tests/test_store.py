@@ -57,6 +57,21 @@ def test_the_next_slots_of_many_jobs_are_written_in_few_statements(store: Store,
     assert {j.lock.name: j.lock.next_due for j in report(store).jobs} == due
     if db.backend == "postgresql":
         assert updates(db) == 3  # was one per job
+        # The next host to start computes the same slots: it writes no row
+        # (and so waits for no other host's row locks).
+        versions = _row_versions(db)
+        store.set_next_due(due)
+        assert _row_versions(db) == versions
+
+
+def _row_versions(db: TestDb) -> list[tuple[str, str]]:
+    """Each lock row's name and version (PostgreSQL's xmin: an UPDATE that
+    wrote the row, even with the same values, changes it)."""
+    import psycopg
+
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        return [(str(n), str(x)) for n, x in conn.execute(
+            f"SELECT name, xmin::text FROM {db.prefix}locks ORDER BY name").fetchall()]
 
 
 def test_future_slot_is_not_claimed_early(store: Store) -> None:
