@@ -2,7 +2,7 @@
 
     python bench/fleet_scale.py [--configs 10x1000,30x1000,100x1000]
                                 [--pooler transaction] [--every 1]
-                                [--seconds 60] [--settle 10]
+                                [--seconds 60] [--settle 10] [--ready-timeout S]
 
 For each ``NxJ``: a fresh PostgreSQL database, N real `dblockrun daemon`
 processes (distinct host ids) on one jobs file of J jobs. With ``--every
@@ -157,14 +157,14 @@ class Result:
 
 
 def measure(hosts: int, jobs: int, seconds: float, settle: float, mode: str | None,
-            every: int) -> Result:
+            every: int, ready_timeout: float | None = None) -> Result:
     with tempfile.TemporaryDirectory(prefix="dblockrun-scale-") as tmp, \
             fresh_database("postgresql", tmp) as db, pooler(mode, db) as (url, _):
         folder = Path(tmp)
         record = folder / "starts.txt"
         fleet = Fleet(db, jobs_file(folder, jobs, record, every), hosts, url=url)
         try:
-            fleet.start(ready_timeout=120 + 3 * hosts)
+            fleet.start(ready_timeout=ready_timeout or 120 + 3 * hosts)
             time.sleep(settle)
             fleet.check_alive()
             cpu0, db0, q0 = fleet.cpu(), backend_cpu(db), transactions(db)
@@ -211,6 +211,8 @@ def main() -> None:
                     help="each job is due every this many minutes (default 1)")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--settle", type=float, default=10.0)
+    ap.add_argument("--ready-timeout", type=float,
+                    help="seconds for every daemon to start (default 120 + 3 per host)")
     args = ap.parse_args()
     table = Table(["hosts", "jobs", "stmts/min", "stmts/s", "DB CPU s/min", "server conns",
                    "starts/min", "p50 ms", "p99 ms", "max ms", "dups", "daemon CPU s/min",
@@ -218,7 +220,8 @@ def main() -> None:
     for config in args.configs.split(","):
         n, j = (int(x) for x in config.lower().split("x"))
         try:
-            r = measure(n, j, args.seconds, args.settle, args.pooler, args.every)
+            r = measure(n, j, args.seconds, args.settle, args.pooler, args.every,
+                        args.ready_timeout)
         except SystemExit as exc:  # a fleet that did not start: say so, go on
             print(f"{config}: not measured: {exc}", flush=True)
             continue

@@ -16,7 +16,7 @@ service's parent) the moment it starts. Reported:
   measured after ``--settle``;
 * **statements per minute** (PostgreSQL: ``xact_commit`` of that database;
   every statement is its own transaction in autocommit; MariaDB: counted on
-  the wire by a proxy in front of the server, bench/mycount.py, with the
+  the wire by a proxy in front of the server, bench/wirecount.py, with the
   idle minute's statements by first word printed below the table);
 * **RSS** of the daemon and of its spawn service at the end (VmRSS of each
   process), and their sum, against the goal of issue 21 (40 MB together).
@@ -41,8 +41,8 @@ from pathlib import Path
 import psycopg
 import pymysql
 from common import MY_HOST, MY_PORT, MY_USER, PG_DSN, Table
-from mycount import MyCountingProxy
 from psycopg import sql
+from wirecount import MyCountingProxy
 
 TARGET_CORE_PCT = 0.5
 TARGET_RSS_MB = 40.0  # daemon + spawn service (issue 21)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import URLS, bench_prefix, make_schema, median  # noqa: E402
-from pgcount import CountingProxy  # noqa: E402
+from wirecount import PgCountingProxy  # noqa: E402
 
 from dblockrun.running.heartbeat import Renewer  # noqa: E402
 from dblockrun.running.runner import OUTPUT_TAIL, LeaseWatch, LiveOutput, Tail  # noqa: E402
@@ -56,11 +56,11 @@ CASES = ("no live output", "output unchanged", "a line per heartbeat, 1 KiB tail
          "a line per heartbeat, full tail")
 
 
-def through_proxy(url: str) -> tuple[str, CountingProxy | None]:
+def through_proxy(url: str) -> tuple[str, PgCountingProxy | None]:
     parts = urlsplit(url)
     if parts.scheme == "sqlite" or parts.port is None:
         return url, None
-    proxy = CountingProxy(parts.port, parts.hostname or "127.0.0.1")
+    proxy = PgCountingProxy(parts.port, parts.hostname or "127.0.0.1")
     return url.replace(f":{parts.port}/", f":{proxy.port}/", 1), proxy
 
 

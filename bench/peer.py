@@ -6,7 +6,7 @@
 procrastinate (https://procrastinate.readthedocs.io) is a PostgreSQL task
 queue with periodic tasks; install it with ``pip install -e '.[bench]'``
 (without it this prints one line and exits 0). Every phase gets a fresh
-database (dropped at the end) and a counting proxy (bench/pgcount.py)
+database (dropped at the end) and a counting proxy (bench/wirecount.py)
 between the processes and PostgreSQL, so that statements are counted the
 same way for both: simple-query ('Q') and Execute ('E') messages.
 
@@ -71,7 +71,7 @@ from fleet import (
     sleep_until,
     slot_stats,
 )
-from pgcount import CountingProxy
+from wirecount import PgCountingProxy
 
 HERE = Path(__file__).resolve().parent
 TAIL = 3.0
@@ -116,7 +116,7 @@ class Procs:
         return sum(cpu_seconds(p) for p in self.pids())
 
 
-def procrastinate_procs(db: Db, proxy: CountingProxy, phase: Phase, n: int, work: Path,
+def procrastinate_procs(db: Db, proxy: PgCountingProxy, phase: Phase, n: int, work: Path,
                         concurrency: int) -> Procs:
     from procrastinate.schema import SchemaManager
 
@@ -161,7 +161,7 @@ def procrastinate_procs(db: Db, proxy: CountingProxy, phase: Phase, n: int, work
     return Procs(start, lambda: [p.pid for p in procs], alive, stop)
 
 
-def dblockrun_procs(db: Db, proxy: CountingProxy, phase: Phase, n: int, work: Path) -> Procs:
+def dblockrun_procs(db: Db, proxy: PgCountingProxy, phase: Phase, n: int, work: Path) -> Procs:
     jobs = work / "jobs.yaml"
     lines = ["jobs:"]
     for i in range(phase.tasks):
@@ -184,7 +184,7 @@ def run_phase(system: str, workload: str, args: argparse.Namespace, folder: Path
     work = folder / f"{system}-{workload}"
     work.mkdir()
     record = work / "starts.log"
-    with fresh_database("postgresql", str(folder)) as db, CountingProxy(5432) as proxy:
+    with fresh_database("postgresql", str(folder)) as db, PgCountingProxy(5432) as proxy:
         if workload == "second":
             phase = Phase("second", 1, [], "* * * * * *", "* * * * * *")
         else:
@@ -222,7 +222,7 @@ def run_phase(system: str, workload: str, args: argparse.Namespace, folder: Path
         finally:
             procs.stop()
         if proxy.encrypted():
-            raise SystemExit("pgcount: encrypted connections could not be counted")
+            raise SystemExit("wirecount: encrypted connections could not be counted")
     limit = TAIL if workload == "second" else args.deadline
     starts = [s for s in read_starts(record) if s.t <= s.slot + limit]
     st = slot_stats(starts, phase.expected())

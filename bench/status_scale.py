@@ -14,7 +14,7 @@ same interpreter start and imports without a database.
 
 Statements are counted on the wire by a proxy in front of the server (one
 more run each, not timed): PostgreSQL messages Query and Execute
-(bench/pgcount.py), MySQL packets COM_QUERY and COM_STMT_EXECUTE. They
+(bench/wirecount.py), MySQL packets COM_QUERY and COM_STMT_EXECUTE. They
 include everything the process sends: connecting, the schema version
 check, then `status` itself.
 """
@@ -31,8 +31,7 @@ import time
 from typing import Any
 
 from common import URLS, Table, bench_prefix, make_schema
-from mycount import MyCountingProxy
-from pgcount import CountingProxy
+from wirecount import MyCountingProxy, PgCountingProxy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -147,8 +146,8 @@ def with_port(url: str, port: int) -> str:
 
 def count_statements(url: str, backend: str, args: list[str], prefix: str) -> int:
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    proxy: CountingProxy | MyCountingProxy
-    proxy = CountingProxy(port) if backend == "postgresql" else MyCountingProxy(port)
+    proxy: PgCountingProxy | MyCountingProxy
+    proxy = PgCountingProxy(port) if backend == "postgresql" else MyCountingProxy(port)
     try:
         keep_hosts_live(url, prefix)
         argv = [sys.executable, "-m", "dblockrun", "--db", with_port(url, proxy.port),

@@ -204,3 +204,28 @@ def sigint_default() -> None:
     started in the background of a non-interactive shell (a CI runner)
     inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def count_statements(db: TestDb) -> None:
+    """From now, count the UPDATE statements on the locks table, those that
+    match no row too (a trigger per statement; PostgreSQL)."""
+    import psycopg
+
+    locks = f"{db.prefix}locks"
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {db.prefix}updates (n bigint NOT NULL)")
+        conn.execute(f"INSERT INTO {db.prefix}updates VALUES (0)")
+        conn.execute(f"CREATE FUNCTION {db.prefix}count() RETURNS trigger LANGUAGE plpgsql AS "
+                     f"$$ BEGIN UPDATE {db.prefix}updates SET n = n + 1; RETURN NULL; END $$")
+        conn.execute(f"CREATE TRIGGER {db.prefix}count AFTER UPDATE ON {locks} "
+                     f"FOR EACH STATEMENT EXECUTE FUNCTION {db.prefix}count()")
+
+
+def updates(db: TestDb) -> int:
+    """What :func:`count_statements` (or a trigger like it) counted so far."""
+    import psycopg
+
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        row = conn.execute(f"SELECT n FROM {db.prefix}updates").fetchone()
+        assert row is not None
+        return int(row[0])

@@ -25,7 +25,16 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import pg_admin
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, free_port, wait_for
+from helpers import (
+    REPO,
+    TestDb,
+    clean_env,
+    count_statements,
+    dblockrun_cmd,
+    free_port,
+    updates,
+    wait_for,
+)
 from test_security import Daemon, cli, daemon_args, lock_row, runs_of, write_jobs
 
 from dblockrun.store import Store
@@ -139,13 +148,6 @@ def count_updates(db: TestDb, name: str) -> None:
                      f"$$ BEGIN UPDATE {db.prefix}updates SET n = n + 1; RETURN NEW; END $$")
         conn.execute(f"CREATE TRIGGER {db.prefix}count AFTER UPDATE ON {locks} FOR EACH ROW "
                      f"WHEN (NEW.name = '{name}') EXECUTE FUNCTION {db.prefix}count()")
-
-
-def updates(db: TestDb) -> int:
-    with psycopg.connect(db.url, autocommit=True) as conn:
-        row = conn.execute(f"SELECT n FROM {db.prefix}updates").fetchone()
-        assert row is not None
-        return int(row[0])
 
 
 def test_a_notify_flood_costs_one_extra_renewal_per_heartbeat(
@@ -408,19 +410,6 @@ def test_state_folders_are_private_whatever_the_umask(tmp_path: Path) -> None:
     for folder in (tmp_path / "home", tmp_path / "home" / ".local", state, state / "dblockrun"):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
     assert stat.S_IMODE((state / "dblockrun" / "dblockrun.db").stat().st_mode) == 0o600
-
-
-def count_statements(db: TestDb) -> None:
-    """From now, count the UPDATE statements on the locks table, those that
-    match no row too (a trigger per statement)."""
-    locks = f"{db.prefix}locks"
-    with psycopg.connect(db.url, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {db.prefix}updates (n bigint NOT NULL)")
-        conn.execute(f"INSERT INTO {db.prefix}updates VALUES (0)")
-        conn.execute(f"CREATE FUNCTION {db.prefix}count() RETURNS trigger LANGUAGE plpgsql AS "
-                     f"$$ BEGIN UPDATE {db.prefix}updates SET n = n + 1; RETURN NULL; END $$")
-        conn.execute(f"CREATE TRIGGER {db.prefix}count AFTER UPDATE ON {locks} "
-                     f"FOR EACH STATEMENT EXECUTE FUNCTION {db.prefix}count()")
 
 
 def test_a_notify_flood_on_the_run_channel_is_coalesced(

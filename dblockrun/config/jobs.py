@@ -236,9 +236,12 @@ class Job:
 
     def definition_data(self) -> dict[str, Any]:
         """Everything that defines the job (not its line), as hashed: keys
-        added since a version leave the data (and hash) as before when unset."""
-        data = asdict(self)
-        data.pop("line")
+        added since a version leave the data (and hash) as before when unset.
+        The same data as ``asdict`` (a job's only nested dataclass is its
+        ``on_failure``), read field by field: ``asdict`` deep-copies every
+        tuple, 0.13 ms a job, the bulk of a 1,000-job daemon's start-up."""
+        data = {name: getattr(self, name) for name in _DEFINITION_FIELDS}
+        data["on_failure"] = {name: getattr(self.on_failure, name) for name in _ON_FAILURE_FIELDS}
         if data["user"] is None:
             del data["user"]  # hashes stay those of versions without `user:`
         for key in ("run_on", "every_host"):  # ... and without targeting
@@ -270,16 +273,27 @@ class Job:
         """The fields the job sets to other than their default, as
         :meth:`definition_data` holds them (field name -> value, sorted; not
         its name): what :meth:`field_digests` digests and the dashboard shows."""
-        return {name: value for name, value in sorted(self.definition_data().items())
-                if name != "name" and not (name in _DEFAULTS and _DEFAULTS[name] == value)}
+        return _set_fields(self.definition_data())
 
     def field_digests(self) -> dict[str, str]:
         """A short digest of each field the job sets to other than its
         default (field name -> 8 hex digits; the name salts it): two hosts'
         digests name the fields their definitions differ in
         (:func:`differing_fields`) without either storing the values."""
-        return {name: _digest([self.name, name, value], 8)
-                for name, value in self.set_fields().items()}
+        return self.digests()[1]
+
+    def digests(self) -> tuple[str, dict[str, str]]:
+        """:meth:`definition_hash` and :meth:`field_digests` from one reading
+        of the definition (a daemon writes both for each of its jobs)."""
+        data = self.definition_data()
+        return _digest(data, 12), {name: _digest([self.name, name, value], 8)
+                                   for name, value in _set_fields(data).items()}
+
+
+def _set_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """:meth:`Job.set_fields` of a job's :meth:`Job.definition_data`."""
+    return {name: value for name, value in sorted(data.items())
+            if name != "name" and not (name in _DEFAULTS and _DEFAULTS[name] == value)}
 
 
 def _digest(data: object, size: int) -> str:
@@ -335,7 +349,11 @@ class JobsFile:
         return {job.name: job for job in self.jobs}
 
 
+#: The fields :meth:`Job.definition_data` reads (all but the line), and OnFailure's.
+_DEFINITION_FIELDS = tuple(f.name for f in fields(Job) if f.name != "line")
+_ON_FAILURE_FIELDS = tuple(f.name for f in fields(OnFailure))
 #: Each Job field's default, as :meth:`Job.definition_data` holds it.
 _DEFAULTS: dict[str, Any] = {
-    f.name: asdict(Job("x", "x"))[f.name] for f in fields(Job)
-    if f.default is not MISSING or f.default_factory is not MISSING}
+    name: value for name, value in asdict(Job("x", "x")).items()
+    if (f := Job.__dataclass_fields__[name]).default is not MISSING
+    or f.default_factory is not MISSING}

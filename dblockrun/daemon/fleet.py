@@ -367,9 +367,10 @@ class FleetBooks:
         """Each job's definition hash (and as JSON), once per jobs file: an idle
         heartbeat then costs the same whatever the number of jobs."""
         if self._defs_for is not jobs:
-            defs = {j.name: j.definition_hash() for j in jobs.jobs}
+            digests = {j.name: j.digests() for j in jobs.jobs}
+            defs = {name: hashed for name, (hashed, _fields) in digests.items()}
             self._defs = (defs, json.dumps(defs))
-            self._fields = {j.name: j.field_digests() for j in jobs.jobs}
+            self._fields = {name: fields for name, (_hashed, fields) in digests.items()}
             self._defs_for = jobs
         return self._defs
 

@@ -7,6 +7,7 @@ notifications, metrics (ARCHITECTURE.md names each thread and its owner)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import resource
 import threading
@@ -295,6 +296,11 @@ class Daemon:
         if parts.watch is not None:
             parts.watch.start()
         self._plan_all()
+        # What the start-up made (modules, jobs, plans) lives as long as the
+        # daemon: out of the collector's way, which from here on collects
+        # (the daemon command held collections back until now).
+        gc.freeze()
+        gc.enable()
         self.systemd.ready(self._describe())
         try:
             while not self._stopping():
@@ -322,6 +328,7 @@ class Daemon:
             except (DatabaseRefused, SchemaTooNew):
                 raise  # retrying cannot fix these: exit status 1 with the reason
             except DatabaseError as exc:
+                gc.enable()  # an outage at start-up may last: collect meanwhile
                 delay = self.outage.failed("startup", exc)
                 self.systemd.status(f"waiting for the database: {describe_outage(exc)}")
                 self._pause(delay)

@@ -403,9 +403,11 @@ def _lines(buf: bytearray, data: bytes, sink: LineSink) -> None:
 def _serve_forked(sock: socket.socket) -> None:
     """In the forked child: become the service. The parent was single-threaded,
     so nothing it held is locked here; its objects are left alone (frozen out
-    of the collector's way, never finalized: the child ends in ``os._exit``)."""
+    of the collector's way, never finalized: the child ends in ``os._exit``).
+    The daemon may fork it while holding collections back: they resume here."""
     try:
         gc.freeze()
+        gc.enable()
         signal.set_wakeup_fd(-1)
         os.setsid()
         keep = sock.fileno()

@@ -560,6 +560,23 @@ class LockEngine:
         sql = self._text("live_outputs", len(outputs))
         self.x.run(lambda cur: self.x.send(cur, sql, params))
 
+    def set_next_due(self, names_due: dict[str, float]) -> None:
+        """Each named job's next slot, for `status`: one statement per
+        ``BATCH_CHUNK`` jobs (a daemon's start-up with 10,000 jobs sent one
+        per job)."""
+        rows = list(names_due.items())
+
+        def go(cur: Any) -> None:
+            for i in range(0, len(rows), BATCH_CHUNK):
+                chunk = rows[i:i + BATCH_CHUNK]
+                params: dict[str, Any] = {}
+                for j, (name, due) in enumerate(chunk):
+                    params[f"n{j}"], params[f"d{j}"] = name, due
+                self.x.send(cur, self._text("next_due_many", len(chunk)), params)
+
+        if rows:
+            self.x.run(go)
+
     def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool:
         """Free the lock, not before ``locked_at + lock_at_least``."""
         params = {"name": name, "holder": holder, "token": token, "least": float(lock_at_least)}

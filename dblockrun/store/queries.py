@@ -488,6 +488,19 @@ class Queries:
                 f"WHERE {runs}.id IN ({self.listed('r', count)}) "
                 f"AND {runs}.result = '{RUNNING}'")
 
+    def next_due_many(self, count: int) -> str:
+        """Write the next slots ``d0``... of ``count`` jobs ``n0``...
+        (``status`` shows them), leaving alone the rows that have it: every
+        host of a fleet computes the same next slots, and all of them
+        starting at once on 10,000 jobs queued each behind the others' row
+        locks."""
+        locks, p = self.locks, self.p
+        cases = " ".join(f"WHEN {p(f'n{i}')} THEN {p(f'd{i}')}" for i in range(count))
+        due = f"CASE {locks}.name {cases} END"
+        return (f"UPDATE {locks} SET next_due = {due} "
+                f"WHERE {locks}.name IN ({self.listed('n', count)}) "
+                f"AND ({locks}.next_due IS NULL OR {locks}.next_due <> {due})")
+
     @cached_property
     def release(self) -> str:
         locks, p = self.locks, self.p

@@ -370,6 +370,7 @@ class Store:
     renew = on_engine(LockEngine.renew)
     renew_many = on_engine(LockEngine.renew_many)
     write_outputs = on_engine(LockEngine.write_outputs)
+    set_next_due = on_engine(LockEngine.set_next_due)
     release = on_engine(LockEngine.release)
     record_slots = on_engine(LockEngine.record_slots)
     held_gaps = on_engine(LockEngine.held_gaps)
@@ -451,14 +452,6 @@ class Store:
     def _update_lock(self, name: str, **values: Any) -> sa.Update:
         locks = self.t.locks
         return locks.update().where(locks.c.name == name).values(**values)
-
-    def set_next_due(self, names_due: dict[str, float | None]) -> None:
-        locks = self.t.locks
-        stmt = locks.update().where(locks.c.name == sa.bindparam("b_name")).values(
-            next_due=sa.bindparam("b_next"))
-        rows = [{"b_name": n, "b_next": d} for n, d in names_due.items()]
-        if rows:
-            self._run(lambda c: c.execute(stmt, rows))
 
     # -- runs ---------------------------------------------------------------
 
