@@ -246,7 +246,7 @@ def test_status_json_shape(sqlite_db: TestDb) -> None:
     assert token == 1
     doc = status_doc(sqlite_db)
     assert set(doc) == {"version", "db_time", "live_within", "paused", "jobs", "hosts",
-                        "groups", "warnings"}
+                        "groups", "warnings", "waiting"}
     assert doc["paused"] is None
     assert doc["version"] == 1
     assert isinstance(doc["hosts"], list)
