@@ -667,11 +667,12 @@ def _header_rule() -> Box:
 
 
 def _lanes_text(s: JobStatus, *, ids: bool) -> str:
-    """``overlap: allow N``: its runs going, and where (``; 2 runs: 12 on
-    web-1, 13 on web-2``); empty for the other jobs."""
+    """``overlap: allow N``: its runs going, and where (``; 2 runs: web-1,
+    web-2``; ``ids``, the wide table: ``12 on web-1:77:0b1d2e, ...``, the
+    holders as the holder column names them); empty for the other jobs."""
     if not s.lane_runs:
         return ""
-    each = ", ".join((f"{run.id} on " if ids else "") + host_name(run.host)
+    each = ", ".join(f"{run.id} on {run.host}" if ids else host_name(run.host)
                      for run in s.lane_runs)
     count = len(s.lane_runs)
     return f"; {count} run{'s' if count > 1 else ''}: {each}"
