@@ -426,9 +426,11 @@ def test_a_run_lost_with_its_host_is_notified_and_failed_once_by_the_fleet(
     jobs = ("jobs:\n  long:\n    rate: 1h\n    command: 'echo started; sleep 60'\n"
             f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
             f"    ping: '{hooks.url('http', '/ping')}'\n")
-    daemons = [start(jobs, name) for name in ("a", "b", "c")]
+    names = ("a", "b", "c")
+    daemons = [start(jobs, name, extra=["--label", f"hostname=web-{name}"]) for name in names]
     (run,) = wait_for(lambda: runs(store, "long", m.RUNNING) or None, 30, what="a running run")
     victim = next(d for d in daemons if d.proc.pid == int(run.host.split(":")[1]))
+    victim_name = names[daemons.index(victim)]
     daemons[0].wait(lambda: bool(hooks.under("/ping/start")), 10, "its start ping")
     victim.proc.kill()  # kill -9, mid-run: it can tell nobody
     victim.proc.wait()
@@ -450,7 +452,8 @@ def test_a_run_lost_with_its_host_is_notified_and_failed_once_by_the_fleet(
     (hit,) = hooks.under("/hook")
     doc = hit.json()
     assert doc["type"] == "failure"
-    assert doc["title"] == f"dblockrun: job long lost on {run.host.split(':')[0]}"
+    # The dead host by its hostname label, as the titles of its own runs name it.
+    assert doc["title"] == f"dblockrun: job long lost on web-{victim_name}"
     assert (hit.field("event"), hit.field("result")) == ("failure", "lost")
     assert (hit.field("run"), hit.field("host")) == (str(run.id), run.host)
     recorder = hit.field("recorded by")

@@ -34,6 +34,7 @@ from dblockrun.config.secreturl import quiet_apprise, scrub, shown
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Event, RunEnded, RunLost, RunStarted, SlotPassed
 from dblockrun.notify import pings
+from dblockrun.scheduling.targeting import HOSTNAME, loads_labels
 from dblockrun.store import models as m
 from dblockrun.supervise import Policy, Threads
 
@@ -130,9 +131,10 @@ def missed_message(job: Job, host: str, slot: float, late: float,
     return title, body
 
 
-def lost_message(lost: RunLost) -> tuple[str, str]:
-    """The title and body of a notification about a run recorded lost."""
-    title = f"dblockrun: job {lost.name} lost on {_hostname(lost.host)}"
+def lost_message(lost: RunLost, hostname: str | None = None) -> tuple[str, str]:
+    """The title and body of a notification about a run recorded lost;
+    ``hostname``: the dead host's ``hostname`` label (None: its id's first part)."""
+    title = f"dblockrun: job {lost.name} lost on {hostname or _hostname(lost.host)}"
     body = "\n".join([
         f"job: {lost.name}",
         f"event: {FAILURE}",
@@ -255,9 +257,22 @@ class Notifier:
             self._put(job.name, "ping", pings.FAIL,
                       lambda: self._ping(job, ping, pings.FAIL, lost.first_run_id, b""))
         if job.notify is not None and FAILURE in job.notify.on:
-            title, body = lost_message(lost)
-            self._put(job.name, "notify", FAILURE,
-                      lambda: self._notify(job, FAILURE, title, body, "failure"))
+
+            def send() -> None:  # on the notifier's thread: it may read the database
+                title, body = lost_message(lost, self._hostname_of(lost.host))
+                self._notify(job, FAILURE, title, body, "failure")
+
+            self._put(job.name, "notify", FAILURE, send)
+
+    def _hostname_of(self, host: str) -> str | None:
+        """Another host's ``hostname`` label, from its host row (None: no
+        row, no label, or the database away: the title names its id's first part)."""
+        if self.store is None:
+            return None
+        try:
+            return loads_labels(self.store.host_labels(host)).get(HOSTNAME)
+        except DatabaseError:
+            return None
 
     def missed(self, job: Job, slot: float, late: float, rule: str) -> None:
         if job.notify is not None and MISSED in job.notify.on:

@@ -733,6 +733,12 @@ class Store:
             stmt = stmt.where(hosts.c.last_seen >= self.now - seen_within)
         return self._run(lambda c: [m.from_row(m.HostStatus, r._mapping) for r in c.execute(stmt)])
 
+    def host_labels(self, host_id: str) -> str | None:
+        """A host's labels as its row keeps them (JSON; None: no such row)."""
+        hosts = self.t.hosts
+        stmt = sa.select(hosts.c.labels).where(hosts.c.id == host_id)
+        return self._run(lambda c: c.execute(stmt).scalar_one_or_none())
+
     def live_hosts(self, within: float | None = None) -> list[m.HostStatus]:
         """The live daemons: seen within ``within`` seconds, or (None) each
         within its own window, by its heartbeat (store/status.py ``live_window``)."""
