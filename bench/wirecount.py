@@ -214,10 +214,9 @@ class CountingProxy:
                     return
                 self._streams.append(stream)
                 self._sockets += [client, upstream]
-            threading.Thread(target=_client_to_server, args=(client, upstream, stream),
-                             daemon=True).start()
-            threading.Thread(target=_server_to_client, args=(upstream, client, stream),
-                             daemon=True).start()
+            for src, dst, to_server in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=_pump, args=(src, dst, stream),
+                                 kwargs={"to_server": to_server}, daemon=True).start()
 
 
 class PgCountingProxy(CountingProxy):
@@ -236,23 +235,16 @@ class MyCountingProxy(CountingProxy):
         return self.counts()
 
 
-def _client_to_server(src: socket.socket, dst: socket.socket, stream: Stream) -> None:
+def _pump(src: socket.socket, dst: socket.socket, stream: Stream, *, to_server: bool) -> None:
+    """Copy one direction of a connection, the stream reading along."""
     try:
         while data := src.recv(65536):
-            stream.sent += len(data)
-            stream.feed(data)
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        _shut(dst)
-
-
-def _server_to_client(src: socket.socket, dst: socket.socket, stream: Stream) -> None:
-    try:
-        while data := src.recv(65536):
-            stream.received += len(data)
-            stream.answer(data)
+            if to_server:
+                stream.sent += len(data)
+                stream.feed(data)
+            else:
+                stream.received += len(data)
+                stream.answer(data)
             dst.sendall(data)
     except OSError:
         pass

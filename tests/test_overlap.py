@@ -351,6 +351,8 @@ class FakeRun:
     def __init__(self, job: Job) -> None:
         self.job = job
         self.commands = 1
+        self.queued = self.wants_room = False
+        self.order = (0.0, 0)
 
     def is_alive(self) -> bool:
         return True

@@ -340,6 +340,7 @@ def test_a_slot_that_waits_past_its_starting_deadline_is_recorded_missed(
     # Recorded through the slot book, as every passed slot is: its log line
     # (and its event: metrics, a `missed` notification).
     said = (tmp_path / "d.log").read_text()
+    assert late.slot is not None
     assert f"job late: slot {utc(late.slot)} missed: waited: " in said, said[-3000:]
     store.close()
 

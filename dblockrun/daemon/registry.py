@@ -61,13 +61,16 @@ class Runs:
     def done(self, run: Run) -> None:
         """``run`` is over (its lifecycle's last step, any thread)."""
         with self._lock:
-            runs = self._running.get(run.job.name, [])
-            if run in runs:
-                runs.remove(run)
-                if not runs:
-                    del self._running[run.job.name]
+            self._forget(run)
             self._finished.add(run.job.name)
         self._ended()
+
+    def _forget(self, run: Run) -> None:
+        runs = self._running.get(run.job.name, [])
+        if run in runs:
+            runs.remove(run)
+            if not runs:
+                del self._running[run.job.name]
 
     def busy(self, name: str) -> bool:
         with self._lock:
@@ -83,11 +86,7 @@ class Runs:
     def drop(self, run: Run) -> None:
         """Forget ``run``, which never started (its slot recorded skipped)."""
         with self._lock:
-            runs = self._running.get(run.job.name, [])
-            if run in runs:
-                runs.remove(run)
-                if not runs:
-                    del self._running[run.job.name]
+            self._forget(run)
 
     def admit(self, run: Queued) -> bool:
         """Whether the waiting ``run`` may start now: room for one more
