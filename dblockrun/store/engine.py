@@ -157,6 +157,10 @@ class Claim:
         return params
 
 
+class _Refused(Exception):
+    """A claim's write refused rows its pick had taken: roll it all back."""
+
+
 def in_transaction(dialect: str, send: Callable[[str], object], steps: Callable[[], T]) -> T:
     """``steps`` in one short transaction, each statement sent with ``send``
     (``BEGIN IMMEDIATE`` on SQLite: its one writer at a time stands in for
@@ -429,16 +433,26 @@ class LockEngine:
             if not keys:
                 return []
             named = keyed(keys, run_slot=claim.slot)
-            send(cur, q.items_claim(shape, len(keys)), named)
+            if send(cur, q.items_claim(shape, len(keys)), named).rowcount != len(keys):
+                # Refused after the pick: the fleet paused or the job disabled
+                # since (conditions on other rows than the picked ones, which
+                # stay locked). Records and the read below would be of the
+                # items' previous claims: none is written, none handed out.
+                raise _Refused
             send(cur, q.items_record(len(keys)), named)
             rows = send(cur, q.items_claimed(len(keys)), named).fetchall()
             order = {k: i for i, k in enumerate(keys)}
             claimed = [ClaimedItem(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
             return sorted(claimed, key=lambda c: order[c.key])
 
-        return self.x.run(
-            lambda cur: in_transaction(self.dialect, lambda sql: send(cur, sql),
-                                       lambda: steps(cur)))
+        def go(cur: Any) -> list[ClaimedItem]:
+            try:
+                return in_transaction(self.dialect, lambda sql: send(cur, sql),
+                                      lambda: steps(cur))
+            except _Refused:  # rolled back
+                return []
+
+        return self.x.run(go)
 
     def _items_params(self, job: str, holder: str, items: Sequence[ClaimedItem],
                       **more: Any) -> dict[str, Any]:
