@@ -278,3 +278,29 @@ def test_a_late_resync_does_not_jump_over_a_starved_holders_busy_slot(store: Sto
         assert slots.count(slot) == 1, f"slot {slot - p:+g}: {slots.count(slot)} records"
     (kept,) = [r for r in records if r.slot == p + 1]
     assert kept.result == m.SKIPPED and "lock was held" in output_of(store, kept)
+
+
+def test_a_lost_holders_unrecorded_busy_slots_are_recorded_by_the_bookkeeping(
+        store: Store) -> None:
+    """The fault soak (MariaDB, at load 150): a holder claims slot P and
+    renews its lease past P+1 and P+2 but, starved, records neither busy;
+    then it is cut off, and another host's sweep records its run lost. The
+    bookkeeping recorded the slots from the run's last renewal on (taking
+    those before it as recorded by the live holder), and its conditional
+    write moved the job on over P+1 and P+2: no record. It now records every
+    slot the lock kept after the job's last slot."""
+    job = EVERY_SECOND
+    store.ensure_jobs([job.name])
+    p = float(int(store.db_now())) - 3.0
+    won = store.claim_and_record(job.name, "starved", 30, slot=p)
+    assert won is not None and won.run_id is not None
+    assert store.renew(job.name, "starved", won.token, 0.5)  # its last renewal, after P+2
+    until = store.lock_state(job.name).lock_until  # type: ignore[union-attr]
+    assert until is not None
+    wait_for(lambda: store.db_now() > until, 10, what="the lease to run out")
+    books_of(store, "h2", job).round()
+    records = [r for r in runs_of(store, job.name) if r.id != won.run_id]
+    kept = [p + k for k in range(1, 10) if p + k <= until]
+    assert sorted(r.slot or 0.0 for r in records) == kept
+    assert all(r.result == m.SKIPPED for r in records)
+    assert store.run(won.run_id).result == m.LOST  # type: ignore[union-attr]

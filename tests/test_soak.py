@@ -140,6 +140,19 @@ def test_a_summary_row_covers_its_range_and_nothing_else() -> None:
         f"ended {iso(T0 + 6.5)})"]
 
 
+def test_a_skipped_summary_row_covers_its_range_too() -> None:
+    # The held-lock bookkeeping's summary of 7 slots (bench/soak.py, MariaDB):
+    # read as one record, it left the 6 older slots "with no record".
+    h = History()
+    for _ in range(4):  # slots T0+2..T0+5 vanish
+        del h.records[2], h.commands[2]
+    h.records.append(m.RunRecord(
+        50, "tick", None, "vm:d2", T0 + 5, None, 1, T0 + 6.5, T0 + 6.5, None, m.SKIPPED,
+        f"skipped: 4 slots from {iso(T0 + 2)} to {iso(T0 + 5)}: the lock was held until "
+        f"{iso(T0 + 5.5)} (token 2, vm:d1) with no run"))
+    assert [v for v in h.check() if v.row == "tick"] == []
+
+
 def test_a_command_past_the_next_claim_or_its_lost_lease_is_reported() -> None:
     h = History()
     # Token 3's command (slot T0+2, recorded lost at T0+2.1) ran on until T0+6.
