@@ -6,7 +6,9 @@ case had no record at all."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +20,9 @@ from proxy import Proxy
 from test_daemon import DaemonProc, runs_of
 
 from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks, unrecorded_runs
+from dblockrun.daemon.registry import Runs
 from dblockrun.events import Events
 from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock
@@ -26,6 +30,7 @@ from dblockrun.scheduling.planner import Act, Cause, Due, Outcome, Planner, Row,
 from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.engine import in_transaction
 from dblockrun.store.outage import Outage
 
 JOB = 'jobs:\n  tick:\n    cron: "*/2 * * * * *"\n    command: "true"\n'
@@ -304,3 +309,70 @@ def test_a_lost_holders_unrecorded_busy_slots_are_recorded_by_the_bookkeeping(
     assert sorted(r.slot or 0.0 for r in records) == kept
     assert all(r.result == m.SKIPPED for r in records)
     assert store.run(won.run_id).result == m.LOST  # type: ignore[union-attr]
+
+
+# -- a batch claim another host was making when it died -----------------------
+
+
+def test_a_batch_claim_that_another_host_died_making_is_made_here(
+        db: TestDb, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault soak (MariaDB): a host killed inside its batch claim's
+    transaction, the job's row picked (locked), the claim not committed.
+    The other hosts' batch claims skipped the row (SKIP LOCKED: another
+    host is claiming it) and moved on; the dead host's claim rolled back;
+    the slot had no claim and no record. A batch's second look, for what no
+    other host took, now waits for such a claim to end."""
+    if db.backend == "sqlite":
+        pytest.skip("SQLite has no row locks: its claims wait for the one writer")
+    jobs = (Job(name="a", cron="* * * * * *", command="true"),
+            Job(name="b", cron="* * * * * *", command="true"))
+    store.ensure_jobs([j.name for j in jobs])
+    dying = Store(db.url, db.prefix)
+    engine = dying.lock_engine()
+    locked, killed = threading.Event(), threading.Event()
+
+    def claim_cut_short(cur: object) -> None:
+        def steps() -> None:
+            engine.x.send(cur, f"SELECT name FROM {engine.q.locks} WHERE name = "
+                               f"{engine.q.p('name')} FOR UPDATE", {"name": "a"})
+            locked.set()
+            killed.wait(10)
+            raise ConnectionAbortedError("killed before its commit")
+
+        in_transaction(engine.dialect, lambda sql: engine.x.send(cur, sql), steps)
+
+    def other_host() -> None:
+        with contextlib.suppress(ConnectionAbortedError):
+            engine.x.run(claim_cut_short)
+
+    thread = threading.Thread(target=other_host)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        slot = float(int(store.db_now())) + 1.0
+        wait_for(lambda: store.db_now() >= slot + 0.01, 3, what="the slot")
+        planner = Planner(1.0, 0.1)
+        for job in jobs:
+            planner.agenda.push(slot, job.name, slot)
+        jobs_file = JobsFile("jobs.yaml", None, jobs)
+        firing = Firing(store, Settings("h2", 30.0, 1.0), DbClock(), Outage(), Metrics(),
+                        planner, Runs(None, lambda: None), SlotBook(store, "h2", Events()),
+                        None, books_of(store, "h2", jobs[0]),  # type: ignore[arg-type]
+                        lambda: jobs_file, lambda: False, lambda s: time.sleep(max(s, 0.0)))
+        started: list[str] = []
+
+        def start(job: Job, token: int, slot: float | None, sent: float,
+                  run_id: int | None = None) -> Outcome:
+            started.append(job.name)
+            return Outcome.STARTED
+
+        monkeypatch.setattr(firing, "_start", start)
+        threading.Timer(2.0, killed.set).start()  # its host dies; the claim rolls back
+        firing.fire_due()
+    finally:
+        killed.set()
+        thread.join()
+        dying.close()
+    assert sorted(started) == ["a", "b"]
+    claimed = [r for r in runs_of(store, "a") if r.slot == slot]
+    assert [(r.host, r.token) for r in claimed] == [("h2", 1)]

@@ -136,12 +136,13 @@ class Claim:
     record: bool = False
     requested: bool = False
     check: bool = False  # read the row's token and the schema version too
+    wait: bool = False  # a batch: wait for rows other hosts are claiming (ClaimShape.wait)
 
     @property
     def shape(self) -> ClaimShape:
         return ClaimShape(slot=self.slot is not None, rate=self.rate is not None,
                           next_due=self.next_due is not None, record=self.record,
-                          requested=self.requested, check=self.check)
+                          requested=self.requested, check=self.check, wait=self.wait)
 
     def params(self, holder: str, lease: float, **more: Any) -> dict[str, Any]:
         params: dict[str, Any] = {"holder": holder, "lease": lease, **more}
