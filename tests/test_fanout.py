@@ -98,6 +98,42 @@ def test_an_item_run_ends_when_its_command_did_not_when_written(store: Store) ->
         assert run is not None and run.duration == pytest.approx(took, abs=0.001)
 
 
+def test_an_item_claim_refused_after_its_pick_records_nothing_and_hands_out_nothing(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault soak (`twice`): the job disabled (or the fleet paused)
+    between the pick of due items and the claim's UPDATE. The UPDATE claims
+    none, but a run record was inserted for every picked item all the same,
+    with the token of the item's previous claim and the new slot: a claim
+    nobody made, "lost" later with no command. Where the previous claim was
+    this host's own, its old token was even handed out to run again. A
+    refused claim now writes nothing and returns nothing."""
+    store.ensure_jobs(["job"])
+    store.items.sync("job", ["x"])
+    slot = float(int(store.db_now())) - 3.0
+    (before,) = store.items.claim("job", "h1", 30, slot=slot, rate=None, limit=1)
+    assert store.items.finish_and_release("job", "h1", [before], "ok", 0, "", 0) == (True, True)
+    engine = store.lock_engine()
+    q, executor = engine.q, engine.x
+    send = executor.send
+
+    def disabled_before_the_claim(cur: object, sql: str,
+                                  params: dict[str, object] | None = None) -> object:
+        if sql.lstrip().startswith(f"UPDATE {q.items} SET"):
+            # As another host's `disable` committed between the pick and the
+            # claim (written here in the claim's own transaction).
+            send(cur, f"UPDATE {q.locks} SET disabled_until = {q.now} + 60 "
+                      f"WHERE name = {q.p('name')}", {"name": "job"})
+        return send(cur, sql, params)
+
+    monkeypatch.setattr(executor, "send", disabled_before_the_claim)
+    for holder in ("h1", "h2"):  # the previous claim's own host; another
+        assert store.items.claim("job", holder, 30, slot=slot + 1, rate=None, limit=1) == []
+        store.enable("job")  # (the fix rolls the disable back with the claim)
+    monkeypatch.undo()
+    records = store.history("job", 10)
+    assert [(r.item, r.token, r.slot, r.host) for r in records] == [("x", 1, slot, "h1")]
+
+
 FLEET_JOBS = """\
 jobs:
   sites:

@@ -6,7 +6,9 @@ case had no record at all."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,14 +20,17 @@ from proxy import Proxy
 from test_daemon import DaemonProc, runs_of
 
 from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks, unrecorded_runs
+from dblockrun.daemon.registry import Runs
 from dblockrun.events import Events
 from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock
-from dblockrun.scheduling.planner import Cause, passed
+from dblockrun.scheduling.planner import Act, Cause, Due, Outcome, Planner, Row, passed
 from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.engine import in_transaction
 from dblockrun.store.outage import Outage
 
 JOB = 'jobs:\n  tick:\n    cron: "*/2 * * * * *"\n    command: "true"\n'
@@ -218,3 +223,156 @@ def test_a_recording_cut_short_leaves_its_slots_to_be_recorded_again(
     assert book.record(EVERY_SECOND, plan, now), "the slots were read as recorded elsewhere"
     recorded = sorted(r.slot or 0.0 for r in runs_of(store, "held") if r.result == m.MISSED)
     assert recorded == list(plan.records)
+
+
+# -- a late resync that moves a job on over a starved holder's busy slot ---------
+
+
+def resyncs_of(store: Store, planner: Planner, host: str, job: Job, due: Due,
+               now: float) -> None:
+    """What the daemon does with a resync due at ``now`` (firing.Firing.resync):
+    read the row, record the plan; and again while the planner asks for one."""
+    book = SlotBook(store, host, Events())
+    while due.resync is not None:
+        lock = store.lock_state(job.name)
+        assert lock is not None
+        row = Row(lock.last_slot, lock.last_start, lock.lock_until)
+        plan = planner.resynced(job, row, now, due.resync, due.slot, 0.0)
+        if plan is not None:
+            assert book.record(job, plan, now), "another host recorded one of its slots"
+        nxt = planner.agenda.pop_due(now)
+        if nxt is None or nxt.resync is None:
+            return
+        due = nxt
+
+
+def test_a_late_resync_does_not_jump_over_a_starved_holders_busy_slot(store: Store) -> None:
+    """The fault soak (one `coverage` slot, at load 70): host A runs slot P
+    and holds the job's lock; it is starved past P+1, the slot it records
+    `skipped` (busy) when it comes. Host B lost its claim of P+1 to A's lock,
+    planned P+2, and woke late for it. Its resync planned the passed slots
+    from P+2 (the slot it was about to try), and its record moved the job's
+    last slot past P+1; A's record of P+1, conditional on the last slot being
+    before it, was then refused, and A's own late resync planned from its
+    last slot: P+1 had no record. The late resync now records the slots the
+    held lock kept before the one it was about to try, first."""
+    job = EVERY_SECOND
+    store.ensure_jobs([job.name])
+    p = float(int(store.db_now())) - 4.0
+    assert store.claim(job.name, "a", 30, slot=p) is not None  # A's run of P, still going
+    a, b = Planner(1.0, 0.1), Planner(1.0, 0.1)
+    for planner in (a, b):
+        planner.regular(job, p, 0.0)  # both: next, P+1
+    due = b.agenda.pop_due(p + 1.0)
+    assert due is not None
+    decision = b.decide(job, due, p + 1.0, busy=False, full=False)
+    assert (decision.act, decision.slot) == (Act.CLAIM, p + 1)
+    assert store.claim(job.name, "b", 30, slot=p + 1) is None  # A holds the lock
+    assert not b.after(job, p + 1, Outcome.LOST, p + 1.01, 0.0)
+    now = store.db_now()  # B wakes late for P+2, after P+3; A, starved, too
+    for planner, host, busy in ((b, "b", False), (a, "a", True)):
+        due = planner.agenda.pop_due(now)
+        assert due is not None
+        decision = planner.decide(job, due, now, busy=busy, full=False)
+        assert decision.act is Act.RESYNC and decision.cause is Cause.LATE
+        resyncs_of(store, planner, host, job,
+                   Due(now, 0, job.name, decision.slot, decision.cause), now)
+    records = [r for r in runs_of(store, job.name) if r.token is None]
+    slots = [r.slot for r in records]
+    for slot in (p + 1, p + 2, p + 3):
+        assert slots.count(slot) == 1, f"slot {slot - p:+g}: {slots.count(slot)} records"
+    (kept,) = [r for r in records if r.slot == p + 1]
+    assert kept.result == m.SKIPPED and "lock was held" in output_of(store, kept)
+
+
+def test_a_lost_holders_unrecorded_busy_slots_are_recorded_by_the_bookkeeping(
+        store: Store) -> None:
+    """The fault soak (MariaDB, at load 150): a holder claims slot P and
+    renews its lease past P+1 and P+2 but, starved, records neither busy;
+    then it is cut off, and another host's sweep records its run lost. The
+    bookkeeping recorded the slots from the run's last renewal on (taking
+    those before it as recorded by the live holder), and its conditional
+    write moved the job on over P+1 and P+2: no record. It now records every
+    slot the lock kept after the job's last slot."""
+    job = EVERY_SECOND
+    store.ensure_jobs([job.name])
+    p = float(int(store.db_now())) - 3.0
+    won = store.claim_and_record(job.name, "starved", 30, slot=p)
+    assert won is not None and won.run_id is not None
+    assert store.renew(job.name, "starved", won.token, 0.5)  # its last renewal, after P+2
+    until = store.lock_state(job.name).lock_until  # type: ignore[union-attr]
+    assert until is not None
+    wait_for(lambda: store.db_now() > until, 10, what="the lease to run out")
+    books_of(store, "h2", job).round()
+    records = [r for r in runs_of(store, job.name) if r.id != won.run_id]
+    kept = [p + k for k in range(1, 10) if p + k <= until]
+    assert sorted(r.slot or 0.0 for r in records) == kept
+    assert all(r.result == m.SKIPPED for r in records)
+    assert store.run(won.run_id).result == m.LOST  # type: ignore[union-attr]
+
+
+# -- a batch claim another host was making when it died -----------------------
+
+
+def test_a_batch_claim_that_another_host_died_making_is_made_here(
+        db: TestDb, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault soak (MariaDB): a host killed inside its batch claim's
+    transaction, the job's row picked (locked), the claim not committed.
+    The other hosts' batch claims skipped the row (SKIP LOCKED: another
+    host is claiming it) and moved on; the dead host's claim rolled back;
+    the slot had no claim and no record. A batch's second look, for what no
+    other host took, now waits for such a claim to end."""
+    if db.backend == "sqlite":
+        pytest.skip("SQLite has no row locks: its claims wait for the one writer")
+    jobs = (Job(name="a", cron="* * * * * *", command="true"),
+            Job(name="b", cron="* * * * * *", command="true"))
+    store.ensure_jobs([j.name for j in jobs])
+    dying = Store(db.url, db.prefix)
+    engine = dying.lock_engine()
+    locked, killed = threading.Event(), threading.Event()
+
+    def claim_cut_short(cur: object) -> None:
+        def steps() -> None:
+            engine.x.send(cur, f"SELECT name FROM {engine.q.locks} WHERE name = "
+                               f"{engine.q.p('name')} FOR UPDATE", {"name": "a"})
+            locked.set()
+            killed.wait(10)
+            raise ConnectionAbortedError("killed before its commit")
+
+        in_transaction(engine.dialect, lambda sql: engine.x.send(cur, sql), steps)
+
+    def other_host() -> None:
+        with contextlib.suppress(ConnectionAbortedError):
+            engine.x.run(claim_cut_short)
+
+    thread = threading.Thread(target=other_host)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        slot = float(int(store.db_now())) + 1.0
+        wait_for(lambda: store.db_now() >= slot + 0.01, 3, what="the slot")
+        planner = Planner(1.0, 0.1)
+        for job in jobs:
+            planner.agenda.push(slot, job.name, slot)
+        jobs_file = JobsFile("jobs.yaml", None, jobs)
+        firing = Firing(store, Settings("h2", 30.0, 1.0), DbClock(), Outage(), Metrics(),
+                        planner, Runs(None, lambda: None), SlotBook(store, "h2", Events()),
+                        None, books_of(store, "h2", jobs[0]),  # type: ignore[arg-type]
+                        lambda: jobs_file, lambda: False, lambda s: time.sleep(max(s, 0.0)))
+        started: list[str] = []
+
+        def start(job: Job, token: int, slot: float | None, sent: float,
+                  run_id: int | None = None) -> Outcome:
+            started.append(job.name)
+            return Outcome.STARTED
+
+        monkeypatch.setattr(firing, "_start", start)
+        threading.Timer(2.0, killed.set).start()  # its host dies; the claim rolls back
+        firing.fire_due()
+    finally:
+        killed.set()
+        thread.join()
+        dying.close()
+    assert sorted(started) == ["a", "b"]
+    claimed = [r for r in runs_of(store, "a") if r.slot == slot]
+    assert [(r.host, r.token) for r in claimed] == [("h2", 1)]

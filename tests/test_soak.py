@@ -140,6 +140,19 @@ def test_a_summary_row_covers_its_range_and_nothing_else() -> None:
         f"ended {iso(T0 + 6.5)})"]
 
 
+def test_a_skipped_summary_row_covers_its_range_too() -> None:
+    # The held-lock bookkeeping's summary of 7 slots (bench/soak.py, MariaDB):
+    # read as one record, it left the 6 older slots "with no record".
+    h = History()
+    for _ in range(4):  # slots T0+2..T0+5 vanish
+        del h.records[2], h.commands[2]
+    h.records.append(m.RunRecord(
+        50, "tick", None, "vm:d2", T0 + 5, None, 1, T0 + 6.5, T0 + 6.5, None, m.SKIPPED,
+        f"skipped: 4 slots from {iso(T0 + 2)} to {iso(T0 + 5)}: the lock was held until "
+        f"{iso(T0 + 5.5)} (token 2, vm:d1) with no run"))
+    assert [v for v in h.check() if v.row == "tick"] == []
+
+
 def test_a_command_past_the_next_claim_or_its_lost_lease_is_reported() -> None:
     h = History()
     # Token 3's command (slot T0+2, recorded lost at T0+2.1) ran on until T0+6.
@@ -189,6 +202,18 @@ def test_one_token_started_twice_at_once_is_reported() -> None:
         f"record: job fan-out/i5 slot {iso(T0 + 3)}: run 1: the record has row tick, "
         f"slot {iso(T0)}, token 1",
     ]
+
+
+def test_a_slot_claimed_under_two_tokens_is_reported_though_one_command_ran() -> None:
+    # A record is a claim: a fan-out item's slot recorded under the token of
+    # its previous claim (a claim refused after its pick used to write one,
+    # "lost" later with no command) and under the claim that ran it.
+    h = History()
+    h.run("fan-out", T0 + 3, token=8, item="i1")
+    h.records.append(m.RunRecord(len(h.records) + 1, "fan-out", "i1", "vm:d2", T0 + 3, 7, 1,
+                                 T0 + 3.02, T0 + 6.02, None, m.LOST))
+    found = [str(v) for v in h.check() if v.row == "fan-out/i1"]
+    assert found == [f"twice: job fan-out/i1 slot {iso(T0 + 3)}: claimed under tokens [7, 8]"]
 
 
 def test_the_command_log_is_read_whole(tmp_path: Path) -> None:
@@ -268,10 +293,6 @@ def test_the_schedule_is_a_function_of_the_seed() -> None:
 # -- the soak -----------------------------------------------------------------
 
 
-#: The kinds a CI soak fails on (see test_fault_soak).
-FATAL_KINDS = ("twice", "at-least", "rate", "crash", "record")
-
-
 @pytest.mark.slow
 def test_fault_soak(db: TestDb, tmp_path: Path) -> None:
     if db.backend == "sqlite":
@@ -290,13 +311,7 @@ def test_fault_soak(db: TestDb, tmp_path: Path) -> None:
         print(f"  {v}")
     assert report.runs > SOAK_SECONDS, f"too few runs for a soak: {report.figures()}"
     assert sum(report.injected.values()) >= SOAK_SECONDS / 10, report.figures()
-    # Every kind but coverage, lease and overlap fails every run; those are
-    # printed, not failed, in CI: the 30-minute soaks still find a few runs
-    # of slots with no record and, rarely, a fan-out item's command past its
-    # lease (README, "Fault soak"). With DBLOCKRUN_SOAK_STRICT=1 (and in
-    # bench/soak.py) every kind fails.
-    every_kind = os.environ.get("DBLOCKRUN_SOAK_STRICT", "") not in ("", "0")
-    failing = [v for v in report.violations if every_kind or v.kind in FATAL_KINDS]
-    assert not failing, (
-        f"{report.figures()}\n" + "\n".join(str(v) for v in failing[:50])
+    # Every kind of violation fails, as in bench/soak.py.
+    assert not report.violations, (
+        f"{report.figures()}\n" + "\n".join(str(v) for v in report.violations[:50])
         + f"\nreplay: {report.replay()}")

@@ -239,7 +239,7 @@ class Firing:
             share = len(pending) if len(pending) < 4 * hosts else -(-len(pending) // hosts)
             first = time.monotonic()
             capped = False  # --max-running held this host back in the last pass
-            for limit in (share, len(pending)):
+            for look, limit in enumerate((share, len(pending))):
                 if not pending or self._stopping():
                     break
                 if limit != share:
@@ -251,9 +251,12 @@ class Firing:
                     continue
                 sent = time.monotonic()
                 try:
+                    # The second look waits for the rows other hosts are
+                    # still claiming: a claim whose host dies before its
+                    # commit rolls back, and the slot is left to this one.
                     won = self.store.claim_batch(pending, self.s.holder, self.s.lease,
                                                  slot=slot, next_due=due_next, rate=rate,
-                                                 limit=take)
+                                                 limit=take, wait=look == 1)
                     self.outage.ok()
                 except DatabaseError as exc:
                     delay = self.outage.failed(f"claim {len(pending)} jobs", exc)

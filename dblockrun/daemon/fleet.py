@@ -328,16 +328,20 @@ class FleetBooks:
 
     def _blocked_slots(self, lost: LostRun) -> None:
         """A run this host recorded lost (its holder stopped renewing). The
-        slots that came after its last renewal and before the job could be
-        claimed again started nowhere: recorded skipped through the slot
-        book, saying why. The one host whose sweep recorded the loss does
-        this, so each slot is recorded once."""
+        slots after its own that its lock kept until the job could be
+        claimed again started nowhere: those not recorded yet are recorded
+        skipped through the slot book, saying why. Not only those after its
+        last renewal: a holder starved before it was cut off renewed without
+        recording its busy slots, and this write moves the job on past
+        them. The one host whose sweep recorded the loss does this, so each
+        slot is recorded once (a holder recording the same slots late is
+        refused by the conditional write, or refuses this one)."""
         log.warning("job %s: run %d on %s lost: its lease was last renewed at %s",
                     lost.job, lost.id, lost.host, utc(lost.ended))
         job = self._jobs().job(lost.job)
         if lost.item is not None or job is None or job.cron is None or self._book is None:
             return
-        after = max(lost.ended, lost.slot or 0.0)
+        after = lost.slot if lost.slot is not None else lost.ended
         if lost.lock_until is not None:
             # Nobody had claimed it since: the slots up to the lease's end,
             # after those already handled (a daemon's resync may have

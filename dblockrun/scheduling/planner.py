@@ -446,6 +446,27 @@ class Row:
     lock_until: float | None = None
 
 
+def held_before(job: Job, row: Row | None, now: float, cause: Cause,
+                since: float | None) -> Plan | None:
+    """The plan for the slots a resync after an outage or a late wake-up
+    would otherwise move the job on over: those after its last slot and
+    before ``since`` (the slot this daemon was about to try) that the job's
+    lock kept. This daemon's claims of them lost to the lock, so it left
+    them to the holder, which records each ``skipped`` as it comes (busy,
+    its lock-at-least) unless it is late too: starved, stopped, cut off.
+    The resync's record moves the job's last slot past them, which would
+    refuse the holder's own record (conditional on the last slot being
+    before the slot); so they are recorded here as the holder would,
+    whichever of the two writes first."""
+    if (cause not in (Cause.OUTAGE, Cause.LATE) or since is None or row is None
+            or row.last_slot is None or row.lock_until is None):
+        return None
+    return passed(job, row.last_slot, now, Cause.BUSY,
+                  upto=min(row.lock_until, since - 0.001, now),
+                  reason=f"the job's lock was held (its lease until {utc(row.lock_until)}) "
+                         "and its holder had not recorded the slot")
+
+
 class Planner:
     """A daemon's plans: the agenda, the catch-up backlog (passed slots
     still to run, oldest first) and the slots left to other hosts at
@@ -533,9 +554,14 @@ class Planner:
         slots it runs, then the schedule. A disabled job's slots are not
         due: its schedule goes on from now; the slots that passed before the
         disable began (``disabled_since``, when known) are recorded, none
-        run."""
+        run. Slots before ``since`` that the job's lock kept come first
+        (:func:`held_before`): their plan is returned, and the row read again."""
         self.backlog.pop(job.name, None)
         self.queued.pop(job.name, None)  # planned again from the database
+        held = held_before(job, row, now, cause, since)
+        if held is not None:
+            self.resync(job, now, cause, since)
+            return held
         last_slot = None if row is None else row.last_slot
         floor = last_slot
         if since is not None and cause in (Cause.OUTAGE, Cause.LATE):

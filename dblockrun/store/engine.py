@@ -136,12 +136,13 @@ class Claim:
     record: bool = False
     requested: bool = False
     check: bool = False  # read the row's token and the schema version too
+    wait: bool = False  # a batch: wait for rows other hosts are claiming (ClaimShape.wait)
 
     @property
     def shape(self) -> ClaimShape:
         return ClaimShape(slot=self.slot is not None, rate=self.rate is not None,
                           next_due=self.next_due is not None, record=self.record,
-                          requested=self.requested, check=self.check)
+                          requested=self.requested, check=self.check, wait=self.wait)
 
     def params(self, holder: str, lease: float, **more: Any) -> dict[str, Any]:
         params: dict[str, Any] = {"holder": holder, "lease": lease, **more}
@@ -155,6 +156,10 @@ class Claim:
         if self.record:
             params["run_slot"] = self.slot
         return params
+
+
+class _Refused(Exception):
+    """A claim's write refused rows its pick had taken: roll it all back."""
 
 
 def in_transaction(dialect: str, send: Callable[[str], object], steps: Callable[[], T]) -> T:
@@ -432,16 +437,26 @@ class LockEngine:
             if not keys:
                 return []
             named = keyed(keys, run_slot=claim.slot)
-            send(cur, q.items_claim(shape, len(keys)), named)
+            if send(cur, q.items_claim(shape, len(keys)), named).rowcount != len(keys):
+                # Refused after the pick: the fleet paused or the job disabled
+                # since (conditions on other rows than the picked ones, which
+                # stay locked). Records and the read below would be of the
+                # items' previous claims: none is written, none handed out.
+                raise _Refused
             send(cur, q.items_record(len(keys)), named)
             rows = send(cur, q.items_claimed(len(keys)), named).fetchall()
             order = {k: i for i, k in enumerate(keys)}
             claimed = [ClaimedItem(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
             return sorted(claimed, key=lambda c: order[c.key])
 
-        return self.x.run(
-            lambda cur: in_transaction(self.dialect, lambda sql: send(cur, sql),
-                                       lambda: steps(cur)))
+        def go(cur: Any) -> list[ClaimedItem]:
+            try:
+                return in_transaction(self.dialect, lambda sql: send(cur, sql),
+                                      lambda: steps(cur))
+            except _Refused:  # rolled back
+                return []
+
+        return self.x.run(go)
 
     def _items_params(self, job: str, holder: str, items: Sequence[ClaimedItem],
                       **more: Any) -> dict[str, Any]:

@@ -60,6 +60,9 @@ class ClaimShape:
     requested: bool = False  # an operator's run-now request (``dblockrun run``)
     check: bool = False  # also read the row's token and the schema version (exec, API)
     seat: bool = False  # a group's seat (scheduling/limits.py): note the job it is held for
+    #: A batch's second look (what no other host took): wait for the rows
+    #: other hosts are claiming instead of skipping them (no SKIP LOCKED).
+    wait: bool = False
 
     @property
     def cleans(self) -> bool:
@@ -81,6 +84,7 @@ class Queries:
     greatest = "GREATEST"
     arrays = True  # psycopg binds a list as an array
     skip_locked = " FOR UPDATE SKIP LOCKED"
+    for_update = " FOR UPDATE"
     insert_ignore = ("INSERT INTO", " ON CONFLICT DO NOTHING")
     #: A bookkeeping round is one statement (:attr:`books_round`), and run-now
     #: requests are announced (NOTIFY on :attr:`channel`); else daemons are
@@ -340,11 +344,13 @@ class Queries:
         return f"IN ({self.listed('n', count)})"
 
     def batch_pick(self, shape: ClaimShape, count: int) -> str:
-        """The rows of a batch this host takes (``count`` names)."""
+        """The rows of a batch this host takes (``count`` names): skipping
+        those another host is claiming at this moment, or (``shape.wait``)
+        waiting for that claim's end, which may roll back (its host died)."""
         locks = self.locks
         return (f"SELECT {locks}.name FROM {locks} WHERE {locks}.name {self.names_in(count)} "
                 f"AND {self.claimable(locks, shape)} LIMIT {self.p('limit')}"
-                f"{self.skip_locked}")
+                f"{self.for_update if shape.wait else self.skip_locked}")
 
     def batch_claim(self, shape: ClaimShape, count: int) -> str:
         """PostgreSQL: pick, claim and record ``count`` candidates in one statement."""
@@ -895,6 +901,7 @@ class SqliteQueries(Queries):
     greatest = "max"
     arrays = False
     skip_locked = ""
+    for_update = ""
     insert_ignore = ("INSERT OR IGNORE INTO", "")
     one_round = False
     books_in_one_trip = False

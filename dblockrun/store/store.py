@@ -348,13 +348,15 @@ class Store:
 
     def claim_batch(self, names: Sequence[str], holder: str, lease: float, *, slot: float,
                     next_due: float, limit: int, rate: float | None = None,
-                    slot_tolerance: float = CLAIM_TOLERANCE) -> list[Claimed]:
+                    slot_tolerance: float = CLAIM_TOLERANCE,
+                    wait: bool = False) -> list[Claimed]:
         """Claim up to ``limit`` of ``names`` (all due at ``slot``, next due at
         ``next_due``, each at least ``rate`` after its last start) and record
         their runs, in one statement where the database allows; rows another
-        host is claiming at the same moment are skipped."""
+        host is claiming at the same moment are skipped, or with ``wait``
+        claimed if that claim rolls back."""
         claim = Claim(slot=slot, rate=rate, next_due=next_due, tolerance=slot_tolerance,
-                      record=True)
+                      record=True, wait=wait)
         return self.lock_engine().claim_batch(names, holder, lease, claim, limit)
 
     def claim_requested(self, name: str, holder: str, lease: float) -> int | None:

@@ -48,6 +48,8 @@ QUIET_SLACK = 0.5
 CLAIM_TOLERANCE = 0.1
 SUMMARY = re.compile(r"(\d+) slots from (\S+) to (\S+): ")
 RESULTS_WITH_COMMAND = (m.OK,)
+#: The results a summary record has (its plan's: dblockrun/scheduling/planner.py).
+SUMMARIZED = (m.MISSED, m.SKIPPED)
 
 
 def iso(ts: float | None) -> str:
@@ -251,7 +253,8 @@ class Checker:
             tokens: dict[float, set[int]] = defaultdict(set)
             for r in by_row.get(row, []):
                 assert r.slot is not None
-                summary = SUMMARY.search(r.output or "") if r.result == m.MISSED else None
+                summary = (SUMMARY.search(r.output or "") if r.result in SUMMARIZED
+                           else None)
                 if summary is not None:
                     first = datetime.fromisoformat(summary.group(2)).timestamp()
                     last = datetime.fromisoformat(summary.group(3)).timestamp()

@@ -13,6 +13,7 @@ from pathlib import Path
 from faketime import find_faketime
 from helpers import wait_for
 
+from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
 from dblockrun.store.control import Audit
 from faultsoak.checker import Checker, Quiet, Violation, Window, count, daemon_problems
@@ -32,6 +33,29 @@ SETTLE = 3 * LEASE
 #: the fleet is up to this long before it is told to stop.
 EDGE_START = 5.0
 EDGE_END = 3.0
+
+
+#: How long the nemesis keeps trying one of its own database writes (a
+#: pause, a disable, their end) when the database does not answer in time.
+INSIST = 60.0
+
+
+def insist(what: str, write: Callable[[], object], log: Callable[[str], None]) -> None:
+    """The nemesis's own write, tried again while it fails (every write it
+    makes may be made twice: a pause replaces a pause, an enable of an
+    enabled job does nothing). On a machine under load a statement of the
+    audited transaction can outlast the driver's read timeout; the soak is
+    not to end there."""
+    deadline = time.monotonic() + INSIST
+    while True:
+        try:
+            write()
+            return
+        except DatabaseError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log(f"nemesis: {what} failed ({exc}); trying again")
+            time.sleep(0.5)
 
 
 class Unavailable(Exception):
@@ -72,7 +96,7 @@ def print_schedule(faults: list[Fault], names: list[str], seed: int,
 
 def actions_for(faults: list[Fault], fleet: Fleet, injected: Counter[str],
                 reload: Callable[[], None], store: Store,
-                quiet: list[Quiet]) -> list[Action]:
+                quiet: list[Quiet], log: Callable[[str], None] = print) -> list[Action]:
     """The playback of ``faults``; each pause and disable, once over, is
     added to ``quiet`` (from before its start to after its end, this
     machine's clock: the database's)."""
@@ -132,17 +156,21 @@ def actions_for(faults: list[Fault], fleet: Fleet, injected: Counter[str],
             nonlocal since
             injected[f.kind] += 1
             since = time.time()
-            if f.job is None:
-                store.control.pause(audit, None)
+            job = f.job
+            if job is None:
+                insist("pause", lambda: store.control.pause(audit, None), log)
             else:
-                store.disable(f.job, reason="soak nemesis", audit=audit)
+                insist(f"disable {job}", lambda: store.disable(
+                    job, reason="soak nemesis", audit=audit), log)
 
         def end() -> None:
-            if f.job is None:
-                store.control.resume(Audit(WHO, "resume"))
+            job = f.job
+            if job is None:
+                insist("resume", lambda: store.control.resume(Audit(WHO, "resume")), log)
             else:
-                store.enable(f.job, audit=Audit(WHO, "enable", f.job))
-            quiet.append(Quiet(f.job, since, time.time()))
+                insist(f"enable {job}", lambda: store.enable(
+                    job, audit=Audit(WHO, "enable", job)), log)
+            quiet.append(Quiet(job, since, time.time()))
 
         what = "pause" if f.job is None else f"disable {f.job}"
         out.append(Action(f.at, what, begin))
@@ -193,7 +221,8 @@ def run_soak(url: str, prefix: str, backend: str, seconds: float, seed: int, wor
         wait_for(lambda: len(store.hosts(seen_within=30)) >= SIZE, 60, interval=0.2,
                  what=f"{SIZE} daemons to register")
         begin, wall_begin = time.monotonic(), time.time()
-        play(actions_for(faults, fleet, report.injected, reload, store, quiet), begin, log)
+        play(actions_for(faults, fleet, report.injected, reload, store, quiet, log), begin,
+             log)
         wait_for(lambda: time.monotonic() >= begin + seconds, seconds + 5, interval=0.2,
                  what="the end of the soak")
         fleet.heal()
