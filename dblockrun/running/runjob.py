@@ -28,7 +28,6 @@ from dblockrun.running.runner import (
     argv_for,
     stored_text,
 )
-from dblockrun.scheduling.planner import Cause, single
 from dblockrun.store import models as m
 from dblockrun.store.base import Disables, RunStore
 from dblockrun.store.outage import Outage
@@ -37,6 +36,7 @@ from dblockrun.withheld import withheld
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
     from dblockrun.scheduling.limits import Queues, Seat
+    from dblockrun.scheduling.planner import Cause
     from dblockrun.scheduling.slotbook import SlotBook
 
 log = logging.getLogger("dblockrun")
@@ -320,6 +320,7 @@ class JobRun:
     def _try(self) -> None:
         """A waiting slot's try: start, wait on, or end without a run."""
         from dblockrun.scheduling.limits import QUEUE_POLL, Go, Refused
+        from dblockrun.scheduling.planner import Cause
 
         ctx, job, queue = self.ctx, self.job, self.queue
         assert queue is not None
@@ -370,6 +371,8 @@ class JobRun:
         round trip: passed for ``cause`` (recorded ``skipped`` or ``missed``
         through the slot book, as every passed slot is), or killed by an
         operator (``cause`` None: recorded ``killed``, told as a run's end)."""
+        from dblockrun.scheduling.planner import single  # croniter: not for exec
+
         job, ctx, run_id, token = self.job, self.ctx, self.run_id, self.token
         ctx.renewer.remove(self.watch)
         until = time.monotonic() + 30
