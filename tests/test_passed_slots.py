@@ -26,7 +26,7 @@ from dblockrun.daemon.registry import Runs
 from dblockrun.events import Events
 from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock
-from dblockrun.scheduling.planner import Act, Cause, Due, Outcome, Planner, Row, passed
+from dblockrun.scheduling.planner import Act, Cause, Due, Outcome, Planner, Row, passed, single
 from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -180,6 +180,20 @@ def test_a_summary_records_range_is_known_to_the_held_gap_bookkeeping(store: Sto
     assert ranges == [(plan.summary.first, plan.summary.last)]
     assert slots == {plan.summary.last, *plan.records}
     assert unrecorded_runs(EVERY_SECOND, prev, prev + 24.0, slots, ranges) == []
+
+def test_status_shows_the_next_slot_once_a_slot_is_recorded_passed(store: Store) -> None:
+    """Seen trying it as an operator: a slot skipped while the job's run was
+    still going left `status` at "due 4.7s ago" until the next claim: the
+    slot book moved the job's last slot on, not the next slot it shows."""
+    store.ensure_jobs(["held"])
+    now = float(int(store.db_now()))
+    store.set_next_due({"held": now})  # as the last claim published it
+    plan = single(now, Cause.BUSY, "previous run still going")
+    assert SlotBook(store, "h1", Events()).record(EVERY_SECOND, plan, now + 0.2)
+    locks, _db_now = store.lock_states()
+    assert locks["held"].last_slot == now
+    assert locks["held"].next_due == now + 1.0
+
 
 def test_a_claim_after_a_lock_released_in_time_leaves_nothing_to_look_at(
         store: Store) -> None:

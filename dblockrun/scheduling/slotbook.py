@@ -16,6 +16,7 @@ import logging
 
 from dblockrun.config.jobs import Job
 from dblockrun.events import Events, SlotPassed
+from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Plan, record_texts
 from dblockrun.store.base import RunStore
 from dblockrun.timetext import utc
@@ -42,10 +43,14 @@ class SlotBook:
             return True
         first = plan.first if conditional and gap_of is None else None
         summary_from = plan.summary.first if plan.summary is not None else None
+        # The job's next slot, for `status` (a slot the plan runs: its claim says it).
+        last = plan.last
+        next_due = (next_slot_at(job.schedule, last) if job.cron is not None and not plan.run
+                    and last is not None else None)
         if not self.store.record_slots(job.name, self.holder, plan.result,
                                        [(slot, text, summary_from if count > 1 else None)
                                         for slot, text, count in rows], first=first,
-                                       gap_of=gap_of):
+                                       gap_of=gap_of, next_due=next_due):
             return False
         self._log(job, plan)
         for slot, _text, count in rows:

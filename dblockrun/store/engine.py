@@ -687,7 +687,7 @@ class LockEngine:
 
     def record_slots(self, name: str, host: str, result: str,
                      rows: Sequence[tuple[float, str, float | None]], *, first: float | None,
-                     gap_of: int | None = None) -> bool:
+                     gap_of: int | None = None, next_due: float | None = None) -> bool:
         """Record slots that ran nowhere (``rows``: slot, output, and for a
         summary record the first slot it stands for): with
         ``first``, only while the job's last slot is still before it,
@@ -696,12 +696,15 @@ class LockEngine:
         row's last and its held gap unseen (:meth:`held_gaps`: the slots a
         claim moved on over); with neither, unconditionally (a dead
         holder's blocked slots, whose loss this host alone recorded). Two
-        statements at most, whatever the number of rows, in one transaction."""
+        statements at most, whatever the number of rows, in one transaction.
+        ``next_due``: with ``first``, the job's next slot after them, which
+        ``status`` shows (it would show the passed one until the next claim)."""
         insert = self._text("passed_runs", len(rows))
         params: dict[str, Any] = {"job": name, "host": host, "result": result}
         for i, (slot, text, covers_from) in enumerate(rows):
             params[f"slot{i}"], params[f"out{i}"], params[f"from{i}"] = slot, text, covers_from
-        advance = {"name": name, "first": first, "slot": max(slot for slot, _, _ in rows)}
+        advance = {"name": name, "first": first, "slot": max(slot for slot, _, _ in rows),
+                   "next": next_due}
 
         def go(cur: Any) -> bool:
             def steps() -> bool:

@@ -592,7 +592,11 @@ class Queries:
         last slot still before ``first``), so one host records them
         (dblockrun/scheduling/slotbook.py)."""
         locks, p = self.locks, self.p
-        return (f"UPDATE {locks} SET last_slot = {p('slot')} WHERE {locks}.name = {p('name')} "
+        # ``next``: the job's next slot after them, for ``status`` (None:
+        # left as it is; the claim of a slot the plan runs publishes it).
+        return (f"UPDATE {locks} SET last_slot = {p('slot')}, "
+                f"next_due = COALESCE({p('next')}, {locks}.next_due) "
+                f"WHERE {locks}.name = {p('name')} "
                 f"AND ({locks}.last_slot IS NULL OR {locks}.last_slot < {p('first')})")
 
     @cached_property
