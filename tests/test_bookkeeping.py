@@ -55,3 +55,28 @@ def test_a_stuck_bookkeeping_round_does_not_delay_renewals(
         stuck.set()
         renewer.stop()
         books.stop()
+
+
+def test_a_renewal_asked_for_soon_after_another_comes_when_the_gap_ends(store: Store) -> None:
+    """MySQL's wake-ups renew at once, at most every 0.5 s (a kill request
+    is read by the renewal). A kill filed 0.3 s after a run's wake-up was
+    dropped, and read only at the next heartbeat (30 s here): `kill
+    --timeout 2s` failed. The second renewal now comes when the gap ends."""
+    store.ensure_jobs(["job"])
+    token = store.claim("job", "me", 60)
+    assert token is not None
+    renewer = Renewer(store, 30.0, Outage())
+    watch = LeaseWatch("job", "me", token, 60)
+    renewer.add(watch)
+    renewer.start()
+    try:
+        claimed = watch.last_ok
+        renewer.renew_now(0.5)  # the run's wake-up
+        wait_for(lambda: watch.last_ok > claimed, 5, interval=0.02, what="the first renewal")
+        first = watch.last_ok
+        renewer.renew_now(0.5)  # the kill's, within the gap
+        wait_for(lambda: watch.last_ok > first, 5, interval=0.02,
+                 what="the second renewal, when the gap ended (not after a 30 s heartbeat)")
+        assert watch.last_ok - first >= 0.4  # not before the gap's end
+    finally:
+        renewer.stop()

@@ -94,6 +94,8 @@ class Renewer:
         self._next_at = 0.0
         #: No extra renewal (:meth:`renew_now`) before this (time.monotonic()).
         self._extra_after = 0.0
+        #: When the extra renewal asked for is due (None: none asked for).
+        self._extra_at: float | None = None
         #: The outputs a failed renewal carried: the next renewal goes
         #: without any, and if it then gets through, they are to blame
         #: (written no more: a run's output never costs its lease).
@@ -116,12 +118,16 @@ class Renewer:
         next regular renewal. MySQL's wake-ups (dblockrun/daemon/doorbell.py)
         come only from users who may end the daemon's statements, and say
         not whether a run or a kill was asked for: a shorter ``gap``, so
-        that a kill soon after a run is still read at once."""
+        that a kill soon after a run is still read at once. One asked for
+        within ``gap`` of the last comes when the gap ends, not dropped: a
+        kill filed 0.3 s after a run's wake-up waited a whole heartbeat."""
         now = time.monotonic()
         with self._lock:
-            if now < self._extra_after:
-                return
-            self._extra_after = now + (self.heartbeat if gap is None else gap)
+            at = max(now, self._extra_after)
+            if self._extra_at is not None and self._extra_at <= at:
+                return  # one is on its way, no later
+            self._extra_at = at
+            self._extra_after = at + (self.heartbeat if gap is None else gap)
         self._kick.set()
 
     def add(self, watch: LeaseWatch) -> None:
@@ -145,11 +151,20 @@ class Renewer:
         # Rounds start a heartbeat apart, however long each took: a lease is
         # renewed every heartbeat, not every heartbeat plus a round trip.
         while not self._worker.stopping:
-            self._kick.wait(max(0.0, self._next_at - time.monotonic()))
+            with self._lock:
+                due = self._next_at if self._extra_at is None else min(self._next_at,
+                                                                       self._extra_at)
+            self._kick.wait(max(0.0, due - time.monotonic()))
             self._kick.clear()
             if self._worker.stopping:
                 return
             began = time.monotonic()
+            with self._lock:
+                extra = self._extra_at is not None and began >= self._extra_at
+                if extra:
+                    self._extra_at = None
+            if began < self._next_at and not extra:
+                continue  # woken to wait for an extra renewal due later
             try:
                 if self.renew_all():  # an idle round says nothing about the database
                     self.outage.ok()
