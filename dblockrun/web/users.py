@@ -18,9 +18,6 @@ import functools
 import hashlib
 import hmac
 import secrets
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,31 +140,3 @@ def user_of_token(users: dict[str, User], token: str) -> User | None:
         if user.token_sha256 is not None and hmac.compare_digest(user.token_sha256, digest):
             found = user
     return found
-
-
-class LoginLimit:
-    """At most ``attempts`` failed sign-ins per ``window`` seconds for one
-    client address, and as many for one user name, across addresses."""
-
-    def __init__(self, attempts: int = 5, window: float = 60.0) -> None:
-        self.attempts, self.window = attempts, window
-        self._failed: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
-
-    def _recent(self, key: str, now: float) -> deque[float]:
-        times = self._failed.setdefault(key, deque())
-        while times and times[0] <= now - self.window:
-            times.popleft()
-        return times
-
-    def blocked(self, client: str, name: str) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            return any(len(self._recent(k, now)) >= self.attempts
-                       for k in (f"addr:{client}", f"user:{name}"))
-
-    def failed(self, client: str, name: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for key in (f"addr:{client}", f"user:{name}"):
-                self._recent(key, now).append(now)
