@@ -11,8 +11,8 @@ request moves the end: a cookie re-issued with a flash message is still the
 same session.
 
 :class:`SignedIn` reads the row once per request (in a worker thread: the
-database is not asked from the event loop) and leaves the user's name in
-``request.state.user_name``.
+database is not asked from the event loop; not for the static files) and
+leaves the user's name in ``request.state.user_name``.
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from dblockrun.errors import DatabaseError
-from dblockrun.store import Store
 from dblockrun.web.middleware import ASGIApp, Receive, Scope, Send, refuse
+
+if TYPE_CHECKING:
+    from dblockrun.store import Store
 
 log = logging.getLogger("dblockrun.web")
 
@@ -72,7 +74,7 @@ class SignedIn:
         session: dict[str, Any] = scope.get("session") or {}
         sid = session.get(SID)
         name: str | None = None
-        if isinstance(sid, str):
+        if isinstance(sid, str) and not scope["path"].startswith("/static/"):
             try:
                 name = await run_in_threadpool(self.store.sessions.user, row_key(sid))
             except DatabaseError as exc:
