@@ -22,8 +22,8 @@ from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.web.app import create_app
 from dblockrun.web.context import WebConfig
-from dblockrun.web.openapi import OPENAPI
 from dblockrun.web.limits import Limits
+from dblockrun.web.openapi import OPENAPI
 from dblockrun.web.signin import SignInLimit
 
 
