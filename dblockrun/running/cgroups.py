@@ -156,6 +156,12 @@ class RunGroup:
                 _write(os.path.join(self.path, "memory.max"), str(memory))
                 # An OOM kill ends the whole command, not one of its processes.
                 _write(os.path.join(self.path, "memory.oom.group"), "1")
+                # The limit is all it gets: swapping past it would keep it
+                # going slowly instead (Docker's --memory-swap equal to --memory).
+                try:
+                    _write(os.path.join(self.path, "memory.swap.max"), "0")
+                except OSError:
+                    pass  # no swap accounting: no swap to keep it from
             if cpu is not None:
                 _write(os.path.join(self.path, "cpu.max"),
                        f"{cpu * CPU_PERIOD // 100} {CPU_PERIOD}")
