@@ -490,6 +490,9 @@ def delegated_cgroup() -> cgroups.Delegation:
     found = cgroups.find(("memory", "pids"))
     if isinstance(found, str):
         pytest.skip(f"no delegated cgroup v2 with memory and pids: {found}")
+    if not {"memory", "pids"} <= found.controllers:
+        pytest.skip(f"the cgroup v2 {found.base} offers {sorted(found.controllers)}: "
+                    "not both memory and pids")
     return found
 
 
@@ -561,11 +564,18 @@ def test_the_enforcement_is_said_once_naming_what_falls_short() -> None:
                     "reserves counts too); cpu is not enforced (job a)")
     text, short = resources.describe(fallback, jobs[1:])
     assert (text, short) == ("limits: set in each command's process before it starts", False)
-    delegated = resources.Enforcement(cgroups.Delegation("/sys/fs/cgroup/x", frozenset()), "",
-                                      None)
+    delegated = resources.Enforcement(
+        cgroups.Delegation("/sys/fs/cgroup/x", frozenset({"memory", "pids", "cpu"})), "", None)
     text, short = resources.describe(delegated, jobs)
-    assert (text, short) == ("limits: memory, cpu and tasks by a cgroup v2 per run under "
+    assert (text, short) == ("limits: memory and cpu by a cgroup v2 per run under "
                              "/sys/fs/cgroup/x", False)
+    # Delegate=memory: cpu falls short.
+    partly = resources.Enforcement(
+        cgroups.Delegation("/sys/fs/cgroup/x", frozenset({"memory"})), "", "/usr/bin/ionice")
+    text, short = resources.describe(partly, jobs)
+    assert short
+    assert text == ("limits: memory by a cgroup v2 per run under /sys/fs/cgroup/x; its cgroup "
+                    "v2 offers only these controllers: memory; cpu is not enforced (job a)")
 
 
 def test_the_cgroup_of_this_process_is_found_from_proc() -> None:
@@ -576,3 +586,27 @@ def test_the_cgroup_of_this_process_is_found_from_proc() -> None:
                  "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
     assert cgroups.cgroup2_mount(mountinfo) == ("/sys/fs/cgroup/unified", "/")
     assert cgroups.cgroup2_mount(mountinfo.splitlines()[0]) is None
+
+
+def test_a_reload_that_brings_a_new_kind_of_limit_says_how_it_is_enforced(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Said once at the start; again only when a reload brings a limit the
+    first decision did not cover (nice at the start, memory later)."""
+    monkeypatch.setattr(resources, "_current", None)
+    monkeypatch.setattr(resources, "_decided_for", frozenset())
+    monkeypatch.setattr(cgroups, "find", lambda wanted: "this host has no cgroup v2")
+    first = load("jobs:\n  a: {cron: '@daily', command: x, limits: {nice: 5}}\n").jobs
+    later = load("jobs:\n  a: {cron: '@daily', command: x, limits: {nice: 5}}\n"
+                 "  b: {cron: '@daily', command: x, limits: {memory: 1G}}\n").jobs
+    with caplog.at_level("INFO", logger="dblockrun"):
+        resources.start(first, 0)
+        resources.start(first, 0)  # a reload that changes nothing of it
+        resources.start(later, 0)
+        resources.start(later, 0)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        ("INFO", "limits: set in each command's process before it starts"),
+        ("WARNING", "limits: no delegated cgroup v2 (this host has no cgroup v2); memory is "
+                    "an address-space limit (RLIMIT_AS: memory a program reserves counts too)"),
+    ]
+    assert resources.current().cgroups is None

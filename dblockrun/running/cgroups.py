@@ -76,8 +76,9 @@ def _read(path: str) -> str:
 
 
 def find(wanted: tuple[str, ...] = CONTROLLERS) -> Delegation | str:
-    """This process's cgroup v2, if it can make groups with the ``wanted``
-    controllers under it; else why not, in a sentence."""
+    """This process's cgroup v2, if it can make groups under it with one of
+    the ``wanted`` controllers at least (its ``controllers`` say which);
+    else why not, in a sentence."""
     try:
         path = own_cgroup(_read("/proc/self/cgroup"))
         mount = cgroup2_mount(_read("/proc/self/mountinfo"))
@@ -93,10 +94,9 @@ def find(wanted: tuple[str, ...] = CONTROLLERS) -> Delegation | str:
         offered = frozenset(_read(os.path.join(base, "cgroup.controllers")).split())
     except OSError as exc:
         return f"cannot read its cgroup v2 {base} ({exc.strerror})"
-    missing = [c for c in wanted if c not in offered]
-    if missing:
+    if wanted and not offered & set(wanted):
         has = ", ".join(sorted(offered)) or "none"
-        return (f"its cgroup v2 {base} offers no {' or '.join(missing)} controller "
+        return (f"its cgroup v2 {base} offers no {' or '.join(wanted)} controller "
                 f"(it has: {has}); on a cgroup v1 or hybrid host they are v1's")
     if not (os.access(base, os.W_OK) and os.access(os.path.join(base, "cgroup.subtree_control"),
                                                    os.W_OK)):
@@ -105,14 +105,18 @@ def find(wanted: tuple[str, ...] = CONTROLLERS) -> Delegation | str:
     return Delegation(base, offered)
 
 
-def take(found: Delegation, pids: tuple[int, ...], wanted: tuple[str, ...]) -> str | None:
-    """Make ``found`` the runs' parent: move ``pids`` (the daemon and its
-    spawn service) to its leaf and enable the ``wanted`` controllers for its
-    children; None, or why it cannot be used. Leftovers of an earlier
-    daemon's runs that have ended are removed."""
+def take(found: Delegation, daemon: int, service: int) -> str | None:
+    """Make ``found`` the runs' parent: move the ``daemon``, its spawn
+    ``service`` and the commands it runs to its leaf and enable the
+    controllers it offers for its children; None, or why it cannot be used
+    (it holds other processes: it is not the daemon's own). Leftovers of an
+    earlier daemon's runs that have ended are removed."""
     base = found.base
-    procs = {int(p) for p in _read(os.path.join(base, "cgroup.procs")).split()}
-    others = procs - set(pids)
+    try:
+        procs = {int(p) for p in _read(os.path.join(base, "cgroup.procs")).split()}
+    except OSError as exc:
+        return f"cannot read its cgroup v2 {base} ({exc.strerror})"
+    others = {pid for pid in procs - {daemon, service} if not _descends(pid, service)}
     if others:
         return (f"its cgroup v2 {base} holds {len(others)} other process(es): give the daemon "
                 "a cgroup of its own (systemd: a service with Delegate=yes)")
@@ -120,9 +124,12 @@ def take(found: Delegation, pids: tuple[int, ...], wanted: tuple[str, ...]) -> s
     try:
         os.makedirs(leaf, exist_ok=True)
         for pid in sorted(procs):
-            _write(os.path.join(leaf, "cgroup.procs"), str(pid))
+            try:
+                _write(os.path.join(leaf, "cgroup.procs"), str(pid))
+            except ProcessLookupError:
+                pass  # a command that ended meanwhile
         _write(os.path.join(base, "cgroup.subtree_control"),
-               " ".join(f"+{c}" for c in wanted if c in found.controllers))
+               " ".join(f"+{c}" for c in CONTROLLERS if c in found.controllers))
     except OSError as exc:
         return f"cannot set up its cgroup v2 {base} ({exc.strerror})"
     for name in os.listdir(base):
@@ -132,6 +139,22 @@ def take(found: Delegation, pids: tuple[int, ...], wanted: tuple[str, ...]) -> s
             except OSError:
                 pass  # still holds processes: left as it is
     return None
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` descends from ``ancestor`` (a command the
+    spawn service started, or what that started and still waits for)."""
+    for _ in range(64):
+        try:
+            stat = _read(f"/proc/{pid}/stat")
+        except OSError:
+            return False
+        pid = int(stat[stat.rfind(")") + 2:].split()[1])
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
 
 
 def _write(path: str, text: str) -> None:
@@ -149,6 +172,7 @@ class RunGroup:
     def __init__(self, base: str, job: str, *, memory: int | None, cpu: int | None,
                  tasks: int | None) -> None:
         """Raises OSError if it cannot be made (nothing is left behind)."""
+        self.memory, self.cpu, self.tasks = memory, cpu, tasks
         self.path = os.path.join(base, f"run-{os.getpid()}-{next(_serial)}-{job}")
         os.mkdir(self.path)
         try:

@@ -60,6 +60,10 @@ _NO_FORK = ("cannot fork", "can't fork", "fork: resource temporarily unavailable
             "fork: retry")
 
 
+#: The limits a cgroup v2 enforces, each with its controller.
+CGROUP_LIMITS = {"memory": "memory", "cpu": "cpu", "tasks": "pids"}
+
+
 @dataclass(frozen=True)
 class Enforcement:
     """How this process enforces limits."""
@@ -71,8 +75,14 @@ class Enforcement:
     #: util-linux's ionice; None: not found (``io`` not set).
     ionice: str | None = None
 
+    def by_cgroup(self, limit: str) -> bool:
+        """Whether ``limit`` (``memory``, ``cpu``, ``tasks``) is the run's cgroup's."""
+        return self.cgroups is not None and CGROUP_LIMITS[limit] in self.cgroups.controllers
+
 
 _current: Enforcement | None = None
+#: The cgroup limits the jobs had when it was decided.
+_decided_for: frozenset[str] = frozenset()
 
 
 def current() -> Enforcement:
@@ -88,36 +98,38 @@ def _find_ionice() -> str | None:
     return shutil.which("ionice") or shutil.which("ionice", path=_SYSTEM_PATH)
 
 
-def _wanted(jobs: Iterable[Job]) -> tuple[str, ...]:
-    """The cgroup controllers the jobs' limits would use."""
-    used = {c for job in jobs for c, value in (
-        ("memory", job.limits.memory), ("pids", job.limits.tasks), ("cpu", job.limits.cpu))
-        if value is not None}
-    return tuple(c for c in cgroups.CONTROLLERS if c in used)
+def _cgroup_limits(jobs: Iterable[Job]) -> frozenset[str]:
+    """The limits of ``jobs`` a cgroup would enforce (``memory``, ``cpu``, ``tasks``)."""
+    return frozenset(name for job in jobs for name in CGROUP_LIMITS
+                     if getattr(job.limits, name) is not None)
 
 
 def start(jobs: Iterable[Job], spawn_pid: int) -> None:
     """The daemon, once a job has limits (at its start, or the reload that
     brings the first): decide how they are enforced (a delegated cgroup v2,
-    or rlimits) and say so, once. ``spawn_pid``: its spawn service, which
-    moves with it to the cgroup's leaf."""
-    global _current
+    or rlimits) and say so, once; again only after a reload that brings a
+    kind of limit the decision did not cover. ``spawn_pid``: its spawn
+    service, which moves with it to the cgroup's leaf."""
+    global _current, _decided_for
     jobs = list(jobs)
-    if _current is not None or not any(job.limits.any for job in jobs):
+    wanted = _cgroup_limits(jobs)
+    if not any(job.limits.any for job in jobs) or (
+            _current is not None and wanted <= _decided_for):
         return
     ionice = _find_ionice()
-    wanted = _wanted(jobs)
-    found: Delegation | str = "no job's limits need one"
-    if wanted:
-        found = cgroups.find(wanted)
+    if _current is not None and _current.cgroups is not None:
+        how = _current  # taken already: the daemon is in its leaf now
+    elif wanted:
+        controllers = tuple(CGROUP_LIMITS[name] for name in sorted(wanted))
+        found = cgroups.find(controllers)
         if isinstance(found, Delegation):
-            why = cgroups.take(found, (os.getpid(), spawn_pid), cgroups.CONTROLLERS)
-            found = why if why is not None else found
-    if isinstance(found, Delegation):
-        _current = Enforcement(found, "", ionice)
+            found = cgroups.take(found, os.getpid(), spawn_pid) or found
+        how = (Enforcement(found, "", ionice) if isinstance(found, Delegation)
+               else Enforcement(None, found, ionice))
     else:
-        _current = Enforcement(None, found, ionice)
-    text, short = describe(_current, jobs)
+        how = Enforcement(None, "no job's limits need one", ionice)
+    _current, _decided_for = how, wanted
+    text, short = describe(how, jobs)
     log.log(logging.WARNING if short else logging.INFO, "%s", text)
 
 
@@ -133,30 +145,33 @@ def describe(how: Enforcement, jobs: Iterable[Job]) -> tuple[str, bool]:
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         return f"job{'s' if len(names) > 1 else ''} {shown}"
 
-    if how.cgroups is not None:
-        head = f"limits: memory, cpu and tasks by a cgroup v2 per run under {how.cgroups.base}"
-    elif not _wanted(jobs):
+    wanted = _cgroup_limits(jobs)
+    grouped = [name for name in CGROUP_LIMITS if name in wanted and how.by_cgroup(name)]
+    if grouped and how.cgroups is not None:
+        kinds = (", ".join(grouped[:-1]) + " and " if len(grouped) > 1 else "") + grouped[-1]
+        head = f"limits: {kinds} by a cgroup v2 per run under {how.cgroups.base}"
+    elif not wanted or how.cgroups is not None:
         head = "limits: set in each command's process before it starts"
     else:
         head = f"limits: no delegated cgroup v2 ({how.why_not})"
     parts: list[str] = []
-    if how.cgroups is None:
-        if having("memory"):
-            parts.append("memory is an address-space limit (RLIMIT_AS: memory a program "
-                         "reserves counts too)")
-        if having("tasks"):
-            root = [job.name for job in jobs
-                    if job.limits.tasks is not None and job.user is None and os.geteuid() == 0]
-            note = (f"; none for {named(root)}: run as root, whose processes the kernel "
-                    "does not count") if root else ""
-            parts.append(f"tasks counts every process of the job's user (RLIMIT_NPROC){note}")
-        if having("cpu"):
-            parts.append(f"cpu is not enforced ({named(having('cpu'))})")
+    if how.cgroups is not None and len(grouped) < len(wanted):
+        has = ", ".join(sorted(how.cgroups.controllers)) or "none"
+        parts.append(f"its cgroup v2 offers only these controllers: {has}")
+    if having("memory") and not how.by_cgroup("memory"):
+        parts.append("memory is an address-space limit (RLIMIT_AS: memory a program "
+                     "reserves counts too)")
+    if having("tasks") and not how.by_cgroup("tasks"):
+        root = [job.name for job in jobs
+                if job.limits.tasks is not None and job.user is None and os.geteuid() == 0]
+        note = (f"; none for {named(root)}: run as root, whose processes the kernel "
+                "does not count") if root else ""
+        parts.append(f"tasks counts every process of the job's user (RLIMIT_NPROC){note}")
+    if having("cpu") and not how.by_cgroup("cpu"):
+        parts.append(f"cpu is not enforced ({named(having('cpu'))})")
     if having("io") and how.ionice is None:
         parts.append(f"io is not enforced: no ionice (util-linux) found ({named(having('io'))})")
-    short = how.cgroups is None and bool(_wanted(jobs)) or (
-        having("io") != [] and how.ionice is None)
-    return "; ".join([head, *parts]), short
+    return "; ".join([head, *parts]), bool(parts)
 
 
 @dataclass
@@ -204,20 +219,22 @@ def apply(limits: Limits, job: str) -> Applied | None:
     if not limits.any:
         return None
     how = current()
-    rlimits: list[tuple[str, int, int, int]] = []
+    grouped = {name: getattr(limits, name) for name in CGROUP_LIMITS
+               if getattr(limits, name) is not None and how.by_cgroup(name)}
     group = None
-    if how.cgroups is not None and (limits.memory or limits.cpu or limits.tasks):
-        group = RunGroup(how.cgroups.base, job, memory=limits.memory, cpu=limits.cpu,
-                         tasks=limits.tasks)
-    elif how.cgroups is None:
-        if limits.memory is not None:
-            rlimits.append(("memory", resource.RLIMIT_AS, limits.memory, limits.memory))
-        if limits.tasks is not None:
-            rlimits.append(("tasks", resource.RLIMIT_NPROC, limits.tasks, limits.tasks))
+    if grouped and how.cgroups is not None:
+        group = RunGroup(how.cgroups.base, job, memory=grouped.get("memory"),
+                         cpu=grouped.get("cpu"), tasks=grouped.get("tasks"))
+    rlimits: list[tuple[str, int, int, int]] = []
+    if limits.memory is not None and "memory" not in grouped:
+        rlimits.append(("memory", resource.RLIMIT_AS, limits.memory, limits.memory))
+    if limits.tasks is not None and "tasks" not in grouped:
+        rlimits.append(("tasks", resource.RLIMIT_NPROC, limits.tasks, limits.tasks))
     if limits.cpu_time is not None:  # SIGXCPU at the limit, SIGKILL a second later
         rlimits.append(("cpu-time", resource.RLIMIT_CPU, limits.cpu_time, limits.cpu_time + 1))
     if limits.open_files is not None:
-        rlimits.append(("open-files", resource.RLIMIT_NOFILE, limits.open_files, limits.open_files))
+        rlimits.append(("open-files", resource.RLIMIT_NOFILE, limits.open_files,
+                        limits.open_files))
     io = None
     if limits.io is not None and how.ionice is not None:
         kind, _, level = limits.io.partition(" ")
@@ -235,7 +252,7 @@ def _ended_by(applied: Applied, exit_code: int | None, cpu: float | None,
     limits, group = applied.limits, applied.group
     said = tail[-_LOOK_BACK:].decode("utf-8", "replace").lower()
     if limits.memory is not None:
-        if group is not None:
+        if group is not None and group.memory is not None:
             events = group.events("memory.events")
             hit = events.get("oom_kill", 0) > 0 or events.get("oom_group_kill", 0) > 0
         else:
@@ -248,7 +265,7 @@ def _ended_by(applied: Applied, exit_code: int | None, cpu: float | None,
         if -exit_code in signals or exit_code - 128 in signals:  # itself, or a shell's child
             return f"out of CPU time (limit {format_duration(limits.cpu_time)})"
     if limits.tasks is not None:
-        if group is not None:
+        if group is not None and group.tasks is not None:
             hit = group.events("pids.events").get("max", 0) > 0
         else:
             hit = any(words in said for words in _NO_FORK)
