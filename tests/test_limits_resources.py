@@ -221,6 +221,11 @@ def test_cpu_time_ends_a_spinning_command_and_says_so() -> None:
 def test_a_run_that_fails_on_its_own_is_not_blamed_on_its_limits() -> None:
     outcome, _out = run("echo no; exit 3", Limits(memory=64 << 20, cpu_time=5, tasks=50))
     assert (outcome.reason, outcome.exit_code, outcome.detail) == ("exit", 3, "")
+    # Killed, but not for its CPU time: it used next to none.
+    for sig in ("KILL", "XCPU"):
+        outcome, _out = run(f"kill -{sig} $$", Limits(cpu_time=5))
+        assert (outcome.reason, outcome.detail) == ("exit", "")
+        assert outcome.exit_code == -getattr(signal, f"SIG{sig}")
     # Out of memory but exiting 0: nothing to blame.
     outcome, _out = run("echo MemoryError", Limits(memory=64 << 20))
     assert (outcome.reason, outcome.exit_code) == ("exit", 0)

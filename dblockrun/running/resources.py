@@ -259,10 +259,14 @@ def _ended_by(applied: Applied, exit_code: int | None, cpu: float | None,
             hit = any(words in said for words in _OUT_OF_MEMORY)
         if hit:
             return f"out of memory (limit {format_size(limits.memory)})"
-    # The kernel's CPU time for the limit is exact, rusage's from ticks.
-    if limits.cpu_time is not None and cpu is not None and cpu >= 0.9 * limits.cpu_time:
-        signals = (signal.SIGXCPU, signal.SIGKILL)
-        if -exit_code in signals or exit_code - 128 in signals:  # itself, or a shell's child
+    if limits.cpu_time is not None and cpu is not None:
+        # Killed by (or a shell's child killed by) SIGXCPU at the limit or SIGKILL
+        # a second later, having used about that much CPU: wait4's rusage
+        # comes from sampled ticks and reads up to an eighth less than the
+        # kernel's exact count the limit is checked against (0.875s for 1s).
+        died = {-exit_code, exit_code - 128}
+        if (signal.SIGXCPU in died and cpu >= 0.5 * limits.cpu_time) or (
+                signal.SIGKILL in died and cpu >= 0.8 * limits.cpu_time):
             return f"out of CPU time (limit {format_duration(limits.cpu_time)})"
     if limits.tasks is not None:
         if group is not None and group.tasks is not None:
