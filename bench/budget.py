@@ -89,7 +89,9 @@ from wirecount import CountingProxy, Sent, counting
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO / "tests"))  # helpers: -X importtime's reading, waiting
+# This checkout's dblockrun (status_scale.fill writes its data in-process),
+# and the tests' helpers: the reading of -X importtime, waiting.
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from helpers import imported_modules, wait_for  # noqa: E402
 
