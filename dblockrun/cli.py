@@ -300,7 +300,8 @@ def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | Non
     """A cron replacement for fleets: every host runs the same jobs file, a
     shared SQL database decides which one runs each slot.
 
-    The options above may also follow the command name."""
+    The options below (--db, --db-file, -f, --table-prefix, --debug) may also
+    follow the command name: `dblockrun status --db URL`."""
     ctx.obj = Globals(db=db, db_file=db_file, prefix=prefix, debug=debug, verbose=0,
                       file=file)
 
@@ -416,7 +417,8 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
               help="Every fact: holder, token, absolute times, pid, version, labels (the "
                    "default table fits 80 columns).")
 @click.option("--watch", is_flag=True,
-              help="Redraw the table in place every 2 seconds, until Ctrl-C.")
+              help="Redraw the table in place every 2 seconds, until Ctrl-C (piped: "
+                   "one table after another, without escape sequences).")
 @click.option("--check", is_flag=True,
               help="For monitoring: print the problems (no live daemon, a last run failed, "
                    "a job not started for twice its period) and exit 1 if there is one.")
@@ -442,8 +444,12 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
         if missing:
             raise no_such_job(store, missing)
         where = _where(store)
+        # On a terminal each table is drawn over the last; piped (`| cat`, a
+        # file), one follows another after a blank line, with no escapes.
+        first, redraw = True, sys.stdout.isatty()
         while watch:  # until Ctrl-C (exit status 130)
-            sys.stdout.write(output.REDRAW)
+            sys.stdout.write(output.REDRAW if redraw else "" if first else "\n")
+            first = False
             click.echo(f"database: {where}")
             output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused,
                                 got.groups, wide=wide)

@@ -1028,3 +1028,16 @@ def test_run_says_at_once_when_no_daemon_is_live_or_the_fleet_is_paused(
     result = invoke(db, "run", "backup", "--wait", "--no-wait")
     assert (result.exit_code, result.stderr) == (
         2, "dblockrun: give one of --no-wait, --wait and --cancel\n")
+
+
+# -- issue 36 -------------------------------------------------------------------------
+
+
+def test_top_help_points_at_the_options_where_they_are() -> None:
+    """Item 9: the global options are listed below the description that
+    says they may follow the command name, and it says so."""
+    text = invoke(None, "--help").stdout
+    said = " ".join(text.split("Options:")[0].split())
+    assert "The options below (--db, --db-file, -f, --table-prefix, --debug) may also follow " \
+           "the command name" in said
+    assert "above" not in said
