@@ -763,7 +763,7 @@ def test_a_directory_as_the_jobs_file_is_one_line(tmp_path: Path) -> None:
                  ["status", "-f", str(folder)], ["-f", str(folder), "disable", "x"]):
         result = invoke(None, *args)
         assert (result.exit_code, result.stdout, result.stderr) == (
-            2, "", f"dblockrun: {folder}: cannot read: Is a directory\n"), args
+            2, "", f"dblockrun: {folder}: not a regular file (a directory)\n"), args
 
 
 def test_a_malformed_url_shows_all_but_its_password() -> None:

@@ -210,7 +210,7 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_jobs(str(tmp_path))
-    assert info.value.render() == f"{tmp_path}: cannot read: Is a directory"
+    assert info.value.render() == f"{tmp_path}: not a regular file (a directory)"
 
 
 def test_not_utf8(tmp_path: Path) -> None:

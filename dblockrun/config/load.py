@@ -49,6 +49,7 @@ from dblockrun.config.secreturl import check_url
 from dblockrun.errors import ConfigError
 from dblockrun.scheduling.cron import validate_cron, validate_timezone
 from dblockrun.scheduling.targeting import check_word
+from dblockrun.secretfile import whole_text
 from dblockrun.withheld import DATABASE_VARS
 
 TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups")
@@ -175,12 +176,11 @@ if yaml.__with_libyaml__:  # PyYAML built with libyaml, as its wheels are
 def load_jobs(path: str) -> JobsFile:
     """Read and validate the jobs file at ``path``."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            text = stream.read()
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"cannot read: not UTF-8 text ({exc.reason})", file=path) from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=path) from exc
+        # A regular file only, bounded (a FIFO would hold `validate` and a
+        # reload until a writer came): the reader of secret files.
+        text = whole_text(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc), file=path) from None
     return load_jobs_text(text, path)
 
 
