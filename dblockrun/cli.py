@@ -87,7 +87,9 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except (ConfigError, UsageError) as exc:
             if debug:
                 raise
-            click.echo(f"dblockrun: {_shown(exc.message)}", err=True)
+            # A jobs file's problems: a line each (`validate` lists them all).
+            for line in exc.lines() if isinstance(exc, ConfigError) else [exc.message]:
+                click.echo(f"dblockrun: {_shown(line)}", err=True)
             ctx.exit(EXIT_USAGE)
         except DblockrunError as exc:
             if debug:
@@ -816,7 +818,8 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
 @global_options()
 @handle_errors
 def validate(jobs_file: str | None, max_running: int | None) -> None:
-    """Check a jobs file; exit 2 with `file:line: job: key: why` if invalid.
+    """Check a jobs file; if invalid, exit 2 with a line per problem,
+    `file:line: job: key: why`.
     Warns (stderr) of jobs that share a group, or --max-running N, and come
     due together beyond its limit: all but the limit's are skipped."""
     import time

@@ -61,6 +61,26 @@ class ConfigError(DblockrunError):
         parts.append(self.why)
         return ": ".join(parts)
 
+    def lines(self) -> list[str]:
+        """One line per problem, as the command line prints them."""
+        return [self.render()]
+
+
+class ConfigErrors(ConfigError):
+    """Several problems of one jobs file: each a :class:`ConfigError`, in
+    the file's order. Its own fields are the first's; its message is every
+    problem's, joined by ``; ``."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        first = errors[0]
+        self.errors = tuple(errors)
+        super().__init__(first.why, file=first.file, line=first.line, job=first.job,
+                         key=first.key)
+        self.args = ("; ".join(e.render() for e in self.errors),)
+
+    def lines(self) -> list[str]:
+        return [e.render() for e in self.errors]
+
 
 class DatabaseError(DblockrunError):
     """The database could not be reached or refused a statement."""

@@ -1041,3 +1041,17 @@ def test_top_help_points_at_the_options_where_they_are() -> None:
     assert "The options below (--db, --db-file, -f, --table-prefix, --debug) may also follow " \
            "the command name" in said
     assert "above" not in said
+
+
+def test_validate_reports_every_problem_of_a_file(tmp_path: Path) -> None:
+    """Item 4: ``comand`` and ``lock-at-mots`` in one file are two lines,
+    each with its file and line, exit 2 (it said only ``comand``)."""
+    jobs = write(tmp_path / "jobs.yaml", "jobs:\n  x:\n    cron: '* * * * *'\n"
+                 "    comand: echo\n    lock-at-mots: 5m\n")
+    proc = subprocess.run([*dblockrun_cmd(), "validate", jobs], capture_output=True, text=True,
+                          env=env_without_db(), timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        f"dblockrun: {jobs}:4: job 'x': comand: unknown key (did you mean 'command'?)\n"
+        f"dblockrun: {jobs}:5: job 'x': lock-at-mots: unknown key (did you mean "
+        "'lock-at-most'?)\n")
