@@ -707,3 +707,13 @@ def test_a_bad_default_is_reported_once_not_in_every_job() -> None:
         "jobs.yaml:2: defaults.comand: unknown key (did you mean 'command'?)",
         "jobs.yaml:5: job 'b': retries: must be a whole number, got a string ('many')",
     ]
+
+
+def test_an_item_longer_than_a_runs_record_holds_is_refused_at_load() -> None:
+    """Item 15: ``validate`` accepted a 1,500-character item that no run
+    record could hold (its daemons then retried for ever)."""
+    ok = "x" * 1000
+    assert load(one_job(items=f"['{ok}']")).jobs[0].items == (ok,)
+    assert error(one_job(items=f"[a, '{'x' * 1001}']")) == (
+        f"jobs.yaml:5: job 'j': items: item {'x' * 40!r}... is 1,001 characters long: at most "
+        "1,000 (a run's record holds its item)")

@@ -49,6 +49,7 @@ from dblockrun.config.jobs import (
     RunOn,
     SecretUrl,
     differing_fields,
+    item_too_long,
 )
 from dblockrun.config.secreturl import check_url
 from dblockrun.errors import ConfigError, ConfigErrors
@@ -459,6 +460,8 @@ def _items(value: Any) -> tuple[str, ...]:
         raise _Invalid(f"must be a list, got {_kind(value)}")
     items = tuple(_word(item, "each item") for item in value)
     for item in items:
+        if (why := item_too_long(item)) is not None:
+            raise _Invalid(why)
         if items.count(item) > 1:
             raise _Invalid(f"item {item!r} is listed twice")
     return items
