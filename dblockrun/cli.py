@@ -1048,12 +1048,16 @@ def import_crontab(file: str, system: bool | None, out: str | None) -> None:
     """Translate the crontab FILE (- for stdin) into a jobs file.
 
     Each line that cannot be translated (@reboot, an unescaped %, a bad
-    schedule...) is reported on stderr as `FILE:LINE: cannot translate: why`; the
-    other jobs are still written. MAILTO= becomes a mail notification on failure
-    and timeout, with a `FILE:LINE: warning: why`. Schedules keep this host's time
+    schedule...) is reported on stderr as `FILE:LINE: cannot translate: why`
+    and written at the end of the jobs file as a comment saying why; the other
+    jobs are still written. `flock -n FILE` wrappers are removed, with a
+    comment (the job's lock replaces them; jobs that shared a lock file share
+    a group of one seat). MAILTO= becomes a mail notification on failure and
+    timeout, with a `FILE:LINE: warning: why`. Schedules keep this host's time
     zone (TZ, /etc/timezone, /etc/localtime) as timezone:, and keys every job
-    shares go under defaults:. Exit status 0 if every line translated, 1 if
-    some were skipped, 2 if FILE cannot be read or OUT written.
+    shares go under defaults:. Exit status 0 if every line translated; 1 if
+    some could not be (the jobs file is still written, without them); 2 if
+    FILE cannot be read or OUT written.
     """
     from dblockrun.config.crontab import import_crontab as translate
     from dblockrun.config.crontab import write_jobs
@@ -1066,6 +1070,10 @@ def import_crontab(file: str, system: bool | None, out: str | None) -> None:
     for message in result.messages:
         click.echo(message, err=True)
     if result.problems:
+        where = "written" if out is None else f"written to {out}"
+        click.echo(_shown(f"dblockrun: {result.jobs} job(s) {where}; {len(result.problems)} "
+                          "line(s) not translated, left out as comments at the end of the "
+                          "jobs file (exit status 1)"), err=True)
         sys.exit(EXIT_RUNTIME)
 
 
