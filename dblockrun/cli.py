@@ -962,8 +962,9 @@ def tail(job: str | None, run_id: int | None, raw: bool) -> None:
                    "read requests once a bookkeeping round).")
 @click.option("--no-wait", is_flag=True, help="Only file the request.")
 @click.option("--wait", "wait_end", is_flag=True,
-              help="Also wait for the run to end, and exit with its status: 0 ok, the "
-                   "command's exit status if it failed, else 1.")
+              help="Also print the run's output as it grows (from any host, as `tail`), "
+                   "wait for it to end, and exit with its status: 0 ok, the command's exit "
+                   "status if it failed, else 1.")
 @click.option("--cancel", is_flag=True, help="Withdraw JOB's filed request instead.")
 @global_options()
 @handle_errors
@@ -976,7 +977,6 @@ def run_(job: str, timeout: str | None, no_wait: bool, wait_end: bool, cancel: b
         exit_status,
         no_such_job,
         request_runs,
-        wait_for_ends,
     )
 
     _check_name(job, host_row=True)
@@ -1023,9 +1023,18 @@ def run_(job: str, timeout: str | None, no_wait: bool, wait_end: bool, cancel: b
             raise DblockrunError(f"no daemon started {', '.join(late)} within {wait:g}s; the "
                                  "request stays filed")
         if wait_end:
+            from dblockrun.ops import output
+            from dblockrun.ops.follow import follow
+
+            def write(text: str) -> None:
+                click.echo(output.output_text(text), nl=False)
+                sys.stdout.flush()
+
             started = [run for _row, run in runs if run is not None and run.result != "skipped"]
-            ended = wait_for_ends(store, started)
-            for run in (ended[r.id] for r in started):
+            for run in started:  # each run's output as it grows, as `tail` prints it
+                if len(started) > 1:
+                    click.echo(_shown(f"{run.job}: run {run.id} on {run.host}:"))
+                run = follow(store, run.id, write)
                 code = "" if run.exit_code is None else f" (exit {run.exit_code})"
                 took = "" if run.duration is None else f" in {run.duration:.2f}s"
                 click.echo(_shown(f"{run.job}: run {run.id} on {run.host} ended "
