@@ -779,7 +779,9 @@ def _forever() -> float:
               help="Lease renewed while it runs.")
 @click.option("--busy-exit-code", default=0, show_default=True, type=int, metavar="N",
               help="Exit status when the lock is busy elsewhere.")
-@click.option("-v", "--verbose", is_flag=True, help="Say when the lock is busy.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Say when the lock is busy, and what holds it (a run, or lock-at-least "
+                   "after one, until when).")
 @global_options()
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @handle_errors

@@ -149,11 +149,18 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
                             "by hand); not running (repair: dblockrun unlock %s)",
                             opts.name, bad_token_why(lock.token), opts.name)
                 return opts.busy_exit_code
-            why = "busy"
-            if lock is not None and lock.disabled_until is not None:
-                why = "busy or disabled"
-            log.warning("lock %s is %s (holder %s); not running", opts.name, why,
-                        lock.holder if lock else "?")
+            from dblockrun.ops.actions import held_why
+            from dblockrun.ops.output import iso
+
+            store = target.store()
+            if lock is not None and lock.disabled_until is not None and (
+                    lock.disabled_until > store.db_now()):
+                why = f"disabled until {iso(lock.disabled_until)}" + (
+                    f" ({lock.disabled_reason})" if lock.disabled_reason else "")
+            else:  # a run going, or its lock kept after it (lock-at-least) ...
+                why = held_why(store, opts.name) or (
+                    f"busy (holder {lock.holder if lock else '?'})")
+            log.warning("lock %s is %s; not running", opts.name, why)
         return opts.busy_exit_code
     store = target.engine
     token = won.token
