@@ -152,13 +152,13 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
             from dblockrun.ops.actions import held_why
             from dblockrun.ops.output import iso
 
-            store = target.store()
+            full = target.store()
             if lock is not None and lock.disabled_until is not None and (
-                    lock.disabled_until > store.db_now()):
+                    lock.disabled_until > full.db_now()):
                 why = f"disabled until {iso(lock.disabled_until)}" + (
                     f" ({lock.disabled_reason})" if lock.disabled_reason else "")
             else:  # a run going, or its lock kept after it (lock-at-least) ...
-                why = held_why(store, opts.name) or (
+                why = held_why(full, opts.name) or (
                     f"busy (holder {lock.holder if lock else '?'})")
             log.warning("lock %s is %s; not running", opts.name, why)
         return opts.busy_exit_code
