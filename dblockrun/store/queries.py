@@ -125,6 +125,22 @@ class Queries:
     def returning(self, columns: str) -> str:
         return f" RETURNING {columns}"
 
+    @staticmethod
+    def concat(*parts: str) -> str:
+        """The text of ``parts`` joined (none of them NULL)."""
+        return "(" + " || ".join(parts) + ")"
+
+    @staticmethod
+    def iso(seconds: str) -> str:
+        """Epoch ``seconds`` as ``2026-11-22T21:53:17.123Z`` (as
+        ``dblockrun.ops.output.iso`` writes them)."""
+        return (f"to_char(to_timestamp({seconds}) AT TIME ZONE 'UTC', "
+                "'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")
+
+    @staticmethod
+    def last_char(text: str) -> str:
+        return f"right({text}, 1)"
+
     def listed(self, stem: str, count: int) -> str:
         """``count`` parameters ``stem0``, ``stem1``..., comma-separated."""
         return ", ".join(self.p(f"{stem}{i}") for i in range(count))
@@ -294,14 +310,28 @@ class Queries:
                 f"WHERE {self.holding(items, False)}), (SELECT {locks}.prev_renewed_at "
                 f"FROM {locks} WHERE {taken_over}), {self.now})")
 
+    def lost_output(self, ended: str, recorder: str) -> str:
+        """A lost run's output with the line that says why it ended: who
+        recorded it lost, its holder, and that holder's last renewal
+        (``ended``). Its own line (after a newline the output lacks)."""
+        out = f"{self.runs}.output"
+        newline = "'\n'"  # a newline in the literal: the same in every dialect
+        sep = (f"CASE WHEN {out} IS NULL OR {out} = '' OR {self.last_char(out)} = {newline} "
+               f"THEN '' ELSE {newline} END")
+        return self.concat(f"COALESCE({out}, '')", sep, "'lost: its holder '", f"{self.runs}.host",
+                           "' last renewed its lease at '", self.iso(ended),
+                           "', then stopped (its host or daemon died, froze or lost the "
+                           "database); recorded lost by '", recorder, newline)
+
     @cached_property
     def supersede(self) -> str:
         """Record lost the dead runs of the job ``name``: a claim of exec or
         the API does it before it claims (whoever next touches a job cleans
         up after the run before)."""
         job = f"{self.runs}.job = {self.p('name')}"
-        return (f"UPDATE {self.runs} SET result = 'lost', finished = {self.lost_end()} "
-                f"WHERE {self.lost_where(job)}")
+        ended = self.lost_end()
+        return (f"UPDATE {self.runs} SET output = {self.lost_output(ended, self.p('holder'))}, "
+                f"result = 'lost', finished = {ended} WHERE {self.lost_where(job)}")
 
     def claim(self, shape: ClaimShape) -> str:
         """The claim, in one round trip. A plain claim: ``UPDATE ...
@@ -670,9 +700,11 @@ class Queries:
 
     @cached_property
     def mark_lost(self) -> str:
-        """One run lost: it ended at its lease's last renewal (``ended``)."""
+        """One run lost: it ended at its lease's last renewal (``ended``);
+        ``recorder`` is the daemon that records it."""
         runs, p = self.runs, self.p
-        return (f"UPDATE {runs} SET result = 'lost', finished = {p('ended')} "
+        return (f"UPDATE {runs} SET output = {self.lost_output(p('ended'), p('recorder'))}, "
+                f"result = 'lost', finished = {p('ended')} "
                 f"WHERE {runs}.id = {p('id')} AND {runs}.result IN ('{RUNNING}', '{WAITING}')")
 
     @cached_property
@@ -833,6 +865,16 @@ class MysqlQueries(Queries):
     def token_expr(self) -> str:
         return f"LAST_INSERT_ID({self.locks}.token + 1)"
 
+    @staticmethod
+    def concat(*parts: str) -> str:
+        return f"CONCAT({', '.join(parts)})"
+
+    @staticmethod
+    def iso(seconds: str) -> str:
+        # The session's time zone is UTC (store/drivers.py); %% for PyMySQL's format.
+        return (f"CONCAT(SUBSTRING(DATE_FORMAT(FROM_UNIXTIME({seconds}), "
+                "'%%Y-%%m-%%dT%%H:%%i:%%s.%%f'), 1, 23), 'Z')")
+
     def claim(self, shape: ClaimShape) -> str:
         """Results, as the shape has them: the dead run's loss (``record``),
         the UPDATE (rowcount, lastrowid = token), the INSERT (lastrowid = run
@@ -917,6 +959,14 @@ class SqliteQueries(Queries):
     @staticmethod
     def p(name: str) -> str:
         return f":{name}"
+
+    @staticmethod
+    def iso(seconds: str) -> str:
+        return f"strftime('%Y-%m-%dT%H:%M:%fZ', {seconds}, 'unixepoch')"
+
+    @staticmethod
+    def last_char(text: str) -> str:
+        return f"substr({text}, -1)"
 
     def renew_many(self, count: int, outputs: int = 0) -> str:
         """Embedded: the live outputs are a statement of their own

@@ -706,7 +706,7 @@ class Store:
                             clock_offset=clock_offset, running=running, jobs=jobs,
                             labels=labels, targets=targets, heartbeat=heartbeat,
                             fields=fields)
-        lost = self.sweep_lost()
+        lost = self.sweep_lost(host_id)
         others = [h for h in self.hosts(seen_within=within) if h.id != host_id]
         return BooksRound(sample, len(others), [(h.id, h.jobs) for h in others
                                                 if h.jobs != jobs], [], lost,
