@@ -422,12 +422,16 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
               help="Redraw the table in place every 2 seconds, until Ctrl-C (piped: "
                    "one table after another, without escape sequences).")
 @click.option("--check", is_flag=True,
-              help="For monitoring: print the problems (no live daemon, a last run failed, "
-                   "a job not started for twice its period) and exit 1 if there is one.")
+              help="For monitoring: print the problems (no live daemon, the fleet paused, a "
+                   "last run failed, slots recorded missed or skipped, a job not started for "
+                   "twice its period) and exit 1 if there is one.")
+@click.option("--allow", "allowed", multiple=True, metavar="WHAT",
+              help="With --check: not a problem: paused (the fleet's pause), missed, skipped "
+                   "(a job's slots recorded so); repeatable, or comma-separated.")
 @global_options()
 @handle_errors
 def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: bool, watch: bool,
-           check: bool) -> None:
+           check: bool, allowed: tuple[str, ...]) -> None:
     """Show jobs (state, last and next run; --wide: holder, lock, token...)
     and live hosts."""
     import time
@@ -438,6 +442,13 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
 
     if watch and (as_json or check):
         raise UsageError("--watch draws the table: not with --json or --check")
+    allow = {word.strip() for given in allowed for word in given.split(",") if word.strip()}
+    if allow and not check:
+        raise UsageError("--allow goes with --check")
+    from dblockrun.ops.check import ALLOWABLE
+
+    if unknown := sorted(allow - set(ALLOWABLE)):
+        raise UsageError(f"--allow {', '.join(unknown)}: want {', '.join(ALLOWABLE)}")
     within = None if live_within is None else _duration(live_within, "--live-within")
     with _open(Access.READ, _jobs_for_db()) as store:
         # An every-host job: its own row and every host's (JOB@HOST).
@@ -458,10 +469,14 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
             sys.stdout.flush()
             time.sleep(WATCH_EVERY)
             got = report(store, store.with_every_host(list(jobs)) or None, within)
+        if check:  # the jobs whose slots are being recorded passed: since when, why
+            from dblockrun.store.status import passed_since
+
+            passed = passed_since(store, got.jobs)
     if check:
         from dblockrun.ops.check import problems
 
-        found = problems(got)
+        found = problems(got, allow, passed)
         if as_json:
             click.echo(output.dumps({"version": output.JSON_VERSION, "ok": not found,
                                      "problems": found}))

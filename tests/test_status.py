@@ -532,10 +532,14 @@ def test_status_check_is_a_monitoring_exit_status(db: TestDb, store: Store) -> N
         "problem: job report: has not started for 3h, more than twice its period (1h)\n"))
     doc = json.loads(invoke(db, "status", "--check", "--json").stdout)
     assert (doc["ok"], len(doc["problems"])) == (False, 2)
-    # Disabled jobs and a paused fleet are an operator's choice, not a problem.
+    # Disabled jobs are an operator's choice, not a problem; a paused fleet
+    # is one (issue 36 item 1: a forgotten pause is a silent outage) unless
+    # the check is told to accept it.
     assert invoke(db, "disable", "backup").exit_code == 0
     assert invoke(db, "pause").exit_code == 0
-    assert invoke(db, "status", "--check").exit_code == 0
+    result = invoke(db, "status", "--check")
+    assert result.exit_code == 1 and result.stdout.startswith("problem: fleet paused by ")
+    assert invoke(db, "status", "--check", "--allow", "paused").exit_code == 0
 
 
 def test_forget_removes_a_job_no_live_daemon_defines(db: TestDb, store: Store) -> None:
