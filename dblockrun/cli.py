@@ -34,6 +34,9 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 #: How often ``status --watch`` redraws (seconds).
 WATCH_EVERY = 2.0
+#: How long ``status --check`` waits for the lock rows before it calls them
+#: held by another session (a daemon's claim holds them for milliseconds).
+CHECK_LOCK_WAIT = 1.0
 #: How long `run` waits for a daemon to start the job: a listening daemon
 #: hears the request at once; through a transaction pooler it reads it in its
 #: next bookkeeping round (every 12 s at the default heartbeat).
@@ -193,10 +196,12 @@ def _db_url(jobs: JobsFile | None = None) -> str:
                        file_db_file=jobs.database_file if jobs else None)
 
 
-def _open(access: Access, jobs: JobsFile | None = None) -> Store:
+def _open(access: Access, jobs: JobsFile | None = None, lock_wait: float | None = None) -> Store:
+    """``lock_wait``: how long a statement waits for a row another session
+    holds (None: store/drivers.py's default)."""
     from dblockrun.ops.actions import open_store
 
-    return open_store(_db_url(jobs), _prefix(), access)
+    return open_store(_db_url(jobs), _prefix(), access, lock_wait)
 
 
 def _where(store: Store) -> str:
@@ -394,7 +399,11 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
             raise UsageError(f"{too_short_message(lease, heartbeat, stop)}; give a longer "
                              "--lease or a shorter --heartbeat")
         jobs = _load(_jobs_path(jobs_file), secrets=True)
-        store = _open(Access.CREATE, jobs)
+        from dblockrun.store.drivers import lock_wait_for
+
+        # Renewals and bookkeeping wait for a row another session holds at
+        # most a quarter of the lease (set once per connection).
+        store = _open(Access.CREATE, jobs, lock_wait_for(options.lease))
         d = Daemon(jobs, store, options, stop=threading.Event())
         from dblockrun.signals import handling
 
@@ -450,7 +459,8 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
     if unknown := sorted(allow - set(ALLOWABLE)):
         raise UsageError(f"--allow {', '.join(unknown)}: want {', '.join(ALLOWABLE)}")
     within = None if live_within is None else _duration(live_within, "--live-within")
-    with _open(Access.READ, _jobs_for_db()) as store:
+    # --check looks whether another session holds the lock rows: a second's wait.
+    with _open(Access.READ, _jobs_for_db(), CHECK_LOCK_WAIT) as store:
         # An every-host job: its own row and every host's (JOB@HOST).
         got = report(store, store.with_every_host(list(jobs)) or None, within)
         missing = sorted(set(jobs) - {r.lock.name for r in got.jobs})
@@ -470,13 +480,14 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
             time.sleep(WATCH_EVERY)
             got = report(store, store.with_every_host(list(jobs)) or None, within)
         if check:  # the jobs whose slots are being recorded passed: since when, why
-            from dblockrun.store.status import passed_since
+            from dblockrun.store.status import held_rows, passed_since
 
             passed = passed_since(store, got.jobs)
+            held = held_rows(store)
     if check:
         from dblockrun.ops.check import problems
 
-        found = problems(got, allow, passed)
+        found = problems(got, allow, passed, held)
         if as_json:
             click.echo(output.dumps({"version": output.JSON_VERSION, "ok": not found,
                                      "problems": found}))

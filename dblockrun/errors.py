@@ -86,14 +86,20 @@ class DatabaseError(DblockrunError):
     """The database could not be reached or refused a statement."""
 
     #: What went wrong: ``unreachable``, ``refused``, ``read-only``,
-    #: ``deadlock``, ``schema``, ``bad-row`` (a row edited into a value the
+    #: ``deadlock``, ``lock-held`` (another session held the rows past the
+    #: lock wait), ``schema``, ``bad-row`` (a row edited into a value the
     #: statement cannot take: not an outage) or ``error`` (anything else).
     kind = "error"
+    #: ``lock-held``: the session holding the rows, as far as it could be
+    #: seen (``id 812, user reader@10.0.0.5, since ...``).
+    holder: str | None = None
 
-    def __init__(self, message: str | None = None, *, kind: str | None = None) -> None:
+    def __init__(self, message: str | None = None, *, kind: str | None = None,
+                 holder: str | None = None) -> None:
         super().__init__(message)
         if kind is not None:
             self.kind = kind
+        self.holder = holder
 
 
 class DatabaseRefused(DatabaseError):

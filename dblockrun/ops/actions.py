@@ -41,9 +41,12 @@ class NoDatabase(DblockrunError):
     """The database has no dblockrun tables."""
 
 
-def open_store(url: str, prefix: str, access: Access) -> Store:
+def open_store(url: str, prefix: str, access: Access, lock_wait: float | None = None) -> Store:
     """A Store on ``url`` for an operator command; :class:`NoDatabase` when
-    ``access`` forbids creating what is missing."""
+    ``access`` forbids creating what is missing. ``lock_wait``: how long a
+    statement waits for a row another session holds (None: as a holder of
+    the default lease)."""
+    from dblockrun.store.drivers import DEFAULT_LOCK_WAIT
     from dblockrun.store.schema import SCHEMA_VERSION
 
     where = describe(url, prefix)
@@ -55,7 +58,8 @@ def open_store(url: str, prefix: str, access: Access) -> Store:
         why = missing_sqlite_file(url)
         if why is not None:
             raise NoDatabase(f"no dblockrun database at {where}: {why}; {advice}")
-    store = Store(url, prefix, create=access is not Access.READ)
+    store = Store(url, prefix, create=access is not Access.READ,
+                  lock_wait=DEFAULT_LOCK_WAIT if lock_wait is None else lock_wait)
     if access is Access.CREATE:
         return store
     try:

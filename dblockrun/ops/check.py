@@ -1,8 +1,10 @@
 """``dblockrun status --check``: what a monitoring check should page about,
 read from one status report (dblockrun/store/status.py).
 
-A problem is: no live daemon (nothing starts on schedule); the fleet paused
-(no job starts: who paused it, why and since when); a job whose last run
+A problem is: no live daemon (nothing starts on schedule); another session
+holding the lock rows (every renewal, claim and bookkeeping round waits on
+it: which session, whose, since when); the fleet paused (no job starts: who
+paused it, why and since when); a job whose last run
 failed (``failed``, ``timeout`` or ``lost``); a job whose slots are being
 recorded ``missed`` or ``skipped`` (since when, which host recorded the
 last and why); a job that has not started for twice its period (the time
@@ -30,14 +32,20 @@ WHY_SHOWN = 200
 
 
 def problems(got: StatusReport, allow: Collection[str] = (),
-             passed: Mapping[str, PassedSince] | None = None) -> list[str]:
+             passed: Mapping[str, PassedSince] | None = None,
+             held: str | None = None) -> list[str]:
     """One line per problem, the fleet's first, then by job name; those
     ``allow`` names (:data:`ALLOWABLE`) left out. ``passed``: the jobs whose
-    slots are being recorded passed (:func:`~dblockrun.store.status.passed_since`)."""
+    slots are being recorded passed (:func:`~dblockrun.store.status.passed_since`);
+    ``held``: why the lock rows are held by another session
+    (:func:`~dblockrun.store.status.held_rows`)."""
     out: list[str] = []
     if not got.hosts:
         out.append(f"no live daemon: none sent {live_text(got.live_within)}, so no job "
                    "starts on schedule")
+    if held is not None:
+        out.append(f"{held}; every daemon's renewals, claims and bookkeeping wait on it "
+                   "(end that session's transaction; docs: security.md)")
     pause = got.paused
     if pause is not None and "paused" not in allow:
         until = "until resumed" if pause.ends >= _forever() else f"until {iso(pause.ends)}"

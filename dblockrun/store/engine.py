@@ -208,6 +208,7 @@ class LockEngine:
         self.x = executor
         self.dialect = executor.dialect
         self.q: Queries = queries_for(self.dialect, prefix)
+        executor.held_by = self.q.held_by
         self._texts: dict[Any, str] = {}
         self._bad_logged: set[str] = set()
 

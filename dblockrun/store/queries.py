@@ -310,6 +310,30 @@ class Queries:
                 f"WHERE {self.holding(items, False)}), (SELECT {locks}.prev_renewed_at "
                 f"FROM {locks} WHERE {taken_over}), {self.now})")
 
+    # -- a row lock held by another session ---------------------------------------
+
+    @cached_property
+    def held_by(self) -> str | None:
+        """The session, not this one, that has held a lock on dblockrun's
+        rows the longest: (id, user, when its transaction began, epoch
+        seconds; NULL where not visible). Read when a statement waited past
+        the lock wait, and by ``status --check``. PostgreSQL: from
+        ``pg_locks`` (another user's transaction start is visible to a
+        role with ``pg_read_all_stats`` only); dblockrun's own sessions last."""
+        tables = ", ".join(f"to_regclass('{t}')" for t in (self.locks, self.items, self.runs))
+        return ("SELECT a.pid, a.usename, CAST(EXTRACT(EPOCH FROM a.xact_start) AS "
+                "DOUBLE PRECISION) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                f"WHERE l.relation IN ({tables}) AND l.granted AND l.pid <> pg_backend_pid() "
+                "AND l.mode <> 'AccessShareLock' "
+                "ORDER BY a.application_name = 'dblockrun', a.xact_start NULLS LAST LIMIT 1")
+
+    @cached_property
+    def held_probe(self) -> str | None:
+        """A read that waits for the lock rows while another session holds
+        them (its connection's lock wait, :func:`dblockrun.store.drivers.lock_wait_for`,
+        ends it): ``status --check``. Needs UPDATE on PostgreSQL, SELECT on MySQL."""
+        return f"SELECT count(*) FROM (SELECT 1 FROM {self.locks} FOR SHARE) held"
+
     def lost_output(self, ended: str, recorder: str) -> str:
         """A lost run's output with the line that says why it ended: who
         recorded it lost, its holder, and that holder's last renewal
@@ -869,6 +893,21 @@ class MysqlQueries(Queries):
     def concat(*parts: str) -> str:
         return f"CONCAT({', '.join(parts)})"
 
+    @cached_property
+    def held_by(self) -> str | None:
+        """The oldest transaction, not this connection's, that holds row
+        locks: InnoDB does not say on which table once nobody waits, and
+        ``INNODB_TRX`` needs the PROCESS privilege."""
+        return ("SELECT t.trx_mysql_thread_id, CONCAT(p.USER, '@', SUBSTRING_INDEX(p.HOST, "
+                "':', 1)), UNIX_TIMESTAMP(t.trx_started) FROM information_schema.INNODB_TRX t "
+                "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() AND t.trx_rows_locked > 0 "
+                "ORDER BY t.trx_started LIMIT 1")
+
+    @cached_property
+    def held_probe(self) -> str | None:
+        return f"SELECT count(*) FROM {self.locks} LOCK IN SHARE MODE"
+
     @staticmethod
     def iso(seconds: str) -> str:
         # The session's time zone is UTC (store/drivers.py); %% for PyMySQL's format.
@@ -963,6 +1002,10 @@ class SqliteQueries(Queries):
     @staticmethod
     def iso(seconds: str) -> str:
         return f"strftime('%Y-%m-%dT%H:%M:%fZ', {seconds}, 'unixepoch')"
+
+    #: One host: a writer waits ``busy_timeout``, and no other session is told apart.
+    held_by = None
+    held_probe = None
 
     @staticmethod
     def last_char(text: str) -> str:

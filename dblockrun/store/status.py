@@ -12,7 +12,8 @@ number of jobs.
    one, whose end tells the slot it dropped from a job that looks due.
 
 ``status --check`` reads one more when a job's last record is a passed slot
-(:func:`passed_since`).
+(:func:`passed_since`), and looks whether another session holds the lock
+rows (:func:`held_rows`: one statement).
 """
 
 from __future__ import annotations
@@ -118,6 +119,32 @@ def _dropped(s: m.JobStatus, pause: Pause) -> m.JobStatus:
     if due is None or not pause.since <= due < pause.ends or due > s.db_now:
         return s
     return replace(s, dropped=due, resumed=pause.ends)
+
+
+def held_rows(store: Store) -> str | None:
+    """Whether another session holds the lock rows past the connection's
+    lock wait (a reader's ``SELECT ... FOR UPDATE`` left open: every
+    renewal, claim and bookkeeping round waits on it): why, naming that
+    session where it can be seen, else None. One locking read of the lock
+    rows (store/queries.py ``held_probe``), which waits at most the store's
+    lock wait; not looked at on SQLite, through a connection pooler (whose
+    connections carry no lock wait) or for a role that may not lock rows
+    (PostgreSQL: UPDATE is needed)."""
+    from dblockrun.errors import DatabaseError
+
+    engine = store.lock_engine()
+    probe = engine.q.held_probe
+    if probe is None or store.pooler is not None:
+        return None
+    try:
+        store.x.run(lambda cur: store.x.send(cur, probe).fetchall())
+    except DatabaseError as exc:
+        if exc.kind == "lock-held":
+            return exc.message
+        if exc.kind == "refused":
+            return None
+        raise
+    return None
 
 
 @dataclass(frozen=True)
