@@ -745,14 +745,15 @@ def web(ctx: click.Context, listen: str, users_file: str | None, cert: str | Non
         key: str | None, secret_file: str | None, proxy_headers: bool) -> None:
     """Serve the dashboard and the JSON API (/api/v1) over the database: the
     fleet, jobs, runs and their output, hosts, the audit trail, and the
-    operator actions for signed-in users. Needs `pip install 'dblockrun[web]'`."""
+    operator actions for signed-in users. Needs the web extra: from a
+    checkout, `pipx install '.[web]'`."""
     if ctx.invoked_subcommand is not None:
         return
     try:
         from dblockrun.web.serve import WebOptions, check, serve
     except ImportError as exc:
-        raise DblockrunError(f"dblockrun web needs its extra: pip install 'dblockrun[web]' "
-                             f"({exc.name} is missing)") from exc
+        raise DblockrunError(f"dblockrun web needs its extra: from a checkout, pipx install "
+                             f"--force '.[web]' ({exc.name} is missing)") from exc
     from dblockrun.ops.actions import Access
 
     options = WebOptions(listen=listen, users_file=users_file, cert=cert, key=key,
