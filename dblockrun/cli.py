@@ -425,8 +425,8 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
               help="A daemon is live if its last heartbeat is this recent (default: 1.5 of "
                    "its --heartbeat, at least its heartbeat and 3s: 15s at the default).")
 @click.option("--wide", is_flag=True,
-              help="Every fact: holder, token, absolute times, pid, version, labels (the "
-                   "default table fits 80 columns).")
+              help="Every fact: holder, token, absolute times, pid, version, labels, and "
+                   "the jobs file's limits (the default table fits 80 columns).")
 @click.option("--watch", is_flag=True,
               help="Redraw the table in place every 2 seconds, until Ctrl-C (piped: "
                    "one table after another, without escape sequences).")
@@ -459,8 +459,12 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
     if unknown := sorted(allow - set(ALLOWABLE)):
         raise UsageError(f"--allow {', '.join(unknown)}: want {', '.join(ALLOWABLE)}")
     within = None if live_within is None else _duration(live_within, "--live-within")
+    # --wide: the jobs file's limits too (the database has none of a job's definition).
+    jobs_file = _jobs_for_db(always=wide)
+    limits = {job.name: job.limits.text() for job in jobs_file.jobs
+              if job.limits.any} if jobs_file is not None and wide else None
     # --check looks whether another session holds the lock rows: a second's wait.
-    with _open(Access.READ, _jobs_for_db(), CHECK_LOCK_WAIT) as store:
+    with _open(Access.READ, jobs_file, CHECK_LOCK_WAIT) as store:
         # An every-host job: its own row and every host's (JOB@HOST).
         got = report(store, store.with_every_host(list(jobs)) or None, within)
         missing = sorted(set(jobs) - {r.lock.name for r in got.jobs})
@@ -475,7 +479,7 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
             first = False
             click.echo(f"database: {where}")
             output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused,
-                                got.groups, wide=wide)
+                                got.groups, wide=wide, limits=limits)
             sys.stdout.flush()
             time.sleep(WATCH_EVERY)
             got = report(store, store.with_every_host(list(jobs)) or None, within)
@@ -504,7 +508,7 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
     else:
         click.echo(f"database: {where}")
         output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused, got.groups,
-                            wide=wide)
+                            wide=wide, limits=limits)
 
 
 @cli.command()

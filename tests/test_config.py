@@ -361,7 +361,7 @@ KNOWN = (
     "starting-deadline, retries, retry-delay, backoff, max-delay, on-failure, jitter, description, "
     "enabled, "
     "items, items-command, parallel, batch, history-limit, user, run-on, on, notify, ping, "
-    "catch-up, catch-up-limit, group, overlap"
+    "catch-up, catch-up-limit, group, overlap, limits"
 )
 DURATION = "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)"
 

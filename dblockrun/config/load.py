@@ -10,10 +10,11 @@ once; a job with a bad key is not checked further (its other checks would
 repeat the same mistake).
 
 ``defaults`` are merged under each job key by key, except ``env``, which is
-merged variable by variable. A ``null`` value unsets an optional key (``cron``,
-``rate``, ``workdir``, ``starting-deadline``, ``items``, ``items-command``,
-``on-failure``, ``run-on``, ``notify``, ``ping``, ``catch-up-limit``) that ``defaults``
-set.
+merged variable by variable, and ``limits``, limit by limit (``memory: null``
+lifts the default's memory limit; ``limits: null`` all of them). A ``null``
+value unsets an optional key (``cron``, ``rate``, ``workdir``,
+``starting-deadline``, ``items``, ``items-command``, ``on-failure``,
+``run-on``, ``notify``, ``ping``, ``catch-up-limit``) that ``defaults`` set.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from dblockrun.config import resources
 from dblockrun.config.durations import format_duration, parse_duration
 from dblockrun.config.jobs import (
     CATCH_UP,
@@ -34,6 +36,7 @@ from dblockrun.config.jobs import (
     ENV,
     FILE,
     JOB_NAME,
+    LIMIT_KEYS,
     LITERAL,
     MAX_ARG,
     MAX_COMMAND_BYTES,
@@ -44,6 +47,7 @@ from dblockrun.config.jobs import (
     Command,
     Job,
     JobsFile,
+    Limits,
     Notify,
     OnFailure,
     RunOn,
@@ -626,6 +630,32 @@ def _overlap(value: Any) -> str:
     return str(value)
 
 
+#: A job's ``limits:`` as written: (Limits field, value; None: lifted), sorted.
+WrittenLimits = tuple[tuple[str, Any], ...]
+
+
+def _limits(value: Any) -> WrittenLimits | None:
+    """``limits:`` as written (None: ``limits: null``); the job's own are
+    merged over its defaults' limit by limit, then frozen into
+    :class:`~dblockrun.config.jobs.Limits` (:meth:`_Parser.parse_job`)."""
+    if value is None:
+        return None
+    mapping = _mapping(value)
+    written: list[tuple[str, Any]] = []
+    for key, raw in mapping.items():
+        line = mapping.lines[key]
+        if key not in resources.PARSERS:
+            raise _Invalid(_suggest(key, LIMIT_KEYS), line=line, key=str(key))
+        field_name, parse = resources.PARSERS[key]
+        try:
+            written.append((field_name, None if raw is None else parse(raw)))
+        except resources.WrongKind as exc:
+            raise _Invalid(f"must be {exc.what}, got {_kind(raw)}", line=line, key=key) from None
+        except ValueError as exc:
+            raise _Invalid(str(exc), line=line, key=key) from None
+    return tuple(sorted(written))
+
+
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``parse``, with ``null`` meaning unset."""
 
@@ -679,6 +709,7 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "catch-up-limit": ("catch_up_limit", _optional(lambda v: _integer(v, 1))),
     "group": ("group", _optional(lambda v: _string(v, empty=False))),
     "overlap": ("overlap", _required(_overlap)),
+    "limits": ("limits", _limits),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 _KEY_OF_FIELD = {field: key for key, (field, _parse) in JOB_KEYS.items()}
@@ -996,6 +1027,11 @@ class _Parser:
         if "env" in defaults and "env" in own:
             env = dict(defaults["env"][0]) | dict(own["env"][0])
             keys["env"] = (tuple(sorted(env.items())), own["env"][1])
+        if "limits" in keys:  # the job's limits over its defaults', limit by limit
+            mine, where = keys["limits"]
+            if "limits" in own and mine is not None and "limits" in defaults:
+                mine = tuple(sorted((dict(defaults["limits"][0] or ()) | dict(mine)).items()))
+            keys["limits"] = (Limits(**dict(mine or ())), where)
 
         def value(key: str) -> Any:
             return keys[key][0] if key in keys else None

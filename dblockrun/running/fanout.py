@@ -244,7 +244,7 @@ class FanOut:
             on_err_line=line_logger(f"[{job.name} items-command] ", job=job.name),
             deadline=time.monotonic() + timeout, watch=watch, stop=ctx.stop,
             kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace, stop_why=ctx.stop_why,
-            user=job.user)
+            user=job.user, limits=job.limits, name=job.name)
         ctx.renewer.add(watch)
         with self._lock:
             self._running += 1
