@@ -43,6 +43,20 @@ MAX_ARG = 32 * 4096 - 1
 #: the command inherits and the request's encoding.
 MAX_COMMAND_BYTES = 256 * 1024
 
+#: The longest fan-out item, in characters: a run's record holds its item
+#: in a column this wide (dblockrun/store/schema.py). A longer one is
+#: refused at load (``items:``), or fails alone (a line of ``items-command``).
+MAX_ITEM = 1000
+
+
+def item_too_long(item: str) -> str | None:
+    """Why ``item`` cannot be a fan-out item (its length), else None."""
+    if len(item) <= MAX_ITEM:
+        return None
+    return (f"item {item[:40]!r}... is {len(item):,} characters long: at most {MAX_ITEM:,} "
+            "(a run's record holds its item)")
+
+
 #: Joins an every-host job's name and a host's name into its lock row's name
 #: (``rotate-logs@web-1``); job names cannot contain it.
 EVERY_HOST_SEP = "@"

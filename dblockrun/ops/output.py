@@ -64,6 +64,9 @@ NOT_ON_LIVE_DAEMON = "no live daemon has this job"
 #: An every-host job's own row: its runs are its hosts' rows (dblockrun/scheduling/targeting.py).
 EVERY_HOST = "on every host: rows {job}@HOST"
 PAUSED = "fleet paused"
+#: A slot dropped by the fleet's pause (neither run nor recorded): the next
+#: slot's claim publishes the next time.
+DROPPED = "its next slot; the pause dropped {slot}"
 
 
 _P = ParamSpec("_P")
@@ -255,6 +258,8 @@ def job_view(s: JobStatus, fleet: Fleet) -> JobView:
             note = NO_LIVE_DAEMON
         elif fleet.known is not None and s.lock.name not in fleet.known:
             note = NOT_ON_LIVE_DAEMON
+        elif s.dropped is not None:  # not due: the pause dropped that slot
+            note = DROPPED.format(slot=_short(s.dropped, s.db_now))
     return JobView(status=s, held=held, running=s.running if held else None, next_note=note)
 
 

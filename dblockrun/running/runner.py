@@ -61,6 +61,8 @@ class LeaseWatch:
     seat: tuple[str, int] | None = None
     #: The running attempt's output, written with the renewals (None: none yet).
     output: LiveOutput | None = None
+    #: Why the last renewal failed (None: it did not): said if the lease runs out.
+    failing: str | None = None
 
     def rows(self) -> list[tuple[str, int]]:
         """The lock rows this lease renews: (name, token) each."""
@@ -68,6 +70,7 @@ class LeaseWatch:
 
     def renewed(self, sent: float) -> None:
         self.last_ok = sent
+        self.failing = None
         if self.pipe is not None:
             self.pipe.beat(sent)
 
@@ -459,6 +462,8 @@ class Process:
                 self.term_grace = 0.0
             elif watch is not None and now >= watch.fence_at(self.fence_margin):
                 self.reason, self.detail = "fenced", "lease could not be renewed before it expired"
+                if watch.failing:  # a database outage, rows another session holds ...
+                    self.detail += f" ({watch.failing})"
             elif self.stop.is_set() and ((until := self.stop_grace()) is None or now >= until):
                 self.reason, self.detail = "stopped", self.stop_why()
             else:

@@ -67,6 +67,7 @@ import array
 import errno
 import heapq
 import json
+import math
 import mmap
 import os
 import re
@@ -278,7 +279,7 @@ class Service:
         out, err = fds[0], fds[1]
         beat = fds[2] if fence is not None else -1
         now = time.monotonic()
-        since = min(req.get("since") or now, now)
+        since = now if req.get("since") is None else min(req["since"], now)
         try:
             if fence is not None and now >= since + fence:
                 raise _StartError(errno.ETIME, LEASE_STEP)
@@ -533,7 +534,7 @@ BEAT = struct.Struct("=d")
 def _newest_beat(data: bytes, default: float) -> float:
     """The newest send time of the beats in ``data`` (``default``: none)."""
     whole = len(data) - len(data) % BEAT.size
-    stamps = [s for (s,) in BEAT.iter_unpack(data[:whole]) if s == s]  # not NaN
+    stamps = [s for (s,) in BEAT.iter_unpack(data[:whole]) if math.isfinite(s)]
     return max(stamps) if stamps else default
 
 
@@ -559,8 +560,17 @@ def _checked(data: bytes | bytearray, fds: int) -> dict[str, Any]:
         return value is None or (isinstance(value, str) and "\0" not in value)
 
     def number(value: Any, none: bool) -> bool:
+        """A duration (a fence, a grace): a number of seconds, 0 to 10**9."""
         return ((value is None and none) or (isinstance(value, int | float)
                 and not isinstance(value, bool) and 0 <= value < 1e9))
+
+    def reading(value: Any) -> bool:
+        """A reading of the monotonic clock (``since``), or none: any finite
+        number. Its size says nothing (a time namespace's offset, libfaketime
+        with an absolute date: 10**9 s and more); it only counts the fence
+        from it, and a reading after the service's own is taken as now."""
+        return value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                                 and math.isfinite(value))
 
     def user(ids: Any) -> bool:  # None, or [uid, gid, [group, ...]]
         if ids is None:
@@ -595,7 +605,7 @@ def _checked(data: bytes | bytearray, fds: int) -> dict[str, Any]:
           and all(isinstance(v, str) for v in req["env"].values())
           and path(req.get("cwd"))
           and number(req.get("fence"), True) and number(req.get("grace"), False)
-          and number(req.get("since"), True)
+          and reading(req.get("since"))
           and user(req.get("ids"))
           and limits(req.get("limits"))
           and fds == (3 if req.get("fence") is not None else 2))
