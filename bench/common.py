@@ -57,7 +57,7 @@ class Table:
     def add(self, row: Sequence[object]) -> None:
         self.rows.append([str(c) for c in row])
 
-    def print(self) -> None:
+    def lines(self) -> list[str]:
         widths = [max(len(r[i]) for r in [self.headers, *self.rows])
                   for i in range(len(self.headers))]
 
@@ -66,8 +66,8 @@ class Table:
             out += [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
             return "  ".join(out).rstrip()
 
-        print(line(self.headers))
-        print("  ".join("-" * w for w in widths))
-        for row in self.rows:
-            print(line(row))
-        print(flush=True)
+        return [line(self.headers), "  ".join("-" * w for w in widths),
+                *(line(row) for row in self.rows)]
+
+    def print(self) -> None:
+        print("\n".join(self.lines()), end="\n\n", flush=True)

@@ -23,10 +23,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pymysql
@@ -55,31 +56,39 @@ class Db:
     name: str
     url: str
 
-    def count(self, table: str) -> int:
-        """Rows of ``table`` (0 if it does not exist yet), on a connection of
-        our own (never through a counting proxy)."""
-        query = f"SELECT count(*) FROM {table}"
+    def count(self, table: str, where: str = "") -> int:
+        """Rows of ``table`` (0 if it does not exist yet) ``where`` a condition
+        holds (SQL), on a connection of our own (never through a counting proxy)."""
         try:
-            if self.backend == "postgresql":
-                with psycopg.connect(pg_dsn(self.name), autocommit=True,
-                                     connect_timeout=5) as conn:
-                    row = conn.execute(query).fetchone()
-                    return int(str(row[0])) if row else 0
-            if self.backend == "mariadb":
-                my = pymysql.connect(host=MY_HOST, port=MY_PORT, user=MY_USER, password="",
-                                     database=self.name, connect_timeout=5)
-                try:
-                    with my.cursor() as cur:
-                        cur.execute(query)
-                        got = cur.fetchone()
-                        return int(got[0]) if got else 0
-                finally:
-                    my.close()
-            with contextlib.closing(sqlite3.connect(self.name, timeout=5)) as lite:
-                got = lite.execute(query).fetchone()
-                return int(got[0]) if got else 0
+            with self.reader() as fetch:
+                rows = fetch(f"SELECT count(*) FROM {table}" + (f" WHERE {where}" if where else ""))
+                return int(rows[0][0]) if rows else 0
         except (psycopg.Error, pymysql.MySQLError, sqlite3.Error):
             return 0
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[Callable[[str], list[tuple[Any, ...]]]]:
+        """``fetch(query) -> rows`` over one autocommit connection of our own
+        (each query sees what is committed when it runs)."""
+        if self.backend == "postgresql":
+            with psycopg.connect(pg_dsn(self.name), autocommit=True, connect_timeout=5) as conn:
+                yield lambda query: conn.execute(query).fetchall()
+            return
+        if self.backend == "mariadb":
+            my = pymysql.connect(host=MY_HOST, port=MY_PORT, user=MY_USER, password="",
+                                 database=self.name, connect_timeout=5, autocommit=True)
+            try:
+                def fetch(query: str) -> list[tuple[Any, ...]]:
+                    with my.cursor() as cur:
+                        cur.execute(query)
+                        return list(cur.fetchall())
+                yield fetch
+            finally:
+                my.close()
+            return
+        with contextlib.closing(sqlite3.connect(self.name, timeout=5,
+                                                isolation_level=None)) as lite:
+            yield lambda query: lite.execute(query).fetchall()
 
 
 def pg_dsn(dbname: str) -> str:
@@ -107,17 +116,20 @@ def fresh_database(backend: str, folder: str) -> Iterator[Db]:
         return
     if backend != "mariadb":
         raise ValueError(f"unknown backend {backend!r}")
-    my = pymysql.connect(host=MY_HOST, port=MY_PORT, user=MY_USER, password="",
-                         autocommit=True)
+    def my_admin(statement: str) -> None:  # a connection each: a run may outlast one
+        my = pymysql.connect(host=MY_HOST, port=MY_PORT, user=MY_USER, password="",
+                             autocommit=True)
+        try:
+            with my.cursor() as cur:
+                cur.execute(statement)
+        finally:
+            my.close()
+
+    my_admin(f"CREATE DATABASE `{name}`")
     try:
-        with my.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{name}`")
         yield Db(backend, name, f"mysql://{MY_USER}@{MY_HOST}:{MY_PORT}/{name}")
     finally:
-        my.ping(reconnect=True)
-        with my.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
-        my.close()
+        my_admin(f"DROP DATABASE IF EXISTS `{name}`")
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -127,8 +139,10 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def dblockrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dblockrun", *args]
+def dblockrun(*args: str, python: Sequence[str] = ()) -> list[str]:
+    """The command line of a dblockrun process (``python``: interpreter
+    options, such as ``-X importtime``)."""
+    return [sys.executable, *python, "-m", "dblockrun", *args]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -158,6 +172,7 @@ class Fleet:
     n: int
     url: str = ""  # the URL the daemons use, if not db.url (a proxy)
     extra: Sequence[str] = ()
+    python: Sequence[str] = ()  # the daemons' interpreter options
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self, ready_timeout: float = 120.0) -> None:
@@ -169,7 +184,7 @@ class Fleet:
             log = open(self.jobs_file.with_name(f"daemon-{i}.log"), "wb")
             self.procs.append(subprocess.Popen(
                 dblockrun("--db", url, "daemon", str(self.jobs_file), "--grace", "5s",
-                          *self.extra),
+                          *self.extra, python=self.python),
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
             log.close()
         deadline = time.monotonic() + ready_timeout

@@ -10,7 +10,11 @@ descendants, and the wall time. Rows:
 * ``run_process, guard``: what the daemon does for a job (its spawn service,
   a small process started once, starts the command with ``posix_spawn`` and
   watches the lease; output read by the one reactor thread);
-* ``run_process, no guard``: what it does for an on-failure command.
+* ``run_process, no guard``: what it does for an on-failure command;
+* ``run_process, guard, limits``: a job with ``limits: {open-files: 1024,
+  nice: 5, cpu-time: 1h}`` (a fork of the service sets them, where the rows
+  above are started with ``posix_spawn``);
+* ``run_process, guard, limits + io``: and ``io: idle`` (ionice runs first).
 
 The CPU counted includes the spawn service's and its commands' (from
 ``/proc``), though they are not this process's waited-for children.
@@ -36,10 +40,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from common import Table
 
 import dblockrun.daemon.loop  # noqa: F401  (the daemon's modules: a daemon-sized process)
+from dblockrun.config.jobs import Limits
 from dblockrun.running import spawn
 from dblockrun.running.runner import LeaseWatch, run_process
 
@@ -50,9 +56,9 @@ def floor() -> None:
     subprocess.run(["true"], check=True)
 
 
-def _run(watch: LeaseWatch | None) -> None:
+def _run(watch: LeaseWatch | None, limits: Limits | None = None) -> None:
     outcome = run_process(["true"], env=dict(os.environ), cwd=None, on_line=lambda _l: None,
-                          deadline=None, watch=watch, stop=threading.Event())
+                          deadline=None, watch=watch, stop=threading.Event(), limits=limits)
     assert outcome.exit_code == 0, outcome
 
 
@@ -64,10 +70,23 @@ def unguarded() -> None:
     _run(None)
 
 
+RLIMITS = Limits(open_files=1024, nice=5, cpu_time=3600)
+
+
+def limited() -> None:
+    _run(LeaseWatch("bench", "bench", 1, 30.0), RLIMITS)
+
+
+def limited_io() -> None:
+    _run(LeaseWatch("bench", "bench", 1, 30.0), replace(RLIMITS, io="idle"))
+
+
 ROWS: dict[str, Starter] = {
     'subprocess.run(["true"])': floor,
     "run_process, guard": guarded,
     "run_process, no guard": unguarded,
+    "run_process, guard, limits": limited,
+    "run_process, guard, limits + io": limited_io,
 }
 
 

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from common import URLS, Table, bench_prefix, make_schema
-from wirecount import MyCountingProxy, PgCountingProxy
+from wirecount import counting
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -136,27 +136,14 @@ def env_for() -> dict[str, str]:
     return env
 
 
-def with_port(url: str, port: int) -> str:
-    scheme, rest = url.split("://", 1)
-    user_host, _, path = rest.partition("/")
-    auth, _, hostport = user_host.rpartition("@")
-    host = hostport.rsplit(":", 1)[0]
-    return f"{scheme}://{auth}@{host}:{port}/{path}"
-
-
 def count_statements(url: str, backend: str, args: list[str], prefix: str) -> int:
-    port = int(url.rsplit(":", 1)[1].split("/")[0])
-    proxy: PgCountingProxy | MyCountingProxy
-    proxy = PgCountingProxy(port) if backend == "postgresql" else MyCountingProxy(port)
-    try:
+    with counting(backend, url) as (proxy, through):
         keep_hosts_live(url, prefix)
-        argv = [sys.executable, "-m", "dblockrun", "--db", with_port(url, proxy.port),
-                "--table-prefix", prefix, *args]
+        argv = [sys.executable, "-m", "dblockrun", "--db", through, "--table-prefix", prefix,
+                *args]
         timed(argv, env_for())
         time.sleep(0.2)  # the proxy's threads have passed the last packets on
         return proxy.statements()
-    finally:
-        proxy.close()
 
 
 def main() -> None:

@@ -172,7 +172,8 @@ def _run_fast(group: Options, options: Options, command: tuple[str, ...]) -> int
         except DblockrunError as exc:
             if group.get("debug"):
                 raise
-            _echo_err(f"dblockrun: {exc.message}")
+            for line in exc.lines() if isinstance(exc, ConfigError) else [exc.message]:
+                _echo_err(f"dblockrun: {line}")
             return 2 if isinstance(exc, ConfigError | UsageError) else 1
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED  # as dblockrun.cli.handle_errors

@@ -86,19 +86,25 @@ class LockLost(DblockrunError):
 
 # -- stores ---------------------------------------------------------------------
 
-_stores: dict[tuple[str, str], Store] = {}
+_stores: dict[tuple[str, str, float], Store] = {}
 _stores_lock = threading.Lock()
 
 
-def _store(db: str | Store | None, prefix: str) -> Store:
+def _store(db: str | Store | None, prefix: str, lock_wait: float | None = None) -> Store:
+    """The shared store of ``db`` and ``prefix`` whose statements wait
+    ``lock_wait`` for a row another session holds (a quarter of the lease:
+    store/drivers.py ``lock_wait_for``; None: the default lease's)."""
     if isinstance(db, Store):
         return db
+    from dblockrun.store.drivers import DEFAULT_LOCK_WAIT
+
+    wait = DEFAULT_LOCK_WAIT if lock_wait is None else lock_wait
     url = resolve_url(db, None)
-    key = (url, prefix)
+    key = (url, prefix, wait)
     with _stores_lock:
         store = _stores.get(key)
         if store is None:
-            store = Store(url, prefix)
+            store = Store(url, prefix, lock_wait=wait)
             # Create the schema before any thread uses the store: threads
             # sharing a fresh Store must not race its first schema check.
             store.ensure_schema()
@@ -262,7 +268,10 @@ class LockContext:
     def __enter__(self) -> Lease | None:
         if self._lease is not None:
             raise RuntimeError(f"lock {self.name!r}: this context is already entered")
-        store = self._store = _store(self.db, self.table_prefix)
+        from dblockrun.store.drivers import lock_wait_for
+
+        store = self._store = _store(self.db, self.table_prefix,
+                                     lock_wait_for(self.lease_seconds))
         holder = new_holder_id()
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         # The claim with its run record: one round trip (a lost claim too).

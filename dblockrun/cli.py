@@ -34,6 +34,9 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 #: How often ``status --watch`` redraws (seconds).
 WATCH_EVERY = 2.0
+#: How long ``status --check`` waits for the lock rows before it calls them
+#: held by another session (a daemon's claim holds them for milliseconds).
+CHECK_LOCK_WAIT = 1.0
 #: How long `run` waits for a daemon to start the job: a listening daemon
 #: hears the request at once; through a transaction pooler it reads it in its
 #: next bookkeeping round (every 12 s at the default heartbeat).
@@ -87,7 +90,9 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except (ConfigError, UsageError) as exc:
             if debug:
                 raise
-            click.echo(f"dblockrun: {_shown(exc.message)}", err=True)
+            # A jobs file's problems: a line each (`validate` lists them all).
+            for line in exc.lines() if isinstance(exc, ConfigError) else [exc.message]:
+                click.echo(f"dblockrun: {_shown(line)}", err=True)
             ctx.exit(EXIT_USAGE)
         except DblockrunError as exc:
             if debug:
@@ -191,10 +196,12 @@ def _db_url(jobs: JobsFile | None = None) -> str:
                        file_db_file=jobs.database_file if jobs else None)
 
 
-def _open(access: Access, jobs: JobsFile | None = None) -> Store:
+def _open(access: Access, jobs: JobsFile | None = None, lock_wait: float | None = None) -> Store:
+    """``lock_wait``: how long a statement waits for a row another session
+    holds (None: store/drivers.py's default)."""
     from dblockrun.ops.actions import open_store
 
-    return open_store(_db_url(jobs), _prefix(), access)
+    return open_store(_db_url(jobs), _prefix(), access, lock_wait)
 
 
 def _where(store: Store) -> str:
@@ -300,7 +307,8 @@ def cli(ctx: click.Context, db: str | None, db_file: str | None, file: str | Non
     """A cron replacement for fleets: every host runs the same jobs file, a
     shared SQL database decides which one runs each slot.
 
-    The options above may also follow the command name."""
+    The options below (--db, --db-file, -f, --table-prefix, --debug) may also
+    follow the command name: `dblockrun status --db URL`."""
     ctx.obj = Globals(db=db, db_file=db_file, prefix=prefix, debug=debug, verbose=0,
                       file=file)
 
@@ -391,7 +399,11 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
             raise UsageError(f"{too_short_message(lease, heartbeat, stop)}; give a longer "
                              "--lease or a shorter --heartbeat")
         jobs = _load(_jobs_path(jobs_file), secrets=True)
-        store = _open(Access.CREATE, jobs)
+        from dblockrun.store.drivers import lock_wait_for
+
+        # Renewals and bookkeeping wait for a row another session holds at
+        # most a quarter of the lease (set once per connection).
+        store = _open(Access.CREATE, jobs, lock_wait_for(options.lease))
         d = Daemon(jobs, store, options, stop=threading.Event())
         from dblockrun.signals import handling
 
@@ -413,17 +425,22 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
               help="A daemon is live if its last heartbeat is this recent (default: 1.5 of "
                    "its --heartbeat, at least its heartbeat and 3s: 15s at the default).")
 @click.option("--wide", is_flag=True,
-              help="Every fact: holder, token, absolute times, pid, version, labels (the "
-                   "default table fits 80 columns).")
+              help="Every fact: holder, token, absolute times, pid, version, labels, and "
+                   "the jobs file's limits (the default table fits 80 columns).")
 @click.option("--watch", is_flag=True,
-              help="Redraw the table in place every 2 seconds, until Ctrl-C.")
+              help="Redraw the table in place every 2 seconds, until Ctrl-C (piped: "
+                   "one table after another, without escape sequences).")
 @click.option("--check", is_flag=True,
-              help="For monitoring: print the problems (no live daemon, a last run failed, "
-                   "a job not started for twice its period) and exit 1 if there is one.")
+              help="For monitoring: print the problems (no live daemon, the fleet paused, a "
+                   "last run failed, slots recorded missed or skipped, a job not started for "
+                   "twice its period) and exit 1 if there is one.")
+@click.option("--allow", "allowed", multiple=True, metavar="WHAT",
+              help="With --check: not a problem: paused (the fleet's pause), missed, skipped "
+                   "(a job's slots recorded so); repeatable, or comma-separated.")
 @global_options()
 @handle_errors
 def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: bool, watch: bool,
-           check: bool) -> None:
+           check: bool, allowed: tuple[str, ...]) -> None:
     """Show jobs (state, last and next run; --wide: holder, lock, token...)
     and live hosts."""
     import time
@@ -434,26 +451,47 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
 
     if watch and (as_json or check):
         raise UsageError("--watch draws the table: not with --json or --check")
+    allow = {word.strip() for given in allowed for word in given.split(",") if word.strip()}
+    if allow and not check:
+        raise UsageError("--allow goes with --check")
+    from dblockrun.ops.check import ALLOWABLE
+
+    if unknown := sorted(allow - set(ALLOWABLE)):
+        raise UsageError(f"--allow {', '.join(unknown)}: want {', '.join(ALLOWABLE)}")
     within = None if live_within is None else _duration(live_within, "--live-within")
-    with _open(Access.READ, _jobs_for_db()) as store:
+    # --wide: the jobs file's limits too (the database has none of a job's definition).
+    jobs_file = _jobs_for_db(always=wide)
+    limits = {job.name: job.limits.text() for job in jobs_file.jobs
+              if job.limits.any} if jobs_file is not None and wide else None
+    # --check looks whether another session holds the lock rows: a second's wait.
+    with _open(Access.READ, jobs_file, CHECK_LOCK_WAIT) as store:
         # An every-host job: its own row and every host's (JOB@HOST).
         got = report(store, store.with_every_host(list(jobs)) or None, within)
         missing = sorted(set(jobs) - {r.lock.name for r in got.jobs})
         if missing:
             raise no_such_job(store, missing)
         where = _where(store)
+        # On a terminal each table is drawn over the last; piped (`| cat`, a
+        # file), one follows another after a blank line, with no escapes.
+        first, redraw = True, sys.stdout.isatty()
         while watch:  # until Ctrl-C (exit status 130)
-            sys.stdout.write(output.REDRAW)
+            sys.stdout.write(output.REDRAW if redraw else "" if first else "\n")
+            first = False
             click.echo(f"database: {where}")
             output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused,
-                                got.groups, wide=wide)
+                                got.groups, wide=wide, limits=limits)
             sys.stdout.flush()
             time.sleep(WATCH_EVERY)
             got = report(store, store.with_every_host(list(jobs)) or None, within)
+        if check:  # the jobs whose slots are being recorded passed: since when, why
+            from dblockrun.store.status import held_rows, passed_since
+
+            passed = passed_since(store, got.jobs)
+            held = held_rows(store)
     if check:
         from dblockrun.ops.check import problems
 
-        found = problems(got)
+        found = problems(got, allow, passed, held)
         if as_json:
             click.echo(output.dumps({"version": output.JSON_VERSION, "ok": not found,
                                      "problems": found}))
@@ -470,7 +508,7 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
     else:
         click.echo(f"database: {where}")
         output.print_status(got.jobs, got.hosts, got.db_now, within, got.paused, got.groups,
-                            wide=wide)
+                            wide=wide, limits=limits)
 
 
 @cli.command()
@@ -718,14 +756,15 @@ def web(ctx: click.Context, listen: str, users_file: str | None, cert: str | Non
         hide_commands: bool | None, session_lifetime: str) -> None:
     """Serve the dashboard and the JSON API (/api/v1) over the database: the
     fleet, jobs, runs and their output, hosts, the audit trail, and the
-    operator actions for signed-in users. Needs `pip install 'dblockrun[web]'`."""
+    operator actions for signed-in users. Needs the web extra: from a
+    checkout, `pipx install '.[web]'`."""
     if ctx.invoked_subcommand is not None:
         return
     try:
         from dblockrun.web.serve import WebOptions, check, serve
     except ImportError as exc:
-        raise DblockrunError(f"dblockrun web needs its extra: pip install 'dblockrun[web]' "
-                             f"({exc.name} is missing)") from exc
+        raise DblockrunError(f"dblockrun web needs its extra: from a checkout, pipx install "
+                             f"--force '.[web]' ({exc.name} is missing)") from exc
     from dblockrun.ops.actions import Access
 
     options = WebOptions(listen=listen, users_file=users_file, cert=cert, key=key,
@@ -780,7 +819,9 @@ def _forever() -> float:
               help="Lease renewed while it runs.")
 @click.option("--busy-exit-code", default=0, show_default=True, type=int, metavar="N",
               help="Exit status when the lock is busy elsewhere.")
-@click.option("-v", "--verbose", is_flag=True, help="Say when the lock is busy.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Say when the lock is busy, and what holds it (a run, or lock-at-least "
+                   "after one, until when).")
 @global_options()
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @handle_errors
@@ -819,7 +860,8 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
 @global_options()
 @handle_errors
 def validate(jobs_file: str | None, max_running: int | None) -> None:
-    """Check a jobs file; exit 2 with `file:line: job: key: why` if invalid.
+    """Check a jobs file; if invalid, exit 2 with a line per problem,
+    `file:line: job: key: why`.
     Warns (stderr) of jobs that share a group, or --max-running N, and come
     due together beyond its limit: all but the limit's are skipped."""
     import time
@@ -962,8 +1004,9 @@ def tail(job: str | None, run_id: int | None, raw: bool) -> None:
                    "read requests once a bookkeeping round).")
 @click.option("--no-wait", is_flag=True, help="Only file the request.")
 @click.option("--wait", "wait_end", is_flag=True,
-              help="Also wait for the run to end, and exit with its status: 0 ok, the "
-                   "command's exit status if it failed, else 1.")
+              help="Also print the run's output as it grows (from any host, as `tail`), "
+                   "wait for it to end, and exit with its status: 0 ok, the command's exit "
+                   "status if it failed, else 1.")
 @click.option("--cancel", is_flag=True, help="Withdraw JOB's filed request instead.")
 @global_options()
 @handle_errors
@@ -976,7 +1019,6 @@ def run_(job: str, timeout: str | None, no_wait: bool, wait_end: bool, cancel: b
         exit_status,
         no_such_job,
         request_runs,
-        wait_for_ends,
     )
 
     _check_name(job, host_row=True)
@@ -1023,9 +1065,18 @@ def run_(job: str, timeout: str | None, no_wait: bool, wait_end: bool, cancel: b
             raise DblockrunError(f"no daemon started {', '.join(late)} within {wait:g}s; the "
                                  "request stays filed")
         if wait_end:
+            from dblockrun.ops import output
+            from dblockrun.ops.follow import follow
+
+            def write(text: str) -> None:
+                click.echo(output.output_text(text), nl=False)
+                sys.stdout.flush()
+
             started = [run for _row, run in runs if run is not None and run.result != "skipped"]
-            ended = wait_for_ends(store, started)
-            for run in (ended[r.id] for r in started):
+            for run in started:  # each run's output as it grows, as `tail` prints it
+                if len(started) > 1:
+                    click.echo(_shown(f"{run.job}: run {run.id} on {run.host}:"))
+                run = follow(store, run.id, write)
                 code = "" if run.exit_code is None else f" (exit {run.exit_code})"
                 took = "" if run.duration is None else f" in {run.duration:.2f}s"
                 click.echo(_shown(f"{run.job}: run {run.id} on {run.host} ended "
@@ -1048,12 +1099,16 @@ def import_crontab(file: str, system: bool | None, out: str | None) -> None:
     """Translate the crontab FILE (- for stdin) into a jobs file.
 
     Each line that cannot be translated (@reboot, an unescaped %, a bad
-    schedule...) is reported on stderr as `FILE:LINE: cannot translate: why`; the
-    other jobs are still written. MAILTO= becomes a mail notification on failure
-    and timeout, with a `FILE:LINE: warning: why`. Schedules keep this host's time
+    schedule...) is reported on stderr as `FILE:LINE: cannot translate: why`
+    and written at the end of the jobs file as a comment saying why; the other
+    jobs are still written. `flock -n FILE` wrappers are removed, with a
+    comment (the job's lock replaces them; jobs that shared a lock file share
+    a group of one seat). MAILTO= becomes a mail notification on failure and
+    timeout, with a `FILE:LINE: warning: why`. Schedules keep this host's time
     zone (TZ, /etc/timezone, /etc/localtime) as timezone:, and keys every job
-    shares go under defaults:. Exit status 0 if every line translated, 1 if
-    some were skipped, 2 if FILE cannot be read or OUT written.
+    shares go under defaults:. Exit status 0 if every line translated; 1 if
+    some could not be (the jobs file is still written, without them); 2 if
+    FILE cannot be read or OUT written.
     """
     from dblockrun.config.crontab import import_crontab as translate
     from dblockrun.config.crontab import write_jobs
@@ -1066,6 +1121,10 @@ def import_crontab(file: str, system: bool | None, out: str | None) -> None:
     for message in result.messages:
         click.echo(message, err=True)
     if result.problems:
+        where = "written" if out is None else f"written to {out}"
+        click.echo(_shown(f"dblockrun: {result.jobs} job(s) {where}; {len(result.problems)} "
+                          "line(s) not translated, left out as comments at the end of the "
+                          "jobs file (exit status 1)"), err=True)
         sys.exit(EXIT_RUNTIME)
 
 

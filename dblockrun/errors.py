@@ -61,19 +61,45 @@ class ConfigError(DblockrunError):
         parts.append(self.why)
         return ": ".join(parts)
 
+    def lines(self) -> list[str]:
+        """One line per problem, as the command line prints them."""
+        return [self.render()]
+
+
+class ConfigErrors(ConfigError):
+    """Several problems of one jobs file: each a :class:`ConfigError`, in
+    the file's order. Its own fields are the first's; its message is every
+    problem's, joined by ``; ``."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        first = errors[0]
+        self.errors = tuple(errors)
+        super().__init__(first.why, file=first.file, line=first.line, job=first.job,
+                         key=first.key)
+        self.args = ("; ".join(e.render() for e in self.errors),)
+
+    def lines(self) -> list[str]:
+        return [e.render() for e in self.errors]
+
 
 class DatabaseError(DblockrunError):
     """The database could not be reached or refused a statement."""
 
     #: What went wrong: ``unreachable``, ``refused``, ``read-only``,
-    #: ``deadlock``, ``schema``, ``bad-row`` (a row edited into a value the
+    #: ``deadlock``, ``lock-held`` (another session held the rows past the
+    #: lock wait), ``schema``, ``bad-row`` (a row edited into a value the
     #: statement cannot take: not an outage) or ``error`` (anything else).
     kind = "error"
+    #: ``lock-held``: the session holding the rows, as far as it could be
+    #: seen (``id 812, user reader@10.0.0.5, since ...``).
+    holder: str | None = None
 
-    def __init__(self, message: str | None = None, *, kind: str | None = None) -> None:
+    def __init__(self, message: str | None = None, *, kind: str | None = None,
+                 holder: str | None = None) -> None:
         super().__init__(message)
         if kind is not None:
             self.kind = kind
+        self.holder = holder
 
 
 class DatabaseRefused(DatabaseError):

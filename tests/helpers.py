@@ -68,6 +68,20 @@ def wait_for(
         time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
 
 
+def imported_modules(stderr: str, after: str | None = None) -> set[str]:
+    """Every module a process started with ``python -X importtime`` imported
+    in its life, read from its ``stderr``: Python names each there as it is
+    first imported (at start-up, later in a function, in any thread), a
+    package after the modules it imports. ``after``: only those named after
+    that one (``runpy``: what ``python -m`` runs imports, not the
+    interpreter's start-up, which differs between installs)."""
+    names = [line.rsplit("|", 1)[1].strip() for line in stderr.splitlines()
+             if line.startswith("import time:") and "|" in line]
+    if after is not None and after in names:
+        names = names[names.index(after) + 1:]
+    return set(names) - {"imported package"}
+
+
 def dblockrun_cmd() -> list[str]:
     """The command line that starts dblockrun as a real process."""
     return [sys.executable, "-m", "dblockrun"]

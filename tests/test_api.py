@@ -19,6 +19,7 @@ from dblockrun import api
 from dblockrun.errors import DatabaseError, DblockrunError
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.drivers import lock_wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -271,7 +272,8 @@ def test_lost_when_renewals_fail_for_too_long(db: TestDb, store: Store,
 
     with dblockrun.lock("o", db=db.url, table_prefix=db.prefix, lease="1s") as lease:
         assert not lease.lost
-        cached = api._store(db.url, db.prefix)
+        # The lock's store: its statements wait a quarter of its lease for a held row.
+        cached = api._store(db.url, db.prefix, lock_wait_for(1.0))
         # The heartbeat renews a holder's leases in one statement.
         monkeypatch.setattr(cached, "renew_many", unreachable)
         wait_for(lambda: lease.lost, 10, what="lease.lost during an outage")

@@ -764,7 +764,7 @@ def test_a_directory_as_the_jobs_file_is_one_line(tmp_path: Path) -> None:
                  ["status", "-f", str(folder)], ["-f", str(folder), "disable", "x"]):
         result = invoke(None, *args)
         assert (result.exit_code, result.stdout, result.stderr) == (
-            2, "", f"dblockrun: {folder}: cannot read: Is a directory\n"), args
+            2, "", f"dblockrun: {folder}: not a regular file (a directory)\n"), args
 
 
 def test_a_malformed_url_shows_all_but_its_password() -> None:
@@ -1029,3 +1029,30 @@ def test_run_says_at_once_when_no_daemon_is_live_or_the_fleet_is_paused(
     result = invoke(db, "run", "backup", "--wait", "--no-wait")
     assert (result.exit_code, result.stderr) == (
         2, "dblockrun: give one of --no-wait, --wait and --cancel\n")
+
+
+# -- issue 36 -------------------------------------------------------------------------
+
+
+def test_top_help_points_at_the_options_where_they_are() -> None:
+    """Item 9: the global options are listed below the description that
+    says they may follow the command name, and it says so."""
+    text = invoke(None, "--help").stdout
+    said = " ".join(text.split("Options:")[0].split())
+    assert "The options below (--db, --db-file, -f, --table-prefix, --debug) may also follow " \
+           "the command name" in said
+    assert "above" not in said
+
+
+def test_validate_reports_every_problem_of_a_file(tmp_path: Path) -> None:
+    """Item 4: ``comand`` and ``lock-at-mots`` in one file are two lines,
+    each with its file and line, exit 2 (it said only ``comand``)."""
+    jobs = write(tmp_path / "jobs.yaml", "jobs:\n  x:\n    cron: '* * * * *'\n"
+                 "    comand: echo\n    lock-at-mots: 5m\n")
+    proc = subprocess.run([*dblockrun_cmd(), "validate", jobs], capture_output=True, text=True,
+                          env=env_without_db(), timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        f"dblockrun: {jobs}:4: job 'x': comand: unknown key (did you mean 'command'?)\n"
+        f"dblockrun: {jobs}:5: job 'x': lock-at-mots: unknown key (did you mean "
+        "'lock-at-most'?)\n")

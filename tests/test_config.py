@@ -210,7 +210,7 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_jobs(str(tmp_path))
-    assert info.value.render() == f"{tmp_path}: cannot read: Is a directory"
+    assert info.value.render() == f"{tmp_path}: not a regular file (a directory)"
 
 
 def test_not_utf8(tmp_path: Path) -> None:
@@ -361,7 +361,7 @@ KNOWN = (
     "starting-deadline, retries, retry-delay, backoff, max-delay, on-failure, jitter, description, "
     "enabled, "
     "items, items-command, parallel, batch, history-limit, user, run-on, on, notify, ping, "
-    "catch-up, catch-up-limit, group, overlap"
+    "catch-up, catch-up-limit, group, overlap, limits"
 )
 DURATION = "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)"
 
@@ -647,3 +647,73 @@ def test_max_delay_needs_a_growing_delay_not_shorter_than_retry_delay() -> None:
         "jobs.yaml:7: job 'j': max-delay: 30s is shorter than retry-delay 1m")
     job = load(base + "    backoff: 2\n    max-delay: 5m\n").jobs[0]
     assert (job.backoff, job.max_delay) == (2.0, 300.0)
+
+
+# -- issue 36 item 4: every problem of a file -----------------------------------------------
+
+
+def test_every_problem_of_a_file_is_reported_in_the_files_order() -> None:
+    text = """\
+        groups:
+          backups: 0
+        defaults:
+          lock-at-most: 10m
+        jobs:
+          a:
+            cron: "* * * * *"
+            comand: echo hi
+            lock-at-mots: 5m
+          b:
+            cron: "61 * * * *"
+            command: echo
+          ok:
+            rate: 1h
+            command: x
+          c:
+            rate: 1h
+            command: x
+            lock-at-least: 1h
+            lock-at-most: 5m
+            group: backups
+        bogus: 1
+        """
+    with pytest.raises(ConfigError) as info:
+        load(text)
+    assert info.value.lines() == [
+        "jobs.yaml:2: groups.backups: must be at least 1, got 0",
+        "jobs.yaml:8: job 'a': comand: unknown key (did you mean 'command'?)",
+        "jobs.yaml:9: job 'a': lock-at-mots: unknown key (did you mean 'lock-at-most'?)",
+        "jobs.yaml:11: job 'b': cron: bad minute field '61' (allowed: 0-59)",
+        "jobs.yaml:19: job 'c': lock-at-least: 1h is longer than lock-at-most 5m",
+        "jobs.yaml:22: bogus: unknown key (known: database, database-file, defaults, jobs, "
+        "groups)",
+    ]
+    # The first is the error's own; its message holds them all, for a log line.
+    assert info.value.render() == info.value.lines()[0]
+    assert info.value.message == "; ".join(info.value.lines())
+
+
+def test_a_bad_default_is_reported_once_not_in_every_job() -> None:
+    text = """\
+        defaults:
+          comand: x
+        jobs:
+          a: {cron: "@daily", command: x}
+          b: {cron: "@daily", command: x, retries: many}
+        """
+    with pytest.raises(ConfigError) as info:
+        load(text)
+    assert info.value.lines() == [
+        "jobs.yaml:2: defaults.comand: unknown key (did you mean 'command'?)",
+        "jobs.yaml:5: job 'b': retries: must be a whole number, got a string ('many')",
+    ]
+
+
+def test_an_item_longer_than_a_runs_record_holds_is_refused_at_load() -> None:
+    """Item 15: ``validate`` accepted a 1,500-character item that no run
+    record could hold (its daemons then retried for ever)."""
+    ok = "x" * 1000
+    assert load(one_job(items=f"['{ok}']")).jobs[0].items == (ok,)
+    assert error(one_job(items=f"[a, '{'x' * 1001}']")) == (
+        f"jobs.yaml:5: job 'j': items: item {'x' * 40!r}... is 1,001 characters long: at most "
+        "1,000 (a run's record holds its item)")

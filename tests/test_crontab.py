@@ -857,6 +857,13 @@ def test_cli_prints_the_jobs_file_and_exits_0(tmp_path: Path) -> None:
     assert load_jobs_text(result.stdout, "x").jobs[0].description == "Nightly"
 
 
+def left_out(jobs: int, lines: int, out: Path | None = None) -> str:
+    """The last line of ``import-crontab`` when ``lines`` were not translated."""
+    where = "written" if out is None else f"written to {out}"
+    return (f"dblockrun: {jobs} job(s) {where}; {lines} line(s) not translated, left out as "
+            "comments at the end of the jobs file (exit status 1)\n")
+
+
 def test_cli_reports_skipped_lines_and_exits_1(tmp_path: Path) -> None:
     crontab = tmp_path / "crontab"
     crontab.write_text("MAILTO=me\n@reboot start\n0 2 * * * backup\n")
@@ -867,7 +874,7 @@ def test_cli_reports_skipped_lines_and_exits_1(tmp_path: Path) -> None:
         "failure and timeout (notify: mailto://...); cron mailed any output, `dblockrun "
         "history` keeps it\n"
         f"{crontab}:2: cannot translate: @reboot: a fleet has no single boot "
-        "(use a cron expression or rate)\n"
+        "(use a cron expression or rate)\n" + left_out(1, 1)
     )
     assert [job.name for job in load_jobs_text(result.stdout, "x").jobs] == ["backup"]
 
@@ -924,6 +931,7 @@ def test_cli_reports_a_schedule_cron_would_never_run(tmp_path: Path) -> None:
     assert result.stderr == (
         f"{crontab}:1: cannot translate: schedule '0 22-2 * * *': bad hour field '22-2': "
         "22-2 runs backwards; cron accepts it and never runs it (write 22-23,0-2)\n"
+        + left_out(1, 1)
     )
     (job,) = load_jobs_text(result.stdout, "x").jobs
     assert (job.name, job.cron) == ("odd-weekdays", "0 22 */2 * 1-5")
@@ -936,7 +944,8 @@ def test_cli_writes_to_output(tmp_path: Path) -> None:
     result = invoke(str(crontab), "-o", str(out))
     assert result.exit_code == 1
     assert result.stdout == ""
-    assert result.stderr == f"{crontab}:2: cannot translate: {PERCENT}\n"
+    assert result.stderr == f"{crontab}:2: cannot translate: {PERCENT}\n" + left_out(
+        1, 1, out)
     assert [job.name for job in load_jobs_text(out.read_text(), "x").jobs] == ["backup"]
 
 
@@ -988,7 +997,8 @@ def test_cli_help_documents_the_exit_status() -> None:
     assert result.exit_code == 0
     text = " ".join(result.stdout.split())
     assert "FILE:LINE: cannot translate: why" in text
-    assert "Exit status 0 if every line translated, 1 if some were skipped" in text
+    assert ("Exit status 0 if every line translated; 1 if some could not be (the jobs file "
+            "is still written, without them)") in text
 
 
 # --- issue 23, item 9: the host's time zone, defaults:, stdin, --help ---------------
@@ -1080,7 +1090,7 @@ def test_cli_calls_standard_input_stdin() -> None:
     assert result.exit_code == 1
     assert result.stdout.startswith("# Translated from stdin by `dblockrun import-crontab`.\n")
     assert result.stderr == ("stdin:2: cannot translate: @reboot: a fleet has no single boot "
-                             "(use a cron expression or rate)\n")
+                             "(use a cron expression or rate)\n" + left_out(1, 1))
 
 
 def test_cli_help_says_mailto_is_translated() -> None:
@@ -1088,3 +1098,69 @@ def test_cli_help_says_mailto_is_translated() -> None:
     assert "MAILTO= becomes a mail notification on failure and timeout" in text
     assert "(@reboot, an unescaped %" in text and "MAILTO=, an" not in text
     assert "FILE (- for stdin)" in text
+
+
+# -- issue 36 item 5 ----------------------------------------------------------------------
+
+
+def test_lines_not_translated_are_written_into_the_jobs_file_with_why(tmp_path: Path) -> None:
+    """With -o the file was written and exit 1 came with the reasons on
+    stderr only: the file now says which lines it lacks and why, and the
+    last line on stderr what exit status 1 means."""
+    crontab = tmp_path / "crontab"
+    crontab.write_text("0 2 * * * backup\n@reboot /usr/local/bin/start\n"
+                       "0 3 * * * date +%F > /tmp/d\n")
+    out = tmp_path / "jobs.yaml"
+    result = invoke(str(crontab), "-o", str(out))
+    assert result.exit_code == 1
+    assert result.stderr.endswith(left_out(1, 2, out))
+    text = out.read_text()
+    assert text.splitlines()[3] == "# 2 line(s) could not be translated: see the end of this file."
+    assert text.endswith(
+        "\n# Not translated (`dblockrun import-crontab` exits with status 1 when a line is "
+        "here):\n"
+        "# line 2: @reboot: a fleet has no single boot (use a cron expression or rate)\n"
+        "#   @reboot /usr/local/bin/start\n"
+        f"# line 3: {PERCENT}\n"
+        "#   0 3 * * * date +%F > /tmp/d\n")
+    assert [job.name for job in load_jobs_text(text, "x").jobs] == ["backup"]
+
+
+@pytest.mark.parametrize(("line", "command"), [
+    ("flock -n /var/lock/report.lock /usr/local/bin/report --all > /tmp/r.log 2>&1",
+     "/usr/local/bin/report --all > /tmp/r.log 2>&1"),
+    ("/usr/bin/flock -xn /var/lock/report.lock -c 'cd /srv && ./report.sh'",
+     "cd /srv && ./report.sh"),
+    ("flock --nonblock /var/lock/report.lock report", "report"),
+])
+def test_a_flock_n_wrapper_is_removed_with_a_comment(line: str, command: str) -> None:
+    result = translate(f"30 2 * * * {line}\n")
+    assert result.problems == ()
+    (job,) = load_jobs_text(result.text, "x").jobs
+    assert job.command == command and job.group is None
+    assert ("    # was run by `flock -n /var/lock/report.lock`: the job's lock replaces it\n"
+            "    # (a run still going makes the next slot skip)\n") in result.text
+
+
+@pytest.mark.parametrize("line", [
+    "flock /var/lock/r.lock report",  # waits for the lock: a queue, not a skip
+    "flock -n /var/lock/r.lock report; cleanup",  # cleanup ran outside the lock
+    "flock -n /var/lock/r.lock report && mail",
+    "flock -w 10 -n /var/lock/r.lock report",
+    "flock -n '/var/lock/a b.lock' report",
+])
+def test_a_flock_that_the_jobs_lock_would_not_replace_is_kept(line: str) -> None:
+    (job,) = load_jobs_text(translate(f"30 2 * * * {line}\n").text, "x").jobs
+    assert job.command == line
+
+
+def test_jobs_that_shared_a_flock_lock_file_share_a_group_of_one_seat() -> None:
+    result = translate("*/5 * * * * flock -n /run/lock/db.lock /opt/sync\n"
+                       "0 * * * * flock -n /run/lock/db.lock /opt/vacuum\n"
+                       "0 3 * * * flock -n /run/lock/other.lock /opt/alone\n")
+    jobs = load_jobs_text(result.text, "x")
+    assert jobs.groups == (("db", 1),)
+    assert [(j.name, j.group, j.command) for j in jobs.jobs] == [
+        ("sync", "db", "/opt/sync"), ("vacuum", "db", "/opt/vacuum"),
+        ("alone", None, "/opt/alone")]
+    assert "    # group db: one at a time with the other jobs of that lock file\n" in result.text

@@ -271,3 +271,90 @@ def test_getting_started_names_every_table() -> None:
     named = re.findall(r"`(?:dblockrun)?(_[a-z]+)`", sentence.group(1))
     assert sorted(named) == sorted(t.name.removeprefix("dblockrun") for t in
                                    tables.metadata.sorted_tables)
+
+
+# -- issue 36 items 10 and 11: what the docs say of what exists --------------------------
+
+#: Words that say a thing is not there yet.
+NOT_YET = re.compile(r"\bcoming\b|when it lands|\bare waiting\b|\bupcoming\b|\bnot (?:yet )?"
+                     r"(?:shipped|available|implemented) yet\b|\bsoon\b", re.I)
+#: Every text a reader meets: the README, the site, the man pages.
+READ = [README, *PAGES, REPO / "man" / "dblockrun.1", REPO / "man" / "dblockrun-jobs.5"]
+
+
+def _paragraphs(path: Path) -> list[str]:
+    """A page's paragraphs, list items and table rows, each on one line."""
+    text = path.read_text()
+    parts: list[str] = []
+    for block in re.split(r"\n\s*\n|\n(?=\s*[-*] |\|)|\n(?=\.[A-Z]{1,2}\b)", text):
+        parts.append(" ".join(block.split()))
+    return parts
+
+
+def test_no_page_calls_a_shipped_command_coming() -> None:
+    """The README and install.md called ``dblockrun web`` and ``tail``
+    "coming" and "when it lands" long after both shipped: a paragraph that
+    names a command of the CLI may not say it is still to come."""
+    shipped = sorted(cli.commands, key=len, reverse=True)
+    named = re.compile(r"dblockrun[ -](" + "|".join(map(re.escape, shipped)) + r")\b"
+                       r"|operations/(web|tail)\.md")
+    stale = [f"{path.relative_to(REPO)}: {found[0]!r} in {part[:160]}"
+             for path in READ for part in _paragraphs(path)
+             if named.search(part) and (found := NOT_YET.search(part))]
+    assert stale == []
+
+
+#: dblockrun is not on the Python Package Index: an install from it fails
+#: (``No matching distribution found``). Set True with the first release
+#: published there, and the docs may name it.
+ON_PYPI = False
+FROM_INDEX = re.compile(r"\bpipx? install (?:--\S+ )*['\"]?dblockrun\b")
+
+
+def _commands(path: Path) -> list[tuple[int, str]]:
+    """The lines of ``path`` a reader runs: indented or fenced code, every
+    line of a man page; (line number, line)."""
+    out, fenced = [], False
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif fenced or line.startswith("    ") or path.suffix in (".1", ".5"):
+            out.append((n, line))
+    return out
+
+
+def test_the_docs_install_from_a_checkout_not_from_an_index_without_dblockrun() -> None:
+    """The first install command of the README and getting-started,
+    ``pipx install dblockrun``, failed on a fresh machine: every install the
+    docs give works from a checkout of this repository (``pipx install .``,
+    a wheel built from it), and they say that it is not on PyPI."""
+    if ON_PYPI:
+        pytest.skip("released on PyPI: installing by name works")
+    said = [f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+            for path in READ for n, line in _commands(path) if FROM_INDEX.search(line)]
+    assert said == []
+    for path in (README, DOCS / "install.md", DOCS / "getting-started.md"):
+        text = " ".join(path.read_text().split())
+        assert "pipx install ." in text, path
+        assert re.search(r"not (?:published )?on the Python Package Index|not on PyPI", text), path
+
+
+def test_the_docs_list_the_packages_the_test_command_installs() -> None:
+    """The README said ``scripts/test`` installs tini (it does not) and not
+    chromium (which it does): every package it installs is named where the
+    docs describe it, and no other package is said to be."""
+    script = (REPO / "scripts" / "test").read_text()
+    installed = {word for group in re.findall(r"missing\+=\(([^)]*)\)", script)
+                 for word in group.split()}
+    assert {"postgresql", "mariadb-server", "chromium", "faketime"} <= installed
+    for path in (README, DOCS / "development.md"):
+        said = " ".join(path.read_text().split())
+        listed = re.search(r"installs what it needs when it is missing \(as root, with apt: "
+                           r"((?:[^()]|\([^)]*\))*)\)", said)
+        assert listed is not None, path
+        text = listed[1]
+        named = {"postgresql" if "PostgreSQL" in text else "",
+                 "mariadb-server" if "MariaDB" in text else ""}
+        named |= {p for p in installed if re.search(rf"\b{re.escape(p)}\b", text)}
+        assert installed <= named, (path, sorted(installed - named))
+        assert "tini" not in text, path

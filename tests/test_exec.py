@@ -317,3 +317,39 @@ def test_a_claim_whose_run_record_deadlocks_still_runs_the_command(db: TestDb,
     lock = store.lock_state("x")
     assert lock is not None and lock.lock_until is not None
     assert lock.lock_until <= store.db_now()  # released
+
+
+# -- issue 36 item 7: a lock kept by lock-at-least is not called busy ----------------------
+
+
+def test_verbose_says_a_finished_run_s_lock_at_least_holds_the_lock_and_until_when(
+        db: TestDb, store: Store) -> None:
+    """``exec -v`` said ``lock ... is busy (holder ...)`` when the holder had
+    finished and only ``lock-at-least`` kept the lock: it says so now, with
+    the run that ended and until when the lock stays held."""
+    import re
+
+    from dblockrun.ops.output import iso
+
+    proc = run_exec(db, "--lock-at-least", "1h", "--name", "once", "--", "echo", "ran")
+    assert (proc.returncode, proc.stdout) == (0, "ran\n")
+    (run,) = store.history("once")
+    lock = store.lock_state("once")
+    assert lock is not None and lock.lock_until is not None and run.finished is not None
+    proc = run_exec(db, "-v", "--name", "once", "--", "echo", "again")
+    assert (proc.returncode, proc.stdout) == (0, "")
+    said = re.sub(r"^\S+ WARNING ", "", proc.stderr)
+    assert said == (f"lock once is held until {iso(lock.lock_until)} by lock-at-least: run "
+                    f"{run.id} on {run.host} ended ok at {iso(run.finished)}; not running\n")
+    # A run still going is busy, with its id, host and start.
+    going = Background(exec_args(db, "--name", "going", "--", "sh", "-c",
+                                 "echo started; exec sleep 30"))
+    try:
+        wait_for(lambda: going.lines == ["started"], 20, what="the first command")
+        (first,) = store.control.running("going")
+        proc = run_exec(db, "-v", "--name", "going", "--", "true")
+        assert re.sub(r"^\S+ WARNING ", "", proc.stderr) == (
+            f"lock going is busy: run {first.id} on {first.host} has run since "
+            f"{iso(first.started)}; not running\n")
+    finally:
+        going.kill()

@@ -407,3 +407,39 @@ def test_two_daemons_run_each_item_once_per_slot_with_retries(
     attempts = collections.Counter((r.item, r.attempt, r.result) for r in records
                                    if r.slot == first_slot)
     assert attempts == {**{(n, 1, "failed"): 1 for n in names}, **{(n, 2, "ok"): 1 for n in names}}
+
+
+# -- issue 36 item 15: an item longer than a run's record holds ---------------------------
+
+
+@pytest.mark.slow
+def test_an_items_command_line_too_long_fails_alone(db: TestDb, tmp_path: Path) -> None:
+    """A 1,500-character line of ``items-command`` blocked its job for good
+    on PostgreSQL and MariaDB (a run's ``item`` column holds 1,000: every
+    record refused, retried every 30 s, no run ever recorded). It fails
+    alone now, recorded with the reason; the other items run."""
+    long = "x" * 1500
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  listing:\n    rate: 1h\n"
+                    f"    items-command: printf 'a\\n{long}\\nb\\n'\n"
+                    "    command: echo \"done $DBLOCKRUN_ITEM\"\n")
+    log = tmp_path / "daemon.log"
+    proc = start_daemon(db, jobs, log)
+    try:
+        with Store(db.url, db.prefix) as store:
+            def ended() -> list[str] | None:
+                runs = [r for r in store.history("listing", 10) if r.finished is not None]
+                return [r.item or "" for r in runs] if len(runs) >= 3 else None
+
+            wait_for(ended, 30, what="three ended runs")
+            runs = {r.item: r for r in store.history("listing", 10)}
+            assert {k: v.result for k, v in runs.items()} == {
+                "a": "ok", "b": "ok", "x" * 997 + "...": "failed"}
+            refused = store.run(runs["x" * 997 + "..."].id)
+            assert refused is not None and refused.output == (
+                f"not run: items-command printed an item {long[:40]!r}... is 1,500 characters "
+                "long: at most 1,000 (a run's record holds its item)\n")
+            assert sorted(s.item for s in store.items.states("listing")) == ["a", "b"]
+    finally:
+        assert stop_daemons(proc) == [0], log.read_text()
+    assert "retrying with backoff" not in log.read_text()

@@ -156,3 +156,53 @@ def test_a_reload_with_such_a_file_keeps_the_old_jobs_and_still_stops(
     d.proc.send_signal(signal.SIGTERM)
     assert d.proc.wait(timeout=15) == 0
     assert "stopped" in d.text()
+
+
+# -- issue 36 item 16: the jobs file itself -----------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["fifo", "zero"])
+def test_validate_refuses_a_jobs_file_that_is_not_a_regular_file(
+        name: str, fifo: Path, big: Path) -> None:
+    """A FIFO as the jobs file held ``validate`` until a writer came (a plain
+    ``open()``); it is read like a secret file now: refused at once."""
+    path, why = hostile(name, fifo, big)
+    for args in (["validate", str(path)], ["next", str(path)]):
+        result = run(*args)
+        assert (result.returncode, result.stdout, result.stderr) == (
+            2, "", f"dblockrun: {path}: {why}\n"), args
+
+
+def test_a_jobs_file_over_the_limit_is_not_read(tmp_path: Path) -> None:
+    from dblockrun.config.load import load_jobs
+    from dblockrun.errors import ConfigError
+    from dblockrun.secretfile import TEXT_LIMIT
+
+    path = tmp_path / "jobs.yaml"
+    with path.open("wb") as f:  # sparse: no 64 MiB written
+        f.write(b"jobs: {}\n")
+        f.truncate(TEXT_LIMIT + 1)
+    with pytest.raises(ConfigError) as info:
+        load_jobs(str(path))
+    assert info.value.render() == f"{path}: larger than 64 MiB: not read"
+
+
+def test_a_reload_of_a_jobs_file_swapped_for_a_fifo_keeps_the_old_jobs(
+        tmp_path: Path, sqlite_db: TestDb, daemons: list[Daemon]) -> None:
+    folder = tmp_path / "daemon"
+    folder.mkdir()
+    d = Daemon(sqlite_db, folder, "'https://hc.invalid/ping'")
+    daemons.append(d)
+    wait_for(lambda: d.ticks() >= 1 or d.proc.poll() is not None, 20, what="a first run")
+    assert d.proc.poll() is None, d.text()
+    d.jobs.unlink()
+    os.mkfifo(d.jobs)
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload failed" in d.text(), 10, what="the reload to fail")
+    assert (f"reload failed, keeping the 1 jobs loaded before: {d.jobs}: not a regular file "
+            "(a named pipe)") in d.text()
+    ran = d.ticks()
+    wait_for(lambda: d.ticks() >= ran + 2, 10, what="the old job still running")
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=15) == 0
+    assert "stopped" in d.text()

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import REPO, TestDb, clean_env, free_port, wait_for
+from helpers import REPO, TestDb, clean_env, free_port, imported_modules, wait_for
 
 PACKAGE = REPO / "dblockrun"
 
@@ -131,8 +131,7 @@ def daemon_imports(tmp_path: Path, url: str, prefix: str, jobs: str,
             code = proc.wait(timeout=60)
     text = log.read_text()
     assert ran.exists() and code == 0, text
-    return {line.rsplit("|", 1)[1].strip() for line in text.splitlines()
-            if line.startswith("import time:") and "|" in line} - {"imported package"}
+    return imported_modules(text)
 
 
 def test_a_daemon_imports_no_library_no_job_or_option_asks_for(

@@ -24,6 +24,7 @@ import yaml
 from dblockrun import __version__
 from dblockrun.cli import cli
 from dblockrun.config.durations import parse_duration
+from dblockrun.config.jobs import LIMIT_KEYS
 from dblockrun.config.load import (
     JOB_KEYS,
     NOTIFY_KEYS,
@@ -204,7 +205,7 @@ def test_every_top_level_key_is_described() -> None:
 
 def test_every_job_key_is_described() -> None:
     described = [tag.rstrip(":") for tag in tags(section(man5(), ".SH", "JOB KEYS"))]
-    nested = (*ON_FAILURE_KEYS, *NOTIFY_KEYS)
+    nested = (*ON_FAILURE_KEYS, *NOTIFY_KEYS, *LIMIT_KEYS)
     missing = [key for key in (*JOB_KEYS, *nested) if key not in described]
     assert not missing, f"dblockrun-jobs.5, JOB KEYS: keys not described: {missing}"
     stale = [key for key in described if key not in JOB_KEYS and key not in nested]

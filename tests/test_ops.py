@@ -223,3 +223,36 @@ def test_healthz_fails_while_the_database_is_unreachable(db: TestDb, tmp_path: P
         proxy.restore()
         assert d.stop() == 0
         proxy.close()
+
+
+# -- issue 36 item 6: run --wait prints the run's output ------------------------------------
+
+CHATTY = """\
+jobs:
+  chatty:
+    rate: 1d
+    command: echo first; sleep 1.5; printf 'second\\033[2J\\n'; exit 4
+"""
+
+
+@pytest.mark.slow
+def test_run_wait_prints_the_runs_output_as_it_grows(db: TestDb, tmp_path: Path) -> None:
+    """``run --wait`` passed the exit status through but not the output:
+    it prints it as ``tail`` does (from whichever host runs it, escaped),
+    between the lines that say the run started and ended."""
+    d = Daemon(db, tmp_path, jobs_text=CHATTY)
+    store = Store(db.url, db.prefix)
+    try:
+        wait_for(lambda: any(r.finished for r in store.history("chatty")) or None, 20,
+                 what="the first run of chatty")
+        res = d.cli("run", "chatty", "--wait")
+        assert res.returncode == 4, res.stderr
+        lines = res.stdout.splitlines()
+        assert re.fullmatch(r"chatty: run (\d+) started on .*", lines[0]), lines
+        assert lines[1:3] == ["first", "second\\x1b[2J"], lines
+        assert re.fullmatch(r"chatty: run \d+ on \S+ ended failed \(exit 4\) in 1\.\d\ds",
+                            lines[3]), lines
+        assert len(lines) == 4
+    finally:
+        store.close()
+        assert d.stop() == 0

@@ -37,6 +37,7 @@ class Installed:
     wheel: Path
     venv: Path
     home: Path  # a folder outside the checkout: the working directory of every command
+    build_log: str  # what `python -m build` said
 
     def env(self) -> dict[str, str]:
         return outside(PATH=f"{self.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -57,10 +58,12 @@ def outside(**extra: str) -> dict[str, str]:
     return env
 
 
-def _check(args: list[str], cwd: Path, timeout: float) -> None:
+def _check(args: list[str], cwd: Path, timeout: float) -> str:
+    """Run ``args``; what it printed (stdout, then stderr)."""
     proc = subprocess.run(args, cwd=cwd, env=outside(), capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return f"{proc.stdout}\n{proc.stderr}"
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +74,8 @@ def installed() -> Iterator[Installed]:
     dist = root / "dist"
     # --no-isolation: the build uses this environment's setuptools, so it
     # needs no network; the sdist is built first and the wheel from it.
-    _check([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(REPO)],
-           cwd=root, timeout=300)
+    build_log = _check([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist),
+                        str(REPO)], cwd=root, timeout=300)
     sdist = dist / f"dblockrun-{__version__}.tar.gz"
     wheel = dist / f"dblockrun-{__version__}-py3-none-any.whl"
     assert sorted(dist.iterdir()) == sorted([sdist, wheel])
@@ -85,7 +88,7 @@ def installed() -> Iterator[Installed]:
     _check([sys.executable, "-m", "venv", str(venv)], cwd=root, timeout=120)
     _check([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
             "--disable-pip-version-check", str(wheel)], cwd=root, timeout=600)
-    yield Installed(sdist=sdist, wheel=wheel, venv=venv, home=home)
+    yield Installed(sdist=sdist, wheel=wheel, venv=venv, home=home, build_log=build_log)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -103,6 +106,22 @@ def test_the_wheel_and_sdist_carry_the_one_version(installed: Installed) -> None
     # The sdist carries what a packager needs besides the code.
     assert {"README.md", "CHANGELOG.md", "man/dblockrun.1", "man/dblockrun-jobs.5",
             "pyproject.toml"} <= members
+
+
+def test_the_licence_is_an_spdx_expression_with_its_file(installed: Installed) -> None:
+    """Issue 36 item 12: ``license = "MIT"`` and ``license-files`` (PEP 639),
+    not the TOML table setuptools deprecates (builds refused from
+    2027-02-18), nor a licence classifier beside the expression."""
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        metadata = wheel.read(f"dblockrun-{__version__}.dist-info/METADATA").decode()
+        licence = wheel.read(f"dblockrun-{__version__}.dist-info/licenses/LICENSE").decode()
+    assert "\nLicense-Expression: MIT\n" in metadata
+    assert "\nLicense-File: LICENSE\n" in metadata
+    assert "Classifier: License ::" not in metadata
+    assert licence.startswith("MIT License\n")
+    with tarfile.open(installed.sdist) as sdist:
+        assert f"dblockrun-{__version__}/LICENSE" in sdist.getnames()
+    assert "deprecated" not in installed.build_log.lower(), installed.build_log
 
 
 def test_installed_command_is_the_wheel_not_the_checkout(installed: Installed) -> None:

@@ -71,7 +71,7 @@ def test_a_bad_pooler_option_is_a_usage_error(url: str, why: str) -> None:
 
 def test_what_each_pool_mode_changes_in_a_connection() -> None:
     direct = connect_options("postgresql")
-    assert direct["options"] == "-c statement_timeout=15000"
+    assert direct["options"] == "-c statement_timeout=15000 -c lock_timeout=7500"
     assert "prepare_threshold" not in direct
     session = connect_options("postgresql", "session")
     assert "options" not in session and "prepare_threshold" not in session

@@ -9,6 +9,7 @@ reported at once, so a wait returns when the command ends, not at a tick.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -20,10 +21,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.running import spawn
 from dblockrun.running.runner import LeaseWatch, Outcome, run_process
+from dblockrun.store import Store
 
 
 class Run:
@@ -470,3 +472,83 @@ def test_a_lifeline_stopped_before_its_handover_closes_each_end_once() -> None:
     finally:
         os.close(reused)
     assert line.read_fd == line.write_fd == -1 and read_fd >= 0
+
+
+# -- issue 36 item 17: any finite monotonic reading ----------------------------------------
+
+
+def test_a_send_time_of_any_finite_reading_is_taken() -> None:
+    """``since`` is a reading of the sender's monotonic clock: past 10**9 s
+    under a time namespace or libfaketime. The service refused any reading
+    from 10**9 on (``Invalid argument (request)``); a reading later than its
+    own is taken as now, and only a reading that is no number is refused."""
+    service = spawn.start()
+    for since, ok in ((2e9, True), (time.monotonic() + 5e9, True), (-1.0, None),
+                      (float("inf"), False), (float("nan"), False)):
+        line = spawn.Lifeline()
+        r, w = os.pipe()
+        try:
+            try:
+                child = service.spawn(["true"], env=dict(os.environ), cwd=None, out_fd=w,
+                                      err_fd=w, beat_fd=line.read_fd, fence=30.0, grace=0.5,
+                                      ids=None, streams=[(r, lambda _b: None)], since=since)
+            except spawn.LeaseRanOut:  # a reading 30 s and more before now: the fence passed
+                assert ok is None, since
+                os.close(r)
+                continue
+            except OSError as exc:
+                assert ok is False and exc.errno == errno.EINVAL, (since, exc)
+                os.close(r)
+                continue
+            finally:
+                os.close(w)
+                line.handed_over()
+            assert ok, since
+            assert child.wait(10) and child.returncode == 0
+        finally:
+            line.close()
+
+
+def _in_time_namespace(offset: int) -> list[str] | None:
+    """The command line prefix that runs a process with its monotonic clock
+    ``offset`` seconds ahead (a time namespace; root), None where it cannot."""
+    prefix = ["unshare", "--time", "--monotonic", str(offset), "--fork"]
+    try:
+        probe = subprocess.run([*prefix, sys.executable, "-c",
+                                "import time; print(time.monotonic())"],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    ok = probe.returncode == 0 and float(probe.stdout or 0) > offset
+    return prefix if ok else None
+
+
+def test_commands_run_with_a_monotonic_clock_past_a_billion_seconds(
+        sqlite_db: TestDb, tmp_path: Path) -> None:
+    """Every run of every job failed where the monotonic clock reads more
+    than 10**9 s (a time namespace's offset, here 2*10**9): ``exec`` and a
+    daemon's job, real processes in such a namespace."""
+    ahead = _in_time_namespace(2_000_000_000)
+    if ahead is None:
+        pytest.skip("no time namespace here (unshare --time needs root and Linux 5.6)")
+    base = [*ahead, *dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix]
+    done = subprocess.run([*base, "exec", "-n", "once", "--", "echo", "ran"],
+                          capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ran\n", "")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  tick: {cron: '* * * * * *', command: 'echo tick'}\n")
+    log = tmp_path / "daemon.log"
+    with log.open("wb") as out:
+        daemon = subprocess.Popen([*base, "daemon", str(jobs), "--heartbeat", "1s",
+                                   "--lease", "3s"], stdout=out, stderr=out, env=clean_env(),
+                                  start_new_session=True)
+    try:
+        with Store(sqlite_db.url, sqlite_db.prefix) as store:
+            runs = wait_for(lambda: r if len(r := [x for x in store.history("tick", 10)
+                                                   if x.finished]) >= 2 else None,
+                            30, what="two ended runs of tick")
+        assert {r.result for r in runs} == {"ok"}, log.read_text()
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(timeout=30)
+    assert "cannot start command" not in log.read_text()

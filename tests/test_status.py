@@ -532,10 +532,14 @@ def test_status_check_is_a_monitoring_exit_status(db: TestDb, store: Store) -> N
         "problem: job report: has not started for 3h, more than twice its period (1h)\n"))
     doc = json.loads(invoke(db, "status", "--check", "--json").stdout)
     assert (doc["ok"], len(doc["problems"])) == (False, 2)
-    # Disabled jobs and a paused fleet are an operator's choice, not a problem.
+    # Disabled jobs are an operator's choice, not a problem; a paused fleet
+    # is one (issue 36 item 1: a forgotten pause is a silent outage) unless
+    # the check is told to accept it.
     assert invoke(db, "disable", "backup").exit_code == 0
     assert invoke(db, "pause").exit_code == 0
-    assert invoke(db, "status", "--check").exit_code == 0
+    result = invoke(db, "status", "--check")
+    assert result.exit_code == 1 and result.stdout.startswith("problem: fleet paused by ")
+    assert invoke(db, "status", "--check", "--allow", "paused").exit_code == 0
 
 
 def test_forget_removes_a_job_no_live_daemon_defines(db: TestDb, store: Store) -> None:
@@ -633,20 +637,17 @@ def test_failed_lost_disabled_and_paused_are_coloured_on_a_terminal(
     assert not output.use_colour()  # piped: plain text
 
 
-def test_status_watch_redraws_in_place_until_ctrl_c(sqlite_store: Store,
-                                                    sqlite_db: TestDb) -> None:
-    from helpers import clean_env, dblockrun_cmd, sigint_default, wait_for
+def _watch(db: TestDb, stdout: int) -> subprocess.Popen[bytes]:
+    from helpers import clean_env, dblockrun_cmd, sigint_default
 
-    sqlite_store.ensure_jobs(["backup"])
-    out = Path(sqlite_db.url.removeprefix("sqlite:///")).with_name("watch.out")
-    with out.open("wb") as stream:
-        proc = subprocess.Popen([*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix",
-                                 sqlite_db.prefix, "status", "--watch"],
-                                stdout=stream, stderr=subprocess.PIPE, env=clean_env(),
-                                preexec_fn=sigint_default)
+    return subprocess.Popen([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
+                             "status", "--watch"],
+                            stdout=stdout, stderr=subprocess.PIPE, env=clean_env(),
+                            preexec_fn=sigint_default)
+
+
+def _interrupt(proc: subprocess.Popen[bytes]) -> None:
     try:
-        frames = wait_for(lambda: f if len(f := out.read_text().split(output.REDRAW)[1:]) >= 2
-                          else None, 20, what="two frames")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 130
     finally:
@@ -654,12 +655,63 @@ def test_status_watch_redraws_in_place_until_ctrl_c(sqlite_store: Store,
             proc.kill()
             proc.wait()
     assert proc.stderr is not None and proc.stderr.read() == b""
-    assert frames[0].startswith(f"database: {sqlite_db.url} (table prefix {sqlite_db.prefix})"
-                                "\njobs\n")
-    assert "\nbackup  idle " in frames[0]
+
+
+def test_status_watch_redraws_in_place_until_ctrl_c(sqlite_store: Store,
+                                                    sqlite_db: TestDb) -> None:
+    """On a terminal (a pty) each table is drawn over the last."""
+    import os
+    import pty
+    import select
+
+    from helpers import wait_for
+
+    sqlite_store.ensure_jobs(["backup"])
+    main, child = pty.openpty()
+    try:
+        proc = _watch(sqlite_db, child)
+        os.close(child)
+        seen = b""
+
+        def frames() -> list[str] | None:
+            nonlocal seen
+            if select.select([main], [], [], 0.1)[0]:
+                seen += os.read(main, 65536)
+            got = seen.decode().replace("\r\n", "\n").split(output.REDRAW)[1:]
+            return got if len(got) >= 3 else None
+
+        found = wait_for(frames, 20, what="two frames")
+        _interrupt(proc)
+    finally:
+        os.close(main)
+    assert found[0].startswith(f"database: {sqlite_db.url} (table prefix {sqlite_db.prefix})"
+                               "\njobs\n")
+    assert "\nbackup  idle " in found[0]
     result = invoke(sqlite_db, "status", "--watch", "--json")
     assert (result.exit_code, result.stderr) == (
         2, "dblockrun: --watch draws the table: not with --json or --check\n")
+
+
+def test_status_watch_piped_writes_no_escape_sequences(sqlite_store: Store,
+                                                       sqlite_db: TestDb) -> None:
+    """Issue 36 item 8: ``status --watch | cat`` (or into a file) gets one
+    table after another, separated by a blank line: no clear-screen codes."""
+    from helpers import wait_for
+
+    sqlite_store.ensure_jobs(["backup"])
+    out = Path(sqlite_db.url.removeprefix("sqlite:///")).with_name("watch.out")
+    with out.open("wb") as stream:
+        proc = _watch(sqlite_db, stream.fileno())
+    try:
+        text = wait_for(lambda: t if (t := out.read_text()).count("database: ") >= 2 else None,
+                        20, what="two tables")
+    finally:
+        _interrupt(proc)
+    assert "\x1b" not in out.read_text()
+    first, second = text.split("\n\ndatabase: ")[:2]
+    assert first.startswith(f"database: {sqlite_db.url} (table prefix {sqlite_db.prefix})"
+                            "\njobs\n")
+    assert "\nbackup  idle " in first and "\nbackup  idle " in second
 
 
 def test_a_failed_attempt_waiting_for_its_retry_reads_retrying(store: Store) -> None:

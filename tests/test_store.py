@@ -320,3 +320,42 @@ def test_when_a_disable_began_is_read_from_the_audit_trail(store: Store) -> None
     store.ensure_jobs(["quiet"])
     store.disable("quiet", for_seconds=60)  # on-failure: no audit row
     assert store.disabled_since("quiet", store.db_now()) is None
+
+
+# -- issue 36 item 3: a lost run says why --------------------------------------------------
+
+
+def test_a_lost_run_s_output_names_its_recorder_holder_and_last_renewal(store: Store) -> None:
+    """Killed runs end with ``killed by ...``; a lost one said nothing of
+    why. Its output now ends with a line naming its holder, that holder's
+    last renewal and the host that recorded it (after the output so far,
+    on a line of its own); a run with no output gets the line alone."""
+    import re
+    from datetime import datetime
+
+    store.ensure_jobs(["job", "quiet"])
+    runs = {}
+    for name in ("job", "quiet"):
+        token = store.claim(name, "web-1:42:aa", 0.5)
+        assert token is not None
+        runs[name] = store.start_run(name, "web-1:42:aa", token=token)
+    store.write_outputs([(runs["job"], "working\nstill working")])  # a live tail, no newline
+    lost: list[int] = []
+
+    def swept() -> bool:
+        lost.extend(r.id for r in store.sweep_lost("web-2:7:bb"))
+        return len(lost) == 2
+
+    wait_for(swept, 10, what="the leases to run out")
+    assert sorted(lost) == sorted(runs.values())
+    for name, before in (("job", "working\nstill working\n"), ("quiet", "")):
+        rec = store.run(runs[name])
+        assert rec is not None and rec.finished is not None and rec.output is not None
+        line = re.fullmatch(
+            re.escape(f"{before}lost: its holder web-1:42:aa last renewed its lease at ")
+            + r"(\S+Z), then stopped \(its host or daemon died, froze or lost the database\); "
+            r"recorded lost by web-2:7:bb\n", rec.output)
+        assert line is not None, rec.output
+        # The database writes the time (SQLite rounds its milliseconds, the others cut them).
+        at = datetime.fromisoformat(line[1].replace("Z", "+00:00")).timestamp()
+        assert at == pytest.approx(rec.finished, abs=0.0011)

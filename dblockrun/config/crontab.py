@@ -27,13 +27,21 @@ The rules, as Vixie/Debian cron reads a crontab:
   it could do harm).
 * In the command an unescaped ``%`` ends the command and feeds the rest to its
   stdin, lines split at each further ``%``: reported. ``\\%`` becomes ``%``.
+* ``flock -n FILE COMMAND`` (or ``flock -n FILE -c 'CODE'``) is unwrapped: the
+  job's own lock replaces it (a run still going makes the next slot skip, as
+  ``flock -n`` did), with a comment naming the file. Jobs that shared one lock
+  file share a group of one seat (``groups:``), so they still never overlap.
+  A ``flock`` that waits (no ``-n``), or whose command is followed by ``;``,
+  ``&&``, ``|`` ... (only part of the line was under it), is kept as written.
 * Job names: the program the command runs (:func:`dblockrun.config.cmdname.program_name`),
   other characters than ``[A-Za-z0-9._-]`` replaced by ``-``, made unique with
   ``-2``, ``-3`` ...
 
 Each line that cannot be translated is a :class:`Problem`; the jobs from the
-other lines are still written. What was translated with a caveat is a warning.
-The output always loads with :func:`dblockrun.config.load.load_jobs_text`.
+other lines are still written, and the lines left out are written at the end
+of the jobs file as comments saying why (``import-crontab`` then exits 1).
+What was translated with a caveat is a warning. The output always loads
+with :func:`dblockrun.config.load.load_jobs_text`.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -80,6 +89,8 @@ class Problem:
 
     line: int
     why: str
+    #: The crontab's line as written (a problem's: written back as a comment).
+    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -217,7 +228,7 @@ def translate_crontab(text: str, path: str, *, system: bool | None = None,
         translator.line(number, line)
     return Translation(
         path=shown_path(path),
-        text=_render(shown_path(path), translator.jobs, host_zone),
+        text=_render(shown_path(path), translator.jobs, host_zone, translator.problems),
         jobs=len(translator.jobs),
         problems=tuple(translator.problems),
         warnings=tuple(translator.warnings),
@@ -276,6 +287,8 @@ class _Job:
     name: str
     keys: dict[str, Any]
     user: str | None
+    #: The lock file of the ``flock -n`` the command was unwrapped from.
+    lock_file: str | None = None
 
 
 @dataclass
@@ -311,7 +324,7 @@ class _Translator:
             else:
                 self.entry(number, text, " ".join(comments))
         except _Skip as exc:
-            self.problems.append(Problem(number, str(exc)))
+            self.problems.append(Problem(number, str(exc), line))
 
     def comment(self, text: str) -> None:
         words = text.lstrip("#").strip()
@@ -389,7 +402,7 @@ class _Translator:
             user, rest = _split(rest)
         if not rest.strip():
             raise _Skip(f"no command: {expected}")
-        command = _unescape(rest)
+        command, lock_file = _unwrap_flock(_unescape(rest))
         keys: dict[str, Any] = {}
         if description:
             keys["description"] = description
@@ -414,7 +427,7 @@ class _Translator:
             keys["notify"] = {"urls": [_mail_url(self.mailto, self.mailfrom)],
                               "on": ["failure", "timeout"]}
         keys["command"] = command
-        self.jobs.append(_Job(name, keys, user or None))
+        self.jobs.append(_Job(name, keys, user or None, lock_file))
 
     def unique_name(self, command: str) -> str:
         sanitized = _NAME_CHARS.sub("-", program_name(command))
@@ -425,6 +438,43 @@ class _Translator:
             name = f"{base}-{n}"
         self.names.add(name)
         return name
+
+
+#: ``flock [OPTIONS] FILE`` at the start of a command: the options ``-n``
+#: may come with (exclusive, the default; close, of a descriptor dblockrun
+#: never hands a command), and a lock file written without quotes.
+_FLOCK = re.compile(
+    r"(?:\S*/)?flock(?P<flags>(?:[ \t]+(?:-[nxeo]+|--nonblock|--nb|--exclusive|--close))+)"
+    r"[ \t]+(?P<file>[A-Za-z0-9_./@+=:,~-]+)[ \t]+(?P<rest>\S.*)", re.S)
+_FLOCK_SEPARATORS = {";", "&", "|", "&&", "||", "|&", ";;", "(", ")"}
+
+
+def _unwrap_flock(command: str) -> tuple[str, str | None]:
+    """``flock -n FILE COMMAND`` (or ``... -c CODE``) as ``COMMAND`` and
+    ``FILE``; any other command as it is, and None: one that is no such
+    wrapper, or that dblockrun's lock would not replace (a flock that waits,
+    a line only part of which runs under it)."""
+    found = _FLOCK.fullmatch(command.strip(" \t"))
+    if found is None:
+        return command, None
+    flags = found["flags"].split()
+    if not any(f in ("--nonblock", "--nb") or (not f.startswith("--") and "n" in f)
+               for f in flags):
+        return command, None  # it waits for the lock: a queue, not a skip
+    rest = found["rest"]
+    lexer = shlex.shlex(rest, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError:  # an unclosed quote
+        return command, None
+    if words[0] in ("-c", "--command"):
+        if len(words) != 2 or not words[1].strip():
+            return command, None
+        return words[1], found["file"]
+    if words[0].startswith("-") or _FLOCK_SEPARATORS & set(words):
+        return command, None
+    return rest.rstrip(" \t"), found["file"]
 
 
 def _mail_url(mailto: str, mailfrom: str | None) -> str:
@@ -530,21 +580,34 @@ def _shared(jobs: list[_Job]) -> dict[str, Any]:
     return shared
 
 
-def _render(path: str, jobs: list[_Job], host_zone: str | None = None) -> str:
+def _render(path: str, jobs: list[_Job], host_zone: str | None = None,
+            problems: list[Problem] | None = None) -> str:
     zone = ([f"# cron read schedules in this host's time zone ({_shown(host_zone)}): "
              "written as timezone:.", "# Commands get the daemon's environment plus env:."]
             if host_zone else
             ["# cron read schedules in the host's local time; dblockrun reads them in UTC",
              "# unless a job sets timezone:. Commands get the daemon's environment plus env:."])
     head = [f"# Translated from {_shown(path)} by `dblockrun import-crontab`.", *zone]
+    left_out = _left_out(problems or [])
+    if left_out:
+        head.append(f"# {len(problems or [])} line(s) could not be translated: see the end of "
+                    "this file.")
     if not jobs:
-        return "\n".join([*head, "jobs: {}", ""])
+        return "\n".join([*head, "jobs: {}", *left_out, ""])
+    groups = _lock_groups(jobs)
     shared = _shared(jobs)
     out = head
+    if groups:
+        out += ["# Jobs that shared a flock lock file: one at a time, as under flock -n.",
+                "groups:", *(f"  {line}" for line in _dump(
+                    {name: 1 for name in dict.fromkeys(groups.values())}).splitlines())]
     if shared:
         out += ["defaults:", *(f"  {line}" for line in _dump(shared).splitlines())]
     out.append("jobs:")
     for job in jobs:
+        if job.lock_file in groups:
+            job.keys = {**{k: v for k, v in job.keys.items() if k != "command"},
+                        "group": groups[job.lock_file], "command": job.keys["command"]}
         dumped = _dump({job.name: job.keys}).splitlines()
         out.append(f"  {dumped[0]}")
         if job.user is not None and "user" not in job.keys:
@@ -554,8 +617,54 @@ def _render(path: str, jobs: list[_Job], host_zone: str | None = None) -> str:
                            "daemon's user")
             else:
                 out.append(f"    # cron ran this as user {user}, unknown on this host")
+        if job.lock_file is not None:
+            out.append(f"    # was run by `flock -n {_shown(job.lock_file)}`: the job's lock "
+                       "replaces it")
+            out.append("    # (a run still going makes the next slot skip)")
+            if job.lock_file in groups:
+                out.append(f"    # group {groups[job.lock_file]}: one at a time with the "
+                           "other jobs of that lock file")
         out.extend(f"  {line}" for line in dumped[1:])
-    return "\n".join(out) + "\n"
+    return "\n".join([*out, *left_out]) + "\n"
+
+
+def _left_out(problems: list[Problem]) -> list[str]:
+    """The lines not translated, as comments saying why (the end of the file)."""
+    if not problems:
+        return []
+    out = ["", "# Not translated (`dblockrun import-crontab` exits with status 1 when a line "
+           "is here):"]
+    for p in problems:
+        out.append(f"# line {p.line}: {_comment(p.why)}")
+        if p.text.strip():
+            out.append(f"#   {_comment(p.text)}")
+    return out
+
+
+def _comment(text: str) -> str:
+    """``text`` safe in a one-line YAML comment."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _lock_groups(jobs: list[_Job]) -> dict[str, str]:
+    """Lock file -> group name, for the lock files of ``flock -n`` that
+    several jobs shared: a group of one seat keeps them apart."""
+    sharing: dict[str, int] = {}
+    for job in jobs:
+        if job.lock_file is not None:
+            sharing[job.lock_file] = sharing.get(job.lock_file, 0) + 1
+    groups: dict[str, str] = {}
+    for lock_file, count in sharing.items():
+        if count < 2:
+            continue
+        stem = os.path.basename(lock_file).split(".", 1)[0] or "lock"
+        base = _NAME_CHARS.sub("-", stem).strip(".-")[:MAX_BASE_NAME - 10] or "lock"
+        name, n = base, 1
+        while name in groups.values():
+            n += 1
+            name = f"{base}-{n}"
+        groups[lock_file] = name
+    return groups
 
 
 def _shown(text: str) -> str:

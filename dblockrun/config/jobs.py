@@ -7,6 +7,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
+from dblockrun.config.durations import format_duration
+
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -40,6 +42,20 @@ MAX_ARG = 32 * 4096 - 1
 #: dblockrun/running/spawner.py MAX_REQUEST), the rest left for the environment
 #: the command inherits and the request's encoding.
 MAX_COMMAND_BYTES = 256 * 1024
+
+#: The longest fan-out item, in characters: a run's record holds its item
+#: in a column this wide (dblockrun/store/schema.py). A longer one is
+#: refused at load (``items:``), or fails alone (a line of ``items-command``).
+MAX_ITEM = 1000
+
+
+def item_too_long(item: str) -> str | None:
+    """Why ``item`` cannot be a fan-out item (its length), else None."""
+    if len(item) <= MAX_ITEM:
+        return None
+    return (f"item {item[:40]!r}... is {len(item):,} characters long: at most {MAX_ITEM:,} "
+            "(a run's record holds its item)")
+
 
 #: Joins an every-host job's name and a host's name into its lock row's name
 #: (``rotate-logs@web-1``); job names cannot contain it.
@@ -125,6 +141,67 @@ class Notify:
         return {"urls": [url.definition() for url in self.urls], "on": list(self.on)}
 
 
+#: ``limits: {io: ...}``: the I/O scheduling classes, as ionice(1) and
+#: systemd's ``IOSchedulingClass=`` name them, each with its ioprio class
+#: number; the first two take a level from 0 (first) to 7.
+IO_CLASSES = {"realtime": 1, "best-effort": 2, "idle": 3}
+#: ``limits:``'s keys, in the order the file reference and ``status`` show them.
+LIMIT_KEYS = ("memory", "cpu", "cpu-time", "tasks", "open-files", "nice", "io")
+#: Size suffixes (``512M``): powers of 1024, as systemd's ``MemoryMax=``.
+SIZE_UNITS = (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
+
+
+def format_size(size: int) -> str:
+    """``size`` bytes in the largest unit it is a whole number of (``512M``)."""
+    for unit, factor in SIZE_UNITS:
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``limits:``: what each command of the job may use, set before it
+    starts on everything it starts (dblockrun/running/resources.py); None:
+    no limit of that kind."""
+
+    #: Bytes: the run's cgroup's ``memory.max``, else an address-space limit.
+    memory: int | None = None
+    #: Percent of one CPU (``cpu: 50%``; 200: two CPUs): cgroup v2's ``cpu.max`` only.
+    cpu: int | None = None
+    #: Whole seconds of CPU each process may use (RLIMIT_CPU).
+    cpu_time: int | None = None
+    #: Processes (threads count): the run's cgroup's ``pids.max``, else
+    #: RLIMIT_NPROC, which counts every process of the job's user.
+    tasks: int | None = None
+    #: Descriptors each process may hold open (RLIMIT_NOFILE).
+    open_files: int | None = None
+    #: The command's niceness, -20 to 19.
+    nice: int | None = None
+    #: The I/O scheduling class, with its level: ``idle``, ``best-effort 7``.
+    io: str | None = None
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in fields(self))
+
+    def items(self) -> list[tuple[str, str]]:
+        """(key, value) of each limit set, as the jobs file writes them."""
+        shown = {"memory": format_size(self.memory) if self.memory is not None else None,
+                 "cpu": f"{self.cpu}%" if self.cpu is not None else None,
+                 "cpu-time": _seconds_text(self.cpu_time), "tasks": self.tasks,
+                 "open-files": self.open_files, "nice": self.nice, "io": self.io}
+        return [(key, str(shown[key])) for key in LIMIT_KEYS if shown[key] is not None]
+
+    def text(self) -> str:
+        """``memory 512M, cpu-time 10m, nice 10``; empty without limits."""
+        return ", ".join(f"{key} {value}" for key, value in self.items())
+
+
+def _seconds_text(seconds: int | None) -> str | None:
+    return None if seconds is None else format_duration(seconds)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """When a cron job has slots: those of any of its expressions (a slot two
@@ -191,6 +268,8 @@ class Job:
     group: str | None = None
     #: ``overlap:``: one of :data:`OVERLAP`; ``allow N`` with its bound.
     overlap: str = "forbid"
+    #: ``limits:``: what its commands may use (none set: no limit).
+    limits: Limits = field(default_factory=Limits)
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -263,6 +342,10 @@ class Job:
             del data["env_inherit"]  # nor `env-inherit:`
         if data["backoff"] == 1.0 and data["max_delay"] is None:
             del data["backoff"], data["max_delay"]  # nor `backoff:`
+        if self.limits.any:  # as the file writes them: the Job page shows this text
+            data["limits"] = self.limits.text()
+        else:
+            del data["limits"]  # nor `limits:`
         return data
 
     def definition_hash(self, key: bytes | None = None) -> str:

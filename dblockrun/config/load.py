@@ -2,13 +2,19 @@
 
 Every problem is a :class:`~dblockrun.errors.ConfigError` rendered as
 ``file:line: job 'x': key: why``; no other exception leaves
-:func:`load_jobs_text`, whatever the text.
+:func:`load_jobs_text`, whatever the text. The parser collects the problems
+of the whole file rather than stop at the first: several are raised as one
+:class:`~dblockrun.errors.ConfigErrors`, in the file's order. Only a file
+whose shape hides the rest (not YAML, not a mapping, no ``jobs:``) stops at
+once; a job with a bad key is not checked further (its other checks would
+repeat the same mistake).
 
 ``defaults`` are merged under each job key by key, except ``env``, which is
-merged variable by variable. A ``null`` value unsets an optional key (``cron``,
-``rate``, ``workdir``, ``starting-deadline``, ``items``, ``items-command``,
-``on-failure``, ``run-on``, ``notify``, ``ping``, ``catch-up-limit``) that ``defaults``
-set.
+merged variable by variable, and ``limits``, limit by limit (``memory: null``
+lifts the default's memory limit; ``limits: null`` all of them). A ``null``
+value unsets an optional key (``cron``, ``rate``, ``workdir``,
+``starting-deadline``, ``items``, ``items-command``, ``on-failure``,
+``run-on``, ``notify``, ``ping``, ``catch-up-limit``) that ``defaults`` set.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from dblockrun.config import resources
 from dblockrun.config.durations import format_duration, parse_duration
 from dblockrun.config.jobs import (
     CATCH_UP,
@@ -29,6 +36,7 @@ from dblockrun.config.jobs import (
     ENV,
     FILE,
     JOB_NAME,
+    LIMIT_KEYS,
     LITERAL,
     MAX_ARG,
     MAX_COMMAND_BYTES,
@@ -39,16 +47,19 @@ from dblockrun.config.jobs import (
     Command,
     Job,
     JobsFile,
+    Limits,
     Notify,
     OnFailure,
     RunOn,
     SecretUrl,
     differing_fields,
+    item_too_long,
 )
 from dblockrun.config.secreturl import check_url
-from dblockrun.errors import ConfigError
+from dblockrun.errors import ConfigError, ConfigErrors
 from dblockrun.scheduling.cron import validate_cron, validate_timezone
 from dblockrun.scheduling.targeting import check_word
+from dblockrun.secretfile import whole_text
 from dblockrun.withheld import DATABASE_VARS
 
 TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups")
@@ -175,12 +186,11 @@ if yaml.__with_libyaml__:  # PyYAML built with libyaml, as its wheels are
 def load_jobs(path: str) -> JobsFile:
     """Read and validate the jobs file at ``path``."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            text = stream.read()
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"cannot read: not UTF-8 text ({exc.reason})", file=path) from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=path) from exc
+        # A regular file only, bounded (a FIFO would hold `validate` and a
+        # reload until a writer came): the reader of secret files.
+        text = whole_text(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc), file=path) from None
     return load_jobs_text(text, path)
 
 
@@ -454,6 +464,8 @@ def _items(value: Any) -> tuple[str, ...]:
         raise _Invalid(f"must be a list, got {_kind(value)}")
     items = tuple(_word(item, "each item") for item in value)
     for item in items:
+        if (why := item_too_long(item)) is not None:
+            raise _Invalid(why)
         if items.count(item) > 1:
             raise _Invalid(f"item {item!r} is listed twice")
     return items
@@ -618,6 +630,32 @@ def _overlap(value: Any) -> str:
     return str(value)
 
 
+#: A job's ``limits:`` as written: (Limits field, value; None: lifted), sorted.
+WrittenLimits = tuple[tuple[str, Any], ...]
+
+
+def _limits(value: Any) -> WrittenLimits | None:
+    """``limits:`` as written (None: ``limits: null``); the job's own are
+    merged over its defaults' limit by limit, then frozen into
+    :class:`~dblockrun.config.jobs.Limits` (:meth:`_Parser.parse_job`)."""
+    if value is None:
+        return None
+    mapping = _mapping(value)
+    written: list[tuple[str, Any]] = []
+    for key, raw in mapping.items():
+        line = mapping.lines[key]
+        if key not in resources.PARSERS:
+            raise _Invalid(_suggest(key, LIMIT_KEYS), line=line, key=str(key))
+        field_name, parse = resources.PARSERS[key]
+        try:
+            written.append((field_name, None if raw is None else parse(raw)))
+        except resources.WrongKind as exc:
+            raise _Invalid(f"must be {exc.what}, got {_kind(raw)}", line=line, key=key) from None
+        except ValueError as exc:
+            raise _Invalid(str(exc), line=line, key=key) from None
+    return tuple(sorted(written))
+
+
 def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``parse``, with ``null`` meaning unset."""
 
@@ -671,6 +709,7 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "catch-up-limit": ("catch_up_limit", _optional(lambda v: _integer(v, 1))),
     "group": ("group", _optional(lambda v: _string(v, empty=False))),
     "overlap": ("overlap", _required(_overlap)),
+    "limits": ("limits", _limits),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 _KEY_OF_FIELD = {field: key for key, (field, _parse) in JOB_KEYS.items()}
@@ -747,13 +786,37 @@ class _Parser:
     def __init__(self, path: str) -> None:
         self.path = path
         self.groups: dict[str, int] = {}
+        #: Groups named under ``groups:`` whose definition is wrong: a job in
+        #: one is not also told its group is unknown.
+        self.bad_groups: set[str] = set()
+        #: Every problem found so far, in the order found.
+        self.errors: list[ConfigError] = []
 
     def error(
         self, why: str, line: int | None, job: str | None = None, key: str | None = None
     ) -> ConfigError:
         return ConfigError(why, file=self.path, line=line, job=job, key=key)
 
+    def fail(self, why: str, line: int | None, job: str | None = None,
+             key: str | None = None) -> None:
+        """Note a problem and go on: the file's other problems are found too."""
+        self.errors.append(self.error(why, line, job, key))
+
     def parse(self, data: Any) -> JobsFile:
+        """The file's jobs; every problem found, raised at the end (one
+        ConfigError, or several as ConfigErrors in the file's order)."""
+        try:
+            parsed = self.parse_file(data)
+        except ConfigError as exc:  # one that hides the rest of the file
+            self.errors.append(exc)
+        if not self.errors:
+            return parsed
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        # Stable: two problems of one line keep the order they were found in.
+        raise ConfigErrors(sorted(self.errors, key=lambda e: e.line or 0))
+
+    def parse_file(self, data: Any) -> JobsFile:
         if data is None:
             raise self.error(f"the file is empty: {_NEEDS_JOBS}", None)
         if not isinstance(data, _Mapping):
@@ -761,7 +824,7 @@ class _Parser:
         self.check_duplicates(data)
         for key in data:
             if key not in TOP_LEVEL_KEYS:
-                raise self.error(_suggest(key, TOP_LEVEL_KEYS), data.lines[key], key=str(key))
+                self.fail(_suggest(key, TOP_LEVEL_KEYS), data.lines[key], key=str(key))
         if "jobs" not in data:
             raise self.error(f"no jobs: key: {_NEEDS_JOBS}", data.line)
         database = data.get("database")
@@ -769,17 +832,19 @@ class _Parser:
             try:
                 database = _string(database, empty=False)
             except _Invalid as exc:
-                raise self.error(exc.why, data.lines["database"], key="database") from None
+                self.fail(exc.why, data.lines["database"], key="database")
         database_file = data.get("database-file")
         if database_file is not None:
             try:
                 database_file = _string(database_file, empty=False)
+                # Relative to the jobs file, like any path a reader of the file would follow.
+                database_file = os.path.join(os.path.dirname(self.path), database_file)
             except _Invalid as exc:
-                line = data.lines["database-file"]
-                raise self.error(exc.why, line, key="database-file") from None
-            # Relative to the jobs file, like any path a reader of the file would follow.
-            database_file = os.path.join(os.path.dirname(self.path), database_file)
+                self.fail(exc.why, data.lines["database-file"], key="database-file")
+        before = len(self.errors)
         defaults = self.parse_defaults(data)
+        #: A bad key under defaults: would show again in every job's checks.
+        self.defaults_ok = len(self.errors) == before
         self.groups, queues = self.parse_groups(data)
         groups = tuple(sorted(self.groups.items()))
         group_queues = tuple(sorted(queues.items()))
@@ -791,9 +856,9 @@ class _Parser:
         if not isinstance(jobs, _Mapping):
             why = f"must be a mapping of job names to jobs, got {_kind(jobs)}"
             raise self.error(why, data.lines["jobs"], key="jobs")
-        parsed = tuple(
-            self.parse_job(name, body, jobs.lines[name], defaults) for name, body in jobs.items()
-        )
+        parsed = tuple(job for name, body in jobs.items()
+                       if (job := self.parse_job(name, body, jobs.lines[name], defaults))
+                       is not None)
         return JobsFile(path=self.path, database=database, jobs=parsed,
                         database_file=database_file, groups=groups, group_queues=group_queues)
 
@@ -806,35 +871,45 @@ class _Parser:
             return {}, {}
         if not isinstance(raw, _Mapping):
             why = f"must be a mapping of group names to limits, got {_kind(raw)}"
-            raise self.error(why, data.lines["groups"], key="groups")
+            self.fail(why, data.lines["groups"], key="groups")
+            return {}, {}
         groups: dict[str, int] = {}
         queues: dict[str, int] = {}
         for name, value in raw.items():
-            line = raw.lines[name]
-            key = f"groups.{name}"
-            if not isinstance(name, str) or not JOB_NAME.fullmatch(name):
-                why = "bad group name: use letters, digits, '.', '_' and '-'"
-                raise self.error(why, line, key=key)
-            if len(name) > MAX_GROUP_NAME:
-                why = f"group name is {len(name)} characters long (at most {MAX_GROUP_NAME})"
-                raise self.error(why, line, key=key)
-            seats = value
-            if isinstance(value, _Mapping):
-                seats, bound = self.parse_group(name, value, line)
-                if bound is not None:
-                    queues[name] = bound
-                key = f"groups.{name}.seats"
-                line = value.lines.get("seats", line)
             try:
-                groups[name] = _integer(seats, 1)
-            except _Invalid as exc:
-                raise self.error(exc.why, line, key=key) from None
-            if groups[name] > MAX_GROUP_LIMIT:
-                why = f"must be at most {MAX_GROUP_LIMIT}, got {seats}"
-                raise self.error(why, line, key=key)
+                seats, bound = self.parse_group(name, value, raw.lines[name])
+            except ConfigError as exc:
+                self.errors.append(exc)
+                self.bad_groups.add(str(name))
+                continue
+            groups[name] = seats
+            if bound is not None:
+                queues[name] = bound
         return groups, queues
 
-    def parse_group(self, name: str, body: _Mapping, line: int) -> tuple[Any, int | None]:
+    def parse_group(self, name: Any, value: Any, line: int) -> tuple[int, int | None]:
+        """A group's seats, and its queue's bound (None: its full group skips)."""
+        key = f"groups.{name}"
+        if not isinstance(name, str) or not JOB_NAME.fullmatch(name):
+            why = "bad group name: use letters, digits, '.', '_' and '-'"
+            raise self.error(why, line, key=key)
+        if len(name) > MAX_GROUP_NAME:
+            why = f"group name is {len(name)} characters long (at most {MAX_GROUP_NAME})"
+            raise self.error(why, line, key=key)
+        seats, bound = value, None
+        if isinstance(value, _Mapping):
+            seats, bound = self.parse_group_body(name, value, line)
+            key = f"groups.{name}.seats"
+            line = value.lines.get("seats", line)
+        try:
+            limit = _integer(seats, 1)
+        except _Invalid as exc:
+            raise self.error(exc.why, line, key=key) from None
+        if limit > MAX_GROUP_LIMIT:
+            raise self.error(f"must be at most {MAX_GROUP_LIMIT}, got {seats}", line, key=key)
+        return limit, bound
+
+    def parse_group_body(self, name: str, body: _Mapping, line: int) -> tuple[Any, int | None]:
         """A group's long form: (its seats, unchecked; its queue's bound,
         None when its full group skips)."""
         for k in body:
@@ -863,7 +938,7 @@ class _Parser:
         return body["seats"], None
 
     def check_duplicates(self, data: _Mapping) -> None:
-        """Reject a key written twice in any mapping of the file."""
+        """Note each key written twice in any mapping of the file."""
         stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
         seen: set[int] = set()
         while stack:
@@ -872,9 +947,8 @@ class _Parser:
                 continue
             seen.add(id(value))
             if isinstance(value, _Mapping):
-                if value.duplicates:
-                    key, line = value.duplicates[0]
-                    raise self.duplicate(where, key, line)
+                for key, line in value.duplicates:
+                    self.errors.append(self.duplicate(where, key, line))
                 children = [(child, (*where, str(key))) for key, child in value.items()]
             elif isinstance(value, list | tuple | set):
                 children = [(child, where) for child in value]
@@ -897,29 +971,44 @@ class _Parser:
             return {}
         if not isinstance(raw, _Mapping):
             why = f"must be a mapping of job keys, got {_kind(raw)}"
-            raise self.error(why, data.lines["defaults"], key="defaults")
+            self.fail(why, data.lines["defaults"], key="defaults")
+            return {}
         return self.parse_keys(raw, job=None, prefix="defaults.")
 
     def parse_keys(
         self, raw: _Mapping, job: str | None, prefix: str = ""
     ) -> dict[str, tuple[Any, int]]:
-        """Each key of a job (or of defaults) -> (Job field value, line)."""
+        """Each key of a job (or of defaults) -> (Job field value, line);
+        a bad key is noted and left out."""
         parsed: dict[str, tuple[Any, int]] = {}
         for key, value in raw.items():
             line = raw.lines[key]
             if key not in JOB_KEYS:
-                raise self.error(_suggest(key, _KNOWN_JOB_KEYS), line, job, f"{prefix}{key}")
+                self.fail(_suggest(key, _KNOWN_JOB_KEYS), line, job, f"{prefix}{key}")
+                continue
             _field, parse = JOB_KEYS[key]
             try:
                 parsed[key] = (parse(value), line)
             except _Invalid as exc:
                 nested = f"{prefix}{key}.{exc.key}" if exc.key else f"{prefix}{key}"
-                raise self.error(exc.why, exc.line or line, job, nested) from None
+                self.fail(exc.why, exc.line or line, job, nested)
         return parsed
 
     def parse_job(
         self, name: Any, body: Any, line: int, defaults: dict[str, tuple[Any, int]]
-    ) -> Job:
+    ) -> Job | None:
+        """The job, or None after noting its problems."""
+        try:
+            return self.check_job(name, body, line, defaults)
+        except ConfigError as exc:
+            self.errors.append(exc)
+            return None
+
+    def check_job(
+        self, name: Any, body: Any, line: int, defaults: dict[str, tuple[Any, int]]
+    ) -> Job | None:
+        """The job; raises its first problem that hides the others, notes
+        the others (then None)."""
         if not isinstance(name, str):
             raise self.error(f"job names must be strings, got {_kind(name)} (quote it)", line)
         if not JOB_NAME.fullmatch(name):
@@ -930,72 +1019,80 @@ class _Parser:
             raise self.error(why, line, job=name[:40] + "...")
         if not isinstance(body, _Mapping):
             raise self.error(f"must be a mapping of job keys, got {_kind(body)}", line, job=name)
+        before = len(self.errors)
         own = self.parse_keys(body, job=name)
+        if len(self.errors) > before or not self.defaults_ok:
+            return None  # its keys as written are wrong: the checks below would say it again
         keys = {**defaults, **own}
         if "env" in defaults and "env" in own:
             env = dict(defaults["env"][0]) | dict(own["env"][0])
             keys["env"] = (tuple(sorted(env.items())), own["env"][1])
+        if "limits" in keys:  # the job's limits over its defaults', limit by limit
+            mine, where = keys["limits"]
+            if "limits" in own and mine is not None and "limits" in defaults:
+                mine = tuple(sorted((dict(defaults["limits"][0] or ()) | dict(mine)).items()))
+            keys["limits"] = (Limits(**dict(mine or ())), where)
 
         def value(key: str) -> Any:
             return keys[key][0] if key in keys else None
 
         if value("command") is None:
-            raise self.error("missing (every job needs a command)", line, name, "command")
+            self.fail("missing (every job needs a command)", line, name, "command")
         if value("cron") is None and value("rate") is None:
-            why = "missing (a job needs cron, rate or both)"
-            raise self.error(why, line, name, "cron")
+            self.fail("missing (a job needs cron, rate or both)", line, name, "cron")
         if value("items") is not None and value("items-command") is not None:
             why = "cannot be used together with items (use one)"
-            raise self.error(why, keys["items-command"][1], name, "items-command")
+            self.fail(why, keys["items-command"][1], name, "items-command")
         if value("on") and (value("items") is not None or value("items-command") is not None):
             why = ("every-host cannot be used with items or items-command (fan-out spreads "
                    "items over the hosts; every-host runs the whole job on each)")
-            raise self.error(why, keys["on"][1], name, "on")
+            self.fail(why, keys["on"][1], name, "on")
         if "cron" in keys and value("cron") is not None:
             try:  # H's values come from the job's name (`0 0 31 H *` may never match)
                 cron = value("cron")
                 _cron(list(cron) if isinstance(cron, tuple) else cron, name)
             except _Invalid as exc:
-                raise self.error(exc.why, keys["cron"][1], name, "cron") from None
+                self.fail(exc.why, keys["cron"][1], name, "cron")
+        if len(self.errors) > before:
+            return None
         job = Job(
             name=name,
             line=line,
             **{JOB_KEYS[key][0]: parsed for key, (parsed, _line) in keys.items()},
         )
+        for key, why in self.job_problems(job, keys):
+            self.fail(why, keys[key.split(".", 1)[0]][1] if key.split(".", 1)[0] in keys
+                      else line, name, key)
+        return job if len(self.errors) == before else None
+
+    def job_problems(self, job: Job, keys: dict[str, tuple[Any, int]]) -> Iterator[
+            tuple[str, str]]:
+        """(key, why) of each problem between the keys of a job whose keys
+        are each valid."""
         if job.lock_at_least > job.lock_at_most:
-            why = (
-                f"{format_duration(job.lock_at_least)} is longer than "
-                f"lock-at-most {format_duration(job.lock_at_most)}"
-            )
-            raise self.error(why, keys["lock-at-least"][1], name, "lock-at-least")
+            yield "lock-at-least", (f"{format_duration(job.lock_at_least)} is longer than "
+                                    f"lock-at-most {format_duration(job.lock_at_most)}")
         too_large = _too_large(job)
         if too_large is not None:
-            key, why = too_large
-            top = key.split(".", 1)[0]
-            raise self.error(why, keys[top][1] if top in keys else line, name, key)
+            yield too_large
         if job.max_delay is not None and job.backoff == 1:
-            why = "only with backoff above 1 (without it every retry waits retry-delay)"
-            raise self.error(why, keys["max-delay"][1], name, "max-delay")
+            yield "max-delay", "only with backoff above 1 (without it every retry waits " \
+                               "retry-delay)"
         if job.max_delay is not None and job.max_delay < job.retry_delay:
-            why = (f"{format_duration(job.max_delay)} is shorter than retry-delay "
-                   f"{format_duration(job.retry_delay)}")
-            raise self.error(why, keys["max-delay"][1], name, "max-delay")
+            yield "max-delay", (f"{format_duration(job.max_delay)} is shorter than retry-delay "
+                                f"{format_duration(job.retry_delay)}")
         if job.catch_up_limit is not None and job.catch_up != "all":
-            why = f"only with catch-up: all (this job's catch-up is {job.catch_up})"
-            raise self.error(why, keys["catch-up-limit"][1], name, "catch-up-limit")
+            yield "catch-up-limit", f"only with catch-up: all (this job's catch-up is " \
+                                    f"{job.catch_up})"
         if job.overlap != "forbid" and (job.cron is None or job.fan_out):
-            why = ("only for a cron job without items (a rate job starts when its last start "
-                   "is a rate old; a fan-out job's items have their own slots)")
-            raise self.error(why, keys["overlap"][1], name, "overlap")
-        if job.group is not None:
-            where = keys["group"][1]
+            yield "overlap", ("only for a cron job without items (a rate job starts when its "
+                              "last start is a rate old; a fan-out job's items have their own "
+                              "slots)")
+        if job.group is not None and job.group not in self.bad_groups:
             if job.group not in self.groups:
                 known = ", ".join(sorted(self.groups))
-                why = (f"unknown group {job.group!r} (groups: {known})" if known else
-                       f"unknown group {job.group!r}: define it under groups: at the top "
-                       "(groups: {" + job.group + ": 1})")
-                raise self.error(why, where, name, "group")
+                yield "group", (f"unknown group {job.group!r} (groups: {known})" if known else
+                                f"unknown group {job.group!r}: define it under groups: at "
+                                "the top (groups: {" + job.group + ": 1})")
             if job.fan_out:
-                why = "a fan-out job (items, items-command) cannot be in a group"
-                raise self.error(why, where, name, "group")
-        return job
+                yield "group", "a fan-out job (items, items-command) cannot be in a group"

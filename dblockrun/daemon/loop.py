@@ -242,7 +242,8 @@ class Daemon:
         _raise_open_files_limit()
         # Every command is started by the spawn service, started now, before
         # this process has a thread of its own (nothing forks the daemon).
-        spawn.start()
+        service = spawn.start()
+        self._limits(service.pid)
         server = None
         if self.options.metrics_addr:
             from dblockrun.prometheus import Prometheus, serve, url_of
@@ -334,6 +335,14 @@ class Daemon:
                 self._pause(delay)
         return False
 
+    def _limits(self, spawn_pid: int) -> None:
+        """Once a job has ``limits:``: how this host enforces them, said once
+        (dblockrun/running/resources.py; imported only then)."""
+        if any(job.limits.any for job in self.local.jobs.jobs):
+            from dblockrun.running import resources
+
+            resources.start(self.local.jobs.jobs, spawn_pid)
+
     def _warn_unmatched(self) -> None:
         """Warn of the jobs no live host's labels match: after a reload, and
         a few rounds after start-up (dblockrun/daemon/fleet.py ``SETTLE_ROUNDS``)."""
@@ -388,6 +397,7 @@ class Daemon:
             return
         before, changes = self.local.jobs, job_changes(self.local.file, new)
         self.local.load(new)
+        self._limits(spawn.start().pid)
         try:
             self.local.ensure_rows(self.store)
             self.parts.books.report_bad_rows()

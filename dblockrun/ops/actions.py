@@ -41,9 +41,12 @@ class NoDatabase(DblockrunError):
     """The database has no dblockrun tables."""
 
 
-def open_store(url: str, prefix: str, access: Access) -> Store:
+def open_store(url: str, prefix: str, access: Access, lock_wait: float | None = None) -> Store:
     """A Store on ``url`` for an operator command; :class:`NoDatabase` when
-    ``access`` forbids creating what is missing."""
+    ``access`` forbids creating what is missing. ``lock_wait``: how long a
+    statement waits for a row another session holds (None: as a holder of
+    the default lease)."""
+    from dblockrun.store.drivers import DEFAULT_LOCK_WAIT
     from dblockrun.store.schema import SCHEMA_VERSION
 
     where = describe(url, prefix)
@@ -55,7 +58,8 @@ def open_store(url: str, prefix: str, access: Access) -> Store:
         why = missing_sqlite_file(url)
         if why is not None:
             raise NoDatabase(f"no dblockrun database at {where}: {why}; {advice}")
-    store = Store(url, prefix, create=access is not Access.READ)
+    store = Store(url, prefix, create=access is not Access.READ,
+                  lock_wait=DEFAULT_LOCK_WAIT if lock_wait is None else lock_wait)
     if access is Access.CREATE:
         return store
     try:
@@ -193,20 +197,37 @@ def not_now(store: Store, job: str, hosts: list[HostStatus]) -> str | None:
     return None
 
 
-def _busy(store: Store, row: str) -> str | None:
-    """Why ``row`` has not started yet when its lock is held: the run holding it."""
+def held_why(store: Store, row: str) -> str | None:
+    """What holds the lock of ``row`` now, to follow ``ROW is`` (``run``,
+    ``exec -v``): a run still going; its holder's run that has ended, its
+    lock kept by ``lock-at-least`` (or a failed attempt's retry delay) until
+    when; a holder with no run. None when the lock is free."""
     from dblockrun.ops.output import iso
 
     running = store.control.running(row)
-    if not running:
-        state = store.lock_state(row)
-        if state is None or state.holder is None or state.lock_until is None or (
-                state.lock_until <= store.db_now()):
-            return None
-        return f"{row} is busy (its lock is held by {state.holder} until {iso(state.lock_until)})"
-    run = running[-1]
-    return (f"{row} is busy: run {run.id} on {run.host} has run since {iso(run.started)}; "
-            "it starts when that run ends")
+    if running:
+        run = running[-1]
+        return f"busy: run {run.id} on {run.host} has run since {iso(run.started)}"
+    state = store.lock_state(row)
+    if state is None or state.holder is None or state.lock_until is None or (
+            state.lock_until <= store.db_now()):
+        return None
+    ended = next((r for r in store.history(row, 1, output=False)
+                  if r.token == state.token and r.finished is not None), None)
+    if ended is None:
+        return f"busy (its lock is held by {state.holder} until {iso(state.lock_until)})"
+    by = "lock-at-least" if ended.result == OK else "lock-at-least or its retry's delay"
+    return (f"held until {iso(state.lock_until)} by {by}: run {ended.id} on {ended.host} "
+            f"ended {ended.result} at {iso(ended.finished)}")
+
+
+def _busy(store: Store, row: str) -> str | None:
+    """Why ``row`` has not started yet when its lock is held: the run holding it."""
+    why = held_why(store, row)
+    if why is None:
+        return None
+    return f"{row} is {why}" + ("; it starts when that run ends" if why.startswith("busy: ")
+                                else "")
 
 
 def request_run(store: Store, job: str, wait: float | None, audit: Audit | None = None,

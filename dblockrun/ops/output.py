@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -64,6 +64,9 @@ NOT_ON_LIVE_DAEMON = "no live daemon has this job"
 #: An every-host job's own row: its runs are its hosts' rows (dblockrun/scheduling/targeting.py).
 EVERY_HOST = "on every host: rows {job}@HOST"
 PAUSED = "fleet paused"
+#: A slot dropped by the fleet's pause (neither run nor recorded): the next
+#: slot's claim publishes the next time.
+DROPPED = "its next slot; the pause dropped {slot}"
 
 
 _P = ParamSpec("_P")
@@ -255,6 +258,8 @@ def job_view(s: JobStatus, fleet: Fleet) -> JobView:
             note = NO_LIVE_DAEMON
         elif fleet.known is not None and s.lock.name not in fleet.known:
             note = NOT_ON_LIVE_DAEMON
+        elif s.dropped is not None:  # not due: the pause dropped that slot
+            note = DROPPED.format(slot=_short(s.dropped, s.db_now))
     return JobView(status=s, held=held, running=s.running if held else None, next_note=note)
 
 
@@ -798,11 +803,15 @@ def _narrow_next_run(v: JobView, now: float) -> str:
 def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
                 live_within: float | None = None, width: int | None = None,
                 paused: Pause | None = None, groups: Sequence[GroupUsage] = (),
-                *, wide: bool = True) -> str:
+                *, wide: bool = True, limits: Mapping[str, str] | None = None) -> str:
     """The status tables; ``wide``: every fact (holder, token, absolute
-    times, pid, version, labels), else what fits 80 columns: relative
-    times, the running host's name."""
+    times, pid, version, labels; ``limits``: each job's ``limits:`` in the
+    jobs file read, by name, a column once one has them), else what fits
+    80 columns: relative times, the running host's name."""
     fleet = Fleet(hosts, paused)
+    limits = limits or {}
+    # An every-host job's rows (JOB@HOST) have its limits.
+    limited = wide and any(limits.get(s.lock.name.split("@", 1)[0]) for s in jobs)
     rows = []
     for s in jobs:
         v = job_view(s, fleet)
@@ -814,15 +823,16 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         if v.held:
             holder = f"{s.lock.holder or '(none)'} until {_short(s.lock.lock_until, db_now)}"
         rows.append([s.lock.name, _state_cell(v, db_now), holder, str(s.lock.token),
-                     _last_run_cell(s.last_run, db_now), _next_run_cell(v, db_now)])
+                     _last_run_cell(s.last_run, db_now), _next_run_cell(v, db_now)]
+                    + ([limits.get(s.lock.name.split("@", 1)[0]) or "-"] if limited else []))
     page = _Page(width)
     if paused is not None:
         page.paragraphs([pause_line(paused, db_now)])
         page.line()
     page.line("jobs")
     if wide:
-        page.table(("job", "state", "holder", "token", "last run", "next run"), rows,
-                   ("job", "token"))
+        page.table(("job", "state", "holder", "token", "last run", "next run")
+                   + (("limits",) if limited else ()), rows, ("job", "token"))
     else:
         page.table(("job", "state", "last run", "next run"), rows, ("job",))
     page.line()
@@ -868,9 +878,10 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
 
 def print_status(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
                  live_within: float | None = None, paused: Pause | None = None,
-                 groups: Sequence[GroupUsage] = (), *, wide: bool = False) -> None:
+                 groups: Sequence[GroupUsage] = (), *, wide: bool = False,
+                 limits: Mapping[str, str] | None = None) -> None:
     text = status_text(jobs, hosts, db_now, live_within, terminal_width(), paused, groups,
-                       wide=wide)
+                       wide=wide, limits=limits)
     sys.stdout.write(coloured(text) if use_colour() else text)
 
 

@@ -63,7 +63,9 @@ def exec_command(opts: ExecOptions, url: str, prefix: str) -> int:
     The command line's: the process ends after it (it freezes the garbage
     collector's view of everything allocated so far).
     """
-    target = ExecTarget(url, prefix)
+    from dblockrun.store.drivers import lock_wait_for
+
+    target = ExecTarget(url, prefix, lock_wait_for(opts.lease))
     # Modules, classes and the connection live until the process ends: out of
     # the collector's way, the full collection at exit skips them (a tenth of
     # exec's CPU on SQLite). What the run allocates is collected as usual
@@ -81,9 +83,14 @@ class ExecTarget:
     where the URL allows (``DBLOCKRUN_EXEC_DIRECT=0``: always the pool), and
     the full :class:`~dblockrun.store.Store` made on first need."""
 
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(self, url: str, prefix: str, lock_wait: float | None = None) -> None:
+        """``lock_wait``: how long a statement waits for a row another
+        session holds (None: store/drivers.py's default)."""
+        from dblockrun.store.drivers import DEFAULT_LOCK_WAIT
+
         self.url = url
         self.prefix = prefix
+        self.lock_wait = DEFAULT_LOCK_WAIT if lock_wait is None else lock_wait
         self._store: Store | None = None
         self.engine: LockEngine = self._direct() or self.store().lock_engine()
 
@@ -92,7 +99,7 @@ class ExecTarget:
             return None
         from dblockrun.store.drivers import direct_driver
 
-        driver = direct_driver(self.url)
+        driver = direct_driver(self.url, self.lock_wait)
         if driver is None:
             return None
         from dblockrun.store.engine import LockEngine
@@ -104,7 +111,7 @@ class ExecTarget:
         if self._store is None:
             from dblockrun.store import Store
 
-            self._store = Store(self.url, self.prefix)
+            self._store = Store(self.url, self.prefix, lock_wait=self.lock_wait)
         return self._store
 
     def claim(self, name: str, holder: str, lease: float) -> Claimed | None:
@@ -149,11 +156,18 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
                             "by hand); not running (repair: dblockrun unlock %s)",
                             opts.name, bad_token_why(lock.token), opts.name)
                 return opts.busy_exit_code
-            why = "busy"
-            if lock is not None and lock.disabled_until is not None:
-                why = "busy or disabled"
-            log.warning("lock %s is %s (holder %s); not running", opts.name, why,
-                        lock.holder if lock else "?")
+            from dblockrun.ops.actions import held_why
+            from dblockrun.ops.output import iso
+
+            full = target.store()
+            if lock is not None and lock.disabled_until is not None and (
+                    lock.disabled_until > full.db_now()):
+                why = f"disabled until {iso(lock.disabled_until)}" + (
+                    f" ({lock.disabled_reason})" if lock.disabled_reason else "")
+            else:  # a run going, or its lock kept after it (lock-at-least) ...
+                why = held_why(full, opts.name) or (
+                    f"busy (holder {lock.holder if lock else '?'})")
+            log.warning("lock %s is %s; not running", opts.name, why)
         return opts.busy_exit_code
     store = target.engine
     token = won.token

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from dblockrun.config.jobs import Job
+from dblockrun.config.jobs import MAX_ITEM, Job, item_too_long
 from dblockrun.errors import DatabaseError
 from dblockrun.running.runjob import (
     JobRun,
@@ -49,15 +49,17 @@ SYNC_LOOK = 0.2
 LIST_TIMEOUT = 300.0
 
 
-def item_lines(output: bytes) -> list[str]:
+def item_lines(output: bytes) -> tuple[list[str], list[str]]:
     """The items ``items-command`` printed: one a line, stripped, blank
-    lines dropped, the first of duplicates kept."""
+    lines dropped, the first of duplicates kept; and the lines too long to
+    be an item (:data:`~dblockrun.config.jobs.MAX_ITEM`), which fail alone."""
     seen: dict[str, None] = {}
     for line in stored_text(output).splitlines():
         item = line.strip()
         if item:
             seen.setdefault(item, None)
-    return list(seen)
+    good = [item for item in seen if item_too_long(item) is None]
+    return good, [item for item in seen if item_too_long(item) is not None]
 
 
 class ItemBatch:
@@ -242,7 +244,7 @@ class FanOut:
             on_err_line=line_logger(f"[{job.name} items-command] ", job=job.name),
             deadline=time.monotonic() + timeout, watch=watch, stop=ctx.stop,
             kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace, stop_why=ctx.stop_why,
-            user=job.user)
+            user=job.user, limits=job.limits, name=job.name)
         ctx.renewer.add(watch)
         with self._lock:
             self._running += 1
@@ -256,7 +258,8 @@ class FanOut:
                 with self._lock:
                     self._running -= 1
             if outcome.reason == "exit" and outcome.exit_code == 0:
-                self._synced(token, item_lines(b"".join(out)))
+                items, too_long = item_lines(b"".join(out))
+                self._synced(token, items, too_long)
             else:
                 self._list_failed(token, outcome, timeout)
 
@@ -285,16 +288,31 @@ class FanOut:
                     result, outcome.exit_code, f", {outcome.detail}" if outcome.detail else "")
         self._settle()
 
-    def _synced(self, token: int, items: list[str]) -> None:
+    def _synced(self, token: int, items: list[str], too_long: Sequence[str] = ()) -> None:
         job, ctx, store = self.job, self.ctx, self.store
         try:
             added, retired = store.items.sync(job.name, items)
+            for item in too_long:
+                self._refused(token, item)
         finally:
             store.release(job.name, ctx.holder, token)
         if added or retired:
             log.info("job %s: %d items (%d new, %d retired)", job.name, len(items), added,
                      retired)
         self._more()
+
+    def _refused(self, token: int, item: str) -> None:
+        """An ``items-command`` line too long to be an item fails alone: a
+        failed run of it (the item shortened to fit its record) says why,
+        under the job's lock; the other items run."""
+        job, ctx, store = self.job, self.ctx, self.store
+        why = item_too_long(item)
+        shown = item[:MAX_ITEM - 3] + "..."
+        run_id = store.start_run(job.name, ctx.holder, token=token, slot=self.slot, item=shown,
+                                 result=m.FAILED,
+                                 output=f"not run: items-command printed an {why}\n")
+        log.warning("job %s: items-command printed an %s; that item is not run (run %d)",
+                    job.name, why, run_id)
 
     # -- the items ----------------------------------------------------------------
 

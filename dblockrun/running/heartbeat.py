@@ -195,15 +195,19 @@ class Renewer:
                         continue
                     fresh = self._fresh(live) if self._suspects is None else []
                     sent = time.monotonic()
+                    for watch in live:  # said if their leases run out meanwhile
+                        watch.failing = watch.failing or "its last renewal had no answer yet"
                     # A grouped run's seat is renewed with its lock, in the same
                     # statement, and the runs' output that grew is written with them.
                     try:
                         renewed = self.store.renew_many(
                             holder, [r for w in live for r in w.rows()], lease,
                             _outputs(fresh))
-                    except DatabaseError:
+                    except DatabaseError as exc:
                         # Not the outputs' fault if a renewal without them fails too.
                         self._suspects = [out for out, _total, _text in fresh]
+                        for watch in live:  # said if their leases run out
+                            watch.failing = exc.message
                         raise
                     answered = True
                     _written(fresh)

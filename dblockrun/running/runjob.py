@@ -45,7 +45,7 @@ log = logging.getLogger("dblockrun")
 out_log = logging.getLogger("dblockrun.output")
 
 _RESULT = {"timeout": m.TIMEOUT, "fenced": m.KILLED, "stopped": m.KILLED, "killed": m.KILLED,
-           "error": m.FAILED}
+           "error": m.FAILED, "limit": m.FAILED}
 
 
 @dataclass(frozen=True)
@@ -485,6 +485,8 @@ class JobRun:
             on_start=self.on_start,
             user=job.user,
             on_err_line=self.err_sink,
+            limits=job.limits,
+            name=job.name,
         )
         # Its records show the output while it runs (a batch: each item's).
         self.watch.output = LiveOutput([run_id] if item is None else item.run_ids(),
@@ -672,7 +674,7 @@ class JobRun:
                                 run_id=self.last_run_id),
             deadline=time.monotonic() + 300, watch=None, stop=ctx.stop,
             kill_grace=ctx.kill_grace, stop_grace=ctx.stop_grace, stop_why=ctx.stop_why,
-            user=job.user,
+            user=job.user, limits=job.limits, name=job.name,
         )
 
         def ended() -> None:

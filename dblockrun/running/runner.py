@@ -18,13 +18,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dblockrun.config.durations import fence_margin
-from dblockrun.config.jobs import Command
+from dblockrun.config.jobs import Command, Limits
 from dblockrun.redact import Pieces
 from dblockrun.running import spawn
 from dblockrun.running.spawn import MAX_LINE, Lifeline, LineSink
+
+if TYPE_CHECKING:
+    from dblockrun.running.resources import Applied
 
 log = logging.getLogger("dblockrun")
 
@@ -59,6 +62,8 @@ class LeaseWatch:
     seat: tuple[str, int] | None = None
     #: The running attempt's output, written with the renewals (None: none yet).
     output: LiveOutput | None = None
+    #: Why the last renewal failed (None: it did not): said if the lease runs out.
+    failing: str | None = None
 
     def rows(self) -> list[tuple[str, int]]:
         """The lock rows this lease renews: (name, token) each."""
@@ -66,6 +71,7 @@ class LeaseWatch:
 
     def renewed(self, sent: float) -> None:
         self.last_ok = sent
+        self.failing = None
         if self.pipe is not None:
             self.pipe.beat(sent)
 
@@ -77,7 +83,9 @@ class LeaseWatch:
 @dataclass(frozen=True)
 class Outcome:
     exit_code: int | None
-    reason: str  # "exit", "timeout", "fenced", "stopped", "killed", "error"
+    #: "exit", "timeout", "fenced", "stopped", "killed", "error", or "limit"
+    #: (ended by one of the job's limits: ``detail`` says which).
+    reason: str
     tail: bytes
     detail: str = ""
 
@@ -294,7 +302,9 @@ class Process:
     with a ``watch`` the service also stops it once the lease is not
     confirmed for the fence (``lifeline`` beats), and a command that cannot
     be executed exits 127 with a message in its output; without, that is
-    an error here. Either way it stops when the daemon dies.
+    an error here. Either way it stops when the daemon dies. ``limits``:
+    the job's (``name``), set in the command's process before it starts
+    (dblockrun/running/resources.py); a run one of them ended says which.
     """
 
     def __init__(
@@ -313,6 +323,8 @@ class Process:
         on_start: Callable[[int], None] | None = None,
         user: str | None = None,
         on_err_line: LineSink | None = None,
+        limits: Limits | None = None,
+        name: str = "command",
     ) -> None:
         self.argv = argv
         self.env = env
@@ -327,6 +339,10 @@ class Process:
         self.stop_why = stop_why
         self.on_start = on_start
         self.user = user
+        self.limits = limits
+        self.name = name
+        #: Its limits as set, and its cgroup (None: no limits).
+        self.applied: Applied | None = None
         self.fence_margin = fence_margin(watch.lease, kill_grace) if watch else kill_grace + 1.0
         self.term_grace = self.fence_margin - 1.0
         self.reason = "exit"
@@ -351,6 +367,14 @@ class Process:
             except OSError as exc:
                 return Outcome(None, "error", b"", f"cannot start command: {exc}")
             env, cwd = run_as.env(env), run_as.cwd(cwd)
+        if self.limits is not None and self.limits.any:
+            from dblockrun.running import resources  # not for a job without (nor exec)
+
+            try:
+                self.applied = resources.apply(self.limits, self.name)
+            except OSError as exc:
+                return Outcome(None, "error", b"", "cannot start command: limits: cannot make "
+                               f"its cgroup: {exc.strerror or exc}")
         watch = self.watch
         if watch is not None:
             # The service stops the group a little after we would, from its own
@@ -387,14 +411,20 @@ class Process:
                     fence=watch.lease - self.fence_margin + 0.5 if watch else None,
                     since=watch.last_ok if watch else None,
                     grace=self.term_grace, ids=run_as.ids() if run_as else None,
-                    streams=streams, on_end=end)
+                    streams=streams, on_end=end,
+                    limits=self.applied.request if self.applied is not None else None)
             except OSError as exc:
                 for r, _sink in streams:
                     os.close(r)
                 if self.lifeline is not None:
                     self.lifeline.close()
+                if self.applied is not None:
+                    self.applied.close()
                 if isinstance(exc, spawn.LeaseRanOut):
                     return Outcome(None, "fenced", b"", str(exc.strerror))
+                if isinstance(exc, spawn.LimitRefused) and self.applied is not None:
+                    return Outcome(None, "error", b"", "cannot start command: limits: "
+                                   + self.applied.refused(exc.key, exc))
                 return Outcome(None, "error", b"", f"cannot start command: {exc}")
             finally:
                 for w in writers:
@@ -436,6 +466,8 @@ class Process:
                 self.term_grace = 0.0
             elif watch is not None and now >= watch.fence_at(self.fence_margin):
                 self.reason, self.detail = "fenced", "lease could not be renewed before it expired"
+                if watch.failing:  # a database outage, rows another session holds ...
+                    self.detail += f" ({watch.failing})"
             elif self.stop.is_set() and ((until := self.stop_grace()) is None or now >= until):
                 self.reason, self.detail = "stopped", self.stop_why()
             else:
@@ -466,10 +498,21 @@ class Process:
         # SIGKILL once none runs or after 1 s; zombies are not waited for).
         if _signal_group(pgid, 0):
             stop_group(pgid, 1.0, lambda: not group_running(pgid))
+        applied = self.applied
+        if applied is not None and applied.group is not None:
+            applied.group.kill()  # and those that left it: its cgroup holds them all
         proc.finish_output(timeout=2.0)
         if self.lifeline is not None:
             self.lifeline.close()
-        return Outcome(proc.returncode, self.reason, self.output.tail.value(), self.detail)
+        tail = self.output.tail.value()
+        if applied is not None:
+            if self.reason == "exit":
+                limit = applied.ended_by(proc.returncode, proc.cpu, tail)
+                if limit is not None:
+                    self.reason, self.detail = "limit", limit
+            applied.close()
+        return Outcome(proc.returncode, self.reason, tail, self.detail)
+
 
 
 def run_process(argv: Sequence[str], **options: Any) -> Outcome:

@@ -105,6 +105,18 @@ class LeaseRanOut(OSError):
     request): another host may hold the job by now."""
 
 
+class LimitRefused(OSError):
+    """A job's limit could not be set in its command's process (a niceness
+    below the daemon's without privilege, a hard limit above its own, a
+    cgroup it cannot join): :attr:`key` names it (``nice``, ``cgroup`` ...)."""
+
+    key = ""
+
+
+#: The steps of the service's child that set limits (spawner._limit).
+LIMIT_STEPS = ("limits", "cgroup", "nice", "io", "memory", "tasks", "cpu-time", "open-files")
+
+
 class Spawned:
     """A command the service started: its pid (its process group's id), its
     end, its output."""
@@ -118,6 +130,8 @@ class Spawned:
         self.id = 0
         self.pid = 0
         self.returncode: int | None = None
+        #: CPU seconds the command (and what it waited for) used: with limits only.
+        self.cpu: float | None = None
         #: The service died while the command ran: its end is unknown.
         self.orphaned = False
         self.error: OSError | None = None
@@ -199,15 +213,19 @@ class SpawnService:
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None,
               out_fd: int, err_fd: int, beat_fd: int | None, fence: float | None, grace: float,
               ids: Ids | None, streams: Sequence[tuple[int, LineSink]],
-              on_end: Callable[[], None] | None = None, since: float | None = None) -> Spawned:
+              on_end: Callable[[], None] | None = None, since: float | None = None,
+              limits: Mapping[str, object] | None = None) -> Spawned:
         """Start ``argv``; its output pipes' read ends ``streams`` are read
         from then on, and ``on_end`` is called once it ended. Under a
         ``fence``, ``since`` is the send time of the lease's last renewal
         (``time.monotonic()``; default: the service's receipt): the fence
         counts from it, and :class:`LeaseRanOut` is raised if it passed
-        already. Raises OSError if it cannot be started (a bad ``cwd``, or
-        without a ``fence`` a command that cannot be executed)."""
-        request = _request(argv, env, cwd, ids, fence, grace, since)
+        already. ``limits``: what the service's child sets before the command
+        starts (:func:`dblockrun.running.resources.apply`). Raises OSError if
+        it cannot be started (a bad ``cwd``, a limit it cannot set:
+        :class:`LimitRefused`, or without a ``fence`` a command that cannot
+        be executed)."""
+        request = _request(argv, env, cwd, ids, fence, grace, since, limits)
         run = Spawned(self, streams, on_end)
         fds = [out_fd, err_fd] + ([beat_fd] if fence is not None and beat_fd is not None else [])
         with self._lock:
@@ -318,6 +336,7 @@ class SpawnService:
             del self._runs[run.id]
         if "status" in msg:
             run.returncode = os.waitstatus_to_exitcode(msg["status"])
+            run.cpu = msg.get("cpu")
             run._set_ended()
         else:
             num = msg["errno"]
@@ -346,7 +365,8 @@ class SpawnService:
 
 
 def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, ids: Ids | None,
-             fence: float | None, grace: float, since: float | None = None) -> bytes:
+             fence: float | None, grace: float, since: float | None = None,
+             limits: Mapping[str, object] | None = None) -> bytes:
     """A start request for the service, less its opening ``{"id": N, ``.
     Raises OSError (E2BIG) naming what is too large for the kernel to
     execute, or for one request (the run fails with that reason, its
@@ -360,9 +380,12 @@ def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, ids: 
         if size > MAX_ARG:
             raise OSError(errno.E2BIG, f"{what} is {size:,} bytes: at most {MAX_ARG:,} "
                           "(Linux's limit for one argument or variable)")
-    body = json.dumps({"argv": list(argv), "env": dict(env), "cwd": cwd,
-                       "ids": list(ids) if ids is not None else None, "fence": fence,
-                       "since": since, "grace": grace}).encode()[1:]
+    fields: dict[str, object] = {"argv": list(argv), "env": dict(env), "cwd": cwd,
+                                 "ids": list(ids) if ids is not None else None, "fence": fence,
+                                 "since": since, "grace": grace}
+    if limits is not None:
+        fields["limits"] = limits
+    body = json.dumps(fields).encode()[1:]
     if len(body) + 32 > spawner.MAX_REQUEST:
         raise OSError(errno.E2BIG, f"the command and its environment are {len(body):,} bytes: "
                       f"at most {spawner.MAX_REQUEST:,} (the spawn service's limit)")
@@ -379,6 +402,10 @@ def _start_error(error: OSError, command: str, cwd: str | None) -> OSError:
         return OSError(error.errno, error.strerror, command)
     if step == "cwd":
         return OSError(error.errno, error.strerror, cwd)
+    if step in LIMIT_STEPS:
+        refused = LimitRefused(error.errno, error.strerror)
+        refused.key = step
+        return refused
     if step is None:
         return error
     return OSError(error.errno, f"{error.strerror} ({step})")

@@ -9,9 +9,14 @@ ignores back to their default, stdin ``/dev/null``, stdout and stderr the
 daemon's pipes (the descriptors come with the request), the job's
 ``workdir`` (the service's own for the call: it has no thread) and
 environment. Every descriptor the service holds is close-on-exec, so a
-command gets only those three. A job with a ``user:`` is started by a fork
-of the service instead, which switches user and groups (``posix_spawn``
-cannot) and executes the command.
+command gets only those three. A job with a ``user:`` or ``limits:`` is
+started by a fork of the service instead, which sets what ``posix_spawn``
+cannot, in this order, and executes the command: the run's cgroup v2 (it
+joins it), its niceness, its I/O class (util-linux's ``ionice -p`` on
+itself), its rlimits, its user and groups, and last its address-space
+limit (the child itself must still allocate until then). Its end is then
+reported with the CPU time the command and the processes it waited for
+used (``wait4``): the daemon tells a run ended by ``cpu-time`` by it.
 
 The service stays with the daemon's user (root for ``user:`` jobs, so a job
 cannot kill its watchdog) and watches every command it started:
@@ -35,13 +40,17 @@ It ignores the signals a stop, ``exec``'s forwarding or a terminal send
 script (``python -I -S spawner.py FD``) it imports only the standard library.
 
 Requests (one datagram each, JSON, descriptors attached):
-``{"id", "argv", "env", "cwd", "ids", "fence", "since", "grace"}`` with descriptors
+``{"id", "argv", "env", "cwd", "ids", "fence", "since", "grace"[, "limits"]}`` with descriptors
 stdout, stderr and, when ``fence`` is set, the lifeline's read end; ``since``
 (optional) is the send time of the lease's last renewal, from which the fence
 counts: a request whose fence passed before it arrived is refused
 (``{"id", "errno", "step": "lease"}``), its command never started. Replies:
 ``{"id", "pid"}`` once the command is executed, ``{"id", "errno", "step"}``
-if it could not be, ``{"id", "status"}`` (a wait status) when it ended.
+if it could not be, ``{"id", "status"}`` (a wait status) when it ended
+(``{"id", "status", "cpu"}`` with ``limits``). ``limits`` (optional):
+``{"rlimits": [[key, resource, soft, hard], ...], "nice": N|null, "io":
+[ionice, class, level|null]|null, "cgroup": path|null}`` (dblockrun/running/resources.py);
+a step that fails names its key (``nice``, ``io``, ``memory`` ...).
 Under a lease (``fence`` set), a command that cannot be executed is
 reported as one that ran and exited 127 (a shell's status), with the reason
 on its stderr: the service writes the line and starts, in the command's
@@ -58,6 +67,7 @@ import array
 import errno
 import heapq
 import json
+import math
 import mmap
 import os
 import re
@@ -94,10 +104,10 @@ class _Run:
     """A command the service started, until its end is reported."""
 
     __slots__ = ("id", "pid", "setup", "setup_report", "pidfd", "beat", "err", "fence",
-                 "grace", "deadline", "stopping", "kill_at", "queued")
+                 "grace", "deadline", "stopping", "kill_at", "queued", "usage")
 
     def __init__(self, rid: int, pid: int, setup: int, beat: int, err: int, fence: float | None,
-                 grace: float, since: float) -> None:
+                 grace: float, since: float, usage: bool = False) -> None:
         self.id = rid
         self.pid = pid
         self.setup = setup  # report pipe from a forked child until it executes, else -1
@@ -112,6 +122,8 @@ class _Run:
         self.kill_at: float | None = None
         #: The time of this run's live entry in the timer heap (None: none).
         self.queued: float | None = None
+        #: Its end is reported with the CPU time used (a command with limits).
+        self.usage = usage
 
     def due(self) -> float | None:
         """When the next timer of this run is due: the SIGKILL once
@@ -267,11 +279,11 @@ class Service:
         out, err = fds[0], fds[1]
         beat = fds[2] if fence is not None else -1
         now = time.monotonic()
-        since = min(req.get("since") or now, now)
+        since = now if req.get("since") is None else min(req["since"], now)
         try:
             if fence is not None and now >= since + fence:
                 raise _StartError(errno.ETIME, LEASE_STEP)
-            if req["ids"] is not None:
+            if req["ids"] is not None or req.get("limits") is not None:
                 pid, setup = self._fork(req, out, err, guarded=fence is not None)
             else:
                 pid, setup = self._spawn(req["argv"], req["env"], req["cwd"], out, err,
@@ -285,7 +297,8 @@ class Service:
         err_copy = err if fence is not None else -1
         if err_copy < 0:
             os.close(err)
-        run = _Run(rid, pid, setup, beat, err_copy, fence, float(req["grace"]), since)
+        run = _Run(rid, pid, setup, beat, err_copy, fence, float(req["grace"]), since,
+                   usage=req.get("limits") is not None)
         self.runs[rid] = run
         self._arm(run)
         if setup >= 0:
@@ -362,12 +375,16 @@ class Service:
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL)) from None
 
     def _fork(self, req: Mapping[str, Any], out: int, err: int, guarded: bool) -> tuple[int, int]:
-        """Start a command with a ``user:``: a fork that switches to it and
-        executes the command; its pid and the pipe its setup reports on."""
+        """Start a command with a ``user:`` or ``limits:``: a fork that sets
+        them and executes the command; its pid and the pipe its setup
+        reports on."""
         argv: list[str] = req["argv"]
         env: dict[str, str] = req["env"]
         paths = _exec_paths(argv[0], env)
         ids = req["ids"]
+        limits = req.get("limits")
+        if limits is not None:
+            _resource()  # in the service, once: not in each child
         try:
             setup_r, setup_w = os.pipe2(os.O_CLOEXEC)
             try:
@@ -379,13 +396,14 @@ class Service:
         except OSError as exc:
             raise _StartError(exc.errno, "fork") from None
         if pid == 0:
-            self._child(argv, paths, env, req["cwd"], ids, out, err, setup_w, guarded)
+            self._child(argv, paths, env, req["cwd"], ids, limits, out, err, setup_w, guarded)
         os.close(setup_w)
         os.set_blocking(setup_r, False)
         return pid, setup_r
 
     def _child(self, argv: list[str], paths: list[bytes], env: dict[str, str], cwd: str | None,
-               ids: Sequence[Any], out: int, err: int, report: int, guarded: bool) -> NoReturn:
+               ids: Sequence[Any] | None, limits: Mapping[str, Any] | None, out: int, err: int,
+               report: int, guarded: bool) -> NoReturn:
         step = "setup"
         try:
             os.setsid()
@@ -399,12 +417,22 @@ class Service:
             if cwd is not None:
                 step = "cwd"
                 os.chdir(cwd)
+            address_space = None
+            if limits is not None:
+                step = "limits"
+                address_space = _limit(limits)
             try:
-                step = "user"
-                uid, gid, groups = ids
-                os.setgroups(list(groups))
-                os.setgid(gid)
-                os.setuid(uid)
+                if ids is not None:
+                    step = "user"
+                    uid, gid, groups = ids
+                    os.setgroups(list(groups))
+                    os.setgid(gid)
+                    os.setuid(uid)
+                if address_space is not None:  # a failure is a setup's, never "cannot run"
+                    try:
+                        _setrlimit(address_space)
+                    except OSError as exc:
+                        raise _StartError(exc.errno, "memory") from None
                 step = "exec"
                 _first_path(paths, lambda path: os.execve(path, argv, env))
             except OSError as exc:
@@ -414,6 +442,10 @@ class Service:
                 _say(2, f"dblockrun: cannot run {argv[0]}: {exc.strerror}\n")
         except BaseException as exc:
             num = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
+            if isinstance(exc, _StartError):
+                num, step = exc.errno, exc.step
+            elif isinstance(exc, MemoryError):  # under the address-space limit
+                num = errno.ENOMEM
             try:
                 os.write(report, b"%d:%s" % (num, step.encode()))
             except OSError:
@@ -476,11 +508,16 @@ class Service:
             # Stopping: whatever is left of the group goes too (the leader, a
             # zombie until waited for, still holds the group's id).
             _killpg(run.pid, signal.SIGKILL)
-        _, status = os.waitpid(run.pid, 0)
+        if run.usage:
+            _, status, usage = os.wait4(run.pid, 0)
+            cpu = b', "cpu": %.3f' % (usage.ru_utime + usage.ru_stime)
+        else:
+            _, status = os.waitpid(run.pid, 0)
+            cpu = b""
         self._unwatch(run.pidfd)
         self._unwatch(run.beat)
         self._forget(run)
-        self._send_raw(b'{"id": %d, "status": %d}' % (run.id, status))
+        self._send_raw(b'{"id": %d, "status": %d%s}' % (run.id, status, cpu))
 
     def _forget(self, run: _Run) -> None:
         if run.err >= 0:
@@ -497,7 +534,7 @@ BEAT = struct.Struct("=d")
 def _newest_beat(data: bytes, default: float) -> float:
     """The newest send time of the beats in ``data`` (``default``: none)."""
     whole = len(data) - len(data) % BEAT.size
-    stamps = [s for (s,) in BEAT.iter_unpack(data[:whole]) if s == s]  # not NaN
+    stamps = [s for (s,) in BEAT.iter_unpack(data[:whole]) if math.isfinite(s)]
     return max(stamps) if stamps else default
 
 
@@ -523,8 +560,17 @@ def _checked(data: bytes | bytearray, fds: int) -> dict[str, Any]:
         return value is None or (isinstance(value, str) and "\0" not in value)
 
     def number(value: Any, none: bool) -> bool:
+        """A duration (a fence, a grace): a number of seconds, 0 to 10**9."""
         return ((value is None and none) or (isinstance(value, int | float)
                 and not isinstance(value, bool) and 0 <= value < 1e9))
+
+    def reading(value: Any) -> bool:
+        """A reading of the monotonic clock (``since``), or none: any finite
+        number. Its size says nothing (a time namespace's offset, libfaketime
+        with an absolute date: 10**9 s and more); it only counts the fence
+        from it, and a reading after the service's own is taken as now."""
+        return value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                                 and math.isfinite(value))
 
     def user(ids: Any) -> bool:  # None, or [uid, gid, [group, ...]]
         if ids is None:
@@ -534,6 +580,24 @@ def _checked(data: bytes | bytearray, fds: int) -> dict[str, Any]:
         return all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 32
                    for i in (ids[0], ids[1], *ids[2]))
 
+    def whole(*values: Any) -> bool:
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+    def limits(value: Any) -> bool:  # None, or what _limit sets
+        if value is None:
+            return True
+        if not (isinstance(value, dict) and set(value) == {"rlimits", "nice", "io", "cgroup"}
+                and isinstance(value["rlimits"], list)):
+            return False
+        io = value["io"]
+        return (all(isinstance(e, list) and len(e) == 4 and isinstance(e[0], str)
+                    and whole(*e[1:]) and 0 <= e[2] <= e[3] for e in value["rlimits"])
+                and (value["nice"] is None or whole(value["nice"]))
+                and (io is None or (isinstance(io, list) and len(io) == 3 and path(io[0])
+                                    and io[0] is not None and whole(io[1])
+                                    and (io[2] is None or whole(io[2]))))
+                and path(value["cgroup"]))
+
     ok = (isinstance(req, dict) and isinstance(req.get("id"), int)
           and isinstance(req.get("argv"), list) and bool(req["argv"])
           and all(isinstance(a, str) for a in req["argv"])
@@ -541,12 +605,75 @@ def _checked(data: bytes | bytearray, fds: int) -> dict[str, Any]:
           and all(isinstance(v, str) for v in req["env"].values())
           and path(req.get("cwd"))
           and number(req.get("fence"), True) and number(req.get("grace"), False)
-          and number(req.get("since"), True)
+          and reading(req.get("since"))
           and user(req.get("ids"))
+          and limits(req.get("limits"))
           and fds == (3 if req.get("fence") is not None else 2))
     if not ok:
         raise _StartError(errno.EINVAL, "request")
     return req  # type: ignore[no-any-return]
+
+
+def _limit(limits: Mapping[str, Any]) -> list[Any] | None:
+    """In a command's child, before its user is switched: join its cgroup,
+    set its niceness, I/O class and rlimits (_StartError naming the limit
+    that could not be set); the address-space limit, to set last, is
+    returned (None: none)."""
+    step = "cgroup"
+    try:
+        if limits["cgroup"] is not None:
+            with open(os.path.join(limits["cgroup"], "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        if limits["nice"] is not None:
+            step = "nice"
+            os.setpriority(os.PRIO_PROCESS, 0, limits["nice"])
+        if limits["io"] is not None:
+            step = "io"
+            _ionice(*limits["io"])
+        address_space = None
+        for entry in limits["rlimits"]:
+            step = entry[0]
+            if entry[0] == "memory":
+                address_space = entry
+            else:
+                _setrlimit(entry)
+    except OSError as exc:
+        raise _StartError(exc.errno, step) from None
+    return address_space
+
+
+def _resource() -> Any:
+    """The resource module, imported by the first command with limits (the
+    service imports nothing it does not use)."""
+    import resource
+
+    return resource
+
+
+def _setrlimit(entry: Sequence[Any]) -> None:
+    """``[key, resource, soft, hard]``; raises OSError (a hard limit above
+    the service's cannot be set without privilege: EPERM)."""
+    try:
+        _resource().setrlimit(entry[1], (entry[2], entry[3]))
+    except ValueError:  # Python's word for EPERM here
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM)) from None
+
+
+def _ionice(ionice: str, klass: int, level: int | None) -> None:
+    """This process's I/O scheduling class, set by util-linux's ionice (the
+    kernel's ioprio_set has no Python binding); its message, if it fails,
+    goes to the command's stderr. Raises OSError (EPERM) if it fails."""
+    args = [ionice, "-c", str(klass), *(["-n", str(level)] if level is not None else []),
+            "-p", str(os.getpid())]
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execv(ionice, args)
+        finally:
+            os._exit(127)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise OSError(errno.EPERM, f"ionice exited {os.waitstatus_to_exitcode(status)}")
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -174,7 +174,8 @@ def why(job: Job, cause: Cause) -> str:
     record a single slot give their own)."""
     what = {
         Cause.DOWN: "no daemon was running the job",
-        Cause.OUTAGE: "the database could not be reached",
+        Cause.OUTAGE: ("the database could not be reached, or another session held its lock "
+                       "rows"),
         Cause.LATE: "this daemon woke late (stopped, suspended or overloaded)",
     }.get(cause, cause.value)
     deadline = (f", starting-deadline {job.starting_deadline:g}s"

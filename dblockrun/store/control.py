@@ -142,12 +142,16 @@ class ControlStore:
         return self.audited(go, entry)
 
     def resume(self, entry: Audit) -> Pause | None:
-        """End the pause; the pause that was in effect (None: none was)."""
+        """End the pause; the pause that was in effect (None: none was). Its
+        row stays, ending now: ``status`` tells the slots it dropped from a
+        job that is due (:meth:`last_pause`)."""
         pause = self.s.t.pause
 
         def go(conn: Connection) -> Pause | None:
             was = self._read(conn, current=True)
-            conn.execute(pause.delete().where(pause.c.id == FLEET))
+            if was is not None:
+                conn.execute(pause.update().where(pause.c.id == FLEET, pause.c.ends > self.s.now)
+                             .values(ends=self.s.now))
             return was
 
         return self.audited(go, entry)
@@ -155,6 +159,11 @@ class ControlStore:
     def paused(self) -> Pause | None:
         """The pause in effect now, if any (one statement)."""
         return self.s._run(lambda c: self._read(c, current=True))
+
+    def last_pause(self) -> Pause | None:
+        """The pause in effect now, or else the last one, ended (resumed,
+        or over by its own time); one statement."""
+        return self.s._run(self._read)
 
     def _read(self, conn: Connection, *, current: bool = False) -> Pause | None:
         pause = self.s.t.pause

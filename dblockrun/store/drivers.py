@@ -1,7 +1,16 @@
 """What dblockrun knows of its three drivers (sqlite3, psycopg, PyMySQL), in
 one place: the options every connection gets, how to open one from a plain
-URL without SQLAlchemy, which errors mean a dead connection or a deadlock,
-and how a driver's error reads as a :class:`~dblockrun.errors.DatabaseError`.
+URL without SQLAlchemy, which errors mean a dead connection, a deadlock or a
+row lock another session holds, and how a driver's error reads as a
+:class:`~dblockrun.errors.DatabaseError`.
+
+A statement waits for a row another session holds at most
+:func:`lock_wait_for` of the lease (a quarter, 1 to 10 s), set once per
+connection where it is opened (PostgreSQL's ``lock_timeout`` in the start-up
+packet, MariaDB's ``innodb_lock_wait_timeout`` in the ``init_command`` that
+sets the time zone): no statement more, on any path. Without it MariaDB
+waited 50 s, past the client's 15 s read timeout, which then read as an
+unreachable database; now the server says the row is held, in seconds.
 
 A driver is imported only when a connection of its kind is opened or one of
 its errors is looked at, so that ``exec`` on SQLite never loads psycopg.
@@ -20,7 +29,27 @@ from dblockrun.errors import DatabaseError, DatabaseRefused, SettingRefused, Usa
 #: MULTI_STATEMENTS (a claim and its run record in one round trip).
 MYSQL_CLIENT_FLAG = 2 | (1 << 16)
 
-#: Options of every connection, pooled or direct, by dialect.
+#: How long a statement waits for a row lock, as a share of the lease, and
+#: the bounds: at least a second (MariaDB counts whole seconds), and at most
+#: 10 s, below the read timeout and ``statement_timeout`` (15 s), so that the
+#: server, not the client's timeout, ends the wait and says why.
+LOCK_WAIT_SHARE = 0.25
+LOCK_WAIT_MIN, LOCK_WAIT_MAX = 1.0, 10.0
+#: The lease of a daemon, ``exec`` and the API by default (seconds).
+DEFAULT_LEASE = 30.0
+
+
+def lock_wait_for(lease: float) -> float:
+    """How long a statement of a holder with ``lease`` waits for a row that
+    another session holds (renewals and bookkeeping included): a quarter of
+    the lease, 1 to 10 s (7.5 s at the default 30 s)."""
+    return min(LOCK_WAIT_MAX, max(LOCK_WAIT_MIN, lease * LOCK_WAIT_SHARE))
+
+
+DEFAULT_LOCK_WAIT = lock_wait_for(DEFAULT_LEASE)
+
+#: Options of every connection, pooled or direct, by dialect (the lock wait
+#: is added by :func:`connect_options`).
 CONNECT_OPTIONS: dict[str, dict[str, Any]] = {
     "postgresql": {
         "connect_timeout": 5,
@@ -91,12 +120,23 @@ def _query(url: str) -> str | None:
     return query if mark else None
 
 
-def connect_options(dialect: str, pooler: str | None = None) -> dict[str, Any]:
+def connect_options(dialect: str, pooler: str | None = None,
+                    lock_wait: float = DEFAULT_LOCK_WAIT) -> dict[str, Any]:
     """The options of every connection to ``dialect``, pooled or direct,
-    through ``pooler`` (:data:`POOLERS`) or not."""
+    through ``pooler`` (:data:`POOLERS`) or not; a statement waits at most
+    ``lock_wait`` seconds for a row lock (:func:`lock_wait_for`)."""
     options = dict(CONNECT_OPTIONS[dialect])
+    if dialect == "postgresql":
+        options["options"] += f" -c lock_timeout={round(lock_wait * 1000)}"
+    elif dialect == "mysql":
+        # Whole seconds, in the one SET the connection sends anyway: row
+        # locks (InnoDB) and table locks (LOCK TABLES, metadata: a year by default).
+        wait = max(1, int(lock_wait))
+        options["init_command"] += (f", innodb_lock_wait_timeout = {wait}, "
+                                    f"lock_wait_timeout = {wait}")
     if pooler is not None:
-        del options["options"]  # left to the server: ALTER ROLE ... SET statement_timeout
+        # Left to the server: ALTER ROLE ... SET statement_timeout, lock_timeout
+        del options["options"]
         if pooler == "transaction":
             options["prepare_threshold"] = None  # psycopg prepares nothing
     return options
@@ -220,7 +260,7 @@ def _no_connect() -> Any:
     raise RuntimeError("this driver opens no connections itself (pooled)")
 
 
-def direct_driver(url: str) -> Driver | None:
+def direct_driver(url: str, lock_wait: float = DEFAULT_LOCK_WAIT) -> Driver | None:
     """A driver that connects without SQLAlchemy for a plain URL (no query
     options but PostgreSQL's ``target_session_attrs`` and ``pooler``, an
     existing SQLite file), else None: the pooled engine serves it."""
@@ -243,7 +283,7 @@ def direct_driver(url: str) -> Driver | None:
         if not os.path.isfile(path):
             return None  # the pooled store creates it, 0600 in a 0700 folder
         return Driver(dialect, lambda: connect_sqlite(path))
-    kw: dict[str, Any] = connect_options(dialect, pooler)
+    kw: dict[str, Any] = connect_options(dialect, pooler, lock_wait)
     kw.update(options)
     if user:
         kw["user"] = _unquote(user)
@@ -375,6 +415,10 @@ def connect_first(connect: Callable[[dict[str, Any]], Any], hosts: Sequence[tupl
 #: ER_LOCK_DEADLOCK; PostgreSQL's deadlock_detected and serialization_failure.
 _MYSQL_DEADLOCK = 1213
 _PG_RETRY = ("40P01", "40001")
+#: A row lock waited for past the lock wait: ER_LOCK_WAIT_TIMEOUT;
+#: PostgreSQL's lock_not_available (``lock_timeout``).
+_MYSQL_LOCK_WAIT = 1205
+_PG_LOCK_WAIT = "55P03"
 #: MySQL/MariaDB errors retrying cannot fix: access denied (server, database,
 #: table), unknown database.
 _MYSQL_REFUSED = {1044, 1045, 1049, 1142, 1698}
@@ -426,12 +470,24 @@ def is_deadlock(exc: BaseException | None) -> bool:
     return bool(args) and args[0] == _MYSQL_DEADLOCK  # type: ignore[index]
 
 
+def is_lock_wait(exc: BaseException | None) -> bool:
+    """The statement waited for a row lock another session holds until the
+    connection's lock wait ran out (:func:`lock_wait_for`)."""
+    if exc is None:
+        return False
+    if getattr(exc, "sqlstate", None) == _PG_LOCK_WAIT:
+        return True
+    return _mysql_code(exc) == _MYSQL_LOCK_WAIT
+
+
 def _kind(orig: BaseException, text: str) -> str:
     """What went wrong, as the one-line outage message says it."""
     code = orig.args[0] if getattr(orig, "args", None) else None
     sqlstate = getattr(orig, "sqlstate", None)
     if is_deadlock(orig):
         return "deadlock"
+    if is_lock_wait(orig):
+        return "lock-held"
     if isinstance(code, int) and code in _MYSQL_BAD_ROW:
         return "bad-row"
     if (isinstance(code, int) and code in _MYSQL_REFUSED or sqlstate == "42501"
@@ -448,6 +504,20 @@ def _kind(orig: BaseException, text: str) -> str:
             or "timed out" in text.lower() or "server closed" in text.lower()):
         return "unreachable"
     return "error"
+
+
+def holder_text(row: Sequence[Any] | None, refused: str | None = None) -> str:
+    """The session holding rows, from a row of the dialect's ``held_by``
+    (store/queries.py: id, user, when its transaction began), for
+    :func:`db_error`; ``refused``: why it could not be read."""
+    if row is None:
+        return f"which one: {refused}" if refused else "which one: not found"
+    session, user, since = row
+    from datetime import UTC, datetime
+
+    began = "not visible" if since is None else datetime.fromtimestamp(
+        float(since), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"id {session}, user {user or '?'}, since {began}"
 
 
 def _message(orig: BaseException) -> str:
@@ -467,10 +537,16 @@ _STARTUP_REFUSED = re.compile(r"unsupported startup parameter(?: in options)?: *
 _PG_PREPARED = ("42P05", "26000")
 
 
-def db_error(exc: BaseException) -> DatabaseError:
-    """A driver's (or SQLAlchemy's) error as dblockrun's, with its kind."""
+def db_error(exc: BaseException, holder: str | None = None) -> DatabaseError:
+    """A driver's (or SQLAlchemy's) error as dblockrun's, with its kind;
+    ``holder``: for a lock wait, the session holding the rows, as
+    :func:`holder_text` says it."""
     orig = getattr(exc, "orig", None) or exc
     text = " ".join(_message(orig).split())[:500]
+    if is_lock_wait(orig):
+        holder = holder or "which one: not known"
+        return DatabaseError(f"the lock rows are held by another session ({holder}): {text}",
+                             kind="lock-held", holder=holder)
     refused = _STARTUP_REFUSED.search(text)
     if refused is not None:
         return SettingRefused(

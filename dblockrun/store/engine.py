@@ -208,6 +208,7 @@ class LockEngine:
         self.x = executor
         self.dialect = executor.dialect
         self.q: Queries = queries_for(self.dialect, prefix)
+        executor.held_by = self.q.held_by
         self._texts: dict[Any, str] = {}
         self._bad_logged: set[str] = set()
 
@@ -740,20 +741,22 @@ class LockEngine:
 
         self.x.run(go)
 
-    def sweep_lost(self) -> list[LostRun]:
+    def sweep_lost(self, recorder: str = "?") -> list[LostRun]:
         """Record as ``lost`` the runs whose lease ran out or was taken over,
-        each ending at its lease's last renewal; returns them. One statement
-        when there are none (every heartbeat of every daemon)."""
+        each ending at its lease's last renewal, its output saying so and
+        that ``recorder`` (a daemon's id) recorded it; returns them. One
+        statement when there are none (every heartbeat of every daemon)."""
 
         return self.x.run(lambda cur: self._mark_lost(
-            cur, self.x.send(cur, self.q.lost_runs).fetchall()))
+            cur, self.x.send(cur, self.q.lost_runs).fetchall(), recorder))
 
-    def _mark_lost(self, cur: Any, found: Sequence[Sequence[Any]]) -> list[LostRun]:
+    def _mark_lost(self, cur: Any, found: Sequence[Sequence[Any]],
+                   recorder: str) -> list[LostRun]:
         """Record the dead runs ``found`` (rows of ``lost_runs``) lost: those
         this host recorded (not another host at the same moment)."""
         lost: list[LostRun] = []
         for run_id, job, item, host, token, lock_until, ended, slot, first_id in found:
-            params = {"id": int(run_id), "ended": float(ended)}
+            params = {"id": int(run_id), "ended": float(ended), "recorder": recorder}
             if self.x.send(cur, self.q.mark_lost, params).rowcount == 1:
                 lost.append(LostRun(int(run_id), str(job), item, str(host), int(token),
                                     None if lock_until is None else float(lock_until),
@@ -790,7 +793,7 @@ class LockEngine:
             return BooksRound(sample, int(live),
                               [(str(h), None if j is None else str(j)) for h, j in differing or []],
                               [str(n) for n in requested or []],
-                              self._mark_lost(cur, dead or []),
+                              self._mark_lost(cur, dead or [], host_id),
                               [Told(int(t[0]), *t[1:]) for t in told or []])
 
         return self.x.run(go)

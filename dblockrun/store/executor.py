@@ -7,6 +7,11 @@ An executor hands ``fn`` a driver cursor and runs it under the policy:
 * a statement the database rolled back to break a deadlock is sent again, up
   to three times (every ``fn`` is safe to send again: a rolled-back
   statement changed nothing);
+* a statement that waited for a row lock past the connection's lock wait
+  (:func:`~dblockrun.store.drivers.lock_wait_for`) is not sent again here:
+  the session holding the rows is looked up (:attr:`Executor.held_by`, one
+  statement) and named in the error (kind ``lock-held``), and the caller's
+  backoff tries later;
 * every other driver error becomes a :class:`~dblockrun.errors.DatabaseError`
   (:func:`~dblockrun.store.drivers.db_error`).
 
@@ -23,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from dblockrun.errors import DatabaseError
-from dblockrun.store.drivers import Driver, db_error, is_deadlock
+from dblockrun.store.drivers import Driver, db_error, holder_text, is_deadlock, is_lock_wait
 
 T = TypeVar("T")
 
@@ -47,6 +52,9 @@ class Executor:
         self.statements = 0
         self._count_lock = threading.Lock()
         self._errors: tuple[type[BaseException], ...] | None = None
+        #: The dialect's statement naming the session that holds rows
+        #: (store/queries.py ``held_by``; set by the lock engine), or None.
+        self.held_by: str | None = None
 
     # -- what a kind of connection supplies --------------------------------------
 
@@ -96,9 +104,38 @@ class Executor:
                     raise
                 dead = self.driver.is_disconnect(conn, exc)
                 if not try_again(dead=dead, new=new, deadlock=is_deadlock(exc), attempt=attempt):
-                    raise db_error(exc) from exc
+                    raise db_error(exc, self.holder(exc)) from exc
             finally:
                 self._give_back(conn, dead)
+
+    def holder(self, exc: BaseException) -> str | None:
+        """For a statement that waited past its lock wait: the session that
+        holds the rows, as :func:`~dblockrun.store.drivers.holder_text` says
+        it (one statement, on a connection of its own; only then). None for
+        any other error."""
+        if self.held_by is None or not is_lock_wait(getattr(exc, "orig", None) or exc):
+            return None
+        try:
+            conn, _new = self._acquire()
+        except DatabaseError as refused:
+            return holder_text(None, refused.message)
+        dead = False
+        try:
+            cur = conn.cursor()
+            try:
+                return holder_text(self.send(cur, self.held_by).fetchone())
+            finally:
+                cur.close()
+        except Exception as failed:
+            if not isinstance(failed, self._driver_errors()):
+                raise
+            dead = self.driver.is_disconnect(conn, failed)
+            why = db_error(failed)
+            return holder_text(None, "not visible to this account (MariaDB: the PROCESS "
+                                     "privilege shows it)" if why.kind == "refused"
+                               else why.message)
+        finally:
+            self._give_back(conn, dead)
 
 
 class DirectExecutor(Executor):
@@ -179,7 +216,7 @@ class PooledExecutor(Executor):
             except sa.exc.DBAPIError as exc:
                 if not try_again(dead=exc.connection_invalidated, new=False,
                                  deadlock=is_deadlock(exc.orig), attempt=attempt):
-                    raise db_error(exc) from exc
+                    raise db_error(exc, self.holder(exc)) from exc
             except sa.exc.SQLAlchemyError as exc:
                 raise db_error(exc) from exc
 

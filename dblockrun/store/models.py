@@ -27,6 +27,8 @@ KILLED = "killed"
 LOST = "lost"
 MISSED = "missed"
 SKIPPED = "skipped"
+#: The results of a slot no command ran for (recorded by the slot book).
+PASSED = (MISSED, SKIPPED)
 
 #: The largest value of a BIGINT column (a run id, a token).
 BIGINT_MAX = 2**63 - 1
@@ -139,6 +141,11 @@ class JobStatus:
     items: dict[str, int] | None = None
     #: ``overlap: allow N``: the runs its lanes hold (live leases), oldest first.
     lane_runs: tuple[RunRecord, ...] = ()
+    #: The slot it is due at (``lock.next_due``, passed) when the fleet's last
+    #: pause dropped it (a slot due while paused is neither run nor recorded),
+    #: and when that pause ended: the job is not due since then, nor overdue.
+    dropped: float | None = None
+    resumed: float | None = None
 
     @property
     def state(self) -> str:

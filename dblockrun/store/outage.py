@@ -1,4 +1,10 @@
-"""Log database trouble once per outage, not once per attempt; back off."""
+"""Log database trouble once per outage, not once per attempt; back off.
+
+Rows another session holds (kind ``lock-held``) are not an outage of the
+database: the statements that do not touch them go through meanwhile. They
+are logged once per holding session (and once more when no statement has
+waited on them for :attr:`Outage.max_delay`: free again), never with a
+``database back`` after each statement that got through."""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ _KINDS = {
     "refused": "database refused us",
     "read-only": "database is read-only (a standby, or read_only set)",
     "deadlock": "database deadlock",
+    "lock-held": "database lock wait",
     "schema": "database schema missing or different",
 }
 
@@ -41,6 +48,11 @@ class Outage:
         self.min_delay = min_delay
         self.max_delay = max_delay
         self.errors = 0
+        #: The session holding rows, as last logged, and when a statement last
+        #: waited on it (monotonic).
+        self._holder: str | None = None
+        self._held_seen = 0.0
+        self._held_since = 0.0
 
     @property
     def down(self) -> bool:
@@ -51,6 +63,14 @@ class Outage:
         with self._lock:
             self.errors += 1
             self._failures += 1
+            if getattr(exc, "kind", "") == "lock-held":
+                now = time.monotonic()
+                holder = getattr(exc, "holder", None) or "?"
+                if holder != self._holder:
+                    self._holder, self._held_since = holder, now
+                    log.error("%s (%s): %s; retrying with backoff", describe(exc), what, exc)
+                self._held_seen = now
+                return min(self.max_delay, self.min_delay * 2.0 ** min(self._failures - 1, 10))
             if self._since is None:
                 self._since = time.monotonic()
                 log.error("%s (%s): %s; retrying with backoff", describe(exc), what, exc)
@@ -64,6 +84,12 @@ class Outage:
                 log.warning("database back after %.1fs", self.last_ok - self._since)
             self._since = None
             self._failures = 0
+            # No statement waited on the held rows for a while: free again.
+            if self._holder is not None and self.last_ok - self._held_seen >= self.max_delay:
+                log.warning("the lock rows are free again (held by another session, %s, "
+                            "for %.1fs or more)", self._holder,
+                            self._held_seen - self._held_since)
+                self._holder = None
 
     def retry(self, what: str, fn: Callable[[], R], until: float) -> R | None:
         """Call ``fn`` until it answers or monotonic ``until`` would pass,

@@ -126,6 +126,22 @@ class Queries:
     def returning(self, columns: str) -> str:
         return f" RETURNING {columns}"
 
+    @staticmethod
+    def concat(*parts: str) -> str:
+        """The text of ``parts`` joined (none of them NULL)."""
+        return "(" + " || ".join(parts) + ")"
+
+    @staticmethod
+    def iso(seconds: str) -> str:
+        """Epoch ``seconds`` as ``2026-11-22T21:53:17.123Z`` (as
+        ``dblockrun.ops.output.iso`` writes them)."""
+        return (f"to_char(to_timestamp({seconds}) AT TIME ZONE 'UTC', "
+                "'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")
+
+    @staticmethod
+    def last_char(text: str) -> str:
+        return f"right({text}, 1)"
+
     def listed(self, stem: str, count: int) -> str:
         """``count`` parameters ``stem0``, ``stem1``..., comma-separated."""
         return ", ".join(self.p(f"{stem}{i}") for i in range(count))
@@ -295,14 +311,52 @@ class Queries:
                 f"WHERE {self.holding(items, False)}), (SELECT {locks}.prev_renewed_at "
                 f"FROM {locks} WHERE {taken_over}), {self.now})")
 
+    # -- a row lock held by another session ---------------------------------------
+
+    @cached_property
+    def held_by(self) -> str | None:
+        """The session, not this one, that has held a lock on dblockrun's
+        rows the longest: (id, user, when its transaction began, epoch
+        seconds; NULL where not visible). Read when a statement waited past
+        the lock wait, and by ``status --check``. PostgreSQL: from
+        ``pg_locks`` (another user's transaction start is visible to a
+        role with ``pg_read_all_stats`` only); dblockrun's own sessions last."""
+        tables = ", ".join(f"to_regclass('{t}')" for t in (self.locks, self.items, self.runs))
+        return ("SELECT a.pid, a.usename, CAST(EXTRACT(EPOCH FROM a.xact_start) AS "
+                "DOUBLE PRECISION) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                f"WHERE l.relation IN ({tables}) AND l.granted AND l.pid <> pg_backend_pid() "
+                "AND l.mode <> 'AccessShareLock' "
+                "ORDER BY a.application_name = 'dblockrun', a.xact_start NULLS LAST LIMIT 1")
+
+    @cached_property
+    def held_probe(self) -> str | None:
+        """A read that waits for the lock rows while another session holds
+        them (its connection's lock wait, :func:`dblockrun.store.drivers.lock_wait_for`,
+        ends it): ``status --check``. Needs UPDATE on PostgreSQL, SELECT on MySQL."""
+        return f"SELECT count(*) FROM (SELECT 1 FROM {self.locks} FOR SHARE) held"
+
+    def lost_output(self, ended: str, recorder: str) -> str:
+        """A lost run's output with the line that says why it ended: who
+        recorded it lost, its holder, and that holder's last renewal
+        (``ended``). Its own line (after a newline the output lacks)."""
+        out = f"{self.runs}.output"
+        newline = "'\n'"  # a newline in the literal: the same in every dialect
+        sep = (f"CASE WHEN {out} IS NULL OR {out} = '' OR {self.last_char(out)} = {newline} "
+               f"THEN '' ELSE {newline} END")
+        return self.concat(f"COALESCE({out}, '')", sep, "'lost: its holder '", f"{self.runs}.host",
+                           "' last renewed its lease at '", self.iso(ended),
+                           "', then stopped (its host or daemon died, froze or lost the "
+                           "database); recorded lost by '", recorder, newline)
+
     @cached_property
     def supersede(self) -> str:
         """Record lost the dead runs of the job ``name``: a claim of exec or
         the API does it before it claims (whoever next touches a job cleans
         up after the run before)."""
         job = f"{self.runs}.job = {self.p('name')}"
-        return (f"UPDATE {self.runs} SET result = 'lost', finished = {self.lost_end()} "
-                f"WHERE {self.lost_where(job)}")
+        ended = self.lost_end()
+        return (f"UPDATE {self.runs} SET output = {self.lost_output(ended, self.p('holder'))}, "
+                f"result = 'lost', finished = {ended} WHERE {self.lost_where(job)}")
 
     def claim(self, shape: ClaimShape) -> str:
         """The claim, in one round trip. A plain claim: ``UPDATE ...
@@ -671,9 +725,11 @@ class Queries:
 
     @cached_property
     def mark_lost(self) -> str:
-        """One run lost: it ended at its lease's last renewal (``ended``)."""
+        """One run lost: it ended at its lease's last renewal (``ended``);
+        ``recorder`` is the daemon that records it."""
         runs, p = self.runs, self.p
-        return (f"UPDATE {runs} SET result = 'lost', finished = {p('ended')} "
+        return (f"UPDATE {runs} SET output = {self.lost_output(p('ended'), p('recorder'))}, "
+                f"result = 'lost', finished = {p('ended')} "
                 f"WHERE {runs}.id = {p('id')} AND {runs}.result IN ('{RUNNING}', '{WAITING}')")
 
     @cached_property
@@ -834,6 +890,31 @@ class MysqlQueries(Queries):
     def token_expr(self) -> str:
         return f"LAST_INSERT_ID({self.locks}.token + 1)"
 
+    @staticmethod
+    def concat(*parts: str) -> str:
+        return f"CONCAT({', '.join(parts)})"
+
+    @cached_property
+    def held_by(self) -> str | None:
+        """The oldest transaction, not this connection's, that holds row
+        locks: InnoDB does not say on which table once nobody waits, and
+        ``INNODB_TRX`` needs the PROCESS privilege."""
+        return ("SELECT t.trx_mysql_thread_id, CONCAT(p.USER, '@', SUBSTRING_INDEX(p.HOST, "
+                "':', 1)), UNIX_TIMESTAMP(t.trx_started) FROM information_schema.INNODB_TRX t "
+                "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() AND t.trx_rows_locked > 0 "
+                "ORDER BY t.trx_started LIMIT 1")
+
+    @cached_property
+    def held_probe(self) -> str | None:
+        return f"SELECT count(*) FROM {self.locks} LOCK IN SHARE MODE"
+
+    @staticmethod
+    def iso(seconds: str) -> str:
+        # The session's time zone is UTC (store/drivers.py); %% for PyMySQL's format.
+        return (f"CONCAT(SUBSTRING(DATE_FORMAT(FROM_UNIXTIME({seconds}), "
+                "'%%Y-%%m-%%dT%%H:%%i:%%s.%%f'), 1, 23), 'Z')")
+
     def claim(self, shape: ClaimShape) -> str:
         """Results, as the shape has them: the dead run's loss (``record``),
         the UPDATE (rowcount, lastrowid = token), the INSERT (lastrowid = run
@@ -918,6 +999,18 @@ class SqliteQueries(Queries):
     @staticmethod
     def p(name: str) -> str:
         return f":{name}"
+
+    @staticmethod
+    def iso(seconds: str) -> str:
+        return f"strftime('%Y-%m-%dT%H:%M:%fZ', {seconds}, 'unixepoch')"
+
+    #: One host: a writer waits ``busy_timeout``, and no other session is told apart.
+    held_by = None
+    held_probe = None
+
+    @staticmethod
+    def last_char(text: str) -> str:
+        return f"substr({text}, -1)"
 
     def renew_many(self, count: int, outputs: int = 0) -> str:
         """Embedded: the live outputs are a statement of their own

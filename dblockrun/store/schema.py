@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 
+from dblockrun.config.jobs import MAX_ITEM
 from dblockrun.store.queries import SCHEMA_VERSION as SCHEMA_VERSION
 
 #: Stored output tail of a run, in bytes.
@@ -157,7 +158,7 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
                   autoincrement=True),
         sa.Column("job", Name(255), nullable=False),
-        sa.Column("item", Name(1000)),
+        sa.Column("item", Name(MAX_ITEM)),
         sa.Column("host", Name(255), nullable=False),
         sa.Column("slot", sa.Double()),
         sa.Column("token", sa.BigInteger()),

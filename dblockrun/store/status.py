@@ -8,7 +8,12 @@ number of jobs.
    the runs an ``overlap: allow N`` job's lanes hold;
 3. each fan-out job's item counts (GROUP BY job);
 4. the live hosts (:meth:`Store.hosts`);
-5. the fleet-wide pause (store/control.py).
+5. the fleet-wide pause (store/control.py): the one in effect, or the last
+   one, whose end tells the slot it dropped from a job that looks due.
+
+``status --check`` reads one more when a job's last record is a passed slot
+(:func:`passed_since`), and looks whether another session holds the lock
+rows (:func:`held_rows`: one statement).
 """
 
 from __future__ import annotations
@@ -98,8 +103,86 @@ def report(store: Store, names: Sequence[str] | None = None,
     if drifting:  # the keys that differ: those hosts' field digests (one more statement)
         fields = store.host_fields(sorted(drifting))
         hosts = [replace(h, fields=fields.get(h.id)) if h.id in drifting else h for h in hosts]
+    pause = store.control.last_pause()
+    if pause is not None and pause.ends <= db_now:
+        jobs = [_dropped(s, pause) for s in jobs]
+        pause = None
     return StatusReport(jobs=jobs, hosts=hosts, db_now=db_now, live_within=live_within,
-                        paused=store.control.paused(), groups=_group_usage(seats, db_now))
+                        paused=pause, groups=_group_usage(seats, db_now))
+
+
+def _dropped(s: m.JobStatus, pause: Pause) -> m.JobStatus:
+    """``s``, with the slot it looks due at marked dropped when the ended
+    ``pause`` dropped it (its daemons tried it while paused and planned the
+    next; the next claim publishes that one)."""
+    due = s.lock.next_due
+    if due is None or not pause.since <= due < pause.ends or due > s.db_now:
+        return s
+    return replace(s, dropped=due, resumed=pause.ends)
+
+
+def held_rows(store: Store) -> str | None:
+    """Whether another session holds the lock rows past the connection's
+    lock wait (a reader's ``SELECT ... FOR UPDATE`` left open: every
+    renewal, claim and bookkeeping round waits on it): why, naming that
+    session where it can be seen, else None. One locking read of the lock
+    rows (store/queries.py ``held_probe``), which waits at most the store's
+    lock wait; not looked at on SQLite, through a connection pooler (whose
+    connections carry no lock wait) or for a role that may not lock rows
+    (PostgreSQL: UPDATE is needed)."""
+    from dblockrun.errors import DatabaseError
+
+    engine = store.lock_engine()
+    probe = engine.q.held_probe
+    if probe is None or store.pooler is not None:
+        return None
+    try:
+        store.x.run(lambda cur: store.x.send(cur, probe).fetchall())
+    except DatabaseError as exc:
+        if exc.kind == "lock-held":
+            return exc.message
+        if exc.kind == "refused":
+            return None
+        raise
+    return None
+
+
+@dataclass(frozen=True)
+class PassedSince:
+    """A job whose newest records are passed slots (``missed``,
+    ``skipped``): since when (the first slot they stand for), how many
+    records, and the newest of them, with its output (why)."""
+
+    since: float
+    records: int
+    newest: m.RunRecord
+
+
+def passed_since(store: Store, jobs: Sequence[m.JobStatus]) -> dict[str, PassedSince]:
+    """Of ``jobs``, those whose last record is a passed slot: since when
+    their slots are recorded passed (after their last other record). One
+    statement, and one per such job for the newest record's output."""
+    names = [s.lock.name for s in jobs
+             if s.last_run is not None and s.last_run.result in m.PASSED]
+    if not names:
+        return {}
+    runs = store.t.runs
+    other = runs.alias("other")
+    last_other = (sa.select(sa.func.max(other.c.id))
+                  .where(other.c.job == runs.c.job, other.c.result.not_in(m.PASSED))
+                  .scalar_subquery())
+    stmt = (sa.select(runs.c.job, sa.func.min(sa.func.coalesce(runs.c.covers_from, runs.c.slot,
+                                                                runs.c.started)),
+                      sa.func.count(), sa.func.max(runs.c.id))
+            .where(runs.c.job.in_(names), runs.c.result.in_(m.PASSED),
+                   runs.c.id > sa.func.coalesce(last_other, 0))
+            .group_by(runs.c.job))
+    found: dict[str, PassedSince] = {}
+    for job, since, count, newest in store._run(lambda c: c.execute(stmt).all()):
+        record = store.run(int(newest))
+        if record is not None:
+            found[str(job)] = PassedSince(float(since), int(count), record)
+    return found
 
 
 def _group_usage(rows: Sequence[SeatRow], db_now: float) -> list[GroupUsage]:

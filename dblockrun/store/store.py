@@ -23,7 +23,14 @@ from dblockrun.redact import url as redact
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit, ControlStore
 from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file
-from dblockrun.store.drivers import Driver, connect_options, db_error, sqlite_setup, url_pooler
+from dblockrun.store.drivers import (
+    DEFAULT_LOCK_WAIT,
+    Driver,
+    connect_options,
+    db_error,
+    sqlite_setup,
+    url_pooler,
+)
 from dblockrun.store.engine import (
     CLAIM_TOLERANCE,
     BooksRound,
@@ -68,9 +75,10 @@ class Dialect:
     def now(self) -> sa.ColumnElement[float]:
         return sa.literal_column(NOW[self.name], sa.Double())
 
-    def engine_options(self, pooler: str | None) -> dict[str, Any]:
+    def engine_options(self, pooler: str | None,
+                       lock_wait: float = DEFAULT_LOCK_WAIT) -> dict[str, Any]:
         """The pool's connections get the options a direct one gets."""
-        options: dict[str, Any] = {"connect_args": connect_options(self.name, pooler)}
+        options: dict[str, Any] = {"connect_args": connect_options(self.name, pooler, lock_wait)}
         if self.name == "mysql":
             options["pool_recycle"] = 3600
             # PyMySQL sends ROLLBACK for each connection.rollback(), autocommit
@@ -90,7 +98,10 @@ class Dialect:
 class Store:
     """The lock store on one database. Thread-safe (one pooled engine)."""
 
-    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, *, create: bool = True) -> None:
+    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, *, create: bool = True,
+                 lock_wait: float = DEFAULT_LOCK_WAIT) -> None:
+        """``lock_wait``: how long a statement waits for a row another
+        session holds (store/drivers.py ``lock_wait_for`` of the lease)."""
         self.url = url
         self.prefix = prefix
         self.dialect = Dialect(dialect_of(url))
@@ -104,7 +115,7 @@ class Store:
             isolation_level="AUTOCOMMIT",
             # Autocommit: nothing to roll back when a connection returns to the pool.
             pool_reset_on_return=None,
-            **self.dialect.engine_options(self.pooler),
+            **self.dialect.engine_options(self.pooler, lock_wait),
         )
         if self.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", lambda conn, _record: sqlite_setup(conn))
@@ -757,7 +768,7 @@ class Store:
                             clock_offset=clock_offset, running=running, jobs=jobs,
                             labels=labels, targets=targets, heartbeat=heartbeat,
                             fields=fields)
-        lost = self.sweep_lost()
+        lost = self.sweep_lost(host_id)
         others = [h for h in self.hosts(seen_within=within) if h.id != host_id]
         return BooksRound(sample, len(others), [(h.id, h.jobs) for h in others
                                                 if h.jobs != jobs], [], lost,
