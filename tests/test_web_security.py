@@ -577,6 +577,18 @@ def test_a_session_key_is_long_read_safely_and_never_given_to_commands(
     assert "DBLOCKRUN_FENCING_TOKEN=" in exec_env.stdout and secret not in exec_env.stdout
 
 
+def test_a_users_file_that_is_a_pipe_is_refused_at_once(sqlite_db: TestDb,
+                                                         tmp_path: Path) -> None:
+    """The users file is read like the jobs file: a named pipe is one line
+    and exit 2 (it held the start until a writer came)."""
+    schema(sqlite_db)
+    fifo = tmp_path / "users.yaml"
+    os.mkfifo(fifo)
+    done = _web_cli(sqlite_db, "--users", str(fifo), timeout=20)
+    assert done.returncode == 2
+    assert done.stderr == f"dblockrun: {fifo}: the users file: not a regular file (a named pipe)\n"
+
+
 # -- 10. bad bytes, deep JSON, and the headers on every answer --------------------------------
 
 

@@ -19,14 +19,16 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 
 from dblockrun.errors import ConfigError
+from dblockrun.secretfile import whole_text
 
 ROLES = ("viewer", "operator", "admin")
 KEYS = {"name", "role", "password", "token-sha256"}
+#: The largest users file read, in bytes.
+USERS_LIMIT = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,10 @@ class User:
 
 def load_users(path: str) -> dict[str, User]:
     """The users of ``path`` by name; ConfigError naming file, line and key."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the users file: {exc.strerror}") from None
+    try:  # a regular file only, bounded: a named pipe would hold the start for good
+        text = whole_text(path, USERS_LIMIT)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: the users file: {exc}") from None
     try:
         doc = yaml.compose(text)
     except yaml.YAMLError as exc:
