@@ -4,6 +4,7 @@ the same run.
 
     python bench/web.py [--jobs 10000] [--requests 100] [--loads 9]
     python bench/web.py --live-only [--heartbeats 1,2] [--lines 9]
+    python bench/web.py --hostile-only [--code DIR]
 
 For each backend: the data of bench/status_scale.py (10,000 jobs with five
 runs each, one in ten running, four live hosts), then a real `dblockrun
@@ -27,6 +28,14 @@ web` process on 127.0.0.1 (read-only: no users file). Measured:
   for at a random moment of the heartbeat (after the previous one showed),
   so the phase is uniform: the wait is about H/2 on average, H at most,
   plus the write and the poll.
+- against an anonymous client (``--hostile``, issue 32): a real `dblockrun
+  web` (a users file, ``--proxy-headers``, under ``ulimit -n 1024``) on
+  PostgreSQL: its RSS idle (the baseline), its peak RSS while a 1 GB body
+  is sent to ``/logout`` and while 40 sign-ins from 40 addresses arrive at
+  once, and the time to answer the Fleet page with 1,100 idle sockets open
+  against the time without them, in the same run. ``--code DIR`` serves
+  another checkout's dblockrun (``--code /work/main``: the figures before
+  the fix).
 """
 
 from __future__ import annotations
@@ -237,6 +246,183 @@ def live_table(backends: list[str], heartbeats: list[float], lines: int) -> None
     table.print()
 
 
+# -- against an anonymous client (issue 32) ----------------------------------------------
+
+
+def status_kib(pid: int, field: str) -> int:
+    """``VmRSS`` (now) or ``VmHWM`` (its peak) of process ``pid``, KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise SystemExit(f"no {field} for {pid}")
+
+
+def _open_1024() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+
+def _session(port: int) -> tuple[str, str]:
+    """A sign-in form's cookie and CSRF token."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/login")
+    answer = conn.getresponse()
+    page = answer.read().decode()
+    cookie = (answer.getheader("set-cookie") or "").split(";", 1)[0]
+    conn.close()
+    token = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    return cookie, token
+
+
+#: The admin's API token in the hostile bench's users file.
+TOKEN = "bench-token-" + "t" * 40
+
+
+def _fleet_page(port: int, timeout: float) -> float:
+    """Seconds to a whole answer to ``GET /`` (signed in with the API token)
+    on a new connection (``timeout``: none came)."""
+    start = time.perf_counter()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n")
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+    except OSError:
+        return timeout
+    if not answer.startswith(b"HTTP/1.1 200"):
+        return timeout
+    return time.perf_counter() - start
+
+
+def _gigabyte(port: int) -> tuple[float, int]:
+    """A 1 GB urlencoded body (chunked; fields of 1 MB, under the form
+    parser's limit of 1 MiB a field) to ``/logout``: (seconds until the
+    server stopped it, bytes it took)."""
+    value = b"x" * 1_000_000
+    sent = 0
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+        s.sendall(b"POST /logout HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                  b"Content-Type: application/x-www-form-urlencoded\r\n\r\n")
+        try:
+            while sent < 1 << 30:
+                field = b"f%d=%s&" % (sent, value)
+                s.sendall(b"%x\r\n%s\r\n" % (len(field), field))
+                sent += len(field)
+            s.sendall(b"0\r\n\r\n")
+            s.recv(1024)
+        except OSError:
+            pass
+    return time.perf_counter() - start, sent
+
+
+def _guesses(port: int, count: int) -> list[int]:
+    """``count`` sign-ins at once, each from its own address for its own name."""
+    import threading
+
+    cookie, token = _session(port)
+    go = threading.Barrier(count)
+    codes = [0] * count
+
+    def guess(i: int) -> None:
+        body = f"name=name{i}&password=guess&next=/&csrf={token}"
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        go.wait()
+        conn.request("POST", "/login", body, {
+            "Cookie": cookie, "X-Forwarded-For": f"10.9.0.{i}",
+            "Content-Type": "application/x-www-form-urlencoded"})
+        codes[i] = conn.getresponse().status
+        conn.close()
+
+    threads = [threading.Thread(target=guess, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
+
+
+def hostile(code: str) -> None:
+    from dblockrun.store import Store
+    from dblockrun.web.users import hash_password, token_hash
+
+    url, prefix = URLS["postgresql"](""), bench_prefix()
+    work = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
+    users = work / "users.yaml"
+    users.write_text(f"users:\n  - name: adam\n    role: admin\n"
+                     f"    password: '{hash_password('right password')}'\n"
+                     f"    token-sha256: {token_hash(TOKEN)}\n")
+    with Store(url, prefix) as store:
+        store.ensure_schema()
+        store.ensure_jobs([f"job{i:03d}" for i in range(100)])
+    port = free_port()
+    log = work / "web.log"
+    env = {**env_for(), "PYTHONPATH": code, "TMPDIR": str(work)}
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dblockrun", "--db", url, "--table-prefix", prefix, "web",
+             "--listen", f"127.0.0.1:{port}", "--users", str(users), "--proxy-headers"],
+            stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=code, preexec_fn=_open_1024)
+    table = Table(["what", "figure", "× baseline", "goal"])
+    try:
+        until("dblockrun web", lambda: _fleet_page(port, 5) < 5 or None)
+        for _ in range(3):
+            _fleet_page(port, 30)
+        idle = status_kib(proc.pid, "VmRSS")
+        table.add(["RSS idle (baseline)", f"{idle / 1024:.0f} MiB", "1.00", ""])
+        took, sent = _gigabyte(port)
+        peak = status_kib(proc.pid, "VmHWM")
+        spooled = sum(f.stat().st_size for f in work.iterdir() if f.is_file()) \
+            - log.stat().st_size - users.stat().st_size
+        table.add(["peak RSS, a 1 GB body to /logout", f"{peak / 1024:.0f} MiB",
+                   f"{peak / idle:.2f}",
+                   "growth < 20 MB: " + ("met" if peak - idle < 20 * 1024 else "not met")])
+        table.add(["  taken before it stopped / on disk",
+                   f"{sent / (1 << 20):.1f} MiB in {took:.2f} s / {spooled >> 20} MiB", "", ""])
+        codes = _guesses(port, 40)
+        peak = status_kib(proc.pid, "VmHWM")
+        table.add(["peak RSS, 40 sign-ins at once", f"{peak / 1024:.0f} MiB",
+                   f"{peak / idle:.2f}",
+                   "< idle + 2 × 64 MiB: " + ("met" if peak - idle < 2 * 64 * 1024 + 48 * 1024
+                                             else "not met")])
+        table.add(["  their answers", ", ".join(f"{codes.count(c)} × {c}"
+                                               for c in sorted(set(codes))), "", ""])
+        quiet = [_fleet_page(port, 30) for _ in range(5)]
+        before = log.stat().st_size
+        socks = []
+        for _ in range(1100):
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+            except OSError:
+                break
+        busy = [_fleet_page(port, 30) for _ in range(5)]
+        grown = log.stat().st_size - before
+        for s in socks:
+            s.close()
+        base = statistics.median(quiet)
+        table.add(["Fleet page, no idle socket (baseline)", f"{base * 1000:.0f} ms", "1.00", ""])
+        table.add([f"Fleet page, {len(socks)} idle sockets open (median of 5)",
+                   f"{statistics.median(busy) * 1000:.0f} ms (max {max(busy) * 1000:.0f})",
+                   f"{statistics.median(busy) / base:.2f}",
+                   "< 5 s: " + ("met" if max(busy) < 5 else "not met")])
+        table.add(["  the log grew by", f"{grown / 1e6:.2f} MB", "",
+                   "< 1 MB: " + ("met" if grown < 1e6 else "not met")])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        drop(url, prefix)
+    print(f"dblockrun web of {code}, under ulimit -n 1024, PostgreSQL:")
+    table.print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=10_000)
@@ -248,7 +434,14 @@ def main() -> None:
     ap.add_argument("--heartbeats", default="1,2", help="live output: daemons' --heartbeat, s")
     ap.add_argument("--lines", type=int, default=9, help="live output: lines per heartbeat")
     ap.add_argument("--live-only", action="store_true", help="only the live output figures")
+    ap.add_argument("--hostile-only", action="store_true",
+                    help="only the figures against an anonymous client (issue 32)")
+    ap.add_argument("--code", default=ROOT,
+                    help="--hostile-only: the checkout whose dblockrun serves (default: this)")
     args = ap.parse_args()
+    if args.hostile_only:
+        hostile(os.path.abspath(args.code))
+        return
     live_table(args.backends.split(","), [float(h) for h in args.heartbeats.split(",")],
                args.lines)
     if args.live_only:

@@ -742,11 +742,18 @@ def audit(job: str | None, limit: int, as_json: bool) -> None:
 @click.option("--proxy-headers", is_flag=True,
               help="Trust X-Forwarded-For/-Proto from a reverse proxy on 127.0.0.1 (off by "
                    "default); session cookies are then sent over HTTPS only.")
+@click.option("--hide-commands/--show-commands", default=None,
+              help="Show the jobs' commands to operators and admins only (default without "
+                   "--users: hidden from everyone), or to every reader (default with --users). "
+                   "Credentials in them are hidden either way.")
+@click.option("--session-lifetime", metavar="DURATION", default="12h", show_default=True,
+              help="How long a sign-in lasts, whatever the session does (e.g. 8h).")
 @global_options()
 @click.pass_context
 @handle_errors
 def web(ctx: click.Context, listen: str, users_file: str | None, cert: str | None,
-        key: str | None, secret_file: str | None, proxy_headers: bool) -> None:
+        key: str | None, secret_file: str | None, proxy_headers: bool,
+        hide_commands: bool | None, session_lifetime: str) -> None:
     """Serve the dashboard and the JSON API (/api/v1) over the database: the
     fleet, jobs, runs and their output, hosts, the audit trail, and the
     operator actions for signed-in users. Needs the web extra: from a
@@ -761,7 +768,9 @@ def web(ctx: click.Context, listen: str, users_file: str | None, cert: str | Non
     from dblockrun.ops.actions import Access
 
     options = WebOptions(listen=listen, users_file=users_file, cert=cert, key=key,
-                         secret_file=secret_file, proxy_headers=proxy_headers)
+                         secret_file=secret_file, proxy_headers=proxy_headers,
+                         hide_commands=hide_commands,
+                         session_lifetime=_duration(session_lifetime, "--session-lifetime"))
     checked = check(options)  # before the database: a bad file says so at once
     _setup_logging(logging.DEBUG if _globals().debug else logging.INFO)
     jobs = _jobs_for_db()

@@ -2,9 +2,11 @@
 
 Fields given as ``extra=`` (job, run_id, slot, host, token, event) become
 JSON keys. Database URLs are always rendered redacted by the code that logs
-them; as a last line of defence any ``scheme://user:password@`` in a message
-is redacted here too (:func:`scrub`, which ``history --output`` applies as
-well). A text line's message has its control characters escaped (a
+them; as a last line of defence every credential in a line (a URL's
+password, ``PGPASSWORD=``, an ``Authorization`` header ...) is hidden here
+too, by the one redactor (:func:`dblockrun.redact.text`, which a command's
+stored output and the dashboard use as well). A text line's message has its
+control characters escaped (a
 command's output line, a kill's reason): nothing it holds reaches the
 terminal, or forges a line of the log. The JSON log is one object per line
 by construction.
@@ -16,21 +18,12 @@ logs text, and starts faster without them.
 from __future__ import annotations
 
 import logging
-import re
 import sys
 
 from dblockrun.printable import printable
+from dblockrun.redact import text as redact
 
 FIELDS = ("job", "run_id", "slot", "host", "token", "event", "item")
-# Linear on any line: \b lets a scheme start only at a word's start, and the
-# bounded repeats keep a line full of "://" from backtracking quadratically (a
-# command's 64 KiB line of letters took 10 s of the daemon's CPU before).
-_PASSWORD = re.compile(r"(\b\w{1,40}://[^:/@\s]{0,256}):[^@\s]{0,1024}@")
-
-
-def scrub(text: str) -> str:
-    """``text`` with the password of any ``scheme://user:password@`` hidden."""
-    return _PASSWORD.sub(r"\1:***@", text)
 
 
 class TextFormatter(logging.Formatter):
@@ -42,7 +35,7 @@ class TextFormatter(logging.Formatter):
         return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
-        return scrub(super().format(record))
+        return redact(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,14 +48,14 @@ class JsonFormatter(logging.Formatter):
             .replace("+00:00", "Z"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": scrub(record.getMessage()),
+            "msg": redact(record.getMessage()),
         }
         for name in FIELDS:
             value = record.__dict__.get(name)
             if value is not None:
                 doc[name] = value
         if record.exc_info:
-            doc["exc"] = scrub(self.formatException(record.exc_info))
+            doc["exc"] = redact(self.formatException(record.exc_info))
         return json.dumps(doc, ensure_ascii=False)
 
 

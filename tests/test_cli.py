@@ -24,8 +24,9 @@ from helpers import clean_env as env_without_db
 from dblockrun.cli import cli
 from dblockrun.errors import UsageError
 from dblockrun.ops.who import operator_id
+from dblockrun.redact import url as redact
 from dblockrun.store import Store
-from dblockrun.store.dburl import password_in_argv, redact
+from dblockrun.store.dburl import password_in_argv
 
 REPO = Path(__file__).resolve().parent.parent
 #: What both command-line paths say once when --db holds a password.

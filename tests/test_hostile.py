@@ -148,8 +148,9 @@ def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_history_output_hides_passwords(sqlite_db: TestDb, tmp_path: Path) -> None:
-    """A password a command printed is stored, but `history --output` shows
-    it as the daemon's log does (``user:***@``), --raw too."""
+    """A password a command printed is hidden as it is read, before its tail
+    is stored (issue 32 item 7): `history --output` shows it as the daemon's
+    log does (``user:***@``), --raw too."""
     jobs = write_jobs(tmp_path / "jobs.yaml", """\
 jobs:
   leaky:
@@ -161,7 +162,7 @@ jobs:
         run = first_run(sqlite_db, "leaky")
     finally:
         assert d.stop() == 0
-    assert "Hunter2Pw" in run.output  # stored as printed: the redaction is on display
+    assert "Hunter2Pw" not in run.output  # redacted before it was stored
     for raw in ([], ["--raw"]):
         shown = run_cli(sqlite_db, "history", "--output", str(run.id), *raw)
         assert shown.returncode == 0, shown.stderr

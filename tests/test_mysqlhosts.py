@@ -11,8 +11,9 @@ from conftest import ServerDatabases, new_prefix, selected_backends
 from sqlalchemy.engine import make_url
 
 from dblockrun.errors import UsageError
+from dblockrun.redact import url as redact
 from dblockrun.store import Store
-from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, redact
+from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes
 from dblockrun.store.drivers import connect_first, direct_driver, mysql_hosts
 
 

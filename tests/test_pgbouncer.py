@@ -34,8 +34,9 @@ from pgbouncer import Bouncer, Bouncers
 
 from dblockrun import cli as cli_module
 from dblockrun.errors import UsageError
+from dblockrun.redact import url as redact
 from dblockrun.store import Store
-from dblockrun.store.dburl import driver_url, redact
+from dblockrun.store.dburl import driver_url
 from dblockrun.store.drivers import connect_options, direct_driver, url_pooler, without_pooler
 
 # -- the URL option ----------------------------------------------------------------

@@ -10,8 +10,9 @@ from conftest import ServerDatabases, new_prefix
 from sqlalchemy.engine import make_url
 
 from dblockrun.errors import UsageError
+from dblockrun.redact import url as redact
 from dblockrun.store import Store
-from dblockrun.store.dburl import dialect_of, driver_url, redact
+from dblockrun.store.dburl import dialect_of, driver_url
 from dblockrun.store.drivers import direct_driver, libpq_hosts
 
 PAIR = "postgresql://postgres@127.0.0.1:5441,127.0.0.1:5442/ops?target_session_attrs=read-write"

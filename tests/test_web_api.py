@@ -22,8 +22,9 @@ from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.web.app import create_app
 from dblockrun.web.context import WebConfig
+from dblockrun.web.limits import Limits
 from dblockrun.web.openapi import OPENAPI
-from dblockrun.web.users import LoginLimit
+from dblockrun.web.signin import SignInLimit
 
 
 @pytest.fixture
@@ -115,7 +116,7 @@ def test_a_session_write_needs_its_csrf_token(store: Store, users: Path) -> None
 def test_sign_in_is_rate_limited(store: Store, users: Path) -> None:
     app = app_for(store, users)
     # An hour's window: on a loaded machine five argon2 checks may take a minute.
-    app.state.web.logins = LoginLimit(attempts=5, window=3600)
+    app.state.web.logins = SignInLimit(Limits(sign_in_window=3600))
     client = TestClient(app)
     token = csrf_of(client.get("/login").text)
     for _ in range(5):
@@ -254,10 +255,11 @@ def jobs_yaml(path: Path, text: str) -> JobsFile:
 def live_host(store: Store, host: str, jobs: JobsFile) -> None:
     """A live daemon's host row, as its bookkeeping writes it: each job's
     definition hash and its keys' digests."""
+    key = store.fleet_key()
     store.heartbeat_host(
         host, hostname=host, pid=1, version="test", clock_offset=0.0, running=0,
-        jobs=json.dumps({j.name: j.definition_hash() for j in jobs.jobs}),
-        fields=json.dumps({j.name: j.field_digests() for j in jobs.jobs}), heartbeat=60.0)
+        jobs=json.dumps({j.name: j.definition_hash(key) for j in jobs.jobs}),
+        fields=json.dumps({j.name: j.field_digests(key) for j in jobs.jobs}), heartbeat=60.0)
 
 
 def host_row(html: str, host: str) -> str:
@@ -274,7 +276,9 @@ def test_the_job_page_shows_the_jobs_files_definition_and_which_keys_differ(
     store.ensure_jobs(["backup"])
     live_host(store, "web-1", mine)
     live_host(store, "web-2", other)
-    client = TestClient(create_app(WebConfig(store=store, users=None, jobs=mine)))
+    # --show-commands: read-only without users hides them by default.
+    client = TestClient(create_app(WebConfig(store=store, users=None, jobs=mine,
+                                             hide_commands=False)))
     page = client.get("/jobs/backup")
     assert page.status_code == 200, page.text
     html = page.text
@@ -290,10 +294,10 @@ def test_the_job_page_shows_the_jobs_files_definition_and_which_keys_differ(
     assert "<code>ping</code></td><td><code>literal</code>" in html
     assert "ping-uuid-secret" not in html
     # Per live host its hash; the host that differs names the key.
-    assert mine.jobs[0].definition_hash() in host_row(html, "web-1")
+    assert mine.jobs[0].definition_hash(store.fleet_key()) in host_row(html, "web-1")
     assert "as in this server" in host_row(html, "web-1")
     assert '<td class="differs">command</td>' in host_row(html, "web-2")
-    assert other.jobs[0].definition_hash() in host_row(html, "web-2")
+    assert other.jobs[0].definition_hash(store.fleet_key()) in host_row(html, "web-2")
 
 
 def test_without_a_jobs_file_the_job_page_says_how_to_show_the_definition(

@@ -197,13 +197,13 @@ def test_the_session_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.delenv(SECRET_ENV, raising=False)
     assert secret(WebOptions()) is None  # a new one each start
-    monkeypatch.setenv(SECRET_ENV, "from-the-environment")
-    assert secret(WebOptions()) == "from-the-environment"
+    monkeypatch.setenv(SECRET_ENV, "from-the-environment-" + "e" * 11)
+    assert secret(WebOptions()) == "from-the-environment-" + "e" * 11
     path = tmp_path / "secret"
-    path.write_text("0123456789abcdef0123\nignored\n")
-    assert secret(WebOptions(secret_file=str(path))) == "0123456789abcdef0123"
-    path.write_text("short\n")
-    with pytest.raises(UsageError, match="at least 16 characters"):
+    path.write_text("0123456789abcdef" * 2 + "\nignored\n")
+    assert secret(WebOptions(secret_file=str(path))) == "0123456789abcdef" * 2
+    path.write_text("0123456789abcdef\n")
+    with pytest.raises(UsageError, match="16 bytes long; at least 32 are needed"):
         secret(WebOptions(secret_file=str(path)))
 
 

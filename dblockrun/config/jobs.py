@@ -348,9 +348,14 @@ class Job:
             del data["limits"]  # nor `limits:`
         return data
 
-    def definition_hash(self) -> str:
-        """A short hash of everything that defines the job (not its line)."""
-        return _digest(self.definition_data(), 12)
+    def definition_hash(self, key: bytes | None = None) -> str:
+        """A short hash of everything that defines the job (not its line),
+        keyed (HMAC-SHA256) with ``key``, the fleet's secret
+        (:meth:`Store.fleet_key <dblockrun.store.store.Store.fleet_key>`), as
+        daemons publish it: hosts compare, and a reader without the key
+        cannot test guesses of the job's values. None: unkeyed, for
+        comparing two definitions in this process."""
+        return _digest(self.definition_data(), 12, key)
 
     def set_fields(self) -> dict[str, Any]:
         """The fields the job sets to other than their default, as
@@ -358,19 +363,20 @@ class Job:
         its name): what :meth:`field_digests` digests and the dashboard shows."""
         return _set_fields(self.definition_data())
 
-    def field_digests(self) -> dict[str, str]:
+    def field_digests(self, key: bytes | None = None) -> dict[str, str]:
         """A short digest of each field the job sets to other than its
-        default (field name -> 8 hex digits; the name salts it): two hosts'
-        digests name the fields their definitions differ in
+        default (field name -> 8 hex digits; the job's and the field's
+        names salt it, ``key`` keys it as :meth:`definition_hash`): two
+        hosts' digests name the fields their definitions differ in
         (:func:`differing_fields`) without either storing the values."""
-        return self.digests()[1]
+        return self.digests(key)[1]
 
-    def digests(self) -> tuple[str, dict[str, str]]:
+    def digests(self, key: bytes | None = None) -> tuple[str, dict[str, str]]:
         """:meth:`definition_hash` and :meth:`field_digests` from one reading
         of the definition (a daemon writes both for each of its jobs)."""
         data = self.definition_data()
-        return _digest(data, 12), {name: _digest([self.name, name, value], 8)
-                                   for name, value in _set_fields(data).items()}
+        return _digest(data, 12, key), {name: _digest([self.name, name, value], 8, key)
+                                        for name, value in _set_fields(data).items()}
 
 
 def _set_fields(data: dict[str, Any]) -> dict[str, Any]:
@@ -379,12 +385,18 @@ def _set_fields(data: dict[str, Any]) -> dict[str, Any]:
             if name != "name" and not (name in _DEFAULTS and _DEFAULTS[name] == value)}
 
 
-def _digest(data: object, size: int) -> str:
-    import hashlib  # here: exec never hashes, and starts faster without them
-    import json
+def _digest(data: object, size: int, key: bytes | None) -> str:
+    """``size`` hex digits of the SHA-256 (HMAC with ``key``) of ``data``'s JSON."""
+    import json  # here: exec never hashes, and starts faster without them
 
     blob = json.dumps(data, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:size]
+    if key is None:
+        import hashlib
+
+        return hashlib.sha256(blob).hexdigest()[:size]
+    import hmac
+
+    return hmac.digest(key, blob, "sha256").hex()[:size]
 
 
 def differing_fields(a: dict[str, str], b: dict[str, str]) -> list[str]:

@@ -369,9 +369,11 @@ class FleetBooks:
 
     def _definitions(self, jobs: JobsFile) -> tuple[dict[str, str], str]:
         """Each job's definition hash (and as JSON), once per jobs file: an idle
-        heartbeat then costs the same whatever the number of jobs."""
+        heartbeat then costs the same whatever the number of jobs. Keyed with
+        the fleet's secret (read with the schema's version: no statement)."""
         if self._defs_for is not jobs:
-            digests = {j.name: j.digests() for j in jobs.jobs}
+            key = self.store.fleet_key()
+            digests = {j.name: j.digests(key) for j in jobs.jobs}
             defs = {name: hashed for name, (hashed, _fields) in digests.items()}
             self._defs = (defs, json.dumps(defs))
             self._fields = {name: fields for name, (_hashed, fields) in digests.items()}

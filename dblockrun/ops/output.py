@@ -433,15 +433,36 @@ def dumps(doc: dict[str, Any]) -> str:
     """``doc`` with one key a line, and one element a line in its lists of
     objects (a job, a host, a run): easy to read and to grep, and written
     by json's C encoder (``indent`` takes the pure Python one, 1 s for
-    10,000 jobs)."""
+    10,000 jobs). Strict JSON: a number that is not finite (a row edited to
+    NaN or Infinity) is ``null``, "not known"; JavaScript's parser takes
+    no ``NaN``."""
     parts = []
     for key, value in doc.items():
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            inner = ",\n".join("    " + json.dumps(v) for v in value)
+            inner = ",\n".join("    " + strict_json(v) for v in value)
             parts.append(f"  {json.dumps(key)}: [\n{inner}\n  ]")
         else:
-            parts.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+            parts.append(f"  {json.dumps(key)}: {strict_json(value)}")
     return "{\n" + ",\n".join(parts) + "\n}"
+
+
+def strict_json(value: Any) -> str:
+    """``json.dumps`` without NaN or Infinity: null instead (the common
+    case, all finite, at the C encoder's speed)."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 # -- tables (rich) ------------------------------------------------------------------
@@ -909,12 +930,18 @@ def history_text(runs: Sequence[RunRecord], width: int | None = None) -> str:
 
 
 def output_text(text: str, *, raw: bool = False) -> str:
-    """A run's stored output as ``history --output`` prints it: passwords in
-    URLs hidden as in the log, control characters escaped (lines and tabs
-    kept) unless ``raw``."""
-    from dblockrun.logs import scrub
+    """A run's stored output as ``history --output`` prints it: credentials
+    hidden as in the log (a tail stored by an older daemon, which kept the
+    output as printed, too: dblockrun/redact.py ``tail``), control
+    characters escaped (lines and tabs kept) unless ``raw``."""
+    from dblockrun import redact
+    from dblockrun.store.schema import OUTPUT_TAIL
 
-    text = scrub(text)
+    # A tail of the window's size was cut (its start is not the output's);
+    # under a quarter of it in characters, it is under it in UTF-8 bytes.
+    cut = (len(text) >= OUTPUT_TAIL // 4
+           and len(text.encode("utf-8", "replace")) >= OUTPUT_TAIL - 3)
+    text = redact.tail(text, cut)
     return text if raw else printable(text, lines=True)
 
 

@@ -17,6 +17,7 @@ from dblockrun.config.durations import fence_margin
 from dblockrun.config.jobs import Job
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Events, RunEnded, RunStarted
+from dblockrun.redact import Pieces
 from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.runloop import RunLoop
 from dblockrun.running.runner import (
@@ -28,6 +29,7 @@ from dblockrun.running.runner import (
     argv_for,
     stored_text,
 )
+from dblockrun.running.spawn import MAX_LINE
 from dblockrun.store import models as m
 from dblockrun.store.base import Disables, RunStore
 from dblockrun.store.outage import Outage
@@ -180,10 +182,13 @@ def command_env(job: Job, *, holder: str, run_id: int, token: int, slot: float |
 
 
 def line_logger(prefix: str, **fields: object) -> Callable[[bytes], None]:
-    """Log each output line of a command, prefixed (``[job] ``), with ``fields``."""
+    """Log each output line of a command, prefixed (``[job] ``), with ``fields``,
+    its credentials hidden as in the stored tail (a credential split by a
+    64 KiB cut too: dblockrun/redact.py ``Pieces``)."""
+    redacted = Pieces(MAX_LINE)
 
     def on_line(line: bytes) -> None:
-        out_log.info("%s%s", prefix, line.decode("utf-8", "replace").rstrip("\r\n"),
+        out_log.info("%s%s", prefix, redacted(line).decode("utf-8", "replace").rstrip("\r\n"),
                      extra=fields)
 
     return on_line

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from dblockrun.config.durations import fence_margin
 from dblockrun.config.jobs import Command, Limits
+from dblockrun.redact import Pieces
 from dblockrun.running import spawn
-from dblockrun.running.spawn import Lifeline, LineSink
+from dblockrun.running.spawn import MAX_LINE, Lifeline, LineSink
 
 if TYPE_CHECKING:
     from dblockrun.running.resources import Applied
@@ -257,18 +258,21 @@ def _signal_group(pgid: int, sig: int) -> bool:
 
 class _Output:
     """A command's output as read: each line to its stream's sink and, in
-    the order read, to the tail. A sink that fails (a closed stdout) is
-    dropped; the pipe is still read, so the command is never blocked on a
-    full one."""
+    the order read, to the tail, its credentials hidden first
+    (dblockrun/redact.py ``Pieces``: before the tail cuts it, so no cut
+    leaves half a password unrecognised). A sink that fails (a closed
+    stdout) is dropped; the pipe is still read, so the command is never
+    blocked on a full one."""
 
     def __init__(self) -> None:
         self.tail = Tail()
 
     def sink(self, to: LineSink) -> LineSink:
         live = [to]
+        redacted = Pieces(MAX_LINE)
 
         def emit(line: bytes) -> None:
-            self.tail.add(line)
+            self.tail.add(redacted(line))
             if live:
                 try:
                     live[0](line)

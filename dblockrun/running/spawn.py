@@ -44,7 +44,8 @@ from dblockrun.running import spawner
 log = logging.getLogger("dblockrun")
 
 LineSink = Callable[[bytes], None]
-_MAX_LINE = 64 * 1024
+#: The longest line read: a longer one comes in pieces of this size.
+MAX_LINE = 64 * 1024
 #: The user to switch the command to: uid, gid, supplementary groups.
 Ids = tuple[int, int, Sequence[int]]
 
@@ -299,7 +300,7 @@ class SpawnService:
               fd: int) -> None:
         run, sink, pending = streams[fd]
         try:
-            data = os.read(fd, _MAX_LINE)
+            data = os.read(fd, MAX_LINE)
         except OSError:
             data = b""
         if data:
@@ -416,14 +417,14 @@ def _lines(buf: bytearray, data: bytes, sink: LineSink) -> None:
     buf += data
     start = 0
     while (end := buf.find(b"\n", start) + 1) > 0:
-        while end - start > _MAX_LINE:
-            sink(bytes(buf[start : start + _MAX_LINE]))
-            start += _MAX_LINE
+        while end - start > MAX_LINE:
+            sink(bytes(buf[start : start + MAX_LINE]))
+            start += MAX_LINE
         sink(bytes(buf[start:end]))
         start = end
-    while len(buf) - start >= _MAX_LINE:
-        sink(bytes(buf[start : start + _MAX_LINE]))
-        start += _MAX_LINE
+    while len(buf) - start >= MAX_LINE:
+        sink(bytes(buf[start : start + MAX_LINE]))
+        start += MAX_LINE
     del buf[:start]
 
 

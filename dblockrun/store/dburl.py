@@ -1,4 +1,5 @@
-"""Where the database is: URL resolution, driver mapping and redaction.
+"""Where the database is: URL resolution and driver mapping (a URL's password
+is hidden by :func:`dblockrun.redact.url`).
 
 Order: ``--db``, ``--db-file``, ``DBLOCKRUN_DB``, ``DBLOCKRUN_DB_FILE``,
 ``database:`` in the jobs file, ``database-file:`` in the jobs file, then the
@@ -14,6 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 from dblockrun.errors import UsageError
+from dblockrun.redact import url as redact
 from dblockrun.secretfile import first_line
 
 if TYPE_CHECKING:
@@ -32,9 +34,6 @@ DRIVERS = {
 }
 
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$", re.S)
-# As SQLAlchemy splits it: the password runs from the first ':' to the next '@'
-# and may hold '/' (``u:ab/cd@host``), so redact exactly what it will use.
-_PASSWORD = re.compile(r"^(?P<user>[^:/@]*):(?P<password>[^@]*)@")
 
 
 def default_sqlite_path() -> str:
@@ -288,51 +287,6 @@ def describe(url: str, prefix: str, default_prefix: str = "dblockrun_") -> str:
     the table prefix unless it is the default."""
     shown = redact(url)
     return shown if prefix == default_prefix else f"{shown} (table prefix {prefix})"
-
-
-def redact(url: str) -> str:
-    """The URL with any password replaced by ``***``; in a libpq
-    ``key=value`` string, the value of ``password``."""
-    match = _URL.match(url)
-    if not match:
-        return _redact_malformed(_redact_keywords(url))
-    rest = match.group("rest")
-    # A password may hold '?' and '/' (SQLAlchemy reads it up to the first
-    # '@'), and an unescaped '@' (``u:p@ss@host``): hide up to the last '@'
-    # before the query that follows it, so that more is hidden, never less.
-    user = _PASSWORD.match(rest)
-    if user is not None:
-        query_at = rest.find("?", user.end())
-        authority = rest if query_at < 0 else rest[:query_at]
-        tail = authority.rpartition("@")[2]
-        rest = f"{user.group('user')}:***@{tail}{rest[len(authority):]}"
-    rest = re.sub(r"(?i)(password=)[^&]*", r"\1***", rest)
-    return f"{match.group('scheme')}://{rest}"
-
-
-# libpq's connection string: ``host=db password=secret`` or ``password = 'a b\'c'``.
-_KEYWORD_PASSWORD = re.compile(r"(?i)\b(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)")
-
-
-def _redact_keywords(text: str) -> str:
-    return _KEYWORD_PASSWORD.sub(r"\1***", text)
-
-
-# Something that is not a URL but holds an '@' (``u:pw@host``,
-# ``postgresql:/u:pw@host``): everything after the user's first ':' up to the
-# last '@' is taken for the password, so that more is hidden, never less.
-_MALFORMED = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.-]*:?/+)?(?P<user>[^:@]*):.*@",
-                        re.S)
-
-
-def _redact_malformed(text: str) -> str:
-    if "@" not in text:
-        return text
-    head, _, host = text.rpartition("@")
-    match = _MALFORMED.match(head + "@")
-    if match is None:
-        return text  # no ':' before the '@': a user name, no password
-    return f"{match.group('head') or ''}{match.group('user')}:***@{host}"
 
 
 #: A table prefix: lower-case letters, digits and '_', starting with a letter

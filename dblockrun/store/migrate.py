@@ -45,6 +45,17 @@ daemon's file sets (JSON), written when its jobs file is (re)loaded, so
 drift between hosts names the fields that differ
 (:func:`~dblockrun.config.jobs.differing_fields`). Nullable: an older
 daemon's drift is named by its definition hash only, as before.
+
+Version 9: the table ``sessions`` (``dblockrun web``'s signed-in sessions,
+shared by every web server on the database, so that signing out ends a
+session everywhere), made by ``create_all``; and the fleet's key in
+``meta`` (``fleet_key``, 32 random bytes, written by the first process that
+upgrades the schema: :meth:`Store.fleet_key
+<dblockrun.store.store.Store.fleet_key>`), with which daemons key their
+definition hashes and per-key digests (HMAC), so that a reader of the
+dashboard can compare hosts but not test guesses of a job's secrets. A
+daemon of version 8 keeps writing unkeyed hashes: while both run, their
+hosts' definitions show as different.
 """
 
 from __future__ import annotations

@@ -23,13 +23,14 @@ from functools import cached_property
 
 from dblockrun.store.models import LANE_PREFIX, RUNNING, TOKEN_MAX, WAITING
 
-SCHEMA_VERSION = 8  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 9  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
 #                       nullable columns and tables, added by store/migrate.py;
 #                    5: locks.prev_slot and prev_until (a claim's jump over held slots);
 #                    6: hosts.heartbeat (liveness by each daemon's own --heartbeat);
 #                    7: runs.covers_from (the range of a summary record of passed slots);
 #                    8: hosts.fields (drift names the fields that differ)
+#                    9: sessions (dblockrun web's), meta fleet_key (keyed definition hashes)
 
 #: The operator actions each daemon logs as its bookkeeping reads them from
 #: the audit trail (dblockrun/daemon/fleet.py).

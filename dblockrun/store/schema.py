@@ -98,6 +98,7 @@ class Tables:
     items: sa.Table
     pause: sa.Table
     audit: sa.Table
+    sessions: sa.Table
 
 
 def _lease_columns() -> list[sa.Column[Any]]:
@@ -231,4 +232,17 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("reason", sa.String(1000)),
         sa.Index(f"{prefix}audit_job", "job", "id"),
     )
-    return Tables(md, meta, locks, runs, hosts, items, pause, audit)
+    # `dblockrun web`'s signed-in sessions (schema 9): the cookie holds a
+    # random id, the row its SHA-256 (a reader of the table cannot sign in
+    # with it), whose session it is and when it ends (database clock, an
+    # absolute end no request moves). Signing out deletes the row, so every
+    # `dblockrun web` on the database ends the session at once.
+    sessions = sa.Table(
+        f"{prefix}sessions",
+        md,
+        sa.Column("id", Name(64), primary_key=True),
+        sa.Column("username", sa.String(255), nullable=False),
+        sa.Column("started", sa.Double(), nullable=False),
+        sa.Column("ends", sa.Double(), nullable=False),
+    )
+    return Tables(md, meta, locks, runs, hosts, items, pause, audit, sessions)

@@ -19,9 +19,10 @@ from sqlalchemy.engine import Connection, Engine
 
 from dblockrun.config.jobs import EVERY_HOST_SEP
 from dblockrun.errors import DatabaseError
+from dblockrun.redact import url as redact
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit, ControlStore
-from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file, redact
+from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file
 from dblockrun.store.drivers import (
     DEFAULT_LOCK_WAIT,
     Driver,
@@ -44,6 +45,7 @@ from dblockrun.store.items import ItemStore
 from dblockrun.store.migrate import migrate
 from dblockrun.store.queries import NOW
 from dblockrun.store.schema import SCHEMA_VERSION, Name, Tables, build_tables
+from dblockrun.store.sessions import SessionStore
 
 T = TypeVar("T")
 log = logging.getLogger("dblockrun")
@@ -52,6 +54,15 @@ log = logging.getLogger("dblockrun")
 FOREVER = 253402300799.0
 
 DEFAULT_PREFIX = "dblockrun_"
+#: The ``meta`` row of the fleet's secret (:meth:`Store.fleet_key`).
+FLEET_KEY = "fleet_key"
+
+
+def new_fleet_key() -> str:
+    """32 random bytes, as hex (the ``meta`` table holds text)."""
+    import secrets
+
+    return secrets.token_hex(32)
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,8 @@ class Store:
         self._create = create
         self._items: ItemStore | None = None
         self._control: ControlStore | None = None
+        self._sessions: SessionStore | None = None
+        self._fleet_key: bytes | None = None
 
     # -- plumbing ---------------------------------------------------------
 
@@ -203,19 +216,55 @@ class Store:
             self._control = ControlStore(self)
         return self._control
 
+    @property
+    def sessions(self) -> SessionStore:
+        """``dblockrun web``'s signed-in sessions (store/sessions.py)."""
+        if self._sessions is None:
+            self._sessions = SessionStore(self)
+        return self._sessions
+
     # -- schema -------------------------------------------------------------
 
     def schema_version(self) -> int | None:
+        """The schema's version (None: no tables); the fleet's key, read by
+        the same statement, is kept for :meth:`fleet_key`."""
+        meta = self.t.meta
         try:
             with self.engine.connect() as conn:
-                if not sa.inspect(conn).has_table(self.t.meta.name):
+                if not sa.inspect(conn).has_table(meta.name):
                     return None
-                value = conn.execute(
-                    sa.select(self.t.meta.c.value).where(self.t.meta.c.key == "schema_version")
-                ).scalar()
+                rows = conn.execute(sa.select(meta.c.key, meta.c.value).where(
+                    meta.c.key.in_(("schema_version", FLEET_KEY))))
+                values = {str(key): str(value) for key, value in rows}
         except sa.exc.SQLAlchemyError as exc:
             raise db_error(exc) from exc
+        if FLEET_KEY in values:
+            self._fleet_key = values[FLEET_KEY].encode()
+        value = values.get("schema_version")
         return None if value is None else int(value)
+
+    def fleet_key(self) -> bytes:
+        """The fleet's secret (``meta.fleet_key``, made with the schema):
+        every daemon keys its definition hashes and per-key digests with it
+        (:meth:`Job.digests <dblockrun.config.jobs.Job.digests>`), so that
+        hosts compare and a reader without database access cannot test
+        guesses. Read with the schema's version: no statement of its own
+        but when it is missing (deleted by hand: made again)."""
+        self._check_schema()
+        if self._fleet_key is None:
+            meta = self.t.meta
+
+            def read(conn: Connection) -> str | None:
+                conn.execute(self.dialect.insert_ignore(meta).values(
+                    key=FLEET_KEY, value=new_fleet_key()))
+                found = conn.execute(sa.select(meta.c.value).where(meta.c.key == FLEET_KEY))
+                return found.scalar()
+
+            value = self._run(read)
+            if value is None:  # cannot happen: it was inserted or there
+                raise DatabaseError(f"no {FLEET_KEY} in {meta.name}")
+            self._fleet_key = value.encode()
+        return self._fleet_key
 
     def ensure_schema(self, *, create: bool = True) -> int:
         """Create the schema if missing (``create``), refuse a newer one."""
@@ -254,6 +303,8 @@ class Store:
                 key="schema_version", value=str(SCHEMA_VERSION)
             )
             conn.execute(stmt)
+            conn.execute(self.dialect.insert_ignore(meta).values(
+                key=FLEET_KEY, value=new_fleet_key()))
             conn.execute(
                 meta.update()
                 .where(meta.c.key == "schema_version", meta.c.value != str(SCHEMA_VERSION))

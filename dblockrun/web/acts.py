@@ -51,6 +51,9 @@ def perform(store: Store, user: str, act: Act) -> tuple[str, dict[str, Any]]:
 
     if act.action not in ACTIONS:
         raise UsageError(f"no action {act.action!r}")
+    for what, value in (("job", act.job), ("reason", act.reason), ("for", act.for_),
+                        ("until", act.until)):
+        check_text(what, value)
     reason = (act.reason or "").strip() or None
     if reason is not None and len(reason) > MAX_REASON:
         raise UsageError(f"reason is {len(reason)} characters long (at most {MAX_REASON})")
@@ -109,6 +112,19 @@ def perform(store: Store, user: str, act: Act) -> tuple[str, dict[str, Any]]:
     was = store.control.resume(Audit(by, "resume", None, None, reason))
     return ("fleet resumed" if was else "the fleet was not paused",
             {"resumed": was is not None})
+
+
+def check_text(what: str, value: str | None) -> None:
+    """UsageError (400) for text no table can hold: a NUL (PostgreSQL's
+    text cannot), or a lone surrogate (not UTF-8: ``{"reason": "\\ud800"}``)."""
+    if value is None:
+        return
+    if "\x00" in value:
+        raise UsageError(f"{what}: a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what}: not UTF-8 text (a lone surrogate)") from None
 
 
 def _seconds(text: str | None) -> float | None:

@@ -16,10 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from dblockrun.errors import DblockrunError, UsageError
+from dblockrun.errors import DatabaseError, DblockrunError, UsageError
 from dblockrun.store.models import RunRecord
 from dblockrun.web.acts import ROLE_OF, Act, perform
 from dblockrun.web.context import config, current_user, refusal
+from dblockrun.web.errors import public
 from dblockrun.web.openapi import OPENAPI
 
 #: The most runs or audit entries one request reads.
@@ -67,7 +68,7 @@ def status(request: Request) -> Response:
     got = report(store, store.with_every_host(names))
     missing = sorted(set(names) - {r.lock.name for r in got.jobs})
     if missing:
-        return error(404, no_such_job(store, missing).message)
+        return error(404, public(store, no_such_job(store, missing).message))
     return _json(status_json(got.jobs, got.hosts, got.db_now, None, got.paused, got.groups))
 
 
@@ -79,12 +80,13 @@ def _job_and_limit(request: Request) -> tuple[str | None, int] | Response:
     if (denied := _denied(request)) is not None:
         return denied
     job = request.query_params.get("job")
+    store = config(request).store
     try:
         limit = _limit(request)
         if job is not None:
-            require_job(config(request).store, job)
+            require_job(store, job)
     except UsageError as exc:
-        return error(400, exc.message)
+        return error(400, public(store, exc.message))
     return job, limit
 
 
@@ -156,6 +158,8 @@ async def act(request: Request) -> Response:
     ``/pause``, ``/resume``; a JSON body may give ``reason``, ``for``, ``until``."""
     from starlette.concurrency import run_in_threadpool
 
+    from dblockrun.ops.output import strict_json
+
     action = request.path_params.get("action") or request.url.path.rsplit("/", 1)[1]
     role = ROLE_OF.get(action)
     if role is None:
@@ -166,11 +170,11 @@ async def act(request: Request) -> Response:
     cfg, user = config(request), current_user(request)
     assert user is not None
     body: Any = {}
-    raw = await request.body()
+    raw = await request.body()  # at most 64 KiB (middleware.py)
     if raw.strip():
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: [[[[... nested too deep
             return error(400, "the body is not JSON")
     if not isinstance(body, dict) or set(body) - {"reason", "for", "until"} or not all(
             isinstance(v, str | None) for v in body.values()):
@@ -184,10 +188,13 @@ async def act(request: Request) -> Response:
         said, doc = await run_in_threadpool(perform, cfg.store, user.name, asked)
         cfg.status.forget()
     except UsageError as exc:
-        return error(404 if exc.message.startswith("no such job") else 400, exc.message)
+        return error(404 if exc.message.startswith("no such job") else 400,
+                     public(cfg.store, exc.message))
+    except DatabaseError:
+        raise  # 503 (errors.py)
     except DblockrunError as exc:
-        return error(409, exc.message)
-    return JSONResponse({"ok": True, "message": said, **doc})
+        return error(409, public(cfg.store, exc.message))
+    return _json(strict_json({"ok": True, "message": said, **doc}))
 
 
 def openapi(_request: Request) -> Response:

@@ -1,35 +1,25 @@
 """What every page and endpoint needs: the server's settings, who is asking,
-the session's CSRF token, and the headers every answer carries (CSP and
-friends)."""
+and the session's CSRF token. The limits are in ``limits.py``, the layers
+every request passes in ``middleware.py``, the sessions in ``sessions.py``,
+the sign-in limit in ``signin.py``."""
 
 from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from starlette.requests import Request
 
 from dblockrun.config.jobs import JobsFile
 from dblockrun.store import Store
+from dblockrun.web.limits import Limits
+from dblockrun.web.signin import PasswordChecks, SignInLimit
 from dblockrun.web.snapshot import Snapshot
-from dblockrun.web.users import LoginLimit, User, user_of_token
+from dblockrun.web.users import User, user_of_token
 
 HERE = Path(__file__).parent
-
-#: No inline script or style, nothing from elsewhere, no framing.
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-HEADERS = [
-    (b"content-security-policy", CSP.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"same-origin"),
-    (b"cache-control", b"no-store"),
-]
 
 #: Who is asking when no users file is given: anyone, read-only.
 ANYONE = User("anyone", "viewer")
@@ -46,14 +36,30 @@ class WebConfig:
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     #: The session cookie only over HTTPS (TLS here, or a proxy's).
     https_only: bool = False
-    logins: LoginLimit = field(default_factory=LoginLimit)
     #: This server's jobs file (``-f``): the Job page shows its definitions.
     jobs: JobsFile | None = None
+    #: Commands (``command``, ``on-failure``'s, ``items-command``) shown to
+    #: operators and admins only (``--hide-commands``; None: when no users
+    #: are configured, i.e. to nobody).
+    hide_commands: bool | None = None
+    limits: Limits = field(default_factory=Limits)
+    #: The sign-in limit and the password checks' gate (signin.py).
+    logins: SignInLimit = field(init=False)
+    checks: PasswordChecks = field(init=False)
     #: The whole fleet's status document, shared by the requests for it.
     status: Snapshot = field(init=False)
 
     def __post_init__(self) -> None:
         self.status = Snapshot(lambda: whole_status(self.store))
+        self.logins = SignInLimit(self.limits, self.users or {})
+        self.checks = PasswordChecks(self.limits)
+        if self.hide_commands is None:
+            self.hide_commands = self.users is None
+
+    def shows_commands(self, user: User | None) -> bool:
+        """Whether ``user`` (None: nobody signed in) sees the jobs' commands."""
+        return not self.hide_commands or (
+            self.users is not None and user is not None and user.can("operator"))
 
 
 def whole_status(store: Store) -> str:
@@ -79,7 +85,8 @@ def current_user(request: Request) -> User | None:
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return user_of_token(cfg.users, auth[7:].strip())
-    name = request.session.get("user")
+    # The session's row in the database (sessions.py SignedIn read it).
+    name = getattr(request.state, "user_name", None)
     return cfg.users.get(name) if isinstance(name, str) else None
 
 
@@ -117,29 +124,3 @@ def refusal(request: Request, role: str, csrf_given: str | None) -> tuple[int, s
     if not user.can(role):
         return 403, f"this needs the {role} role; {user.name} is {user.role}"
     return None
-
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class SecurityHeaders:
-    """Adds :data:`HEADERS` to every HTTP answer."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, with_headers)

@@ -1,21 +1,26 @@
 """A job's definition as the Job page shows it: the keys this server's jobs
-file sets and their values, with nothing secret (``env:`` values, passwords
-in URLs, notification and ping URLs) and nothing a terminal or browser would
-act on."""
+file sets and their values, with nothing secret and nothing a terminal or
+browser would act on: ``env:`` its names only, ``notify:`` and ``ping:``
+where their URLs come from, every other value with its credentials hidden
+(dblockrun/redact.py: a URL's password, ``PGPASSWORD=``, libpq's
+``password=``, ``Authorization:`` ...), and the commands (``command``,
+``on-failure``'s, ``items-command``) only to whom ``--hide-commands`` lets
+see them."""
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
+from dblockrun import redact
 from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.config.load import job_key
 from dblockrun.printable import printable
-from dblockrun.store.dburl import redact
 
-#: A URL in a value (a command's ``postgresql://user:pass@host/db``).
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+#: The fields that hold a command.
+COMMANDS = ("command", "items_command")
+#: Shown instead of a command to whom may not see it.
+HIDDEN = "(hidden: shown to operators and admins)"
 
 
 def file_job(jobs: JobsFile, name: str) -> Job | None:
@@ -23,14 +28,15 @@ def file_job(jobs: JobsFile, name: str) -> Job | None:
     return jobs.job(name) or jobs.job(name.split("@", 1)[0])
 
 
-def shown_definition(job: Job) -> list[tuple[str, str]]:
+def shown_definition(job: Job, commands: bool = True) -> list[tuple[str, str]]:
     """(jobs file key, value as shown) for each key the job sets to other
-    than its default (:meth:`Job.set_fields`), in the file's key names."""
-    return [(job_key(field), _shown(job, field, value))
+    than its default (:meth:`Job.set_fields`), in the file's key names;
+    ``commands``: the commands too (else :data:`HIDDEN`)."""
+    return [(job_key(field), _shown(job, field, value, commands))
             for field, value in job.set_fields().items()]
 
 
-def _shown(job: Job, field: str, value: Any) -> str:
+def _shown(job: Job, field: str, value: Any, commands: bool) -> str:
     if field == "env":  # names only: the values may be secrets
         return ", ".join(name for name, _value in job.env)
     if field == "notify" and job.notify is not None:  # never a URL's text
@@ -38,5 +44,10 @@ def _shown(job: Job, field: str, value: Any) -> str:
                 f"on {', '.join(job.notify.on)}")
     if field == "ping" and job.ping is not None:
         return job.ping.describe()
+    if not commands and field in COMMANDS:
+        return HIDDEN
+    if not commands and field == "on_failure" and isinstance(value, dict) \
+            and value.get("command") is not None:
+        value = {**value, "command": HIDDEN}
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return printable(_URL.sub(lambda m: redact(m.group()), text))
+    return printable(redact.text(text))

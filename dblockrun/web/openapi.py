@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+#: What any request may get (dblockrun/web/limits.py, errors.py).
+_ANY = {"400": {"description": "bad input (a NUL in the path or query ...)"},
+        "413": {"description": "a body over 64 KiB"},
+        "503": {"description": "the database is not answering"}}
+
 
 def _get(summary: str, params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"get": {"summary": summary, "parameters": params or [],
                     "responses": {"200": {"description": "JSON (the CLI's --json shape)"},
                                   "401": {"description": "sign in first"},
-                                  "404": {"description": "no such job or run"}}}}
+                                  "404": {"description": "no such job or run"}, **_ANY}}}
 
 
 def _post(summary: str, params: list[dict[str, Any]], body: bool = True) -> dict[str, Any]:
@@ -21,7 +26,8 @@ def _post(summary: str, params: list[dict[str, Any]], body: bool = True) -> dict
                       "401": {"description": "sign in first"},
                       "403": {"description": "role, CSRF token, or read-only server"},
                       "404": {"description": "no such job or run"},
-                      "409": {"description": "cannot be done now (e.g. not running)"}}}
+                      "409": {"description": "cannot be done now (e.g. not running)"},
+                      **{k: v for k, v in _ANY.items() if k != "400"}}}
     if body:
         op["requestBody"] = {"required": False, "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/ActionBody"}}}}

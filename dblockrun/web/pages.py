@@ -12,11 +12,16 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from dblockrun.errors import DblockrunError, UsageError
+from dblockrun.errors import DatabaseError, DblockrunError, UsageError
 from dblockrun.store.models import HostStatus
+from dblockrun.web import sessions
 from dblockrun.web.acts import ACTIONS, JOB_ACTIONS, ROLE_OF, Act, perform
 from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user, refusal
+from dblockrun.web.errors import public
 from dblockrun.web.users import check_password
+
+#: The most fields a form of the dashboard has (sign-in: 4; an action: 6).
+FORM_FIELDS = 16
 
 #: Jobs on one page of the Fleet page.
 PAGE = 100
@@ -116,7 +121,7 @@ def job(request: Request) -> Response:
     try:
         require_job(store, name)
     except UsageError as exc:
-        return render(request, "error.html", status=404, message=exc.message)
+        return render(request, "error.html", status=404, message=public(store, exc.message))
     doc = _status_doc(request, store.with_every_host([name]))
     runs = store.history(name, HISTORY, output=False)
     from dblockrun.ops.output import audit_entry_json, run_json
@@ -135,9 +140,11 @@ def _definition(request: Request, name: str, job: dict[str, Any] | None) -> dict
     --json``'s ``drift_keys``)."""
     from dblockrun.web.definition import file_job, shown_definition
 
-    jobs = config(request).jobs
+    cfg = config(request)
+    jobs = cfg.jobs
     mine = file_job(jobs, name) if jobs is not None else None
-    mine_hash = mine.definition_hash() if mine is not None else None
+    # Keyed as the daemons key theirs (the fleet's secret): comparable.
+    mine_hash = mine.definition_hash(cfg.store.fleet_key()) if mine is not None else None
     job = job or {}
     hosts = []
     for digest, on in job.get("definitions", {}).items():
@@ -149,8 +156,10 @@ def _definition(request: Request, name: str, job: dict[str, Any] | None) -> dict
             differs = "-"
         hosts += [{"host": host, "hash": digest, "same": digest == mine_hash,
                    "differs": differs} for host in on]
+    commands = cfg.shows_commands(current_user(request))
     return {"jobs_file": jobs.path if jobs is not None else None,
-            "definition": shown_definition(mine) if mine is not None else None,
+            "definition": shown_definition(mine, commands) if mine is not None else None,
+            "commands_hidden": not commands,
             "definition_hash": mine_hash, "host_definitions": sorted(
                 hosts, key=lambda h: str(h["host"]))}
 
@@ -229,7 +238,7 @@ async def act(request: Request) -> Response:
 
     cfg = config(request)
     action = request.path_params["action"]
-    form = await request.form()
+    form = await request.form(max_files=0, max_fields=FORM_FIELDS)
     if action not in ACTIONS:
         return render(request, "error.html", status=404, message=f"no action {action!r}")
     token = form.get("csrf")
@@ -255,8 +264,10 @@ async def act(request: Request) -> Response:
             Act(action, job_name, field("reason"), field("for"), field("until"), run_id))
         cfg.status.forget()
         request.session["flash"] = {"ok": True, "text": said}
+    except DatabaseError:
+        raise  # 503, naming nothing (errors.py)
     except DblockrunError as exc:
-        request.session["flash"] = {"ok": False, "text": exc.message}
+        request.session["flash"] = {"ok": False, "text": public(cfg.store, exc.message)}
     back = f"/jobs/{quote(job_name, safe='')}" if job_name and action in JOB_ACTIONS else (
         f"/runs/{run_id}" if run_id else "/")
     return RedirectResponse(back, status_code=303)
@@ -274,41 +285,53 @@ def _next(value: Any) -> str:
 
 
 async def login(request: Request) -> Response:
+    """Sign in: the form's CSRF token, then the attempt counted (signin.py)
+    before the password is checked, at most two checks at once; a new
+    session (sessions.py) when it is right."""
+    from starlette.concurrency import run_in_threadpool
+
     cfg = config(request)
     if cfg.users is None:
         return render(request, "error.html", status=404,
                       message="no users are configured: the dashboard is read-only for anyone")
     if request.method == "GET":
         return render(request, "login.html", next=_next(request.query_params.get("next")))
-    form = await request.form()
+    form = await request.form(max_files=0, max_fields=FORM_FIELDS)
     name, password = str(form.get("name") or ""), str(form.get("password") or "")
     token = form.get("csrf")
     if not csrf_ok(request, token if isinstance(token, str) else None):
         return render(request, "login.html", status=403, next="/",
                       message="the form's CSRF token is missing or wrong: try again")
+    after = _next(form.get("next"))
     client = request.client.host if request.client else "-"
-    if cfg.logins.blocked(client, name):
-        return render(request, "login.html", status=429, next=_next(form.get("next")),
-                      message="too many failed sign-ins: wait a minute")
-    from starlette.concurrency import run_in_threadpool
-
+    window = f"{cfg.limits.sign_in_window:g} s"
+    if not cfg.logins.attempt(client, name):
+        return render(request, "login.html", status=429, next=after,
+                      message=f"too many sign-ins: wait {window}")
     user = cfg.users.get(name)
-    ok = await run_in_threadpool(check_password, user, password)
+    ok = await run_in_threadpool(cfg.checks.run, lambda: check_password(user, password))
+    if ok is None:  # not checked: too many checks waiting
+        cfg.logins.forget(client, name)
+        return render(request, "login.html", status=429, next=after,
+                      message="too many sign-ins at once: try again in a moment")
     if not ok or user is None:
-        cfg.logins.failed(client, name)
-        return render(request, "login.html", status=401, next=_next(form.get("next")),
+        return render(request, "login.html", status=401, next=after,
                       message="wrong name or password")
-    request.session.clear()  # a new session: no fixation
-    request.session["user"] = user.name
+    cfg.logins.forget(client, name)  # a sign-in that worked does not count
+    await run_in_threadpool(sessions.start, cfg.store, request, user.name,
+                            cfg.limits.session_lifetime)
     csrf_token(request)
-    return RedirectResponse(_next(form.get("next")), status_code=303)
+    return RedirectResponse(after, status_code=303)
 
 
 async def logout(request: Request) -> Response:
-    form = await request.form()
+    """Sign out: the session ends everywhere (its row is deleted)."""
+    from starlette.concurrency import run_in_threadpool
+
+    form = await request.form(max_files=0, max_fields=FORM_FIELDS)
     token = form.get("csrf")
     if csrf_ok(request, token if isinstance(token, str) else None):
-        request.session.clear()
+        await run_in_threadpool(sessions.end, config(request).store, request)
     return RedirectResponse("/login", status_code=303)
 
 

@@ -1,18 +1,23 @@
-"""``dblockrun web``: the app served by uvicorn, with TLS if asked."""
+"""``dblockrun web``: the app served by uvicorn, with TLS if asked, within
+the limits of ``limits.py`` (connections: ``connections.py``)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
+import resource
+from dataclasses import dataclass, replace
 
 from dblockrun.config.jobs import JobsFile
 from dblockrun.errors import UsageError
+from dblockrun.secretfile import first_line
 from dblockrun.store import Store
+from dblockrun.web.limits import Limits, connection_cap
 from dblockrun.web.users import User
+from dblockrun.withheld import WEB_SECRET
 
-#: The session cookie's signing key, when no --secret-file is given.
-SECRET_ENV = "DBLOCKRUN_WEB_SECRET"
+#: The session cookie's signing key, when no --secret-file is given (no
+#: command inherits it: dblockrun/withheld.py).
+SECRET_ENV = WEB_SECRET
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,10 @@ class WebOptions:
     key: str | None = None
     secret_file: str | None = None
     proxy_headers: bool = False
+    #: Commands to operators and admins only; None: when no users are configured.
+    hide_commands: bool | None = None
+    #: How long a session lasts (seconds); None: :attr:`Limits.session_lifetime`.
+    session_lifetime: float | None = None
 
 
 def listen_addr(text: str) -> tuple[str, int]:
@@ -37,19 +46,26 @@ def listen_addr(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", number
 
 
-def secret(options: WebOptions) -> str | None:
-    """The session key: --secret-file's first line, else $DBLOCKRUN_WEB_SECRET,
-    else None (a new one each start: sessions end with the server)."""
+def secret(options: WebOptions, limits: Limits | None = None) -> str | None:
+    """The session key: --secret-file's first line (read as ``{file:}``
+    secrets are: a regular file, at most 64 KiB, UTF-8), else
+    $DBLOCKRUN_WEB_SECRET, else None (a new one each start: sessions end
+    with the server). At least :attr:`Limits.min_secret` bytes."""
+    least = (limits or Limits()).min_secret
     if options.secret_file is not None:
+        where = f"--secret-file {options.secret_file}"
         try:
-            lines = Path(options.secret_file).read_text().splitlines()
-            text = lines[0].strip() if lines else ""
-        except OSError as exc:
-            raise UsageError(f"--secret-file {options.secret_file}: {exc.strerror}") from None
-        if len(text) < 16:
-            raise UsageError(f"--secret-file {options.secret_file}: at least 16 characters")
-        return text
-    return os.environ.get(SECRET_ENV) or None
+            text = first_line(options.secret_file, "--secret-file")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    else:
+        where, text = SECRET_ENV, os.environ.get(SECRET_ENV, "")
+        if not text:
+            return None
+    if len(text.encode()) < least:
+        raise UsageError(f"{where}: the session key is {len(text.encode())} bytes long; at least "
+                         f"{least} are needed (e.g. `openssl rand -base64 48`)")
+    return text
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,7 @@ class Checked:
     port: int
     users: dict[str, User] | None
     secret: str | None
+    limits: Limits
 
 
 def check(options: WebOptions) -> Checked:
@@ -69,9 +86,29 @@ def check(options: WebOptions) -> Checked:
 
     if (options.cert is None) != (options.key is None):
         raise UsageError("give --cert and --key together")
+    limits = Limits()
+    if options.session_lifetime is not None:
+        if options.session_lifetime <= 0:
+            raise UsageError("--session-lifetime: must be longer than 0s")
+        limits = replace(limits, session_lifetime=options.session_lifetime)
     host, port = listen_addr(options.listen)
     users = load_users(options.users_file) if options.users_file is not None else None
-    return Checked(options, host, port, users, secret(options))
+    return Checked(options, host, port, users, secret(options, limits), limits)
+
+
+def open_files() -> int:
+    """How many files this process may open (``ulimit -n``): its soft
+    limit, raised to the hard one first where that is higher."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 def serve(store: Store, checked: Checked, jobs: JobsFile | None = None) -> None:
@@ -79,15 +116,22 @@ def serve(store: Store, checked: Checked, jobs: JobsFile | None = None) -> None:
     import uvicorn
 
     from dblockrun.web.app import create_app
+    from dblockrun.web.connections import quiet_repeats, uvicorn_options
     from dblockrun.web.context import WebConfig
 
-    options = checked.options
+    options, limits = checked.options, checked.limits
     cfg = WebConfig(store=store, users=checked.users,
-                    https_only=options.cert is not None or options.proxy_headers, jobs=jobs)
+                    https_only=options.cert is not None or options.proxy_headers, jobs=jobs,
+                    hide_commands=options.hide_commands, limits=limits)
     if checked.secret is not None:
         cfg.secret = checked.secret
+    quiet_repeats(limits)
+    cap = connection_cap(limits, open_files())
+    # log_config=None: uvicorn's lines go through dblockrun's log (its
+    # format, its redaction), not handlers of its own.
     uvicorn.run(create_app(cfg), host=checked.host, port=checked.port,
                 ssl_certfile=options.cert, ssl_keyfile=options.key,
                 proxy_headers=options.proxy_headers,
                 forwarded_allow_ips="127.0.0.1" if options.proxy_headers else None,
-                server_header=False, log_level="info")
+                server_header=False, log_level="info", log_config=None,
+                **uvicorn_options(limits, cap))

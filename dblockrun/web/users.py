@@ -18,18 +18,17 @@ import functools
 import hashlib
 import hmac
 import secrets
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 
 from dblockrun.errors import ConfigError
+from dblockrun.secretfile import whole_text
 
 ROLES = ("viewer", "operator", "admin")
 KEYS = {"name", "role", "password", "token-sha256"}
+#: The largest users file read, in bytes.
+USERS_LIMIT = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -46,10 +45,10 @@ class User:
 
 def load_users(path: str) -> dict[str, User]:
     """The users of ``path`` by name; ConfigError naming file, line and key."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the users file: {exc.strerror}") from None
+    try:  # a regular file only, bounded: a named pipe would hold the start for good
+        text = whole_text(path, USERS_LIMIT)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: the users file: {exc}") from None
     try:
         doc = yaml.compose(text)
     except yaml.YAMLError as exc:
@@ -143,31 +142,3 @@ def user_of_token(users: dict[str, User], token: str) -> User | None:
         if user.token_sha256 is not None and hmac.compare_digest(user.token_sha256, digest):
             found = user
     return found
-
-
-class LoginLimit:
-    """At most ``attempts`` failed sign-ins per ``window`` seconds for one
-    client address, and as many for one user name, across addresses."""
-
-    def __init__(self, attempts: int = 5, window: float = 60.0) -> None:
-        self.attempts, self.window = attempts, window
-        self._failed: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
-
-    def _recent(self, key: str, now: float) -> deque[float]:
-        times = self._failed.setdefault(key, deque())
-        while times and times[0] <= now - self.window:
-            times.popleft()
-        return times
-
-    def blocked(self, client: str, name: str) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            return any(len(self._recent(k, now)) >= self.attempts
-                       for k in (f"addr:{client}", f"user:{name}"))
-
-    def failed(self, client: str, name: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for key in (f"addr:{client}", f"user:{name}"):
-                self._recent(key, now).append(now)
