@@ -176,7 +176,8 @@ jobs:
 def test_oversize_jobs_are_refused_at_load(tmp_path: Path) -> None:
     """What the kernel could not execute, or more than a job may hand its
     command, is a load error naming the limit (nothing starts)."""
-    items = ", ".join(f"i{i}{'w' * 60_000}" for i in range(20))
+    # Items as long as a run's record holds (1,000 characters): 150 of them overflow one variable.
+    items = ", ".join(f"i{i:03d}{'w' * 996}" for i in range(150))
     many = "".join(f"      V{i}: {'z' * 100_000}\n" for i in range(3))
     limit = "at most 131,071 (Linux's limit for one argument or variable)"
     cases = [
@@ -186,8 +187,8 @@ def test_oversize_jobs_are_refused_at_load(tmp_path: Path) -> None:
          f"env.BIG: the variable is 200,005 bytes: {limit}"),
         (f"command: 'true'\n    env:\n{many}".rstrip("\n"), 4,
          "command: the command and env: are 300,017 bytes together: at most 262,144"),
-        (f"command: 'true'\n    batch: 20\n    items: [{items}]", 5,
-         "batch: 20 of the items make a DBLOCKRUN_ITEMS of 1,200,086 bytes: at most 131,071 "
+        (f"command: 'true'\n    batch: 150\n    items: [{items}]", 5,
+         "batch: 150 of the items make a DBLOCKRUN_ITEMS of 150,166 bytes: at most 131,071 "
          "(Linux's limit for one variable); lower batch"),
     ]
     for body, line, why in cases:
@@ -197,7 +198,7 @@ def test_oversize_jobs_are_refused_at_load(tmp_path: Path) -> None:
         assert proc.stderr == f"dblockrun: {jobs}:{line}: job 'j': {why}\n"
     # Up to the limits: fine.
     ok = write_jobs(tmp_path / "ok.yaml", f"jobs:\n  j:\n    rate: 1h\n    command: echo "
-                    f"{'x' * 100_000}\n    batch: 2\n    items: [{'a' * 60_000}, {'b' * 60_000}]\n")
+                    f"{'x' * 100_000}\n    batch: 2\n    items: [{'a' * 1_000}, {'b' * 1_000}]\n")
     assert cli("validate", str(ok)).returncode == 0
 
 
@@ -229,8 +230,8 @@ jobs:
         (small.parent / "big.yaml").write_text(small.read_text() + """\
   fan:
     rate: 1h
-    batch: 20
-    items-command: "for i in $(seq 20); do printf \\"$i%060000d\\\\n\\" 0; done"
+    batch: 200
+    items-command: "for i in $(seq 200); do printf \\"%04d%0996d\\\\n\\" $i 0; done"
     command: 'true'
   bulky:
     rate: 1h
@@ -249,7 +250,7 @@ jobs:
     finally:
         assert d.stop() == 0
     assert fan.result == "failed", fan.output
-    assert ("cannot start command: [Errno 7] variable DBLOCKRUN_ITEMS is 1,200,0" in fan.output
+    assert ("cannot start command: [Errno 7] variable DBLOCKRUN_ITEMS is 200," in fan.output
             and "at most 131,071 (Linux's limit for one argument or variable)" in fan.output)
     assert bulky_run.result == "failed", bulky_run.output
     assert "at most 1,048,576 (the spawn service's limit)" in bulky_run.output
