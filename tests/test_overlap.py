@@ -333,14 +333,21 @@ def test_a_dead_hosts_lanes_are_found_lost_freed_and_kill_stops_every_run(
         assert [r.id for r in shown.lane_runs] == sorted(r.id for r in after), shown
         assert "; 2 runs: " in output.status_text(
             [shown], store.live_hosts(), shown.db_now, wide=True), shown
-        stop = subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
-                               "kill", "long"], capture_output=True, text=True, timeout=60)
+        # The job is due every second: once the kill frees its lanes, the
+        # next slot starts a run at once. Disabled first (as an operator
+        # stopping it for good would), nothing takes the lanes again.
+        cli = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix]
+        off = subprocess.run([*cli, "disable", "long", "--reason", "stop it"],
+                             capture_output=True, text=True, timeout=60)
+        assert off.returncode == 0, off
+        stop = subprocess.run([*cli, "kill", "long"], capture_output=True, text=True, timeout=60)
         assert stop.returncode == 0, stop
         for run in after:
             assert f"run {run.id} on {run.host} killed" in stop.stdout, stop.stdout
         ended = [store.run(r.id) for r in after]
         assert [r.result if r else None for r in ended] == [m.KILLED, m.KILLED], ended
         assert report(store, ["long"]).jobs[0].lane_runs == ()
+        assert store.control.running("long") == []
     finally:
         codes = stop_all(procs)
     assert codes[1:] == [0]
