@@ -26,9 +26,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import harness
 import psycopg
 import pymysql
 import pytest
+from harness import Fleet
 from helpers import REPO, TestDb
 from pgbouncer import POOL_MODES, Bouncers
 from psycopg import sql
@@ -83,6 +85,12 @@ def strict() -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     selected_backends(config)  # reject a bad list before collecting anything
+    harness.stop_on_signals()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Interrupted (SIGINT, SIGTERM) or not, no process a test started stays behind.
+    harness.reap_all()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -294,3 +302,19 @@ def store(db: TestDb) -> Iterator[Store]:
     s = Store(db.url, db.prefix)
     yield s
     s.close()
+
+
+@pytest.fixture
+def fleet(db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
+    """Real daemons on the test's database (tests/harness.py), killed at the end if still up."""
+    daemons = Fleet(db, tmp_path)
+    yield daemons
+    daemons.close()
+
+
+@pytest.fixture
+def sqlite_fleet(sqlite_db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
+    """:func:`fleet` on SQLite only, for behaviour that does not depend on the database."""
+    daemons = Fleet(sqlite_db, tmp_path)
+    yield daemons
+    daemons.close()
