@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ import psycopg
 import pymysql
 import pytest
 from harness import Fleet
-from helpers import REPO, TestDb
+from helpers import REPO, TestDb, new_prefix
 from pgbouncer import POOL_MODES, Bouncers
 from psycopg import sql
 
@@ -83,9 +84,28 @@ def strict() -> bool:
     )
 
 
+#: Set in an xdist worker by its readline (``80`` and ``24``), not by the user:
+#: a table the CLI draws in a test would be cut to 80 columns there only. The
+#: workers get the test command's values instead.
+TERMINAL_SIZE = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, before a worker starts: what it is to see of the terminal."""
+    node.workerinput["terminal_size"] = {name: os.environ.get(name) for name in TERMINAL_SIZE}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     selected_backends(config)  # reject a bad list before collecting anything
     harness.stop_on_signals()
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        for name, value in workerinput["terminal_size"].items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -218,10 +238,6 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 
 
-def new_prefix() -> str:
-    return f"t{secrets.token_hex(4)}_"
-
-
 @pytest.fixture(scope="session")
 def server_databases() -> Iterator[ServerDatabases]:
     """This run's PostgreSQL/MariaDB databases, created lazily, dropped at the end."""
@@ -318,3 +334,20 @@ def sqlite_fleet(sqlite_db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
     daemons = Fleet(sqlite_db, tmp_path)
     yield daemons
     daemons.close()
+
+
+@pytest.fixture
+def system_user() -> Iterator[str]:
+    """A new system user (and its group, ``<user>g``), removed at the end; root only."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a user and switch to it")
+    name = f"dbrt{secrets.token_hex(3)}"
+    group = f"{name}g"
+    subprocess.run(["groupadd", group], check=True)
+    subprocess.run(["useradd", "--create-home", "--groups", group, "--shell", "/bin/sh", name],
+                   check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+        subprocess.run(["groupdel", group], check=False, capture_output=True)

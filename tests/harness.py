@@ -1,14 +1,15 @@
 """The one harness for the real processes a test starts.
 
 :class:`Fleet` starts real ``dblockrun daemon`` processes on one database
-(URL and table prefix) with the options a test gives, each with its log in
-the test's folder; :class:`Daemon` is one of them: read its log, wait for a
-line or a condition with a deadline (failing at once, with the log, if the
-daemon exits meanwhile), signal it, freeze and thaw it (SIGSTOP, SIGCONT),
-kill it (SIGKILL), stop it (SIGTERM) for its exit status. The ``fleet``
-fixture (conftest) gives a test a Fleet on its database and stops what is
-left at its end; a Fleet also reads the records (:meth:`Fleet.runs`) and
-runs the CLI on the same database (:meth:`Fleet.cli`).
+(URL and table prefix) with the options a test gives (and other long-running
+commands: ``web``...), each logging to a file in the test's folder. Each is
+a :class:`Process`: read its log, wait for a line or a condition with a
+deadline (failing at once, with the log, if it exits meanwhile), signal it,
+freeze and thaw it (SIGSTOP, SIGCONT), kill it (SIGKILL), stop it (SIGTERM)
+for its exit status, read its metrics server. The ``fleet`` fixture
+(conftest) gives a test a Fleet on its database and kills what is left at
+its end; a Fleet also reads the records (:meth:`Fleet.runs`) and runs the
+CLI on the same database (:meth:`Fleet.cli`).
 
 Every process started here, or handed to :func:`track`, is tracked until it
 is reaped. Nothing is left behind when the test run itself is stopped:
@@ -23,10 +24,13 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
@@ -34,7 +38,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import (
+    TestDb,
+    clean_env,
+    dblockrun_cmd,
+    free_port,
+    http_get,
+    new_prefix,
+    wait_for,
+)
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -74,10 +86,12 @@ def _reaped(proc: subprocess.Popen[Any]) -> bool:
     return True
 
 
-def end(proc: subprocess.Popen[Any], timeout: float) -> int | None:
-    """SIGCONT and SIGTERM to ``proc`` if it still runs, and its exit status
-    within ``timeout``; None if it had to be killed then (SIGKILL)."""
-    if proc.poll() is None:
+def end(proc: subprocess.Popen[Any], timeout: float, *, signalled: bool = False) -> int | None:
+    """SIGCONT and SIGTERM to ``proc`` if it still runs (unless ``signalled``
+    already: a daemon that has restored its handlers on the way out would die
+    of a second SIGTERM), and its exit status within ``timeout``; None if it
+    had to be killed then (SIGKILL)."""
+    if proc.poll() is None and not signalled:
         proc.send_signal(signal.SIGCONT)
         proc.send_signal(signal.SIGTERM)
     try:
@@ -131,7 +145,7 @@ def stop_on_signals() -> None:
         signal.signal(signal.SIGTERM, _terminated)
 
 
-class Daemon:
+class Process:
     """One process a test started, its output in a log file: mostly a
     ``dblockrun daemon`` (:meth:`Fleet.start`)."""
 
@@ -140,11 +154,20 @@ class Daemon:
                  append: bool = False) -> None:
         self.argv = list(argv)
         self.log = log
+        self._jobs: Path | None = None
+        #: Its ``--metrics`` port (a daemon a Fleet started with ``metrics=True``).
+        self.port: int | None = None
         self.proc = spawn(self.argv, log, env=env, cwd=cwd, stdout_to_log=stdout_to_log,
                           append=append)
 
     def __repr__(self) -> str:
-        return f"<Daemon pid {self.pid} log {self.log}>"
+        return f"<Process pid {self.pid} log {self.log}>"
+
+    @property
+    def jobs(self) -> Path:
+        """Its jobs file (a daemon a Fleet started)."""
+        assert self._jobs is not None, f"{self} was not started on a jobs file"
+        return self._jobs
 
     @property
     def pid(self) -> int:
@@ -193,6 +216,12 @@ class Daemon:
         return self.wait(lambda: regex.search(self.text()), timeout,
                          what=what or f"{regex.pattern!r} in {self.log.name}")
 
+    def get(self, path: str) -> tuple[int, str]:
+        """GET ``path`` of its metrics server (``/metrics``, ``/healthz``):
+        (status, body); (0, "") if nothing answers."""
+        assert self.port is not None, f"{self} has no --metrics port"
+        return http_get(self.port, path)
+
     def exited(self, timeout: float) -> int:
         """Its exit status, waited for (no signal sent)."""
         try:
@@ -200,16 +229,30 @@ class Daemon:
         finally:
             _reaped(self.proc)
 
-    def stop(self, timeout: float = 30) -> int | None:
-        """SIGCONT and SIGTERM; its exit status, None if it had to be killed
-        after ``timeout``."""
-        return end(self.proc, timeout)
+    def stop(self, timeout: float = 30, *, signalled: bool = False) -> int | None:
+        """SIGCONT and SIGTERM (unless ``signalled`` so already); its exit
+        status, None if it had to be killed after ``timeout``."""
+        return end(self.proc, timeout, signalled=signalled)
 
     def kill(self) -> int:
         """SIGKILL (kill -9), reaped."""
         if self.alive():
             self.proc.kill()
         return self.exited(10)
+
+
+def database_options(url: str | None, prefix: str | None) -> list[str]:
+    """``--db URL --table-prefix PREFIX``, each only if given."""
+    return [*(["--db", url] if url is not None else []),
+            *(["--table-prefix", prefix] if prefix is not None else [])]
+
+
+def daemon_argv(database: Sequence[str], jobs: Path | str, *options: str,
+                before: Sequence[str] = (), program: Sequence[str] | None = None) -> list[str]:
+    """``python -m dblockrun`` (or ``program``), the global options
+    ``database`` and ``before``, ``daemon JOBS`` and ``options``."""
+    return [*(program if program is not None else dblockrun_cmd()), *database, *before,
+            "daemon", str(jobs), *options]
 
 
 class _Same(Enum):
@@ -222,7 +265,8 @@ Option = str | None | _Same
 
 class Fleet:
     """The daemons of one test on one database (``db``'s URL and table
-    prefix, or ``url``/``prefix``), each with its log in ``workdir``
+    prefix, or ``url``/``prefix``: a new prefix if neither gives one; no
+    ``--db`` without a URL), each with its log in ``workdir``
     (``<name>.log``; names ``d0``, ``d1``... by default).
 
     Each daemon gets ``--heartbeat``, ``--lease`` and ``--grace`` (the
@@ -239,26 +283,27 @@ class Fleet:
         self.db = db
         self.workdir = workdir
         self.url = url if url is not None else (db.url if db is not None else None)
-        self.prefix = prefix if prefix is not None else (db.prefix if db is not None else None)
+        self.prefix = prefix or (db.prefix if db is not None else new_prefix())
         self.timing = {"--heartbeat": heartbeat, "--lease": lease, "--grace": grace}
-        self.daemons: list[Daemon] = []
+        self.daemons: list[Process] = []
 
-    def __iter__(self) -> Iterator[Daemon]:
+    def __iter__(self) -> Iterator[Process]:
         return iter(self.daemons)
 
     def __len__(self) -> int:
         return len(self.daemons)
 
-    def __getitem__(self, i: int) -> Daemon:
+    def __getitem__(self, i: int) -> Process:
         return self.daemons[i]
 
     def database(self, url: str | None = None) -> list[str]:
         """The global options that point dblockrun at the fleet's database."""
-        url = url if url is not None else self.url
-        return [*(["--db", url] if url is not None else []),
-                *(["--table-prefix", self.prefix] if self.prefix is not None else [])]
+        return database_options(url if url is not None else self.url, self.prefix)
 
     def jobs_file(self, text: str, name: str = "jobs.yaml") -> Path:
+        """Write ``text`` (a whole jobs file: lines, not a path) to ``name`` in the folder."""
+        if "\n" not in text:
+            raise ValueError(f"the text of a jobs file, not a path: {text!r} (give a Path)")
         path = self.workdir / name
         path.write_text(text)
         return path
@@ -274,36 +319,57 @@ class Fleet:
             if chosen is not None:
                 assert isinstance(chosen, str)
                 timing += [option, chosen]
-        return [*(program if program is not None else dblockrun_cmd()), *self.database(url),
-                *before, "daemon", str(jobs), *timing, *options]
+        return daemon_argv(self.database(url), jobs, *timing, *options, before=before,
+                           program=program)
 
     def start(self, jobs: Path | str, *options: str, name: str | None = None,
               log: Path | None = None, url: str | None = None, heartbeat: Option = SAME,
               lease: Option = SAME, grace: Option = SAME, before: Sequence[str] = (),
               program: Sequence[str] | None = None, env: dict[str, str] | None = None,
-              cwd: Path | None = None, stdout_to_log: bool = False) -> Daemon:
+              cwd: Path | None = None, stdout_to_log: bool = False,
+              metrics: bool = False, append: bool = False) -> Process:
         """Start one daemon on ``jobs`` (a file, or the text of one, written
         to ``jobs.yaml`` in the folder); its environment this one's without
         dblockrun's settings (:func:`helpers.clean_env`), or ``env``; it
-        runs in the folder, or ``cwd``."""
+        runs in the folder, or ``cwd``. ``metrics``: with ``--metrics`` on
+        a free port of 127.0.0.1 (:meth:`Process.get`). ``append``: to
+        the log (a daemon started again), not over it."""
         if isinstance(jobs, str):
             jobs = self.jobs_file(jobs)
         name = name or f"d{len(self.daemons)}"
-        daemon = Daemon(
+        port = free_port() if metrics else None
+        if port is not None:
+            options = ("--metrics", f"127.0.0.1:{port}", *options)
+        daemon = Process(
             self.argv(jobs, *options, url=url, heartbeat=heartbeat, lease=lease, grace=grace,
                       before=before, program=program),
             log or self.workdir / f"{name}.log", env=env,
-            cwd=cwd if cwd is not None else self.workdir, stdout_to_log=stdout_to_log)
+            cwd=cwd if cwd is not None else self.workdir, stdout_to_log=stdout_to_log,
+            append=append)
+        daemon._jobs = jobs
+        daemon.port = port
         self.daemons.append(daemon)
         return daemon
 
-    def start_n(self, n: int, jobs: Path | str, *options: str, **kwargs: Any) -> list[Daemon]:
+    def command(self, *args: str, name: str, env: dict[str, str] | None = None,
+                cwd: Path | None = None, stdout_to_log: bool = True) -> Process:
+        """Another long-running dblockrun command on the fleet's database
+        (``web``, ``tail``...), logging to ``<name>.log``; one of the
+        fleet's processes from then on (stopped and killed with them)."""
+        process = Process([*dblockrun_cmd(), *self.database(), *args],
+                         self.workdir / f"{name}.log", env=env,
+                         cwd=cwd if cwd is not None else self.workdir,
+                         stdout_to_log=stdout_to_log)
+        self.daemons.append(process)
+        return process
+
+    def start_n(self, n: int, jobs: Path | str, *options: str, **kwargs: Any) -> list[Process]:
         """``n`` daemons alike (:meth:`start`'s arguments), named by their index."""
         if isinstance(jobs, str):
             jobs = self.jobs_file(jobs)
         return [self.start(jobs, *options, **kwargs) for _ in range(n)]
 
-    def of(self, holder: str) -> Daemon:
+    def of(self, holder: str) -> Process:
         """The daemon a host id (``host:pid:hex``) names."""
         pid = int(holder.split(":")[1])
         return next(d for d in self.daemons if d.pid == pid)
@@ -312,7 +378,7 @@ class Fleet:
     def store(self) -> Store:
         """A store on the fleet's database, directly (not through ``url``, a
         proxy's); closed by :meth:`close`."""
-        assert self.url is not None and self.prefix is not None
+        assert self.url is not None
         return Store(self.url if self.db is None else self.db.url, self.prefix)
 
     def runs(self, job: str, *results: str) -> list[m.RunRecord]:
@@ -334,7 +400,8 @@ class Fleet:
             d.thaw()
             d.send(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        return [end(d.proc, max(0.0, deadline - time.monotonic())) for d in self.daemons]
+        return [end(d.proc, max(0.0, deadline - time.monotonic()), signalled=True)
+                for d in self.daemons]
 
     def close(self) -> None:
         """Kill what still runs; close the store."""
@@ -342,6 +409,54 @@ class Fleet:
             d.kill()
         if "store" in self.__dict__:
             self.store.close()
+
+
+class NotifySocket:
+    """The socket systemd listens on for a daemon's ``NOTIFY_SOCKET``
+    messages, read all the time as systemd does (a full queue would block
+    the daemon's next message): each message with when it came
+    (``time.monotonic()``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.1)
+        self._messages: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while not self._closed:
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                self._messages.append((time.monotonic(), data.decode()))
+
+    @property
+    def messages(self) -> list[tuple[float, str]]:
+        """(when, text) of each message so far."""
+        with self._lock:
+            return list(self._messages)
+
+    def texts(self) -> list[str]:
+        return [text for _at, text in self.messages]
+
+    def has(self, line: str) -> bool:
+        """Whether a message so far has ``line`` as one of its lines."""
+        return any(line in text.split("\n") for text in self.texts())
+
+    def count(self, text: str) -> int:
+        """How many messages so far were exactly ``text``."""
+        return self.texts().count(text)
+
+    def close(self) -> None:
+        self._closed = True
+        self.sock.close()
 
 
 #: Python code that makes its process a child subreaper (the attribute
@@ -361,36 +476,59 @@ def as_subreaper(argv: list[str]) -> list[str]:
             *argv[1:]]
 
 
-def descendants(pid: int) -> list[int]:
-    """The pids of ``pid``'s children, theirs, and so on (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after ``pid (comm)`` (comm may hold
+    spaces): state, ppid, pgrp, session...; None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
 
 
 def state(pid: int) -> str | None:
     """The process's state letter (``R``, ``S``, ``T`` stopped, ``Z``...), None if gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def parent_of(pid: int) -> int:
+    fields = _stat(pid)
+    assert fields is not None, f"no process {pid}"
+    return int(fields[1])
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid``."""
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None
+            and int(fields[1]) == pid]
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, theirs, and so on."""
+    found: list[int] = []
+    for child in children(pid):
+        found += [child, *descendants(child)]
+    return found
+
+
+def comm(pid: int) -> str:
+    """The process's command name, "" if gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a process (a zombie counts)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as gone)."""
-    return state(pid) not in (None, "Z")
+    """Whether ``pid`` runs (a zombie left for its parent to reap counts as gone)."""
+    return state(pid) not in (None, "Z", "X")

@@ -17,8 +17,8 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner, Result
-from conftest import ServerDatabases, new_prefix, sqlite_url
-from helpers import TestDb, dblockrun_cmd, sigint_default, wait_for
+from conftest import ServerDatabases, sqlite_url
+from helpers import TestDb, dblockrun_cmd, new_prefix, sigint_default, wait_for
 from helpers import clean_env as env_without_db
 
 from dblockrun.cli import cli

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 import yaml
+from clitree import commands, option_names
 from helpers import REPO, clean_env
-from test_man import commands, option_names
 
 from dblockrun.cli import cli
 from dblockrun.config.load import JOB_KEYS, NOTIFY_KEYS, ON_FAILURE_KEYS, TOP_LEVEL_KEYS

@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ServerDatabases, new_prefix, selected_backends
-from helpers import TestDb, dblockrun_cmd, wait_for
+from conftest import ServerDatabases, selected_backends
+from helpers import TestDb, dblockrun_cmd, new_prefix, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store.items import ClaimedItem

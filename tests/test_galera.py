@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pymysql
 import pytest
-from conftest import new_prefix, selected_backends, strict
-from helpers import REPO, clean_env, dblockrun_cmd, wait_for
+from conftest import selected_backends, strict
+from helpers import REPO, clean_env, dblockrun_cmd, new_prefix, wait_for
 
 from dblockrun.store import Store
 

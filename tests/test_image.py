@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ServerDatabases, new_prefix, selected_backends
-from helpers import REPO, TestDb, clean_env, free_port, http_get, wait_for
+from conftest import ServerDatabases, selected_backends
+from helpers import REPO, TestDb, clean_env, free_port, http_get, new_prefix, wait_for
 
 from dblockrun import __version__
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import new_prefix, selected_backends, strict
-from helpers import REPO, clean_env, dblockrun_cmd, free_port, wait_for
+from conftest import selected_backends, strict
+from helpers import REPO, clean_env, dblockrun_cmd, free_port, new_prefix, wait_for
 
 from dblockrun.store import Store
 

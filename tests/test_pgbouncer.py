@@ -24,12 +24,11 @@ from conftest import (
     PG_PORT,
     PG_USER,
     ServerDatabases,
-    new_prefix,
     pooled_url,
     selected_backends,
     strict,
 )
-from helpers import REPO, TestDb, clean_env, connections_to, dblockrun_cmd, wait_for
+from helpers import REPO, TestDb, clean_env, connections_to, dblockrun_cmd, new_prefix, wait_for
 from pgbouncer import Bouncer, Bouncers
 
 from dblockrun import cli as cli_module

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ServerDatabases, new_prefix
-from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
+from conftest import ServerDatabases
+from helpers import TestDb, clean_env, dblockrun_cmd, new_prefix, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store import models as m

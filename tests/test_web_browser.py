@@ -16,8 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ServerDatabases, new_prefix, strict
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, free_port, http_get, wait_for
+from conftest import ServerDatabases, strict
+from helpers import (
+    REPO,
+    TestDb,
+    clean_env,
+    dblockrun_cmd,
+    free_port,
+    http_get,
+    new_prefix,
+    wait_for,
+)
 from webtools import PASSWORD, users_file
 
 from dblockrun.store import Store
