@@ -23,6 +23,7 @@ got, and stay behind stopped (state ``T``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import re
@@ -350,6 +351,16 @@ class Fleet:
         daemon.port = port
         self.daemons.append(daemon)
         return daemon
+
+    @contextlib.contextmanager
+    def running(self, jobs: Path | str, *options: str, **kwargs: Any) -> Iterator[Process]:
+        """:meth:`start` for a ``with`` block: the daemon is stopped (SIGTERM)
+        when the block ends."""
+        daemon = self.start(jobs, *options, **kwargs)
+        try:
+            yield daemon
+        finally:
+            daemon.stop()
 
     def command(self, *args: str, name: str, env: dict[str, str] | None = None,
                 cwd: Path | None = None, stdout_to_log: bool = True) -> Process:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 
@@ -44,14 +43,10 @@ def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=60)
 
 
-@contextmanager
-def daemon(fleet: Fleet, jobs: Path, heartbeat: float = HEARTBEAT) -> Iterator[Process]:
-    d = fleet.start(jobs, heartbeat=f"{heartbeat:g}s", lease=f"{3 * heartbeat:g}s", grace=None,
-                    name="daemon", cwd=REPO, env=clean_env())
-    try:
-        yield d
-    finally:
-        d.stop()
+def daemon(fleet: Fleet, jobs: Path,
+           heartbeat: float = HEARTBEAT) -> AbstractContextManager[Process]:
+    return fleet.running(jobs, heartbeat=f"{heartbeat:g}s", lease=f"{3 * heartbeat:g}s",
+                         grace=None, name="daemon", cwd=REPO, env=clean_env())
 
 
 def pids(path: Path) -> list[int] | None:

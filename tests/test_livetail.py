@@ -9,8 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from harness import Fleet, Process, track
@@ -37,16 +36,11 @@ def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
                           env=clean_env(), cwd=REPO, timeout=60)
 
 
-@contextmanager
-def daemon(fleet: Fleet, jobs: Path) -> Iterator[Process]:
+def daemon(fleet: Fleet, jobs: Path) -> AbstractContextManager[Process]:
     # A long lease: a machine loaded by parallel test runs must not fence
     # the run before the test has read it.
-    d = fleet.start(jobs, heartbeat=f"{HEARTBEAT:g}s", lease=f"{10 * HEARTBEAT:g}s", grace=None,
-                    name="daemon", cwd=REPO, env=clean_env())
-    try:
-        yield d
-    finally:
-        d.stop()
+    return fleet.running(jobs, heartbeat=f"{HEARTBEAT:g}s", lease=f"{10 * HEARTBEAT:g}s",
+                         grace=None, name="daemon", cwd=REPO, env=clean_env())
 
 
 def jobs_file(tmp_path: Path, command: str) -> Path:
