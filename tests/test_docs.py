@@ -25,7 +25,8 @@ from dblockrun.cli import cli
 from dblockrun.config.load import JOB_KEYS, NOTIFY_KEYS, ON_FAILURE_KEYS, TOP_LEVEL_KEYS
 from dblockrun.store.schema import build_tables
 
-pytestmark = pytest.mark.docs
+#: The site's build with the other builds, on one xdist worker.
+pytestmark = [pytest.mark.docs, pytest.mark.xdist_group("builds")]
 
 DOCS = REPO / "docs"
 README = REPO / "README.md"

@@ -25,7 +25,8 @@ from helpers import REPO, wait_for
 
 from dblockrun.store import Store
 
-pytestmark = pytest.mark.slow
+#: Ports 3401-3403 and one cluster: its tests run on one xdist worker, in turn.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("galera")]
 
 SCRIPT = REPO / "scripts" / "galera"
 PORTS = (3401, 3402, 3403)

@@ -42,7 +42,9 @@ from helpers import REPO, TestDb, clean_env, free_port, http_get, new_prefix, wa
 
 from dblockrun import __version__
 
-pytestmark = [pytest.mark.image, pytest.mark.slow]
+#: Builds from the checkout (a wheel: its build/ and egg-info) as the package
+#: test does: one xdist worker runs the builds, one after the other.
+pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.xdist_group("builds")]
 
 REPOSITORY = "localhost/dblockrun"
 BUILDAH = ["buildah", "--storage-driver", "vfs"]

@@ -27,7 +27,9 @@ from helpers import REPO, clean_env, wait_for
 
 from dblockrun import __version__
 
-pytestmark = pytest.mark.package
+#: Builds from the checkout (its build/ and egg-info) as the image does: one
+#: xdist worker runs the builds, one after the other.
+pytestmark = [pytest.mark.package, pytest.mark.xdist_group("builds")]
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from helpers import REPO, clean_env, dblockrun_cmd, new_prefix, wait_for
 
 from dblockrun.store import Store
 
-pytestmark = pytest.mark.slow
+#: Ports 5441-5442 and one folder: its tests run on one xdist worker, in turn.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pg-failover")]
 
 SCRIPT = REPO / "scripts" / "pg-standby"
 PRIMARY, STANDBY = 5441, 5442
