@@ -86,15 +86,18 @@ def test_stopping_the_test_run_by_its_process_group_leaves_no_process(
         tmp_path: Path, sig: signal.Signals, workers: str) -> None:
     (tmp_path / "test_inner.py").write_text(INNER)
     probe, log, done = tmp_path / "probe", tmp_path / "inner.log", tmp_path / "done"
-    # The inner run loads tests/conftest.py as the suite does.
+    # The inner run loads tests/conftest.py as the suite does, in folders of
+    # its own (not the options this run was given: its --basetemp would be
+    # emptied).
+    env = clean_env(HARNESS_PROBE=str(probe),
+                    PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO)]))
+    env.pop("PYTEST_ADDOPTS", None)
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, str(log), str(done),
          sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
-         "--rootdir", str(tmp_path), "-c", os.devnull, "--backends", "sqlite", "-n", workers,
-         "-q", str(tmp_path / "test_inner.py")],
-        cwd=tmp_path, stdout=subprocess.PIPE, text=True,
-        env=clean_env(HARNESS_PROBE=str(probe),
-                      PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO)])))
+         "--rootdir", str(tmp_path), "-c", os.devnull, "--basetemp", str(tmp_path / "inner"),
+         "--backends", "sqlite", "-n", workers, "-q", str(tmp_path / "test_inner.py")],
+        cwd=tmp_path, stdout=subprocess.PIPE, text=True, env=env)
     track(parent)
     assert parent.stdout is not None
     try:
