@@ -19,6 +19,7 @@ A pgbouncer that cannot start skips them, or fails them under CI as above.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import subprocess
@@ -318,6 +319,18 @@ def store(db: TestDb) -> Iterator[Store]:
     s = Store(db.url, db.prefix)
     yield s
     s.close()
+
+
+@pytest.fixture(autouse=True)
+def root_log_level() -> Iterator[None]:
+    """The root logger's level as each test found it: a command run in-process
+    (CliRunner) sets it (dblockrun.logs.setup), and a later test on the same
+    worker that reads dblockrun's warnings with caplog saw none (the order of
+    tests on an xdist worker is not the file's)."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -425,33 +426,50 @@ class Fleet:
 class NotifySocket:
     """The socket systemd listens on for a daemon's ``NOTIFY_SOCKET``
     messages, read all the time as systemd does (a full queue would block
-    the daemon's next message): each message with when it came
-    (``time.monotonic()``)."""
+    the daemon's next message), and read to the end whenever a test looks:
+    each message with when it came (the kernel's receive time, on the
+    ``time.time()`` scale: a test process slow to read does not move it)."""
+
+    _TIMEVAL = struct.Struct("@ll")
+    #: Linux's SO_TIMESTAMP (and SCM_TIMESTAMP), which Python's socket module
+    #: does not name: a struct timeval of each datagram's arrival.
+    _SO_TIMESTAMP = 29
 
     def __init__(self, path: Path) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
-        self.sock.settimeout(0.1)
+        self.sock.setsockopt(socket.SOL_SOCKET, self._SO_TIMESTAMP, 1)
         self._messages: list[tuple[float, str]] = []
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._read, daemon=True).start()
 
+    def _drain(self) -> None:
+        """Every message waiting in the socket (under the lock)."""
+        while True:
+            try:
+                data, ancillary, _flags, _addr = self.sock.recvmsg(
+                    4096, socket.CMSG_SPACE(self._TIMEVAL.size), socket.MSG_DONTWAIT)
+            except (BlockingIOError, OSError):
+                return
+            at = time.time()
+            for level, kind, value in ancillary:
+                if (level, kind) == (socket.SOL_SOCKET, self._SO_TIMESTAMP):
+                    seconds, micros = self._TIMEVAL.unpack(value[:self._TIMEVAL.size])
+                    at = seconds + micros / 1e6
+            self._messages.append((at, data.decode()))
+
     def _read(self) -> None:
         while not self._closed:
-            try:
-                data = self.sock.recv(4096)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
             with self._lock:
-                self._messages.append((time.monotonic(), data.decode()))
+                self._drain()
+            time.sleep(0.05)
 
     @property
     def messages(self) -> list[tuple[float, str]]:
         """(when, text) of each message so far."""
         with self._lock:
+            self._drain()
             return list(self._messages)
 
     def texts(self) -> list[str]:
@@ -467,7 +485,8 @@ class NotifySocket:
 
     def close(self) -> None:
         self._closed = True
-        self.sock.close()
+        with self._lock:
+            self.sock.close()
 
 
 #: Python code that makes its process a child subreaper (the attribute

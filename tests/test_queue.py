@@ -21,6 +21,7 @@ from dblockrun.config.load import load_jobs_text
 from dblockrun.errors import ConfigError
 from dblockrun.ops import output
 from dblockrun.store import Store
+from dblockrun.store import models as m
 from dblockrun.store.models import RunRecord
 from dblockrun.store.status import report
 from dblockrun.timetext import utc
@@ -326,11 +327,17 @@ def test_a_slot_that_waits_past_its_starting_deadline_is_recorded_missed(
     d = fleet.start(jobs)
     store = Store(db.url, db.prefix)
     try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
-        first = store.db_now()
+        # The slot of late a second after a run of hold began (not the first
+        # one after the daemon came up: hold's slot before it may have
+        # passed unrun, leaving the seat free).
+        hold = wait_for(lambda: next((r for r in store.history("hold", 20)
+                                      if r.slot and r.result in (m.RUNNING, m.OK)), None),
+                        30, interval=0.1, what="a run of hold")
+        assert hold.slot is not None
+        seat_held = hold.slot + 1
         late = wait_for(lambda: next((r for r in store.history("late", 20)
-                                      if r.slot and r.slot > first and r.finished), None),
-                        20, interval=0.1, what="a finished slot of late")
+                                      if r.slot == seat_held and r.finished), None),
+                        20, interval=0.1, what="late's slot while hold runs, finished")
     finally:
         codes = fleet.stop()
     assert codes == [0]

@@ -386,7 +386,9 @@ def test_daemon_and_exec_without_ddl(
     assert marker.exists()
     jobs = write_jobs(tmp_path / "jobs.yaml", "jobs:\n  j: {rate: 1s, command: 'echo hi'}\n"
                       "  f: {rate: 1s, items: [a, b], command: 'true'}\n")
-    d = fleet.start(jobs, url=url, heartbeat="0.5s", lease="2s", grace="2s")
+    # A lease a loaded machine cannot outlast between a claim and its command's
+    # start: every run must be ok (a 2 s lease lost one, under parallel tests).
+    d = fleet.start(jobs, url=url, heartbeat="0.5s", lease="10s", grace="2s")
     try:
         wait_for(lambda: len(history_of(db, "j")) >= 2 and len(history_of(db, "f")) >= 2, 30,
                  what="runs as the DML-only role")
