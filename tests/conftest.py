@@ -19,17 +19,21 @@ A pgbouncer that cannot start skips them, or fails them under CI as above.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
+import subprocess
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import harness
 import psycopg
 import pymysql
 import pytest
-from helpers import REPO, TestDb
+from harness import Fleet
+from helpers import REPO, TestDb, new_prefix
 from pgbouncer import POOL_MODES, Bouncers
 from psycopg import sql
 
@@ -81,8 +85,33 @@ def strict() -> bool:
     )
 
 
+#: Set in an xdist worker by its readline (``80`` and ``24``), not by the user:
+#: a table the CLI draws in a test would be cut to 80 columns there only. The
+#: workers get the test command's values instead.
+TERMINAL_SIZE = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, before a worker starts: what it is to see of the terminal."""
+    node.workerinput["terminal_size"] = {name: os.environ.get(name) for name in TERMINAL_SIZE}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     selected_backends(config)  # reject a bad list before collecting anything
+    harness.stop_on_signals()
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        for name, value in workerinput["terminal_size"].items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Interrupted (SIGINT, SIGTERM) or not, no process a test started stays behind.
+    harness.reap_all()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -210,10 +239,6 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 
 
-def new_prefix() -> str:
-    return f"t{secrets.token_hex(4)}_"
-
-
 @pytest.fixture(scope="session")
 def server_databases() -> Iterator[ServerDatabases]:
     """This run's PostgreSQL/MariaDB databases, created lazily, dropped at the end."""
@@ -294,3 +319,48 @@ def store(db: TestDb) -> Iterator[Store]:
     s = Store(db.url, db.prefix)
     yield s
     s.close()
+
+
+@pytest.fixture(autouse=True)
+def root_log_level() -> Iterator[None]:
+    """The root logger's level as each test found it: a command run in-process
+    (CliRunner) sets it (dblockrun.logs.setup), and a later test on the same
+    worker that reads dblockrun's warnings with caplog saw none (the order of
+    tests on an xdist worker is not the file's)."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.setLevel(level)
+
+
+@pytest.fixture
+def fleet(db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
+    """Real daemons on the test's database (tests/harness.py), killed at the end if still up."""
+    daemons = Fleet(db, tmp_path)
+    yield daemons
+    daemons.close()
+
+
+@pytest.fixture
+def sqlite_fleet(sqlite_db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
+    """:func:`fleet` on SQLite only, for behaviour that does not depend on the database."""
+    daemons = Fleet(sqlite_db, tmp_path)
+    yield daemons
+    daemons.close()
+
+
+@pytest.fixture
+def system_user() -> Iterator[str]:
+    """A new system user (and its group, ``<user>g``), removed at the end; root only."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a user and switch to it")
+    name = f"dbrt{secrets.token_hex(3)}"
+    group = f"{name}g"
+    subprocess.run(["groupadd", group], check=True)
+    subprocess.run(["useradd", "--create-home", "--groups", group, "--shell", "/bin/sh", name],
+                   check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+        subprocess.run(["groupdel", group], check=False, capture_output=True)

@@ -1,12 +1,15 @@
-"""Helpers shared by the tests: polling with a deadline, the database handle, the CLI."""
+"""Helpers shared by the tests: polling with a deadline, the database
+handle, the CLI, reading run records. (Processes: tests/harness.py.)"""
 
 from __future__ import annotations
 
 import math
 import os
 import re
+import secrets
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -14,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from dblockrun.store import Store
@@ -41,6 +44,11 @@ class TestDb:
     backend: str
     url: str
     prefix: str
+
+
+def new_prefix() -> str:
+    """A table prefix of its own (``t<8 hex>_``)."""
+    return f"t{secrets.token_hex(4)}_"
 
 
 def wait_for(
@@ -82,6 +90,69 @@ def imported_modules(stderr: str, after: str | None = None) -> set[str]:
     return set(names) - {"imported package"}
 
 
+def pass_time(seconds: float, check: Callable[[], None] = lambda: None) -> None:
+    """Let ``seconds`` pass (to show that something does NOT happen), calling
+    ``check`` meanwhile so a violation fails at once."""
+    end = time.monotonic() + seconds
+
+    def done() -> bool:
+        check()
+        return time.monotonic() >= end
+
+    wait_for(done, seconds + 5, interval=0.1, what=f"{seconds}s to pass")
+
+
+def runs_of(store: Store, job: str, *results: str) -> list[m.RunRecord]:
+    """The job's run records (with one of ``results``), oldest first."""
+    return sorted((r for r in store.history(job, 1000) if not results or r.result in results),
+                  key=lambda r: r.id)
+
+
+def first_with(store: Store, job: str, *results: str) -> m.RunRecord | None:
+    """The job's oldest record with one of ``results``."""
+    found = runs_of(store, job, *results)
+    return found[0] if found else None
+
+
+def slots_done(store: Store, names: set[str], first: float, count: int
+               ) -> dict[float, dict[str, m.RunRecord]] | None:
+    """The first ``count`` slots from ``first`` once every job of ``names``
+    has a finished record for each of them."""
+    per_slot: dict[float, dict[str, m.RunRecord]] = {}
+    for run in store.history(limit=1000):
+        if run.slot is not None and run.slot >= first and run.job in names:
+            per_slot.setdefault(run.slot, {})[run.job] = run
+    done = sorted(s for s, runs in per_slot.items()
+                  if set(runs) == names and all(r.finished is not None for r in runs.values()))
+    return {s: per_slot[s] for s in done[:count]} if len(done) >= count else None
+
+
+def overlaps(runs: list[m.RunRecord]) -> list[tuple[int, int]]:
+    """Pairs of runs (ids) whose start-to-finish intervals overlap."""
+    spans = sorted((r.started, r.finished or float("inf"), r.id) for r in runs)
+    return [(a[2], b[2]) for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
+
+
+def lock_row(db: TestDb, name: str, **values: Any) -> None:
+    """Set ``values`` on the job's lock row (made if missing), as a hand
+    editing the table would."""
+    from dblockrun.store import Store
+
+    with Store(db.url, db.prefix) as store:
+        store.ensure_jobs([name])
+        locks = store.t.locks
+        with store.engine.connect() as conn:
+            conn.execute(locks.update().where(locks.c.name == name).values(**values))
+
+
+def history_of(db: TestDb, name: str) -> list[m.RunRecord]:
+    """The job's runs, newest first (as `dblockrun history` lists them)."""
+    from dblockrun.store import Store
+
+    with Store(db.url, db.prefix) as store:
+        return store.history(name, 1000)
+
+
 def dblockrun_cmd() -> list[str]:
     """The command line that starts dblockrun as a real process."""
     return [sys.executable, "-m", "dblockrun"]
@@ -89,13 +160,21 @@ def dblockrun_cmd() -> list[str]:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without the settings that would point a
-    dblockrun process at another database, table prefix or jobs file, plus
-    ``extra``."""
+    dblockrun process at another database, table prefix or jobs file, and
+    without the test run's own (``DBLOCKRUN_TEST_*``), plus ``extra``."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("DBLOCKRUN_DB", "DBLOCKRUN_DB_FILE", "DBLOCKRUN_TABLE_PREFIX",
-                        "DBLOCKRUN_JOBS")}
+                        "DBLOCKRUN_JOBS") and not k.startswith("DBLOCKRUN_TEST_")}
     env.update(extra)
     return env
+
+
+def cli(*args: str, env: dict[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``dblockrun ARGS`` as a real process (from the checkout, this
+    environment without dblockrun's settings, or ``env``)."""
+    return subprocess.run([*dblockrun_cmd(), *args], capture_output=True, text=True,
+                          env=env or clean_env(), cwd=REPO, timeout=timeout)
 
 
 def fail_next_run_inserts(store: Store, times: int) -> None:

@@ -9,26 +9,24 @@ import math
 import os
 import signal
 import socket
-import subprocess
-import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from harness import Fleet, NotifySocket
 from helpers import (
     TestDb,
     clean_env,
     coverage,
-    dblockrun_cmd,
+    pass_time,
+    runs_of,
     set_last_slot,
     stop_across_slots,
     wait_for,
 )
+from jobfiles import error, load, one_job
 from proxy import Proxy
-from test_config import error, load, one_job
-from test_daemon import DaemonProc, runs_of
 
 from dblockrun.config.jobs import Job
 from dblockrun.daemon.sdnotify import SystemdNotifier
@@ -103,29 +101,15 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
-def _start(db: TestDb, tmp: Path, text: str, n: int = 0) -> DaemonProc:
-    workdir = tmp / f"d{n}"
-    workdir.mkdir()
-    return DaemonProc(db, workdir, text, "5s")
-
-
 def _slots(runs: list[m.RunRecord]) -> Counter[float]:
     return Counter(r.slot for r in runs if r.slot is not None)
 
 
-@pytest.fixture
-def daemons() -> Iterator[list[DaemonProc]]:
-    started: list[DaemonProc] = []
-    yield started
-    for d in started:
-        d.kill()
-
-
 def test_latest_runs_the_newest_missed_slot_and_records_the_older(
-        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc]) -> None:
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     last = _down_since(store, "tick", 15)
-    daemons.append(d := _start(db, tmp_path, f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
-                                            "    command: 'true'\n"))
+    d = fleet.start(f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
+                    "    command: 'true'\n")
     first_ok = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK),
                                    None), 20, what="the catch-up run")
     assert first_ok.slot is not None
@@ -152,11 +136,11 @@ def test_latest_runs_the_newest_missed_slot_and_records_the_older(
 
 
 def test_none_runs_no_missed_slot(db: TestDb, store: Store, tmp_path: Path,
-                                  daemons: list[DaemonProc]) -> None:
+                                  fleet: Fleet) -> None:
     last = _down_since(store, "tick", 8)
     t0 = store.db_now()
-    daemons.append(d := _start(db, tmp_path, f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
-                                            "    catch-up: none\n    command: 'true'\n"))
+    d = fleet.start(f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
+                    "    catch-up: none\n    command: 'true'\n")
     first_ok = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK),
                                    None), 20, what="a regular run")
     assert first_ok.slot is not None and first_ok.slot > t0 - FRESH
@@ -194,9 +178,9 @@ def _catch_up_runs(store: Store, last: float, limit: int) -> tuple[list[m.RunRec
 
 
 def test_all_runs_the_newest_missed_slots_one_at_a_time_oldest_first(
-        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc]) -> None:
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     last = _down_since(store, "tick", 8)
-    daemons.append(d := _start(db, tmp_path, JOB_ALL.format(limit=3)))
+    d = fleet.start(JOB_ALL.format(limit=3))
 
     def caught_up() -> bool:
         _missed, ran = _catch_up_runs(store, last, 3)
@@ -219,10 +203,9 @@ def test_all_runs_the_newest_missed_slots_one_at_a_time_oldest_first(
 
 
 def test_two_daemons_after_downtime_run_each_missed_slot_once(
-        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc]) -> None:
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     last = _down_since(store, "tick", 8)
-    for n in range(2):
-        daemons.append(_start(db, tmp_path, JOB_ALL.format(limit=4), n))
+    daemons = fleet.start_n(2, JOB_ALL.format(limit=4))
 
     def caught_up() -> bool:
         _missed, ran = _catch_up_runs(store, last, 4)
@@ -253,30 +236,6 @@ def test_two_daemons_after_downtime_run_each_missed_slot_once(
 # --- systemd ---------------------------------------------------------------------------
 
 
-class NotifySocket:
-    """The socket systemd would listen on: messages as they come."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.1)
-        self.messages: list[tuple[float, str]] = []
-
-    def read(self) -> list[str]:
-        while True:
-            try:
-                data = self.sock.recv(4096)
-            except (TimeoutError, BlockingIOError):
-                return [text for _t, text in self.messages]
-            self.messages.append((time.monotonic(), data.decode()))
-
-    def has(self, line: str) -> bool:
-        return any(line in text.split("\n") for text in self.read())
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_notifier_speaks_to_a_path_and_the_abstract_namespace(tmp_path: Path) -> None:
     listening = NotifySocket(tmp_path / "n")
     env = {"NOTIFY_SOCKET": str(tmp_path / "n"), "WATCHDOG_USEC": "4000000", "OTHER": "1"}
@@ -286,7 +245,9 @@ def test_notifier_speaks_to_a_path_and_the_abstract_namespace(tmp_path: Path) ->
     n.ready("ok")
     n.watchdog()
     n.watchdog()  # too soon: not sent again
-    assert listening.read() == ["READY=1\nSTATUS=ok", "WATCHDOG=1"]
+    wait_for(lambda: len(listening.texts()) >= 2, 5, what="two messages")
+    pass_time(0.2)  # and no third
+    assert listening.texts() == ["READY=1\nSTATUS=ok", "WATCHDOG=1"]
     n.close()
     listening.close()
     abstract = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -305,7 +266,7 @@ def test_notifier_speaks_to_a_path_and_the_abstract_namespace(tmp_path: Path) ->
 
 
 def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
-        db: TestDb, store: Store, tmp_path: Path) -> None:
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     notify = NotifySocket(tmp_path / "notify")
     proxy = Proxy(5432 if db.backend == "postgresql" else 3306) if db.backend != "sqlite" \
         else None
@@ -315,16 +276,13 @@ def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
                     "    command: 'echo NOTIFY_SOCKET=${NOTIFY_SOCKET:-unset}'\n")
-    log = (tmp_path / "daemon.log").open("wb")
-    cmd = [*dblockrun_cmd(), "--db", url, "--table-prefix", db.prefix, "daemon", str(jobs),
-           "--heartbeat", "5s", "--lease", "15s"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=clean_env(
+    d = fleet.start(jobs, url=url, heartbeat="5s", lease="15s", grace=None, env=clean_env(
         PYTHONUNBUFFERED="1", NOTIFY_SOCKET=str(tmp_path / "notify"), WATCHDOG_USEC="1000000"))
     try:
         if proxy is not None:
             wait_for(lambda: notify.has("STATUS=waiting for the database: database "
                                         "unreachable"), 20, what="waiting for the database")
-            waiting = notify.read().count("WATCHDOG=1")
+            waiting = notify.count("WATCHDOG=1")
             assert not notify.has("READY=1")
             assert report(store, ["tick"]).jobs == []  # it has not reached the database
             proxy.restore()
@@ -334,7 +292,7 @@ def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
         assert [s.lock.name for s in report(store, ["tick"]).jobs] == ["tick"]
         ready_at = next(t for t, text in notify.messages if "READY=1" in text)
         # A heartbeat of 5s, but WATCHDOG_USEC=1s: pinged at least every 0.5s.
-        wait_for(lambda: notify.read().count("WATCHDOG=1") and len(
+        wait_for(lambda: notify.count("WATCHDOG=1") and len(
             [t for t, x in notify.messages if x == "WATCHDOG=1" and t > ready_at]) >= 6, 10,
                  what="watchdog pings")
         pings = [t for t, x in notify.messages if x == "WATCHDOG=1" and t > ready_at]
@@ -344,16 +302,13 @@ def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
                  what="a run")
         ok = next(r for r in store.history("tick") if r.result == m.OK)
         assert (store.run(ok.id).output or "").strip() == "NOTIFY_SOCKET=unset"  # type: ignore[union-attr]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
+        d.send(signal.SIGTERM)
+        assert d.exited(20) == 0
         assert notify.has("STOPPING=1")
         stopping = next(t for t, text in notify.messages if "STOPPING=1" in text)
         assert stopping > ready_at
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
+        d.kill()
         notify.close()
         if proxy is not None:
             proxy.close()
@@ -361,13 +316,13 @@ def test_daemon_notifies_systemd_ready_watchdog_and_stopping(
 
 @pytest.mark.parametrize("catch_up", ["latest", "all"])
 def test_a_paused_daemon_applies_catch_up_to_the_slots_it_passed(
-        db: TestDb, store: Store, tmp_path: Path, daemons: list[DaemonProc],
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet,
         catch_up: str) -> None:
     # Not downtime, the same policy: a running daemon that falls behind runs
     # the newest slot (latest) or each one, oldest first (all), and records
     # the others missed, saying why.
-    daemons.append(d := _start(db, tmp_path, f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
-                                            f"    catch-up: {catch_up}\n    command: 'true'\n"))
+    d = fleet.start(f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
+                    f"    catch-up: {catch_up}\n    command: 'true'\n")
     d.wait(lambda: any(r.result == m.OK for r in runs_of(store, "tick")), 20, what="a run")
     stop_at, resume_at = stop_across_slots(d.send)
     # The first run after the pause of a slot at least as new as the wake-up.

@@ -17,8 +17,9 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner, Result
-from conftest import ServerDatabases, new_prefix, sqlite_url
-from helpers import TestDb, dblockrun_cmd, sigint_default, wait_for
+from conftest import ServerDatabases, sqlite_url
+from harness import Fleet, Process, track
+from helpers import TestDb, dblockrun_cmd, new_prefix, sigint_default, wait_for
 from helpers import clean_env as env_without_db
 
 from dblockrun.cli import cli
@@ -798,19 +799,16 @@ def test_options_have_help_and_durations_say_so() -> None:
             assert not isinstance(param, click.Option) or param.help, (name, param.name)
 
 
-def test_the_daemon_names_its_database_in_plain_words(sqlite_db: TestDb, tmp_path: Path) -> None:
+def test_the_daemon_names_its_database_in_plain_words(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     jobs = write(tmp_path / "jobs.yaml", "jobs:\n  one: {rate: 1d, command: 'true'}\n")
-    log = tmp_path / "daemon.log"
-    with log.open("wb") as err:
-        proc = subprocess.Popen([*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix",
-                                 sqlite_db.prefix, "daemon", jobs], stderr=err,
-                                stdout=subprocess.DEVNULL, env=env_without_db(), cwd=REPO)
+    proc = sqlite_fleet.start(Path(jobs), heartbeat=None, lease=None, grace=None, name="daemon",
+                              env=env_without_db(), cwd=REPO)
     try:
-        line = wait_for(lambda: next((x for x in log.read_text().splitlines()
-                                      if " starting: " in x), None), 30, what="the start line")
+        line = proc.wait(lambda: next((x for x in proc.text().splitlines()
+                                       if " starting: " in x), None), 30, what="the start line")
     finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
+        assert proc.stop() == 0
     assert line.endswith(f" starting: 1 job from {jobs}, database {where(sqlite_db)}")
 
 
@@ -819,14 +817,12 @@ def test_quickstart_takes_daemon_options_without_a_jobs_file(tmp_path: Path) -> 
     if not venv_cli.exists() or (REPO / "pyproject.toml").stat().st_mtime > \
             venv_cli.stat().st_mtime:
         pytest.skip("quickstart would install into .venv first")
-    log = tmp_path / "quickstart.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([str(REPO / "scripts" / "quickstart"), "--log-format", "json"],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-                                env=env_without_db(XDG_STATE_HOME=str(tmp_path / "state")))
+    proc = Process([str(REPO / "scripts" / "quickstart"), "--log-format", "json"],
+                   tmp_path / "quickstart.log", stdout_to_log=True, cwd=tmp_path,
+                   env=env_without_db(XDG_STATE_HOME=str(tmp_path / "state")))
     try:
         def started() -> dict[str, Any] | None:
-            for text in log.read_text().splitlines():
+            for text in proc.text().splitlines():
                 if text.startswith("{") and " starting: " in text:
                     doc: dict[str, Any] = json.loads(text)
                     return doc
@@ -834,8 +830,7 @@ def test_quickstart_takes_daemon_options_without_a_jobs_file(tmp_path: Path) -> 
 
         doc = wait_for(started, 30, what="the daemon's JSON start line")
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        proc.stop()
     assert "from examples/jobs.yaml" in doc["msg"]
 
 
@@ -942,11 +937,11 @@ def test_ctrl_c_while_kill_waits_exits_130_without_aborted(sqlite_db: TestDb) ->
         store.ensure_jobs(["report"])
         won = store.claim_and_record("report", "web-1:7:ab", 300)  # a run no daemon stops
         assert won is not None
-        proc = subprocess.Popen(
+        proc = track(subprocess.Popen(
             [*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix,
              "kill", "report", "--timeout", "60s"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_without_db(),
-            preexec_fn=sigint_default)
+            preexec_fn=sigint_default))
         try:
             wait_for(lambda: bool(store.control.entries("report")), 30, what="the kill request")
             proc.send_signal(signal.SIGINT)

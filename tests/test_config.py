@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -8,30 +7,11 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jobfiles import FILE, error, load, one_job
 
 from dblockrun.config.jobs import Job, JobsFile, OnFailure
 from dblockrun.config.load import JOB_KEYS, load_jobs, load_jobs_text
 from dblockrun.errors import ConfigError
-
-FILE = "jobs.yaml"
-
-
-def load(text: str) -> JobsFile:
-    return load_jobs_text(textwrap.dedent(text), FILE)
-
-
-def error(text: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        load(text)
-    return info.value.render()
-
-
-def one_job(**keys: Any) -> str:
-    """A file whose job 'j' (line 2) has ``keys`` from line 3 on, in that order."""
-    body = {"cron": "'@daily'", "command": "x", **keys}
-    lines = [f"    {key}: {value}" for key, value in body.items() if value is not None]
-    return "jobs:\n  j:\n" + "\n".join(lines) + "\n"
-
 
 # --- a good file ---------------------------------------------------------------------
 

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import math
 import signal
-import subprocess
 import time
-from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
+from harness import Fleet, pid_alive
 from helpers import (
     TestDb,
-    clean_env,
-    dblockrun_cmd,
     fail_next_run_inserts,
+    first_with,
+    pass_time,
+    runs_of,
     stop_across_slots,
     wait_for,
 )
@@ -33,119 +32,8 @@ from dblockrun.store.status import report
 
 pytestmark = pytest.mark.slow
 
-T = TypeVar("T")
 
 EVERY_SECOND = '"* * * * * *"'
-
-
-class DaemonProc:
-    """One `dblockrun daemon` process, its stderr in a log file."""
-
-    def __init__(self, db: TestDb, workdir: Path, jobs_text: str, grace: str) -> None:
-        self.jobs = workdir / "jobs.yaml"
-        self.jobs.write_text(jobs_text)
-        self.log = workdir / "daemon.log"
-        cmd = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon",
-               str(self.jobs), "--heartbeat", "1s", "--lease", "3s", "--grace", grace]
-        with self.log.open("wb") as err:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
-                                         env=clean_env(PYTHONUNBUFFERED="1"), cwd=workdir)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def send(self, sig: signal.Signals) -> None:
-        self.proc.send_signal(sig)
-
-    def wait(self, predicate: Callable[[], T | None | bool], timeout: float, what: str,
-             interval: float = 0.05) -> T:
-        """``wait_for`` that fails at once, with the log, if the daemon exits."""
-
-        def check() -> T | None | bool:
-            if not self.alive():
-                raise AssertionError(f"daemon exited {self.proc.returncode} while waiting "
-                                     f"for {what}; log:\n{self.text()}")
-            return predicate()
-
-        return wait_for(check, timeout, interval=interval, what=what)
-
-    def stop(self, timeout: float = 20.0) -> int:
-        """SIGTERM and wait; the exit status."""
-        if self.alive():
-            self.send(signal.SIGCONT)
-            self.send(signal.SIGTERM)
-        return self.proc.wait(timeout=timeout)
-
-    def kill(self) -> None:
-        if self.alive():
-            self.send(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-
-StartDaemon = Callable[..., DaemonProc]
-
-
-def _starter(db: TestDb, tmp_path: Path) -> Iterator[StartDaemon]:
-    started: list[DaemonProc] = []
-
-    def start(jobs_text: str, grace: str = "5s") -> DaemonProc:
-        d = DaemonProc(db, tmp_path, jobs_text, grace)
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        d.kill()
-
-
-@pytest.fixture
-def start_daemon(db: TestDb, tmp_path: Path) -> Iterator[StartDaemon]:
-    """`start_daemon(jobs_text, grace="5s")`: a daemon, killed at the end if still up."""
-    yield from _starter(db, tmp_path)
-
-
-@pytest.fixture
-def start_sqlite_daemon(sqlite_db: TestDb, tmp_path: Path) -> Iterator[StartDaemon]:
-    """`start_daemon` on SQLite only, for behaviour that does not depend on the database."""
-    yield from _starter(sqlite_db, tmp_path)
-
-
-def runs_of(store: Store, job: str) -> list[m.RunRecord]:
-    """All run records of ``job``, oldest first."""
-    return sorted(store.history(job, 1000), key=lambda r: r.id)
-
-
-def with_result(store: Store, job: str, *results: str) -> list[m.RunRecord]:
-    return [r for r in runs_of(store, job) if r.result in results]
-
-
-def first_with(store: Store, job: str, *results: str) -> m.RunRecord | None:
-    found = with_result(store, job, *results)
-    return found[0] if found else None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def pass_time(seconds: float, check: Callable[[], None] = lambda: None) -> None:
-    """Let ``seconds`` pass (to show that something does NOT happen), calling
-    ``check`` meanwhile so a violation fails at once."""
-    end = time.monotonic() + seconds
-
-    def done() -> bool:
-        check()
-        return time.monotonic() >= end
-
-    wait_for(done, seconds + 5, interval=0.1, what=f"{seconds}s to pass")
 
 
 def parse_iso_z(text: str) -> float:
@@ -157,10 +45,10 @@ def parse_iso_z(text: str) -> float:
 
 
 def test_sigterm_lets_a_run_finish_within_grace(
-    store: Store, start_daemon: StartDaemon
+    store: Store, fleet: Fleet
 ) -> None:
-    d = start_daemon("jobs:\n  finish:\n    rate: 1h\n"
-                     "    command: sleep 1.5; echo finished\n", grace="10s")
+    d = fleet.start("jobs:\n  finish:\n    rate: 1h\n"
+                    "    command: sleep 1.5; echo finished\n", grace="10s")
     running = d.wait(lambda: first_with(store, "finish", m.RUNNING), 20, what="run started")
     sent = time.monotonic()
     d.send(signal.SIGTERM)
@@ -179,11 +67,11 @@ def test_sigterm_lets_a_run_finish_within_grace(
 
 
 def test_sigterm_stops_a_run_longer_than_grace(
-    store: Store, start_daemon: StartDaemon, tmp_path: Path
+    store: Store, fleet: Fleet, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pid"
-    d = start_daemon(f"jobs:\n  long:\n    rate: 1h\n"
-                     f"    command: echo $$ > {pidfile}; exec sleep 30\n", grace="1s")
+    d = fleet.start(f"jobs:\n  long:\n    rate: 1h\n"
+                    f"    command: echo $$ > {pidfile}; exec sleep 30\n", grace="1s")
     running = d.wait(lambda: first_with(store, "long", m.RUNNING), 20, what="run started")
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 10, what="pid file")
     pid = int(pidfile.read_text())
@@ -203,10 +91,10 @@ def test_sigterm_stops_a_run_longer_than_grace(
 
 
 def test_sigterm_stops_an_on_failure_command_after_grace(
-    sqlite_db: TestDb, start_sqlite_daemon: StartDaemon, tmp_path: Path
+    sqlite_db: TestDb, sqlite_fleet: Fleet, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pid"
-    d = start_sqlite_daemon(
+    d = sqlite_fleet.start(
         "jobs:\n  fails:\n    rate: 1h\n    command: exit 3\n"
         f"    on-failure: {{command: 'echo $$ > {pidfile}; exec sleep 30'}}\n", grace="1s")
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20,
@@ -230,9 +118,9 @@ JOB_BETA = f"  beta:\n    cron: {EVERY_SECOND}\n    command: 'true'\n"
 
 
 def test_sighup_reloads_and_a_bad_file_keeps_the_old_jobs(
-    store: Store, start_daemon: StartDaemon
+    store: Store, fleet: Fleet
 ) -> None:
-    d = start_daemon("jobs:\n" + JOB_ALPHA)
+    d = fleet.start("jobs:\n" + JOB_ALPHA)
     d.wait(lambda: first_with(store, "alpha", m.OK), 20, what="alpha ran")
     assert runs_of(store, "beta") == []
 
@@ -248,10 +136,10 @@ def test_sighup_reloads_and_a_bad_file_keeps_the_old_jobs(
     d.send(signal.SIGHUP)
     d.wait(lambda: "reload failed" in d.text(), 10, what="'reload failed' in the log")
     assert f"{d.jobs}:{bad_line}: job 'beta': bogus" in d.text()
-    counts = {job: len(with_result(store, job, m.OK)) for job in ("alpha", "beta")}
+    counts = {job: len(runs_of(store, job, m.OK)) for job in ("alpha", "beta")}
 
     def kept_running() -> bool:
-        return all(len(with_result(store, job, m.OK)) > n for job, n in counts.items())
+        return all(len(runs_of(store, job, m.OK)) > n for job, n in counts.items())
 
     d.wait(kept_running, 10, what="alpha and beta still running after the failed reload")
     assert d.alive()
@@ -262,20 +150,20 @@ def test_sighup_reloads_and_a_bad_file_keeps_the_old_jobs(
 
 
 def test_starting_deadline_records_a_late_slot_as_missed(
-    store: Store, start_daemon: StartDaemon
+    store: Store, fleet: Fleet
 ) -> None:
-    d = start_daemon(f"jobs:\n  punctual:\n    cron: {EVERY_SECOND}\n"
-                     "    starting-deadline: 300ms\n    command: 'true'\n")
+    d = fleet.start(f"jobs:\n  punctual:\n    cron: {EVERY_SECOND}\n"
+                    "    starting-deadline: 300ms\n    command: 'true'\n")
     d.wait(lambda: first_with(store, "punctual", m.OK), 20, what="first run")
     # The local servers share this host's clock. Pause the daemon mid-second
     # (no run going), resume 0.6s past a slot: that slot is 0.6s late, over
     # the 300ms deadline.
     stop_at, resume_at = stop_across_slots(d.send)
     late_slot = math.floor(resume_at)
-    d.wait(lambda: any(r.slot == late_slot for r in with_result(store, "punctual", m.MISSED)),
+    d.wait(lambda: any(r.slot == late_slot for r in runs_of(store, "punctual", m.MISSED)),
            10, what="the late slot recorded missed")
     d.wait(lambda: any(r.slot is not None and r.slot > late_slot
-                       for r in with_result(store, "punctual", m.OK)), 10,
+                       for r in runs_of(store, "punctual", m.OK)), 10,
            what="an ok run after the missed slot")
     assert "missed" in d.text()
     # Every slot of the pause is recorded missed (README: older ones are
@@ -294,9 +182,9 @@ def test_starting_deadline_records_a_late_slot_as_missed(
 # -- 5: no overlap --------------------------------------------------------------
 
 
-def test_overlapping_slots_are_skipped(store: Store, start_daemon: StartDaemon) -> None:
-    d = start_daemon(f"jobs:\n  slow:\n    cron: {EVERY_SECOND}\n    command: sleep 2.5\n",
-                     grace="1s")
+def test_overlapping_slots_are_skipped(store: Store, fleet: Fleet) -> None:
+    d = fleet.start(f"jobs:\n  slow:\n    cron: {EVERY_SECOND}\n    command: sleep 2.5\n",
+                    grace="1s")
 
     def at_most_one_running() -> list[m.RunRecord]:
         runs = runs_of(store, "slow")
@@ -331,14 +219,14 @@ def test_overlapping_slots_are_skipped(store: Store, start_daemon: StartDaemon) 
 
 
 def test_retries_share_one_token(
-    store: Store, start_daemon: StartDaemon, tmp_path: Path
+    store: Store, fleet: Fleet, tmp_path: Path
 ) -> None:
     counter = tmp_path / "count"
-    d = start_daemon(
-        "jobs:\n  flaky:\n    rate: 1h\n    retries: 2\n    retry-delay: 200ms\n"
-        f"    command: n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); "
-        f"echo $n > {counter}; echo attempt $n; [ $n -ge 3 ]\n"
-    )
+    d = fleet.start(
+                    "jobs:\n  flaky:\n    rate: 1h\n    retries: 2\n    retry-delay: 200ms\n"
+                    f"    command: n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); "
+                    f"echo $n > {counter}; echo attempt $n; [ $n -ge 3 ]\n"
+                    )
     d.wait(lambda: first_with(store, "flaky", m.OK), 20, what="the third attempt")
     runs = runs_of(store, "flaky")
     assert [r.attempt for r in runs] == [1, 2, 3]
@@ -357,9 +245,9 @@ def test_retries_share_one_token(
 # -- 7: on-failure disable-for --------------------------------------------------
 
 
-def test_on_failure_disables_the_job(store: Store, start_daemon: StartDaemon) -> None:
-    d = start_daemon(f"jobs:\n  broken:\n    cron: {EVERY_SECOND}\n"
-                     "    on-failure: {disable-for: 3h}\n    command: echo boom; exit 1\n")
+def test_on_failure_disables_the_job(store: Store, fleet: Fleet) -> None:
+    d = fleet.start(f"jobs:\n  broken:\n    cron: {EVERY_SECOND}\n"
+                    "    on-failure: {disable-for: 3h}\n    command: echo boom; exit 1\n")
     failed = d.wait(lambda: first_with(store, "broken", m.FAILED), 20, what="failed run")
     assert failed.exit_code == 1
 
@@ -386,11 +274,11 @@ def test_on_failure_disables_the_job(store: Store, start_daemon: StartDaemon) ->
 
 
 def test_lock_at_most_stops_the_command(
-    store: Store, start_daemon: StartDaemon, tmp_path: Path
+    store: Store, fleet: Fleet, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pid"
-    d = start_daemon(f"jobs:\n  stuck:\n    rate: 1h\n    lock-at-most: 1s\n"
-                     f"    command: echo $$ > {pidfile}; exec sleep 30\n")
+    d = fleet.start(f"jobs:\n  stuck:\n    rate: 1h\n    lock-at-most: 1s\n"
+                    f"    command: echo $$ > {pidfile}; exec sleep 30\n")
     run = d.wait(lambda: first_with(store, "stuck", m.TIMEOUT), 10, what="timeout record")
     assert run.exit_code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
     assert run.duration is not None and 0.9 <= run.duration < 4, run.duration
@@ -405,7 +293,7 @@ def test_lock_at_most_stops_the_command(
 
 
 def test_command_environment_and_workdir(
-    store: Store, start_daemon: StartDaemon, tmp_path: Path
+    store: Store, fleet: Fleet, tmp_path: Path
 ) -> None:
     out = tmp_path / "env"
     out.mkdir()
@@ -414,16 +302,16 @@ def test_command_environment_and_workdir(
     names = ("DBLOCKRUN_JOB", "DBLOCKRUN_RUN_ID", "DBLOCKRUN_SLOT",
              "DBLOCKRUN_FENCING_TOKEN", "DBLOCKRUN_HOST_ID", "GREETING")
     script = "".join(f'      echo "{n}=${n}"\n' for n in names)
-    d = start_daemon(
-        f"jobs:\n  envjob:\n    cron: {EVERY_SECOND}\n"
-        f"    env: {{GREETING: 'hello world'}}\n    workdir: '{wd}'\n"
-        f"    command: |\n      tmp='{out}'/$DBLOCKRUN_RUN_ID.tmp\n      {{\n{script}"
-        f'      echo "PWD=$(pwd -P)"\n      }} > "$tmp"\n'
-        f"      mv \"$tmp\" '{out}'/$DBLOCKRUN_RUN_ID.env\n"
-    )
+    d = fleet.start(
+                    f"jobs:\n  envjob:\n    cron: {EVERY_SECOND}\n"
+                    f"    env: {{GREETING: 'hello world'}}\n    workdir: '{wd}'\n"
+                    f"    command: |\n      tmp='{out}'/$DBLOCKRUN_RUN_ID.tmp\n      {{\n{script}"
+                    f'      echo "PWD=$(pwd -P)"\n      }} > "$tmp"\n'
+                    f"      mv \"$tmp\" '{out}'/$DBLOCKRUN_RUN_ID.env\n"
+                    )
 
     def first_ok_with_file() -> tuple[m.RunRecord, dict[str, str]] | None:
-        for run in with_result(store, "envjob", m.OK):
+        for run in runs_of(store, "envjob", m.OK):
             path = out / f"{run.id}.env"
             if path.exists():
                 env = dict(line.split("=", 1) for line in path.read_text().splitlines())
@@ -447,10 +335,10 @@ def test_command_environment_and_workdir(
 
 
 def test_output_is_logged_with_the_job_prefix_and_kept(
-    store: Store, start_daemon: StartDaemon
+    store: Store, fleet: Fleet
 ) -> None:
-    d = start_daemon("jobs:\n  chatty.job-1:\n    rate: 1h\n"
-                     "    command: echo line one; echo line two >&2; printf 'no newline'\n")
+    d = fleet.start("jobs:\n  chatty.job-1:\n    rate: 1h\n"
+                    "    command: echo line one; echo line two >&2; printf 'no newline'\n")
     run = d.wait(lambda: first_with(store, "chatty.job-1", m.OK), 20, what="ok run")
     d.wait(lambda: "[chatty.job-1] no newline" in d.text(), 5, what="output in the log")
     text = d.text()
@@ -463,41 +351,41 @@ def test_output_is_logged_with_the_job_prefix_and_kept(
 
 
 def test_a_cron_and_rate_job_keeps_its_rate_among_jobs_due_at_once(
-    store: Store, start_daemon: StartDaemon
+    store: Store, fleet: Fleet
 ) -> None:
     # Four jobs share every instant, so the daemon claims them in a batch;
     # the batch claim must hold `limited` to its rate like a single claim.
     others = "".join(f"  other{i}: {{cron: '*/2 * * * * *', command: 'true'}}\n"
                      for i in range(3))
-    d = start_daemon("jobs:\n"
-                     "  limited: {cron: '*/2 * * * * *', rate: 30s, command: 'true'}\n"
-                     + others)
-    d.wait(lambda: all(len(with_result(store, f"other{i}", m.OK)) >= 4 for i in range(3)),
+    d = fleet.start("jobs:\n"
+                    "  limited: {cron: '*/2 * * * * *', rate: 30s, command: 'true'}\n"
+                    + others)
+    d.wait(lambda: all(len(runs_of(store, f"other{i}", m.OK)) >= 4 for i in range(3)),
            30, "four slots of the other jobs")
     assert [r.result for r in runs_of(store, "limited")] == [m.OK], d.text()
 
 
 def test_a_cron_and_rate_job_runs_every_period_without_drift(
-    store: Store, start_daemon: StartDaemon
+    store: Store, fleet: Fleet
 ) -> None:
     # A start one rate later is a few milliseconds short of the rate by the
     # database clock: it must still count, so the job runs every 4 s, not 6.
-    d = start_daemon("jobs:\n  paced: {cron: '*/2 * * * * *', rate: 4s, command: 'true'}\n")
-    d.wait(lambda: len(with_result(store, "paced", m.OK)) >= 4, 40, "four runs")
-    slots = [r.slot or 0.0 for r in with_result(store, "paced", m.OK)[:4]]
+    d = fleet.start("jobs:\n  paced: {cron: '*/2 * * * * *', rate: 4s, command: 'true'}\n")
+    d.wait(lambda: len(runs_of(store, "paced", m.OK)) >= 4, 40, "four runs")
+    slots = [r.slot or 0.0 for r in runs_of(store, "paced", m.OK)[:4]]
     gaps = [b - a for a, b in zip(slots, slots[1:], strict=False)]
     assert gaps == [4.0, 4.0, 4.0], (gaps, d.text())
 
 
 def test_a_slot_whose_run_record_deadlocks_still_runs(
-    db: TestDb, store: Store, start_daemon: StartDaemon
+    db: TestDb, store: Store, fleet: Fleet
 ) -> None:
     if db.backend != "mariadb":
         pytest.skip("the claim and its record are two statements of one round trip on MariaDB")
     store.ensure_schema()
     fail_next_run_inserts(store, 1)
-    d = start_daemon(f"jobs:\n  tick: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
-    d.wait(lambda: len(with_result(store, "tick", m.OK)) >= 3, 30, "three runs")
+    d = fleet.start(f"jobs:\n  tick: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
+    d.wait(lambda: len(runs_of(store, "tick", m.OK)) >= 3, 30, "three runs")
     with store.engine.connect() as conn:
         left = conn.exec_driver_sql(f"SELECT n FROM `{store.t.runs.name}_fail`").scalar()
     assert left == 0  # the forced deadlock happened
@@ -509,7 +397,7 @@ def test_a_slot_whose_run_record_deadlocks_still_runs(
 
 
 def test_a_negative_token_is_logged_once_and_blocks_only_its_job(
-    db: TestDb, store: Store, start_daemon: StartDaemon
+    db: TestDb, store: Store, fleet: Fleet
 ) -> None:
     if db.backend != "mariadb":
         pytest.skip("LAST_INSERT_ID(expr) takes no negative token on MySQL/MariaDB only")
@@ -517,11 +405,11 @@ def test_a_negative_token_is_logged_once_and_blocks_only_its_job(
     locks = store.t.locks
     with store.engine.connect() as conn:
         conn.execute(locks.update().where(locks.c.name == "edited").values(token=-5))
-    d = start_daemon(f"jobs:\n  edited: {{cron: {EVERY_SECOND}, command: 'true'}}\n"
-                     f"  fine: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
+    d = fleet.start(f"jobs:\n  edited: {{cron: {EVERY_SECOND}, command: 'true'}}\n"
+                    f"  fine: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
     # Both are due on every instant (a batch claim): the edited row must not
     # take the other job down with it, nor flap the outage log every second.
-    d.wait(lambda: len(with_result(store, "fine", m.OK)) >= 4, 30, "four runs of `fine`")
+    d.wait(lambda: len(runs_of(store, "fine", m.OK)) >= 4, 30, "four runs of `fine`")
     log = d.text()
     assert log.count("its fencing token is negative") == 1, log
     assert "dblockrun unlock edited" in log
@@ -530,32 +418,32 @@ def test_a_negative_token_is_logged_once_and_blocks_only_its_job(
 
 
 def test_a_cron_and_rate_job_publishes_its_next_start_after_the_rate(
-    store: Store, start_daemon: StartDaemon
+    store: Store, fleet: Fleet
 ) -> None:
     # `status` shows next_due: for */2s + rate 6s the next start is 6 s after
     # a run's slot, not the next cron slot 2 s later (then "due since" for 4 s).
-    d = start_daemon("jobs:\n  paced: {cron: '*/2 * * * * *', rate: 6s, command: 'true'}\n")
-    d.wait(lambda: len(with_result(store, "paced", m.OK)) >= 1, 30, "a run")
-    run = with_result(store, "paced", m.OK)[0]
+    d = fleet.start("jobs:\n  paced: {cron: '*/2 * * * * *', rate: 6s, command: 'true'}\n")
+    d.wait(lambda: len(runs_of(store, "paced", m.OK)) >= 1, 30, "a run")
+    run = runs_of(store, "paced", m.OK)[0]
     lock = store.lock_state("paced")
     assert run.slot is not None and lock is not None
     assert lock.next_due == run.slot + 6.0
 
 
 def test_a_token_that_goes_backwards_is_logged_and_the_job_goes_on(
-    store: Store, start_daemon: StartDaemon
+    store: Store, fleet: Fleet
 ) -> None:
     # A failover to an asynchronous standby can lose the newest claims: the
     # next claim then hands out a token this daemon already had (issue 14).
-    d = start_daemon(f"jobs:\n  flip: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
-    d.wait(lambda: len(with_result(store, "flip", m.OK)) >= 3, 30, "three runs")
+    d = fleet.start(f"jobs:\n  flip: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
+    d.wait(lambda: len(runs_of(store, "flip", m.OK)) >= 3, 30, "three runs")
     locks = store.t.locks
     with store.engine.connect() as conn:
         conn.execute(locks.update().where(locks.c.name == "flip").values(token=1))
     d.wait(lambda: "went backwards" in d.text(), 15, "the went-backwards line")
     assert d.text().count("went backwards") == 1, d.text()
-    before = len(with_result(store, "flip", m.OK))
-    d.wait(lambda: len(with_result(store, "flip", m.OK)) > before + 1, 15, "more runs")
+    before = len(runs_of(store, "flip", m.OK))
+    d.wait(lambda: len(runs_of(store, "flip", m.OK)) > before + 1, 15, "more runs")
     slots = [r.slot for r in runs_of(store, "flip") if r.result != m.SKIPPED]
     assert len(slots) == len(set(slots)), slots
     assert d.stop() == 0

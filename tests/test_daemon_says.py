@@ -10,13 +10,12 @@ the jobs file changes, a ConfigMap's symlink swap included.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
+from harness import Fleet
+from helpers import TestDb, wait_for
 
 from dblockrun.cli import cli
 from dblockrun.config.load import load_jobs_text
@@ -63,23 +62,17 @@ def operator(db: TestDb, *args: str) -> None:
 
 @pytest.mark.slow
 def test_a_daemon_logs_operator_actions_and_what_a_watched_file_reload_changed(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     # A ConfigMap volume: jobs.yaml -> ..data/jobs.yaml, ..data -> a folder.
     data = tmp_path / "..data"
     swap(data, tmp_path / "..v1", BEFORE)
     (tmp_path / "jobs.yaml").symlink_to("..data/jobs.yaml")
-    log = tmp_path / "daemon.log"
-    proc = subprocess.Popen(
-        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon",
-         str(tmp_path / "jobs.yaml"), "--heartbeat", "1s", "--lease", "3s", "--watch-file"],
-        stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=clean_env(PYTHONUNBUFFERED="1"))
+    proc = fleet.start(tmp_path / "jobs.yaml", "--watch-file", grace=None, name="daemon")
+    log = proc.log
     me = operator_id()
 
     def logged(text: str) -> None:
-        def seen() -> bool:
-            assert proc.poll() is None, f"the daemon exited:\n{log.read_text()}"
-            return text in log.read_text()
-        wait_for(seen, 30, interval=0.1, what=f"{text!r} in the log")
+        proc.wait_log(text, 30)
 
     try:
         with Store(db.url, db.prefix) as store:
@@ -99,5 +92,4 @@ def test_a_daemon_logs_operator_actions_and_what_a_watched_file_reload_changed(
         logged("reloaded")
         assert "(added: new; removed: gone; changed: tick)" in log.read_text(), log.read_text()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert proc.stop() == 0

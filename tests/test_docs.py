@@ -18,14 +18,15 @@ from typing import Any
 
 import pytest
 import yaml
+from clitree import commands, option_names
 from helpers import REPO, clean_env
-from test_man import commands, option_names
 
 from dblockrun.cli import cli
 from dblockrun.config.load import JOB_KEYS, NOTIFY_KEYS, ON_FAILURE_KEYS, TOP_LEVEL_KEYS
 from dblockrun.store.schema import build_tables
 
-pytestmark = pytest.mark.docs
+#: The site's build with the other builds, on one xdist worker.
+pytestmark = [pytest.mark.docs, pytest.mark.xdist_group("builds")]
 
 DOCS = REPO / "docs"
 README = REPO / "README.md"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import my_admin
+from harness import Fleet, Process
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.store import Store
@@ -41,14 +42,9 @@ def cli(db: TestDb, url: str, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=60)
 
 
-def start(db: TestDb, tmp: Path, heartbeat: float) -> subprocess.Popen[bytes]:
-    jobs = tmp / "jobs.yaml"
-    jobs.write_text(JOBS)
-    with (tmp / "daemon.log").open("wb") as log:
-        return subprocess.Popen(
-            [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-             "--heartbeat", f"{heartbeat:g}s", "--lease", f"{3 * heartbeat:g}s", "-v"],
-            stdout=subprocess.DEVNULL, stderr=log, env=clean_env(), cwd=REPO)
+def start(fleet: Fleet, heartbeat: float) -> Process:
+    return fleet.start(JOBS, "-v", heartbeat=f"{heartbeat:g}s", lease=f"{3 * heartbeat:g}s",
+                       grace=None, name="daemon", cwd=REPO, env=clean_env())
 
 
 def waiting(store: Store) -> int:
@@ -65,31 +61,30 @@ def first_runs(store: Store) -> None:
     wait_for(lambda: store.control.running("slow") or None, 30, what="slow running")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> float:
+def stop(proc: Process) -> float:
     began = time.monotonic()
-    proc.terminate()
-    assert proc.wait(timeout=30) == 0
+    assert proc.stop() == 0
     return time.monotonic() - began
 
 
-def test_run_and_kill_wake_the_daemon_at_once(my_db: TestDb, store: Store,
-                                              tmp_path: Path) -> None:
+def test_run_and_kill_wake_the_daemon_at_once(
+        my_db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     """A 30 s heartbeat: the bookkeeping round reads requests every 36 s and
     renewals read kills every 30 s, yet both are picked up within 2 s. The
     daemon's stop ends its wait too (no 10 s wait at shutdown)."""
-    proc = start(my_db, tmp_path, 30.0)
+    proc = start(fleet, 30.0)
     try:
         first_runs(store)
         wait_for(lambda: waiting(store) == 1, 20, what="the daemon waiting for requests")
         began = time.monotonic()
         done = cli(my_db, my_db.url, "run", "manual", "--timeout", "2s")
-        assert done.returncode == 0, done.stderr + (tmp_path / "daemon.log").read_text()
+        assert done.returncode == 0, done.stderr + proc.text()
         assert " started on " in done.stdout
         assert time.monotonic() - began < 10  # (the process's own start-up included)
 
         (run,) = store.control.running("slow")
         done = cli(my_db, my_db.url, "kill", "slow", "--timeout", "2s")
-        assert done.returncode == 0, done.stderr + (tmp_path / "daemon.log").read_text()
+        assert done.returncode == 0, done.stderr + proc.text()
         ended = store.run(run.id)
         assert ended is not None and ended.result == m.KILLED
     finally:
@@ -115,11 +110,11 @@ def other_user(my_db: TestDb) -> Iterator[str]:
 
 
 def test_a_request_the_daemon_cannot_be_woken_for_is_read_by_its_round(
-        my_db: TestDb, store: Store, other_user: str, tmp_path: Path) -> None:
+        my_db: TestDb, store: Store, other_user: str, tmp_path: Path, fleet: Fleet) -> None:
     """Another user may not end the daemon's wait: its `run` wakes nobody,
     and the daemon's bookkeeping round (every 2.4 s at a 2 s heartbeat)
     reads the request; its `kill`, the daemon's next renewal."""
-    proc = start(my_db, tmp_path, 2.0)
+    proc = start(fleet, 2.0)
     try:
         first_runs(store)
         wait_for(lambda: waiting(store) == 1, 20, what="the daemon waiting for requests")
@@ -129,10 +124,10 @@ def test_a_request_the_daemon_cannot_be_woken_for_is_read_by_its_round(
         finally:
             other.close()
         done = cli(my_db, other_user, "run", "manual", "--timeout", "10s")
-        assert done.returncode == 0, done.stderr + (tmp_path / "daemon.log").read_text()
+        assert done.returncode == 0, done.stderr + proc.text()
         (run,) = store.control.running("slow")
         done = cli(my_db, other_user, "kill", "slow", "--timeout", "10s")
-        assert done.returncode == 0, done.stderr + (tmp_path / "daemon.log").read_text()
+        assert done.returncode == 0, done.stderr + proc.text()
         ended = store.run(run.id)
         assert ended is not None and ended.result == m.KILLED
     finally:

@@ -11,13 +11,12 @@ is never reported. When one daemon stops, the drift is gone.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import Fleet
 from helpers import TestDb, dblockrun_cmd, wait_for
 
 from dblockrun.store import Store
@@ -37,19 +36,6 @@ jobs:
     command: echo same everywhere
 """
 DRIFT_WARNING = "job drifted: defined differently on "
-
-
-def start_daemon(db: TestDb, jobs: Path, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-           "--heartbeat", f"{HEARTBEAT:g}s", "--lease", f"{3 * HEARTBEAT:g}s", "--grace", "5s"]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def stop(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    return proc.wait(timeout=30)
 
 
 def status(db: TestDb, *args: str) -> str:
@@ -72,20 +58,22 @@ def drift_warnings(log: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_daemons_warn_about_and_status_shows_config_drift(db: TestDb, tmp_path: Path) -> None:
+def test_daemons_warn_about_and_status_shows_config_drift(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     files = []
     for version in ("version-a", "version-b"):
         path = tmp_path / f"jobs-{version}.yaml"
         path.write_text(JOBS.format(version=version))
         files.append(path)
-    logs = [tmp_path / "daemon-a.log", tmp_path / "daemon-b.log"]
-    procs = [start_daemon(db, f, log) for f, log in zip(files, logs, strict=True)]
+    procs = [fleet.start(f, name=f"daemon-{v}", heartbeat=f"{HEARTBEAT:g}s",
+                         lease=f"{3 * HEARTBEAT:g}s") for f, v in zip(files, "ab", strict=True)]
+    logs = [d.log for d in procs]
     try:
         with Store(db.url, db.prefix) as store:
             wait_for(lambda: len(store.hosts(seen_within=30)) == 2
-                     or any(p.poll() is not None for p in procs),
+                     or any(not p.alive() for p in procs),
                      30, what="2 daemons registered")
-        assert all(p.poll() is None for p in procs), "a daemon died during startup"
+        assert all(p.alive() for p in procs), "a daemon died during startup"
 
         # Each daemon warns about `drifted`, naming the other daemon.
         for log, other in ((logs[0], procs[1]), (logs[1], procs[0])):
@@ -122,11 +110,11 @@ def test_daemons_warn_about_and_status_shows_config_drift(db: TestDb, tmp_path: 
         assert not any("job same " in w for w in warnings), "\n".join(warnings)
 
         # One version left: no drift any more (a stopping daemon removes its host row).
-        assert stop(procs[1]) == 0
+        assert procs[1].stop() == 0
         assert jobs_by_name(db)["drifted"]["drift"] is False
         assert not any(line.startswith("warning:") for line in status(db).splitlines())
     finally:
-        codes = [stop(p) for p in procs]
+        codes = fleet.stop()
     assert codes == [0, 0]
     for log in logs:
         assert not any("job same:" in w for w in drift_warnings(log)), log.read_text()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from harness import pid_alive, track
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, fail_next_run_inserts, wait_for
 
 from dblockrun.store import Store
@@ -32,9 +33,9 @@ class Background:
     """A `dblockrun exec` running in the background, its stdout collected by lines."""
 
     def __init__(self, args: Sequence[str]) -> None:
-        self.proc = subprocess.Popen(list(args), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=clean_env(),
-                                     cwd=REPO)
+        self.proc = track(subprocess.Popen(list(args), stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True, env=clean_env(),
+                                           cwd=REPO))
         self.lines: list[str] = []
         self.errors: list[str] = []
         self._readers = [
@@ -236,25 +237,16 @@ def test_options_after_the_command_belong_to_the_command(db: TestDb, store: Stor
     assert [r.job for r in store.history()] == ["x"]
 
 
-def process_gone(pid: int) -> bool:
-    """True once `pid` has exited (a zombie nobody reaped counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_command_dies_with_a_killed_exec(db: TestDb, store: Store) -> None:
     bg = Background(exec_args(db, "--name", "x", "--", "sh", "-c", "echo $$; exec sleep 60"))
     try:
         wait_for(lambda: len(bg.lines) > 0, 30, what="the command's pid")
         child = int(bg.lines[0])
-        assert not process_gone(child)
+        assert pid_alive(child)
         bg.proc.send_signal(signal.SIGKILL)
         assert bg.finish(timeout=10) == -signal.SIGKILL
-        wait_for(lambda: process_gone(child), 10, what=f"command {child} to die with exec")
+        wait_for(lambda: not pid_alive(child), 10, what=f"command {child} to die with exec")
     finally:
         bg.kill()
 

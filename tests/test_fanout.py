@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import collections
-import signal
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
-from conftest import ServerDatabases, new_prefix, selected_backends
-from helpers import TestDb, dblockrun_cmd, wait_for
+from conftest import ServerDatabases, selected_backends
+from harness import Fleet, pid_alive
+from helpers import TestDb, new_prefix, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store.items import ClaimedItem
@@ -150,17 +149,11 @@ jobs:
 
 
 @pytest.mark.slow
-def test_three_daemons_share_sixty_items(db: TestDb, tmp_path: Path) -> None:
+def test_three_daemons_share_sixty_items(db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     log = tmp_path / "items.log"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(FLEET_JOBS.format(log=log))
-    procs = [
-        subprocess.Popen(
-            [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-             "--heartbeat", "1s", "--lease", "3s"],
-            stdout=subprocess.DEVNULL, stderr=(tmp_path / f"d{i}.log").open("wb"))
-        for i in range(3)
-    ]
+    fleet.start_n(3, jobs, grace=None)
 
     def slots() -> dict[str, list[tuple[str, str]]]:
         out: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
@@ -174,9 +167,7 @@ def test_three_daemons_share_sixty_items(db: TestDb, tmp_path: Path) -> None:
         # Two whole slots: every item of each ran by the time the third begins.
         wait_for(lambda: len(slots()) >= 3, 45, interval=0.5, what="three slots of items")
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        codes = [p.wait(timeout=30) for p in procs]
+        codes = fleet.stop()
     assert codes == [0, 0, 0]
     complete = sorted(slots().items())[:2]
     hosts: collections.Counter[str] = collections.Counter()
@@ -190,7 +181,8 @@ def test_three_daemons_share_sixty_items(db: TestDb, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_failing_items_command_is_a_failed_run(sqlite_db: TestDb, tmp_path: Path) -> None:
+def test_failing_items_command_is_a_failed_run(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     db = sqlite_db
     store = Store(db.url, db.prefix)
     store.ensure_schema()
@@ -198,9 +190,7 @@ def test_failing_items_command_is_a_failed_run(sqlite_db: TestDb, tmp_path: Path
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  listing:\n    rate: 1h\n    items-command: echo boom; exit 3\n"
                     "    command: echo never\n")
-    proc = subprocess.Popen(
-        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    d = sqlite_fleet.start(jobs, heartbeat=None, lease=None, grace=None)
     try:
         run = wait_for(lambda: next(iter(store.history("listing")), None), 20,
                        what="the failed listing run")
@@ -211,35 +201,13 @@ def test_failing_items_command_is_a_failed_run(sqlite_db: TestDb, tmp_path: Path
         assert (rec.result, rec.exit_code, rec.output) == ("failed", 3, "boom\n")
         assert [s.item for s in store.items.states("listing")] == ["kept"]  # nothing retired
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert d.stop() == 0
         store.close()
 
 
-def start_daemon(db: TestDb, jobs: Path, log: Path, *more: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-         "--heartbeat", "1s", "--lease", "3s", *more],
-        stdout=subprocess.DEVNULL, stderr=log.open("wb"))
-
-
-def stop_daemons(*procs: subprocess.Popen[bytes]) -> list[int]:
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    return [p.wait(timeout=30) for p in procs]
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie left for init to reap does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
-
-
 @pytest.mark.slow
-def test_items_command_timeout_stops_its_whole_group(sqlite_db: TestDb, tmp_path: Path) -> None:
+def test_items_command_timeout_stops_its_whole_group(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     db = sqlite_db
     pid_file = tmp_path / "child.pid"
     jobs = tmp_path / "jobs.yaml"
@@ -257,28 +225,28 @@ jobs:
 """)
     store = Store(db.url, db.prefix)
     store.ensure_schema()
-    proc = start_daemon(db, jobs, tmp_path / "d.log")
+    sqlite_fleet.start(jobs, grace=None)
     try:
         child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 20,
                              what="the background child's pid"))
-        assert running(child)
+        assert pid_alive(child)
         run = wait_for(lambda: next((r for r in store.history("listing")
                                      if r.finished is not None), None), 20,
                        what="the listing run's end")
         # Stopped at its timeout (lock-at-most), its background child with it.
-        wait_for(lambda: not running(child), 5, what="the background child to be stopped")
+        wait_for(lambda: not pid_alive(child), 5, what="the background child to be stopped")
         assert run.result == "timeout"
         assert run.output is not None and run.output.endswith(
             "items-command stopped at its timeout (2s)\n")
         assert run.finished - run.started < 10  # type: ignore[operator]
         assert store.items.states("listing") == []  # nothing listed from a stopped command
     finally:
-        assert stop_daemons(proc) == [0]
+        assert sqlite_fleet.stop() == [0]
         store.close()
 
 
 @pytest.mark.slow
-def test_a_failing_item_is_retried(sqlite_db: TestDb, tmp_path: Path) -> None:
+def test_a_failing_item_is_retried(sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     db = sqlite_db
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -297,7 +265,7 @@ jobs:
 """)
     store = Store(db.url, db.prefix)
     store.ensure_schema()
-    proc = start_daemon(db, jobs, tmp_path / "d.log")
+    sqlite_fleet.start(jobs, grace=None)
     try:
         def settled() -> bool:
             states = store.items.states("flaky")
@@ -310,13 +278,13 @@ jobs:
                 (1, "failed", 1, f"first try {item}\n"), (2, "ok", 0, f"done {item}\n")]
             assert runs[0].token == runs[1].token  # one claim of the item, two attempts
     finally:
-        assert stop_daemons(proc) == [0]
+        assert sqlite_fleet.stop() == [0]
         store.close()
 
 
 @pytest.mark.slow
-def test_max_running_counts_running_items(sqlite_db: TestDb, tmp_path: Path) -> None:
-    db = sqlite_db
+def test_max_running_counts_running_items(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     now_running, counts, done = tmp_path / "running", tmp_path / "counts", tmp_path / "done"
     now_running.mkdir()
     jobs = tmp_path / "jobs.yaml"
@@ -333,12 +301,12 @@ jobs:
       rm "{now_running}/$DBLOCKRUN_ITEM"
       echo "$DBLOCKRUN_ITEM" >> "{done}"
 """)
-    proc = start_daemon(db, jobs, tmp_path / "d.log", "--max-running", "2")
+    sqlite_fleet.start(jobs, "--max-running", "2", grace=None)
     try:
         wait_for(lambda: done.exists() and len(done.read_text().split()) == 6, 40,
                  what="all six items")
     finally:
-        assert stop_daemons(proc) == [0]
+        assert sqlite_fleet.stop() == [0]
     assert sorted(done.read_text().split()) == [f"i{i}" for i in range(1, 7)]
     # parallel: 4, but this host runs at most 2 commands at once.
     assert max(int(n) for n in counts.read_text().split()) <= 2
@@ -378,7 +346,8 @@ def test_two_daemons_run_each_item_once_per_slot_with_retries(
     marks.mkdir()
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(RETRIED_JOBS.format(items=", ".join(names), log=log, marks=marks))
-    procs = [start_daemon(db, jobs, tmp_path / f"d{i}.log") for i in range(2)]
+    fleet = Fleet(db, tmp_path, grace=None)
+    fleet.start_n(2, jobs)
 
     def slots() -> dict[str, list[tuple[str, str]]]:
         out: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
@@ -391,7 +360,8 @@ def test_two_daemons_run_each_item_once_per_slot_with_retries(
     try:
         wait_for(lambda: len(slots()) >= 3, 45, interval=0.5, what="three slots of items")
     finally:
-        codes = stop_daemons(*procs)
+        codes = fleet.stop()
+        fleet.close()
     assert codes == [0, 0]
     hosts: collections.Counter[str] = collections.Counter()
     for slot, runs in sorted(slots().items())[:2]:
@@ -413,18 +383,15 @@ def test_two_daemons_run_each_item_once_per_slot_with_retries(
 
 
 @pytest.mark.slow
-def test_an_items_command_line_too_long_fails_alone(db: TestDb, tmp_path: Path) -> None:
+def test_an_items_command_line_too_long_fails_alone(db: TestDb, fleet: Fleet) -> None:
     """A 1,500-character line of ``items-command`` blocked its job for good
     on PostgreSQL and MariaDB (a run's ``item`` column holds 1,000: every
     record refused, retried every 30 s, no run ever recorded). It fails
     alone now, recorded with the reason; the other items run."""
     long = "x" * 1500
-    jobs = tmp_path / "jobs.yaml"
-    jobs.write_text("jobs:\n  listing:\n    rate: 1h\n"
-                    f"    items-command: printf 'a\\n{long}\\nb\\n'\n"
-                    "    command: echo \"done $DBLOCKRUN_ITEM\"\n")
-    log = tmp_path / "daemon.log"
-    proc = start_daemon(db, jobs, log)
+    proc = fleet.start("jobs:\n  listing:\n    rate: 1h\n"
+                       f"    items-command: printf 'a\\n{long}\\nb\\n'\n"
+                       "    command: echo \"done $DBLOCKRUN_ITEM\"\n", grace=None)
     try:
         with Store(db.url, db.prefix) as store:
             def ended() -> list[str] | None:
@@ -441,5 +408,5 @@ def test_an_items_command_line_too_long_fails_alone(db: TestDb, tmp_path: Path) 
                 "long: at most 1,000 (a run's record holds its item)\n")
             assert sorted(s.item for s in store.items.states("listing")) == ["a", "b"]
     finally:
-        assert stop_daemons(proc) == [0], log.read_text()
-    assert "retrying with backoff" not in log.read_text()
+        assert proc.stop() == 0, proc.text()
+    assert "retrying with backoff" not in proc.text()

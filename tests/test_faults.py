@@ -5,128 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from helpers import TestDb, dblockrun_cmd, wait_for
+from commandlog import Line, log_of, read_lines, running, start_logging, starts
+from harness import Fleet, group_alive, parent_of
+from helpers import TestDb, wait_for
 from proxy import Proxy
 
-from dblockrun.store import Store
 from dblockrun.store.status import report
-
-LONG_JOB = """\
-jobs:
-  long:
-    cron: "* * * * * *"
-    lock-at-most: 60s
-    env:
-      LOG: {log}
-    command: |
-      echo "start $DBLOCKRUN_FENCING_TOKEN $$ $(date +%s.%N)" >> "$LOG"
-      trap 'echo "end $DBLOCKRUN_FENCING_TOKEN $$ $(date +%s.%N)" >> "$LOG"; exit 143' TERM
-      sleep 30 & wait
-"""
-
-
-@dataclass
-class Line:
-    kind: str
-    token: int
-    pid: int
-    at: float
-
-
-def read_lines(path: Path) -> list[Line]:
-    if not path.exists():
-        return []
-    out = []
-    for raw in path.read_text().splitlines():
-        kind, token, pid, at = raw.split()
-        out.append(Line(kind, int(token), int(pid), float(at)))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-class Fleet:
-    def __init__(self, db: TestDb, tmp: Path, lease: str = "3s", url: str | None = None) -> None:
-        self.db = db
-        self.tmp = tmp
-        self.log = tmp / "runs.log"
-        self.jobs = tmp / "jobs.yaml"
-        self.jobs.write_text(LONG_JOB.format(log=self.log))
-        self.url = url or db.url
-        self.lease = lease
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.store = Store(db.url, db.prefix)
-
-    def start(self, n: int) -> None:
-        for _ in range(n):
-            i = len(self.procs)
-            cmd = [*dblockrun_cmd(), "--db", self.url, "--table-prefix", self.db.prefix,
-                   "daemon", str(self.jobs), "--heartbeat", "1s", "--lease", self.lease,
-                   "--grace", "2s"]
-            err = (self.tmp / f"daemon{i}.log").open("wb")
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err))
-
-    def daemon_log(self, i: int) -> str:
-        return (self.tmp / f"daemon{i}.log").read_text()
-
-    def running(self) -> tuple[str, int] | None:
-        rows = report(self.store, ["long"]).jobs
-        if not rows:
-            return None
-        status = rows[0]
-        if status.running is None or status.lock.holder is None:
-            return None
-        return status.lock.holder, status.lock.token
-
-    def proc_of(self, holder: str) -> subprocess.Popen[bytes]:
-        pid = int(holder.split(":")[1])
-        return next(p for p in self.procs if p.pid == pid)
-
-    def starts(self) -> list[Line]:
-        return [ln for ln in read_lines(self.log) if ln.kind == "start"]
-
-    def stop(self) -> list[int | None]:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.send_signal(signal.SIGTERM)
-        codes: list[int | None] = []
-        for p in self.procs:
-            try:
-                codes.append(p.wait(timeout=30))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                codes.append(None)
-        self.store.close()
-        return codes
-
-
-@pytest.fixture
-def fleet(db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
-    f = Fleet(db, tmp_path)
-    yield f
-    f.stop()
 
 
 def assert_no_overlap(lines: list[Line]) -> None:
@@ -146,18 +34,17 @@ def assert_no_overlap(lines: list[Line]) -> None:
 @pytest.mark.slow
 @pytest.mark.pgbouncer
 def test_kill_9_fails_over_within_a_lease(fleet: Fleet) -> None:
-    fleet.start(2)
-    holder, token = wait_for(fleet.running, 30, what="a running job")
-    first = wait_for(lambda: fleet.starts() or None, 10, what="the command's start")[0]
+    start_logging(fleet, 2)
+    holder, token = wait_for(lambda: running(fleet), 30, what="a running job")
+    first = wait_for(lambda: starts(fleet) or None, 10, what="the command's start")[0]
     pgid = os.getpgid(first.pid)
-    victim = fleet.proc_of(holder)
+    victim = fleet.of(holder)
     killed_at = time.time()
     victim.kill()
-    victim.wait()
     # The dead daemon's command goes with it: its guard stops the whole group.
     wait_for(lambda: not group_alive(pgid), 5, what="the dead host's command group to stop")
     gone_after = time.time() - killed_at
-    nxt = wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 10,
+    nxt = wait_for(lambda: next((s for s in starts(fleet) if s.token > token), None), 10,
                    what="another host to run the job")
     failover = nxt.at - killed_at
     print(f"\nkill -9: command group gone after {gone_after:.2f}s, "
@@ -166,76 +53,71 @@ def test_kill_9_fails_over_within_a_lease(fleet: Fleet) -> None:
     run = next(r for r in fleet.store.history("long", 100) if r.token == token)
     wait_for(lambda: fleet.store.run(run.id).result == "lost",  # type: ignore[union-attr]
              10, what="the dead run to be recorded lost")
-    assert_no_overlap(read_lines(fleet.log))
+    assert_no_overlap(read_lines(log_of(fleet)))
     codes = fleet.stop()
     assert codes.count(0) == 1  # the survivor stops cleanly; the victim was killed
 
 
 @pytest.mark.slow
 def test_frozen_daemon_is_fenced_and_its_late_result_refused(fleet: Fleet) -> None:
-    fleet.start(2)
-    holder, token = wait_for(fleet.running, 30, what="a running job")
+    start_logging(fleet, 2)
+    holder, token = wait_for(lambda: running(fleet), 30, what="a running job")
     # The run is recorded just before its command starts: freeze the daemon
     # only once the command runs, or there is no command to fence.
-    wait_for(lambda: any(s.token == token for s in fleet.starts()), 10,
+    wait_for(lambda: any(s.token == token for s in starts(fleet)), 10,
              what="the command to start")
-    victim = fleet.proc_of(holder)
-    victim.send_signal(signal.SIGSTOP)
+    victim = fleet.of(holder)
+    victim.freeze()
     stopped_at = time.time()
     # Its command is stopped by the guard before the lease can run out...
     end = wait_for(
-        lambda: next((ln for ln in read_lines(fleet.log) if ln.kind == "end"
+        lambda: next((ln for ln in read_lines(log_of(fleet)) if ln.kind == "end"
                       and ln.token == token), None), 10, what="the frozen host's command to stop")
     # ...and only then does another host take the job.
-    nxt = wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 15,
+    nxt = wait_for(lambda: next((s for s in starts(fleet) if s.token > token), None), 15,
                    what="another host to run the job")
     print(f"\nSIGSTOP: command stopped {end.at - stopped_at:.2f}s after the freeze, "
           f"other host started {nxt.at - stopped_at:.2f}s after it")
     assert end.at < nxt.at
-    victim.send_signal(signal.SIGCONT)
+    victim.thaw()
     run = next(r for r in fleet.store.history("long", 100) if r.token == token)
     wait_for(lambda: fleet.store.run(run.id).result == "lost",  # type: ignore[union-attr]
              10, what="the frozen run to be recorded lost")
-    idx = fleet.procs.index(victim)
-    wait_for(lambda: "no longer current" in fleet.daemon_log(idx), 10,
+    wait_for(lambda: "no longer current" in victim.text(), 10,
              what="the woken daemon to learn it lost the lock")
     # The late writer did not overwrite the record.
     assert fleet.store.run(run.id).result == "lost"  # type: ignore[union-attr]
-    assert victim.poll() is None, "the woken daemon keeps serving"
-    assert_no_overlap(read_lines(fleet.log))
+    assert victim.alive(), "the woken daemon keeps serving"
+    assert_no_overlap(read_lines(log_of(fleet)))
 
 
 @pytest.fixture
-def proxied(db: TestDb, tmp_path: Path) -> Iterator[tuple[Fleet, Proxy]]:
+def proxy(db: TestDb) -> Iterator[Proxy]:
+    """A proxy in front of the test's database server, to cut."""
     if db.backend == "sqlite":
         pytest.skip("SQLite has no connection to lose (it is a local file)")
-    port = 5432 if db.backend == "postgresql" else 3306
-    proxy = Proxy(port)
-    f = Fleet(db, tmp_path, url=proxy.url_for(db.url))
-    yield f, proxy
+    proxy = Proxy(5432 if db.backend == "postgresql" else 3306)
+    yield proxy
     proxy.restore()
-    f.stop()
     proxy.close()
 
 
 @pytest.mark.slow
 def test_lost_database_stops_the_command_before_its_lease_ends(
-    proxied: tuple[Fleet, Proxy],
-) -> None:
-    fleet, proxy = proxied
-    fleet.start(1)
-    _holder, token = wait_for(fleet.running, 30, what="a running job")
+        db: TestDb, fleet: Fleet, proxy: Proxy) -> None:
+    daemons = start_logging(fleet, 1, url=proxy.url_for(db.url))
+    _holder, token = wait_for(lambda: running(fleet), 30, what="a running job")
     # The run is recorded just before its command starts: cut the database
     # only once the command runs (and its TERM trap is set), or a loaded
     # machine can fence a command that never got to write its "end" line.
-    wait_for(lambda: any(s.token == token for s in fleet.starts()), 10,
+    wait_for(lambda: any(s.token == token for s in starts(fleet)), 10,
              what="the command to start")
     lock = fleet.store.lock_state("long")
     assert lock is not None and lock.lock_until is not None
     proxy.cut()
     cut_at = time.time()
     end = wait_for(
-        lambda: next((ln for ln in read_lines(fleet.log) if ln.kind == "end"), None), 10,
+        lambda: next((ln for ln in read_lines(log_of(fleet)) if ln.kind == "end"), None), 10,
         what="the command to be stopped")
     print(f"\ndatabase cut: command stopped {end.at - cut_at:.2f}s after the cut, "
           f"{lock.lock_until - end.at:.2f}s before its lease could expire")
@@ -243,12 +125,12 @@ def test_lost_database_stops_the_command_before_its_lease_ends(
     # Keep it down past the lease, then bring it back.
     wait_for(lambda: time.time() - cut_at > 4.5, 6, what="an outage longer than the lease")
     proxy.restore()
-    wait_for(lambda: "database back" in fleet.daemon_log(0), 20, what="the daemon to reconnect")
-    wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 15,
+    wait_for(lambda: "database back" in daemons[0].text(), 20, what="the daemon to reconnect")
+    wait_for(lambda: next((s for s in starts(fleet) if s.token > token), None), 15,
              what="runs to resume after the outage")
-    log = fleet.daemon_log(0)
+    log = daemons[0].text()
     assert log.count("database unreachable") == 1, log
-    assert fleet.procs[0].poll() is None
+    assert daemons[0].alive()
     runs = fleet.store.history("long", 100)
     slots = [r.slot for r in runs if r.slot is not None and r.result != "skipped"]
     assert len(slots) == len(set(slots)), "a slot ran twice across the outage"
@@ -257,46 +139,40 @@ def test_lost_database_stops_the_command_before_its_lease_ends(
 
 
 @pytest.mark.slow
-def test_short_blip_changes_nothing(db: TestDb, tmp_path: Path) -> None:
-    if db.backend == "sqlite":
-        pytest.skip("SQLite has no connection to lose (it is a local file)")
-    proxy = Proxy(5432 if db.backend == "postgresql" else 3306)
-    fleet = Fleet(db, tmp_path, lease="6s", url=proxy.url_for(db.url))
+def test_short_blip_changes_nothing(db: TestDb, fleet: Fleet, proxy: Proxy) -> None:
     try:
-        fleet.start(1)
-        _holder, token = wait_for(fleet.running, 30, what="a running job")
+        daemons = start_logging(fleet, 1, lease="6s", url=proxy.url_for(db.url))
+        _holder, token = wait_for(lambda: running(fleet), 30, what="a running job")
         proxy.cut()
         cut_at = time.time()
         # At least a second, and until the daemon has met it (a statement in
         # the gap; otherwise its next one would just reconnect, unnoticed).
         wait_for(lambda: time.time() - cut_at > 1.0
-                 and "database unreachable" in fleet.daemon_log(0), 3, what="a short blip")
+                 and "database unreachable" in daemons[0].text(), 3, what="a short blip")
         proxy.restore()
-        wait_for(lambda: "database back" in fleet.daemon_log(0), 15, what="reconnect")
+        wait_for(lambda: "database back" in daemons[0].text(), 15, what="reconnect")
         # Two more heartbeats later the same run still holds the lock.
         after = time.time()
         wait_for(lambda: time.time() - after > 2.5, 4, what="two heartbeats")
-        assert fleet.running() == (_holder, token)
-        assert not [ln for ln in read_lines(fleet.log) if ln.kind == "end"]
+        assert running(fleet) == (_holder, token)
+        assert not [ln for ln in read_lines(log_of(fleet)) if ln.kind == "end"]
     finally:
         proxy.restore()
         fleet.stop()
-        proxy.close()
 
 
 @pytest.mark.slow
 def test_a_dead_holders_run_ends_at_its_last_renewal_and_its_slots_are_skipped(
     fleet: Fleet,
 ) -> None:
-    fleet.start(2)
-    holder, token = wait_for(fleet.running, 30, what="a running job")
-    wait_for(lambda: any(s.token == token for s in fleet.starts()), 10,
+    start_logging(fleet, 2)
+    holder, token = wait_for(lambda: running(fleet), 30, what="a running job")
+    wait_for(lambda: any(s.token == token for s in starts(fleet)), 10,
              what="the command to start")
-    victim = fleet.proc_of(holder)
+    victim = fleet.of(holder)
     killed_at = time.time()
     victim.kill()
-    victim.wait()
-    nxt = wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 15,
+    nxt = wait_for(lambda: next((s for s in starts(fleet) if s.token > token), None), 15,
                    what="another host to run the job")
     store = fleet.store
     dead = next(r for r in store.history("long", 100) if r.token == token)
@@ -326,9 +202,6 @@ def test_a_dead_holders_run_ends_at_its_last_renewal_and_its_slots_are_skipped(
     assert len(every) == len(set(every))  # no slot both skipped and run
 
 
-def parent_of(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return int(stat[stat.rfind(b")") + 2 :].split()[1])
 
 
 @pytest.mark.slow
@@ -337,24 +210,24 @@ def test_a_killed_spawn_service_stops_its_commands_and_a_new_one_takes_over(
 ) -> None:
     # The spawn service (the daemon's child that starts and watches every
     # command) is killed: no command may run without its watchdog.
-    fleet.start(1)
-    _holder, token = wait_for(fleet.running, 30, what="a running job")
-    first = wait_for(lambda: next((s for s in fleet.starts() if s.token == token), None), 10,
+    daemons = start_logging(fleet, 1)
+    _holder, token = wait_for(lambda: running(fleet), 30, what="a running job")
+    first = wait_for(lambda: next((s for s in starts(fleet) if s.token == token), None), 10,
                      what="the command's start")
     service = parent_of(first.pid)
-    assert service != fleet.procs[0].pid  # started by the service, not the daemon
-    assert parent_of(service) == fleet.procs[0].pid
+    assert service != daemons[0].pid  # started by the service, not the daemon
+    assert parent_of(service) == daemons[0].pid
     os.kill(service, signal.SIGKILL)
     wait_for(lambda: not group_alive(first.pid), 5, what="the command's group to stop")
     # The daemon records the run killed and goes on, under a new service.
     run = next(r for r in fleet.store.history("long", 100) if r.token == token)
     wait_for(lambda: fleet.store.run(run.id).result == "killed",  # type: ignore[union-attr]
              10, what="the run recorded killed")
-    nxt = wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 15,
+    nxt = wait_for(lambda: next((s for s in starts(fleet) if s.token > token), None), 15,
                    what="the job to run again")
-    assert parent_of(nxt.pid) not in (service, fleet.procs[0].pid)
-    assert "spawn service" in fleet.daemon_log(0)
-    assert fleet.procs[0].poll() is None
+    assert parent_of(nxt.pid) not in (service, daemons[0].pid)
+    assert "spawn service" in daemons[0].text()
+    assert daemons[0].alive()
     # (The daemon stopped the orphaned group when it saw its service die;
     # it was gone before the next run's claim, as above.)
     assert not group_alive(first.pid)
@@ -375,17 +248,14 @@ jobs:
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_daemon_stops_every_running_group(db: TestDb, tmp_path: Path) -> None:
-    fleet = Fleet(db, tmp_path)
-    fleet.jobs.write_text(MANY_JOBS.format(log=fleet.log))
+def test_kill_9_of_the_daemon_stops_every_running_group(fleet: Fleet) -> None:
     try:
-        fleet.start(1)
-        starts = wait_for(lambda: len(fleet.starts()) == 3 and fleet.starts(), 30,
-                          what="three commands to start")
-        groups = [s.pid for s in starts]
+        daemons = start_logging(fleet, 1, MANY_JOBS)
+        started = wait_for(lambda: len(starts(fleet)) == 3 and starts(fleet), 30,
+                           what="three commands to start")
+        groups = [s.pid for s in started]
         assert all(group_alive(g) for g in groups)
-        fleet.procs[0].kill()
-        fleet.procs[0].wait()
+        daemons[0].kill()
         # The service saw its daemon go: every group (background children
         # too) is stopped, well within a lease.
         wait_for(lambda: not any(group_alive(g) for g in groups), 5,
@@ -409,23 +279,21 @@ jobs:
 
 @pytest.mark.slow
 def test_lock_at_least_holds_when_its_holder_dies_before_the_release(
-        db: TestDb, tmp_path: Path) -> None:
+        fleet: Fleet) -> None:
     """A holder killed while its command runs never releases, so its lock is
     held only as long as its 3 s lease; the next start still waits for the
     7 s of lock-at-least after the dead run's start (the claim's own check
     of the row's last start), where it used to come after about 3 s."""
-    fleet = Fleet(db, tmp_path)
-    fleet.jobs.write_text(AT_LEAST_JOB.format(log=fleet.log))
     try:
-        fleet.start(2)
-        first = wait_for(lambda: fleet.starts() or None, 30, what="the first start")[0]
+        start_logging(fleet, 2, AT_LEAST_JOB)
+        first = wait_for(lambda: starts(fleet) or None, 30, what="the first start")[0]
         def holder_now() -> str | None:
             rows = report(fleet.store, ["spaced"]).jobs
             return rows[0].lock.holder if rows else None
 
         holder = wait_for(holder_now, 10, what="the holder")
-        fleet.proc_of(holder).kill()
-        nxt = wait_for(lambda: next((s for s in fleet.starts() if s.token > first.token),
+        fleet.of(holder).kill()
+        nxt = wait_for(lambda: next((s for s in starts(fleet) if s.token > first.token),
                                     None), 20, what="another host to run the job")
         assert nxt.at - first.at >= 7 - 0.1 - 0.05, (
             f"started again {nxt.at - first.at:.2f}s after the dead run's start")

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from helpers import TestDb, dblockrun_cmd, wait_for
+from harness import Fleet
+from helpers import TestDb, wait_for
 
 from dblockrun.store import Store
 
@@ -33,23 +31,9 @@ jobs:
 """
 
 
-def start_daemon(db: TestDb, jobs: Path, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-           "--heartbeat", "1s", "--lease", "3s", "--grace", "5s"]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    return [p.wait(timeout=30) for p in procs]
-
-
 @pytest.mark.slow
 @pytest.mark.pgbouncer
-def test_three_daemons_run_each_slot_exactly_once(db: TestDb, tmp_path: Path) -> None:
+def test_three_daemons_run_each_slot_exactly_once(db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """Also through PgBouncer: behind a transaction pooler, three daemons
     sharing its server connections would trip over psycopg's prepared
     statements (``prepared statement "_pg3_0" already exists``) unless the
@@ -57,18 +41,18 @@ def test_three_daemons_run_each_slot_exactly_once(db: TestDb, tmp_path: Path) ->
     out = tmp_path / "runs.log"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(JOB.format(log=out))
-    procs = [start_daemon(db, jobs, tmp_path / f"daemon{i}.log") for i in range(3)]
+    procs = fleet.start_n(3, jobs)
     try:
         store = Store(db.url, db.prefix)
         wait_for(lambda: len(store.hosts(seen_within=30)) == 3, 30, what="3 daemons registered")
         begin = time.monotonic()
         wait_for(lambda: time.monotonic() - begin >= RUN_SECONDS or any(
-            p.poll() is not None for p in procs), RUN_SECONDS + 5, interval=0.5,
+            not p.alive() for p in procs), RUN_SECONDS + 5, interval=0.5,
             what="the run period")
-        assert all(p.poll() is None for p in procs), "a daemon died"
+        assert all(p.alive() for p in procs), "a daemon died"
     finally:
-        codes = stop_all(procs)
-    logs = [(tmp_path / f"daemon{i}.log").read_text() for i in range(3)]
+        codes = fleet.stop()
+    logs = [d.text() for d in procs]
     assert codes == [0, 0, 0], logs
     for log in logs:
         assert "prepared statement" not in log and not OUTAGE.search(log), log
@@ -104,8 +88,8 @@ MANY = 48
 
 
 @pytest.mark.slow
-def test_many_jobs_due_at_once_run_once_each_spread_over_daemons(db: TestDb,
-                                                                 tmp_path: Path) -> None:
+def test_many_jobs_due_at_once_run_once_each_spread_over_daemons(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """Jobs due on the same instant are claimed in batches, each host its
     share first: every job has exactly one record per slot (run, or skipped
     while its run of the previous slot was still going on a busy machine),
@@ -118,7 +102,7 @@ def test_many_jobs_due_at_once_run_once_each_spread_over_daemons(db: TestDb,
                   "    command: echo \"$DBLOCKRUN_JOB $DBLOCKRUN_SLOT $DBLOCKRUN_HOST_ID\""
                   " >> \"$LOG\""]
     jobs.write_text("\n".join(lines) + "\n")
-    procs = [start_daemon(db, jobs, tmp_path / f"daemon{i}.log") for i in range(3)]
+    fleet.start_n(3, jobs)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 3, 30, what="3 daemons registered")
@@ -134,7 +118,7 @@ def test_many_jobs_due_at_once_run_once_each_spread_over_daemons(db: TestDb,
 
         slots = wait_for(two_slots_accounted, 60, interval=0.5, what="two slots of every job")
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes == [0, 0, 0]
     records: dict[tuple[str, float], int] = {}
     for run in store.history(limit=10_000):

@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pymysql
 import pytest
-from conftest import new_prefix, selected_backends, strict
-from helpers import REPO, clean_env, dblockrun_cmd, wait_for
+from conftest import selected_backends, strict
+from harness import Fleet
+from helpers import REPO, wait_for
 
 from dblockrun.store import Store
 
-pytestmark = pytest.mark.slow
+#: Ports 3401-3403 and one cluster: its tests run on one xdist worker, in turn.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("galera")]
 
 SCRIPT = REPO / "scripts" / "galera"
 PORTS = (3401, 3402, 3403)
@@ -134,59 +135,32 @@ class Line:
     at: float
 
 
-@dataclass
-class Fleet:
-    tmp: Path
-    prefix: str = field(default_factory=new_prefix)
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    @property
-    def log(self) -> Path:
-        return self.tmp / "runs.log"
-
-    def start(self, urls: list[str], *, lease: str = "3s", long: bool = False) -> None:
-        jobs = self.tmp / "jobs.yaml"
-        extra = LONG.format(log=self.log) if long else ""
-        jobs.write_text(JOBS.format(log=self.log, sleep=0.3, extra=extra))
-        for url in urls:
-            i = len(self.procs)
-            cmd = [*dblockrun_cmd(), "--db", url, "--table-prefix", self.prefix, "daemon",
-                   str(jobs), "--heartbeat", "1s", "--lease", lease, "--grace", "2s"]
-            self.procs.append(subprocess.Popen(
-                cmd, stdout=subprocess.DEVNULL, stderr=(self.tmp / f"daemon{i}.log").open("wb"),
-                env=clean_env(PYTHONUNBUFFERED="1")))
-
-    def daemon_log(self, i: int) -> str:
-        return (self.tmp / f"daemon{i}.log").read_text()
-
-    def lines(self) -> list[Line]:
-        if not self.log.exists():
-            return []
-        out = []
-        for raw in self.log.read_text().splitlines():
-            kind, job, slot, token, host, at = raw.split()
-            out.append(Line(kind, job, slot, int(token), host, float(at)))
-        return out
-
-    def stop(self) -> list[int | None]:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        codes: list[int | None] = []
-        for p in self.procs:
-            try:
-                codes.append(p.wait(timeout=30))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                codes.append(None)
-        return codes
-
-
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    f = Fleet(tmp_path)
+    """Daemons on the cluster's nodes, on a table prefix of their own."""
+    f = Fleet(None, tmp_path, grace="2s")
     yield f
-    f.stop()
+    f.close()
+
+
+def start_on(fleet: Fleet, urls: list[str], *, lease: str = "3s", long: bool = False) -> None:
+    """A daemon on each of ``urls``, all on the jobs every1 and every2 (and long)."""
+    log = fleet.workdir / "runs.log"
+    extra = LONG.format(log=log) if long else ""
+    jobs = fleet.jobs_file(JOBS.format(log=log, sleep=0.3, extra=extra))
+    for url in urls:
+        fleet.start(jobs, url=url, lease=lease)
+
+
+def log_lines(fleet: Fleet) -> list[Line]:
+    log = fleet.workdir / "runs.log"
+    if not log.exists():
+        return []
+    out = []
+    for raw in log.read_text().splitlines():
+        kind, job, slot, token, host, at = raw.split()
+        out.append(Line(kind, job, slot, int(token), host, float(at)))
+    return out
 
 
 def slot_epoch(slot: str) -> int:
@@ -227,8 +201,7 @@ def tally(lines: list[Line], first: float, last: float) -> Tally:
 
 
 def outage_lines(fleet: Fleet) -> list[str]:
-    return [ln for i in range(len(fleet.procs)) for ln in fleet.daemon_log(i).splitlines()
-            if OUTAGE.search(ln)]
+    return [ln for d in fleet for ln in d.text().splitlines() if OUTAGE.search(ln)]
 
 
 @pytest.mark.parametrize("layout", ["multi-writer", "single-writer"])
@@ -238,27 +211,27 @@ def test_one_start_per_slot_on_galera(galera: Galera, fleet: Fleet, layout: str)
     store = Store(galera.url(1), fleet.prefix)
     store.ensure_schema()  # `dblockrun init-db` first, as a deployment would
     try:
-        fleet.start(urls)
+        start_on(fleet, urls)
         wait_for(lambda: len(store.hosts(seen_within=30)) == 3, 30,
                  what="3 daemons registered")
         cert0, bf0 = galera.conflicts()
         first = store.db_now() + 1
         began = time.monotonic()
         wait_for(lambda: time.monotonic() - began >= RUN_SECONDS
-                 or any(p.poll() is not None for p in fleet.procs),
+                 or any(not d.alive() for d in fleet),
                  RUN_SECONDS + 5, interval=0.5, what="the run period")
         last = store.db_now() - 1
         minutes = (time.monotonic() - began) / 60
         cert, bf = galera.conflicts()
-        assert all(p.poll() is None for p in fleet.procs), "a daemon died"
+        assert all(d.alive() for d in fleet), "a daemon died"
         codes = fleet.stop()
-        result = tally(fleet.lines(), first, last)
+        result = tally(log_lines(fleet), first, last)
         runs = [r for r in store.history(limit=1000) if r.slot is not None]
     finally:
         fleet.stop()
         store.drop_schema()
         store.close()
-    hosts = {ln.host for ln in fleet.lines()}
+    hosts = {ln.host for ln in log_lines(fleet)}
     print(f"\n{layout}: {result.starts} starts in {last - first:.0f}s, "
           f"{result.duplicates} duplicates, {result.overlaps} overlaps, "
           f"{result.missed} missed; {len(hosts)} hosts ran jobs; "
@@ -309,13 +282,13 @@ def test_a_killed_node_fails_over_to_the_next(galera: Galera, fleet: Fleet) -> N
     store.ensure_schema()
     node = 0
     try:
-        fleet.start(urls, lease=KILL_LEASE, long=True)
+        start_on(fleet, urls, lease=KILL_LEASE, long=True)
         wait_for(lambda: len(store.hosts(seen_within=30)) == 3, 30,
                  what="3 daemons registered")
-        run = wait_for(lambda: next((ln for ln in fleet.lines() if ln.kind == "start"
+        run = wait_for(lambda: next((ln for ln in log_lines(fleet) if ln.kind == "start"
                                      and ln.job == "long"), None), 15, what="the long run")
         pid = int(run.host.split(":")[1])
-        victim = next(i for i, p in enumerate(fleet.procs) if p.pid == pid)
+        victim = next(i for i, d in enumerate(fleet) if d.pid == pid)
         node = victim + 1
         survivor = 1 if node != 1 else 2
         probe = pymysql.connect(host="127.0.0.1", port=PORTS[survivor - 1], user="root",
@@ -332,16 +305,16 @@ def test_a_killed_node_fails_over_to_the_next(galera: Galera, fleet: Fleet) -> N
         probe.close()
         wait_for(lambda: galera.status(survivor, "wsrep_cluster_size") == 2, 30,
                  what="the cluster to drop the dead node")
-        ended = wait_for(lambda: next((ln for ln in fleet.lines() if ln.kind != "start"
+        ended = wait_for(lambda: next((ln for ln in log_lines(fleet) if ln.kind != "start"
                                        and ln.job == "long" and ln.token == run.token), None),
                          20, what="the long command to end")
-        again = wait_for(lambda: next((ln for ln in fleet.lines() if ln.kind == "start"
+        again = wait_for(lambda: next((ln for ln in log_lines(fleet) if ln.kind == "start"
                                        and ln.at > killed_at + 1 and ln.host == run.host),
                                       None), 30, what="the victim's daemon to start a run")
         wait_for(lambda: time.time() - killed_at > 14, 20, what="slots after the kill")
-        lines = fleet.lines()
+        lines = log_lines(fleet)
         after = tally(lines, killed_at - 1, killed_at + 12)
-        logs = [fleet.daemon_log(i) for i in range(3)]
+        logs = [fleet[i].text() for i in range(3)]
         codes = fleet.stop()
         record = next(r for r in store.history("long", 100) if r.token == run.token)
     finally:

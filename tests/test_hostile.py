@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import pwd
+import signal
 import socket
 import subprocess
 import sys
@@ -19,13 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
-from test_security import Daemon, cli, daemon_args, system_user, write_jobs
+from harness import Fleet, track
+from helpers import REPO, TestDb, clean_env, cli, dblockrun_cmd, wait_for
+from jobfiles import write_jobs
 
 from dblockrun.running import spawner
 from dblockrun.store import Store
-
-__all__ = ["system_user"]  # a fixture, used by name
 
 #: The daemon's secrets: its database URL (another one than it uses: still
 #: a secret) and the variable behind a notification URL.
@@ -64,8 +64,8 @@ def secrets_absent(*texts: str) -> None:
 # -- 1. the environment of a command ------------------------------------------------
 
 
-def test_commands_never_get_the_daemons_secrets(sqlite_db: TestDb, system_user: str,
-                                                tmp_path: Path) -> None:
+def test_commands_never_get_the_daemons_secrets(
+        sqlite_db: TestDb, system_user: str, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     """Each kind of job prints its environment (to the stored output): none
     has the database URL or a notification URL's variable; each has what its
     env-inherit says; the user: job a login environment."""
@@ -89,8 +89,7 @@ jobs:
     user: {system_user}
     env-inherit: all
 """)
-    d = Daemon(daemon_args(sqlite_db.url, sqlite_db.prefix, jobs), tmp_path / "d.log",
-               env=daemon_env())
+    d = sqlite_fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s", env=daemon_env())
     try:
         runs = {name: first_run(sqlite_db, name)
                 for name in ("plain", "named", "nothing", "as-user", "as-user-all")}
@@ -147,7 +146,8 @@ def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
     return cli("--db", db.url, "--table-prefix", db.prefix, *args)
 
 
-def test_history_output_hides_passwords(sqlite_db: TestDb, tmp_path: Path) -> None:
+def test_history_output_hides_passwords(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     """A password a command printed is hidden as it is read, before its tail
     is stored (issue 32 item 7): `history --output` shows it as the daemon's
     log does (``user:***@``), --raw too."""
@@ -157,7 +157,7 @@ jobs:
     rate: 1h
     command: echo connecting to mysql://app:Hunter2Pw@db.internal/app now
 """)
-    d = Daemon(daemon_args(sqlite_db.url, sqlite_db.prefix, jobs), tmp_path / "d.log")
+    d = sqlite_fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
     try:
         run = first_run(sqlite_db, "leaky")
     finally:
@@ -202,7 +202,8 @@ def test_oversize_jobs_are_refused_at_load(tmp_path: Path) -> None:
     assert cli("validate", str(ok)).returncode == 0
 
 
-def test_a_request_too_large_fails_only_its_own_run(sqlite_db: TestDb, tmp_path: Path) -> None:
+def test_a_request_too_large_fails_only_its_own_run(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     """A 1.2 MB fan-out batch and a command whose inherited environment makes
     its request 1.1 MB each fail alone, with the reason; the spawn service
     lives on: an unrelated `sleep` keeps running, other jobs keep starting."""
@@ -221,9 +222,8 @@ jobs:
     # Eleven variables of 100 KB: each fine, together over 1 MiB.
     bulky = {f"BULK_{i}": "b" * 100_000 for i in range(11)}
     # A lease long enough that a loaded machine does not fence the sleep.
-    args = [*daemon_args(sqlite_db.url, sqlite_db.prefix, small)[:-6], "--heartbeat", "1s",
-            "--lease", "10s", "--grace", "2s"]
-    d = Daemon(args, tmp_path / "d.log", env=daemon_env(**bulky))
+    d = sqlite_fleet.start(small, heartbeat="1s", lease="10s", grace="2s",
+                           env=daemon_env(**bulky))
     try:
         wait_for(marker.exists, 30, what="the unrelated sleep to start")
         (sleeping,) = [r for r in finished_or_running(sqlite_db, "unrelated")]
@@ -239,7 +239,7 @@ jobs:
     command: 'true'
 """)
         os.replace(small.parent / "big.yaml", small)
-        d.proc.send_signal(1)  # SIGHUP: reload
+        d.send(signal.SIGHUP)  # reload
         fan = first_run(sqlite_db, "fan")
         bulky_run = first_run(sqlite_db, "bulky")
         ticks = len(finished_runs(sqlite_db, "tick"))
@@ -271,9 +271,9 @@ class Service:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        self.proc = subprocess.Popen(
+        self.proc = track(subprocess.Popen(
             [sys.executable, "-I", "-S", spawner.__file__, str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
         theirs.close()
         self.sock = ours
         self.sock.settimeout(10)
@@ -350,7 +350,8 @@ def raw_free(text: str) -> None:
     assert all(c.isprintable() or c in "\n\t" for c in text), repr(text[-2000:])
 
 
-def test_control_characters_are_escaped_everywhere(sqlite_db: TestDb, tmp_path: Path) -> None:
+def test_control_characters_are_escaped_everywhere(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     hostile = tmp_path / "hostile.txt"
     hostile.write_text(ANSI)
     marker = tmp_path / "sleeping"
@@ -360,7 +361,7 @@ jobs:
   slow: {{rate: 1h, command: touch {marker}; exec sleep 100}}
 """)
     evil = clean_env(SUDO_USER=EVIL_USER)
-    d = Daemon(daemon_args(sqlite_db.url, sqlite_db.prefix, jobs), tmp_path / "d.log")
+    d = sqlite_fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
     try:
         run = first_run(sqlite_db, "hostile")
         wait_for(marker.exists, 30, what="the slow job to start")

@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from harness import Fleet
+from helpers import REPO, clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.secretfile import LIMIT, first_line
 
@@ -99,62 +99,26 @@ def test_the_first_line_is_read_up_to_the_limit(tmp_path: Path) -> None:
         first_line(str(path))
 
 
-class Daemon:
-    """`dblockrun daemon` over a jobs file in ``folder``, its log in a file."""
-
-    def __init__(self, db: TestDb, folder: Path, ping: str) -> None:
-        self.ticks_file = folder / "ticks"
-        self.jobs = folder / "jobs.yaml"
-        self.write(ping)
-        self.log = folder / "daemon.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon",
-                 str(self.jobs), "--heartbeat", "1s", "--lease", "3s", "--grace", "2s"],
-                stdout=subprocess.DEVNULL, stderr=log, env=clean_env(PYTHONUNBUFFERED="1"),
-                cwd=REPO)
-
-    def write(self, ping: str) -> None:
-        self.jobs.write_text(jobs_text(ping, self.ticks_file))
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def ticks(self) -> int:
-        ticks = self.ticks_file
-        return len(ticks.read_text().splitlines()) if ticks.exists() else 0
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[Daemon]]:
-    started: list[Daemon] = []
-    yield started
-    for d in started:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait(timeout=10)
-
-
 @pytest.mark.parametrize("name", ["fifo", "zero"])
 def test_a_reload_with_such_a_file_keeps_the_old_jobs_and_still_stops(
-        name: str, fifo: Path, big: Path, tmp_path: Path, sqlite_db: TestDb,
-        daemons: list[Daemon]) -> None:
+        name: str, fifo: Path, big: Path, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     path, why = hostile(name, fifo, big)
-    folder = tmp_path / "daemon"
-    folder.mkdir()
-    d = Daemon(sqlite_db, folder, "'https://hc.invalid/ping'")
-    daemons.append(d)
-    wait_for(lambda: d.ticks() >= 1 or d.proc.poll() is not None, 20, what="a first run")
-    assert d.proc.poll() is None, d.text()
-    d.write(f"{{file: {path}}}")
-    d.proc.send_signal(signal.SIGHUP)
+    ticks_file = tmp_path / "ticks"
+
+    def ticks() -> int:
+        return len(ticks_file.read_text().splitlines()) if ticks_file.exists() else 0
+
+    d = sqlite_fleet.start(jobs_text("'https://hc.invalid/ping'", ticks_file), grace="2s")
+    d.wait(lambda: ticks() >= 1, 20, what="a first run")
+    d.jobs.write_text(jobs_text(f"{{file: {path}}}", ticks_file))
+    d.send(signal.SIGHUP)
     wait_for(lambda: "reload failed" in d.text(), 10, what="the reload to fail")
     assert (f"reload failed, keeping the 1 jobs loaded before: {d.jobs}:5: job 'tick': "
             f"ping: file {path}: {why}") in d.text()
-    ran = d.ticks()
-    wait_for(lambda: d.ticks() >= ran + 2, 10, what="the old job still running")
-    d.proc.send_signal(signal.SIGTERM)
-    assert d.proc.wait(timeout=15) == 0
+    ran = ticks()
+    wait_for(lambda: ticks() >= ran + 2, 10, what="the old job still running")
+    d.send(signal.SIGTERM)
+    assert d.exited(15) == 0
     assert "stopped" in d.text()
 
 
@@ -188,21 +152,22 @@ def test_a_jobs_file_over_the_limit_is_not_read(tmp_path: Path) -> None:
 
 
 def test_a_reload_of_a_jobs_file_swapped_for_a_fifo_keeps_the_old_jobs(
-        tmp_path: Path, sqlite_db: TestDb, daemons: list[Daemon]) -> None:
-    folder = tmp_path / "daemon"
-    folder.mkdir()
-    d = Daemon(sqlite_db, folder, "'https://hc.invalid/ping'")
-    daemons.append(d)
-    wait_for(lambda: d.ticks() >= 1 or d.proc.poll() is not None, 20, what="a first run")
-    assert d.proc.poll() is None, d.text()
+        tmp_path: Path, sqlite_fleet: Fleet) -> None:
+    ticks_file = tmp_path / "ticks"
+
+    def ticks() -> int:
+        return len(ticks_file.read_text().splitlines()) if ticks_file.exists() else 0
+
+    d = sqlite_fleet.start(jobs_text("'https://hc.invalid/ping'", ticks_file), grace="2s")
+    d.wait(lambda: ticks() >= 1, 20, what="a first run")
     d.jobs.unlink()
     os.mkfifo(d.jobs)
-    d.proc.send_signal(signal.SIGHUP)
+    d.send(signal.SIGHUP)
     wait_for(lambda: "reload failed" in d.text(), 10, what="the reload to fail")
     assert (f"reload failed, keeping the 1 jobs loaded before: {d.jobs}: not a regular file "
             "(a named pipe)") in d.text()
-    ran = d.ticks()
-    wait_for(lambda: d.ticks() >= ran + 2, 10, what="the old job still running")
-    d.proc.send_signal(signal.SIGTERM)
-    assert d.proc.wait(timeout=15) == 0
+    ran = ticks()
+    wait_for(lambda: ticks() >= ran + 2, 10, what="the old job still running")
+    d.send(signal.SIGTERM)
+    assert d.exited(15) == 0
     assert "stopped" in d.text()

@@ -25,17 +25,21 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import pg_admin
+from harness import Fleet
 from helpers import (
     REPO,
     TestDb,
     clean_env,
+    cli,
     count_statements,
     dblockrun_cmd,
     free_port,
+    history_of,
+    lock_row,
     updates,
     wait_for,
 )
-from test_security import Daemon, cli, daemon_args, lock_row, runs_of, write_jobs
+from jobfiles import write_jobs
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -50,7 +54,7 @@ def on(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def ok_runs(db: TestDb, name: str) -> list[m.RunRecord]:
-    return [r for r in runs_of(db, name) if r.result == m.OK]
+    return [r for r in history_of(db, name) if r.result == m.OK]
 
 
 def runs_at_least(db: TestDb, name: str, count: int) -> bool:
@@ -66,7 +70,7 @@ def runs_since(db: TestDb, name: str, since: float, count: int) -> bool:
 
 @pytest.mark.parametrize("bad", [TOKEN_MAX, -5], ids=["max", "negative"])
 def test_a_bad_token_fails_only_its_job_and_unlock_repairs_it_without_reuse(
-        db: TestDb, tmp_path: Path, bad: int) -> None:
+        db: TestDb, tmp_path: Path, bad: int, fleet: Fleet) -> None:
     healthy = [f"fine{i}" for i in range(5)]
     # The edited job has run before: its runs were given tokens up to 41.
     lock_row(db, "edited", token=41)
@@ -75,14 +79,14 @@ def test_a_bad_token_fails_only_its_job_and_unlock_repairs_it_without_reuse(
     lock_row(db, "edited", token=bad)
     jobs = write_jobs(tmp_path / "jobs.yaml", "jobs:\n" + "".join(
         f"  {n}: {{cron: {EVERY_SECOND}, command: 'true'}}\n" for n in [*healthy, "edited"]))
-    d = Daemon(daemon_args(db.url, db.prefix, jobs), tmp_path / "d.log")
+    d = fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
     try:
         # Every job is due on every second (one batch claim): the edited row
         # must fail only its own job, not the batch as an outage.
         for name in healthy:
             wait_for(functools.partial(runs_at_least, db, name, 4), 40, what=f"runs of {name}")
         for name in healthy:
-            runs = runs_of(db, name)
+            runs = history_of(db, name)
             assert {r.result for r in runs} <= {m.OK, m.RUNNING}, (name, runs, d.text())
             done = sorted(r.slot or 0.0 for r in runs if r.result == m.OK)
             # Every slot since the first ran, none late by more than a second.
@@ -95,13 +99,13 @@ def test_a_bad_token_fails_only_its_job_and_unlock_repairs_it_without_reuse(
         assert "repair it with `dblockrun unlock edited`" in log
         assert "database error" not in log and "database back" not in log, log
         assert "went backwards" not in log, log
-        assert [r.token for r in runs_of(db, "edited")] == [41]  # not run
+        assert [r.token for r in history_of(db, "edited")] == [41]  # not run
         # The repair: the token after the newest handed out, never one reused.
         proc = on(db, "unlock", "edited")
         assert proc.returncode == 0, proc.stderr
         assert "token now 42" in proc.stdout, proc.stdout
         wait_for(lambda: len(ok_runs(db, "edited")) >= 2, 30, what="edited runs again")
-        assert runs_of(db, "edited")[-2].token == 43
+        assert history_of(db, "edited")[-2].token == 43
         assert "went backwards" not in d.text()
         assert "Traceback" not in d.text()
     finally:
@@ -151,14 +155,12 @@ def count_updates(db: TestDb, name: str) -> None:
 
 
 def test_a_notify_flood_costs_one_extra_renewal_per_heartbeat(
-        db: TestDb, tmp_path: Path, no_privilege_role: str) -> None:
+        db: TestDb, tmp_path: Path, no_privilege_role: str, fleet: Fleet) -> None:
     heartbeat = 2.0
     jobs = write_jobs(tmp_path / "jobs.yaml",
                       "jobs:\n  slow: {rate: 1h, command: 'sleep 120'}\n"
                       f"  canary: {{cron: {EVERY_SECOND}, command: 'true'}}\n")
-    args = ["--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-            "--heartbeat", f"{heartbeat}s", "--lease", "8s", "--grace", "2s"]
-    d = Daemon(args, tmp_path / "d.log")
+    d = fleet.start(jobs, heartbeat=f"{heartbeat}s", lease="8s", grace="2s")
     listening = ("SELECT count(*) FROM pg_stat_activity WHERE query = "
                  f"'LISTEN \"{db.prefix}kill\"'")
     try:
@@ -210,18 +212,10 @@ def running(db: TestDb, name: str) -> list[m.RunRecord] | None:
 # -- 3. a flood of idle sockets on the metrics port ------------------------------------
 
 
-class LimitedDaemon(Daemon):
-    """`dblockrun daemon` with systemd's default open-files limit, 1,024
-    (soft and hard: the daemon cannot lift it)."""
-
-    def __init__(self, args: Sequence[str], log: Path, env: dict[str, str]) -> None:
-        self.log = log
-        self._out = open(log, "wb")  # noqa: SIM115  (closed in stop)
-        limit = 'ulimit -Sn 1024 && ulimit -Hn 1024 && exec "$@"'
-        self.proc = subprocess.Popen(["sh", "-c", limit, "sh", *dblockrun_cmd(), *args],
-                                     stdout=self._out, stderr=subprocess.STDOUT, env=env,
-                                     cwd=REPO)
-
+#: systemd's default open-files limit, 1,024 (soft and hard: the daemon
+#: cannot lift it), for the command it runs.
+LIMITED = ["sh", "-c", 'ulimit -Sn 1024 && ulimit -Hn 1024 && exec "$@"', "sh",
+           *dblockrun_cmd()]
 
 
 def listening_on(port: int) -> list[str]:
@@ -255,9 +249,10 @@ def test_a_flood_of_idle_sockets_on_the_metrics_port_loses_no_run(
     names = [f"tick{i}" for i in range(3)]
     jobs = write_jobs(tmp_path / "jobs.yaml", "jobs:\n" + "".join(
         f"  {n}: {{cron: {EVERY_SECOND}, command: 'echo hi'}}\n" for n in names))
-    args = ["--table-prefix", db.prefix, "daemon", str(jobs), "--heartbeat", "0.5s",
-            "--lease", "2s", "--grace", "2s", "--metrics", str(port)]
-    d = LimitedDaemon(args, tmp_path / "d.log", clean_env(DBLOCKRUN_DB=url))
+    # The URL (with a password) from the environment.
+    limited = Fleet(None, tmp_path, prefix=db.prefix, heartbeat="0.5s", lease="2s", grace="2s")
+    d = limited.start(jobs, "--metrics", str(port), program=LIMITED,
+                      env=clean_env(DBLOCKRUN_DB=url))
     flood: list[socket.socket] = []
     try:
         # A port alone binds the loopback only, and the log says where.
@@ -284,7 +279,7 @@ def test_a_flood_of_idle_sockets_on_the_metrics_port_loses_no_run(
             wait_for(functools.partial(runs_since, db, name, flooded + 4, 2), 30,
                      what=f"runs of {name} during the flood")
         for name in names:
-            runs = runs_of(db, name)
+            runs = history_of(db, name)
             assert {r.result for r in runs} <= {m.OK, m.RUNNING}, (name, runs, d.text())
         log = d.text()
         assert "Too many open files" not in log and "Traceback" not in log, log
@@ -413,11 +408,9 @@ def test_state_folders_are_private_whatever_the_umask(tmp_path: Path) -> None:
 
 
 def test_a_notify_flood_on_the_run_channel_is_coalesced(
-        db: TestDb, tmp_path: Path, no_privilege_role: str) -> None:
+        db: TestDb, tmp_path: Path, no_privilege_role: str, fleet: Fleet) -> None:
     jobs = write_jobs(tmp_path / "jobs.yaml", "jobs:\n  idle: {rate: 1h, command: 'true'}\n")
-    args = ["--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-            "--heartbeat", "2s", "--lease", "8s", "--grace", "2s"]
-    d = Daemon(args, tmp_path / "d.log")
+    d = fleet.start(jobs, heartbeat="2s", lease="8s", grace="2s")
     listening = ("SELECT count(*) FROM pg_stat_activity WHERE query = "
                  f"'LISTEN \"{db.prefix}kill\"'")
     try:
@@ -443,11 +436,11 @@ def test_a_notify_flood_on_the_run_channel_is_coalesced(
         print(f"\n{sent} run announcements in {took:.1f}s: {statements} UPDATEs of the locks")
         assert sent > 1000
         assert statements <= (took + 1.5) / 0.25 + 4, (statements, sent)
-        assert len(runs_of(db, "idle")) == 1  # an announcement alone runs nothing
+        assert len(history_of(db, "idle")) == 1  # an announcement alone runs nothing
         # A real request still runs it at once.
         proc = on(db, "run", "idle", "--timeout", "10s")
         assert proc.returncode == 0, (proc.stdout, proc.stderr, d.text())
-        assert len(runs_of(db, "idle")) == 2
+        assert len(history_of(db, "idle")) == 2
         assert "Traceback" not in d.text()
     finally:
         assert d.stop() == 0

@@ -36,12 +36,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ServerDatabases, new_prefix, selected_backends
-from helpers import REPO, TestDb, clean_env, free_port, http_get, wait_for
+from conftest import ServerDatabases, selected_backends
+from harness import children, comm, descendants, state, track
+from helpers import REPO, TestDb, clean_env, free_port, http_get, new_prefix, wait_for
 
 from dblockrun import __version__
 
-pytestmark = [pytest.mark.image, pytest.mark.slow]
+#: Builds from the checkout (a wheel: its build/ and egg-info) as the package
+#: test does: one xdist worker runs the builds, one after the other.
+pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.xdist_group("builds")]
 
 REPOSITORY = "localhost/dblockrun"
 BUILDAH = ["buildah", "--storage-driver", "vfs"]
@@ -153,41 +156,12 @@ jobs:
 """
 
 
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
 
 
-def descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    for child in children(pid):
-        found += [child, *descendants(child)]
-    return found
 
 
-def comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
-def state(pid: int) -> str | None:
-    """The process's state letter (``Z`` for a zombie), None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
 
 
 def namespace_pid(pid: int) -> int:
@@ -218,14 +192,14 @@ def test_the_images_daemon_runs_a_job_on_postgresql_and_tini_reaps_orphans(
     # The image's entrypoint and command, on a port of this test's own.
     command = [*config["Entrypoint"], "daemon", "--metrics", f"127.0.0.1:{port}",
                "/etc/dblockrun/jobs.yaml"]
-    run = subprocess.Popen(
+    run = track(subprocess.Popen(
         [*BUILDAH, "run", "--isolation", "chroot", "--user", "root", "--cap-add",
          "CAP_SYS_ADMIN", "-v", f"{tmp_path / 'etc'}:/etc/dblockrun:ro",
          "-e", f"DBLOCKRUN_DB={postgres.url}", "-e", f"DBLOCKRUN_TABLE_PREFIX={postgres.prefix}",
          container, "--", "unshare", "--pid", "--fork", "--mount-proc",
          "setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *command],
         cwd=tmp_path, env=outside(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+        text=True))
     tini = 0
     try:
         tini = wait_for(lambda: next((p for p in descendants(run.pid) if comm(p) == "tini"),

@@ -9,11 +9,10 @@ asks for it (issue 21 item 3): apprise for notify:, prometheus_client with
 from __future__ import annotations
 
 import ast
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
+from harness import Process, daemon_argv, database_options
 from helpers import REPO, TestDb, clean_env, free_port, imported_modules, wait_for
 
 PACKAGE = REPO / "dblockrun"
@@ -118,18 +117,14 @@ def daemon_imports(tmp_path: Path, url: str, prefix: str, jobs: str,
     ran = tmp_path / "ran"
     path = tmp_path / "jobs.yaml"
     path.write_text(f"jobs:\n  first:\n    rate: 365d\n    command: 'touch {ran}'\n{jobs}")
-    log = tmp_path / "daemon.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-X", "importtime", "-m", "dblockrun", "--db", url,
-             "--table-prefix", prefix, "daemon", str(path), "--grace", "5s", *options],
-            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err, env=clean_env())
-        try:
-            wait_for(lambda: ran.exists() or proc.poll() is not None, 60, what="the first run")
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(timeout=60)
-    text = log.read_text()
+    proc = Process(daemon_argv(database_options(url, prefix), path, "--grace", "5s", *options,
+                               program=[sys.executable, "-X", "importtime", "-m", "dblockrun"]),
+                   tmp_path / "daemon.log", cwd=tmp_path, env=clean_env())
+    try:
+        wait_for(lambda: ran.exists() or not proc.alive(), 60, what="the first run")
+    finally:
+        code = proc.stop(60)
+    text = proc.text()
     assert ran.exists() and code == 0, text
     return imported_modules(text)
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from harness import Fleet, Process, pid_alive, track
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
 import dblockrun
@@ -43,35 +43,16 @@ def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=60)
 
 
-@contextmanager
-def daemon(db: TestDb, jobs: Path, log: Path,
-           heartbeat: float = HEARTBEAT) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-             "--heartbeat", f"{heartbeat:g}s", "--lease", f"{3 * heartbeat:g}s"],
-            stdout=subprocess.DEVNULL, stderr=out, env=clean_env(), cwd=REPO)
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+def daemon(fleet: Fleet, jobs: Path,
+           heartbeat: float = HEARTBEAT) -> AbstractContextManager[Process]:
+    return fleet.running(jobs, heartbeat=f"{heartbeat:g}s", lease=f"{3 * heartbeat:g}s",
+                         grace=None, name="daemon", cwd=REPO, env=clean_env())
 
 
 def pids(path: Path) -> list[int] | None:
     """The pids a command wrote (its shell's, its background child's)."""
     text = path.read_text() if path.exists() else ""
     return [int(p) for p in text.split()] if text.endswith("\n") else None
-
-
-def process_gone(pid: int) -> bool:
-    """Ended (a zombie nobody has reaped yet counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2:].split(b" ")[0] in (b"Z", b"X")
 
 
 def killed_at(store: Store, run_id: int) -> float:
@@ -82,22 +63,21 @@ def killed_at(store: Store, run_id: int) -> float:
 
 
 @pytest.mark.pgbouncer
-def test_kill_stops_a_daemon_job_and_its_background_child(db: TestDb, store: Store,
-                                                          tmp_path: Path) -> None:
+def test_kill_stops_a_daemon_job_and_its_background_child(
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     started = tmp_path / "pids"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n  slow:\n    rate: 1h\n"
                     f"    command: 'sleep 300 & echo $$ $! > {started}; wait'\n")
-    log = tmp_path / "daemon.log"
-    with daemon(db, jobs, log):
+    with daemon(fleet, jobs) as d:
         shell, child = wait_for(lambda: pids(started), 30, what="the command started")
         (run,) = wait_for(lambda: store.control.running("slow") or None, 10,
                           what="its run recorded")
         done = run_cli(db, "kill", "slow", "--reason", "stuck on a lock")
-        assert (done.returncode, done.stderr) == (0, ""), log.read_text()
+        assert (done.returncode, done.stderr) == (0, ""), d.text()
         assert done.stdout == f"slow: run {run.id} on {run.host} killed in {where(db)}\n"
         # The whole group went: the shell and its background child.
-        assert not group_running(shell) and process_gone(child)
+        assert not group_running(shell) and not pid_alive(child)
         ended = store.run(run.id)
         assert ended is not None and ended.result == m.KILLED, ended
         assert ended.finished is not None
@@ -108,7 +88,7 @@ def test_kill_stops_a_daemon_job_and_its_background_child(db: TestDb, store: Sto
         assert ended.output.endswith(f"killed by {operator_id()}: stuck on a lock\n")
         # The lock was released as after any run, and the daemon said why.
         assert report(store, ["slow"]).jobs[0].state == "idle"
-        assert f"job slow: killed by {operator_id()}: stuck on a lock" in log.read_text()
+        assert f"job slow: killed by {operator_id()}: stuck on a lock" in d.text()
         # Nothing runs any more: a second kill has nothing to stop.
         again = run_cli(db, "kill", "slow")
         assert (again.returncode, again.stdout) == (1, "")
@@ -116,7 +96,8 @@ def test_kill_stops_a_daemon_job_and_its_background_child(db: TestDb, store: Sto
 
 
 @pytest.mark.pgbouncer(modes=["session"])
-def test_kill_is_announced_on_postgresql(db: TestDb, store: Store, tmp_path: Path) -> None:
+def test_kill_is_announced_on_postgresql(
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     """PostgreSQL: the request is NOTIFYed; a listening daemon renews at
     once and so stops the command long before its next heartbeat. Through a
     session pooler too (a transaction pooler has no session to listen on:
@@ -125,16 +106,15 @@ def test_kill_is_announced_on_postgresql(db: TestDb, store: Store, tmp_path: Pat
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  slow:\n    rate: 1h\n    command: sleep 300\n")
-    log = tmp_path / "daemon.log"
     listening = ("SELECT count(*) FROM pg_stat_activity WHERE query = "
                  f"'LISTEN \"{db.prefix}kill\"'")
-    with daemon(db, jobs, log, heartbeat=10.0):
+    with daemon(fleet, jobs, heartbeat=10.0) as d:
         (run,) = wait_for(lambda: store.control.running("slow") or None, 30, what="its run")
         with store.engine.connect() as conn:
             wait_for(lambda: conn.exec_driver_sql(listening).scalar() == 1, 10,
                      what="the daemon listening")
         done = run_cli(db, "kill", "slow")
-        assert done.returncode == 0, log.read_text()
+        assert done.returncode == 0, d.text()
     ended = store.run(run.id)
     assert ended is not None and ended.result == m.KILLED and ended.finished is not None
     took = ended.finished - killed_at(store, run.id)
@@ -143,10 +123,10 @@ def test_kill_is_announced_on_postgresql(db: TestDb, store: Store, tmp_path: Pat
 
 
 def test_kill_by_run_id_stops_an_exec_holder(db: TestDb, store: Store) -> None:
-    exe = subprocess.Popen(
+    exe = track(subprocess.Popen(
         [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "exec", "--name", "ex",
          "--lease", "3s", "--", "sh", "-c", "echo started; exec sleep 300"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=REPO)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=REPO))
     try:
         (run,) = wait_for(lambda: store.control.running("ex") or None, 30, what="exec's run")
         done = run_cli(db, "kill", "--run", str(run.id))
@@ -173,20 +153,19 @@ def test_kill_by_run_id_stops_an_exec_holder(db: TestDb, store: Store) -> None:
         2, f"dblockrun: no run 999999 in {where(db)}\n")
 
 
-def test_kill_of_a_fan_out_item_stops_that_item_only(db: TestDb, store: Store,
-                                                    tmp_path: Path) -> None:
+def test_kill_of_a_fan_out_item_stops_that_item_only(
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  fan:\n    rate: 1h\n    items: [a, b]\n    parallel: 2\n"
                     f"    command: 'echo $$ > {tmp_path}/$DBLOCKRUN_ITEM; exec sleep 300'\n")
-    log = tmp_path / "daemon.log"
-    with daemon(db, jobs, log):
+    with daemon(fleet, jobs) as d:
         both = wait_for(lambda: len(r := store.control.running("fan")) == 2 and r,
                         30, what="both items running")
         (a,) = [r for r in both if r.item == "a"]
         (b,) = [r for r in both if r.item == "b"]
         group = {item: wait_for(partial(pids, tmp_path / item), 10) for item in "ab"}
         done = run_cli(db, "kill", "fan", "--item", "a", "--reason", "bad tenant")
-        assert (done.returncode, done.stderr) == (0, ""), log.read_text()
+        assert (done.returncode, done.stderr) == (0, ""), d.text()
         assert done.stdout == f"fan: run {a.id} (item a) on {a.host} killed in {where(db)}\n"
         assert not group_running(group["a"][0])
         # b runs on.

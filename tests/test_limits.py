@@ -4,40 +4,23 @@ with real `dblockrun daemon` processes on every database."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import textwrap
 import threading
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import TestDb, dblockrun_cmd, wait_for
+from harness import Fleet
+from helpers import TestDb, dblockrun_cmd, overlaps, slots_done, wait_for
+from jobfiles import FILE, error, jobs_file, load
 
 from dblockrun.cli import cli
-from dblockrun.config.jobs import JobsFile
-from dblockrun.config.load import load_jobs_text
-from dblockrun.errors import ConfigError
 from dblockrun.ops import output
 from dblockrun.scheduling.limits import seat_names
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.models import RunRecord
 from dblockrun.store.status import report
-
-FILE = "jobs.yaml"
-
-
-def load(text: str) -> JobsFile:
-    return load_jobs_text(textwrap.dedent(text), FILE)
-
-
-def error(text: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        load(text)
-    return info.value.render()
-
 
 # --- the jobs file -----------------------------------------------------------------
 
@@ -183,50 +166,6 @@ def test_concurrent_claims_take_each_seat_once(store: Store) -> None:
 # --- real daemons ---------------------------------------------------------------------
 
 
-def start_daemon(db: TestDb, jobs: Path, log: Path, *more: str) -> subprocess.Popen[bytes]:
-    cmd = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-           "--heartbeat", "1s", "--lease", "3s", "--grace", "5s", *more]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> list[int | None]:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    return [p.wait(timeout=30) for p in procs]
-
-
-def jobs_file(path: Path, jobs: dict[str, str], groups: str = "") -> Path:
-    """``jobs``: name -> the job's keys (YAML lines, indented 4)."""
-    lines = [groups] if groups else []
-    lines.append("jobs:")
-    for name, body in jobs.items():
-        lines.append(f"  {name}:")
-        lines += [f"    {line}" for line in textwrap.dedent(body).strip().splitlines()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def slots_done(store: Store, names: set[str], first: float, count: int
-               ) -> dict[float, dict[str, RunRecord]] | None:
-    """The first ``count`` slots from ``first`` once every job of ``names``
-    has a finished record for each of them."""
-    per_slot: dict[float, dict[str, RunRecord]] = {}
-    for run in store.history(limit=1000):
-        if run.slot is not None and run.slot >= first and run.job in names:
-            per_slot.setdefault(run.slot, {})[run.job] = run
-    done = sorted(s for s, runs in per_slot.items()
-                  if set(runs) == names and all(r.finished is not None for r in runs.values()))
-    return {s: per_slot[s] for s in done[:count]} if len(done) >= count else None
-
-
-def overlaps(runs: list[RunRecord]) -> list[tuple[int, int]]:
-    """Pairs of runs (ids) whose start-to-finish intervals overlap."""
-    spans = sorted((r.started, r.finished or float("inf"), r.id) for r in runs)
-    return [(a[2], b[2]) for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
-
-
 TWO_JOBS = {name: """\
     cron: "*/2 * * * * *"
     command: sleep 0.8
@@ -234,22 +173,23 @@ TWO_JOBS = {name: """\
 
 
 @pytest.mark.slow
-def test_a_full_host_leaves_the_slot_to_another_host(db: TestDb, tmp_path: Path) -> None:
+def test_a_full_host_leaves_the_slot_to_another_host(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """Two jobs due together, a host with --max-running 1 beside one
     without: every slot of both jobs runs, and the full host never runs two
     at once."""
     jobs = jobs_file(tmp_path / "jobs.yaml", TWO_JOBS)
-    procs = [start_daemon(db, jobs, tmp_path / "full.log", "--max-running", "1"),
-             start_daemon(db, jobs, tmp_path / "free.log")]
+    full = fleet.start(jobs, "--max-running", "1", name="full")
+    fleet.start(jobs, name="free")
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
-        full_host = next(h.id for h in store.hosts(seen_within=30) if h.pid == procs[0].pid)
+        full_host = next(h.id for h in store.hosts(seen_within=30) if h.pid == full.pid)
         first = store.db_now() + 1
         slots = wait_for(lambda: slots_done(store, {"left", "right"}, first, 4), 30,
                          interval=0.2, what="4 slots of both jobs")
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes == [0, 0]
     results = {(job, r.result) for runs in slots.values() for job, r in runs.items()}
     assert results == {("left", "ok"), ("right", "ok")}, slots
@@ -259,10 +199,10 @@ def test_a_full_host_leaves_the_slot_to_another_host(db: TestDb, tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_a_full_host_alone_records_the_slot_skipped_with_the_reason(db: TestDb,
-                                                                   tmp_path: Path) -> None:
+def test_a_full_host_alone_records_the_slot_skipped_with_the_reason(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     jobs = jobs_file(tmp_path / "jobs.yaml", TWO_JOBS)
-    proc = start_daemon(db, jobs, tmp_path / "d.log", "--max-running", "1")
+    fleet.start(jobs, "--max-running", "1")
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
@@ -270,7 +210,7 @@ def test_a_full_host_alone_records_the_slot_skipped_with_the_reason(db: TestDb,
         slots = wait_for(lambda: slots_done(store, {"left", "right"}, first, 3), 30,
                          interval=0.2, what="3 slots of both jobs")
     finally:
-        codes = stop_all([proc])
+        codes = fleet.stop()
     assert codes == [0]
     for runs in slots.values():
         assert sorted(r.result for r in runs.values()) == ["ok", "skipped"], runs
@@ -284,8 +224,8 @@ def test_a_full_host_alone_records_the_slot_skipped_with_the_reason(db: TestDb,
 
 
 @pytest.mark.slow
-def test_a_slot_due_while_the_host_is_full_is_skipped_not_run_late(db: TestDb,
-                                                                   tmp_path: Path) -> None:
+def test_a_slot_due_while_the_host_is_full_is_skipped_not_run_late(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """A job due alone while the host's one run goes on (the single claim,
     not a batch): recorded skipped with the reason, never started late; the
     slots after the run ends run."""
@@ -298,7 +238,7 @@ def test_a_slot_due_while_the_host_is_full_is_skipped_not_run_late(db: TestDb,
             cron: "1-59/2 * * * * *"
             command: "true"
             """})
-    proc = start_daemon(db, jobs, tmp_path / "d.log", "--max-running", "1")
+    fleet.start(jobs, "--max-running", "1")
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
@@ -312,7 +252,7 @@ def test_a_slot_due_while_the_host_is_full_is_skipped_not_run_late(db: TestDb,
 
         runs = wait_for(ticks, 30, interval=0.2, what="tick's slots run and skipped")
     finally:
-        codes = stop_all([proc])
+        codes = fleet.stop()
     assert codes == [0]
     assert len({r.slot for r in runs}) == len(runs)  # one record per slot
     for run in runs:
@@ -336,12 +276,13 @@ GROUPED = {name: """\
 
 
 @pytest.mark.slow
-def test_a_group_runs_one_job_at_a_time_across_the_fleet(db: TestDb, tmp_path: Path) -> None:
+def test_a_group_runs_one_job_at_a_time_across_the_fleet(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """Two slow jobs of a group of 1, due together, two daemons: never two
     at once anywhere, and the other slot is recorded skipped, naming the
     holder."""
     jobs = jobs_file(tmp_path / "jobs.yaml", GROUPED, GROUPS)
-    procs = [start_daemon(db, jobs, tmp_path / f"d{i}.log") for i in range(2)]
+    fleet.start_n(2, jobs)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
@@ -351,7 +292,7 @@ def test_a_group_runs_one_job_at_a_time_across_the_fleet(db: TestDb, tmp_path: P
         # The seat rows are not jobs.
         assert sorted(s.lock.name for s in report(store).jobs) == ["db-dump", "files"]
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes == [0, 0]
     for runs in slots.values():
         assert sorted(r.result for r in runs.values()) == ["ok", "skipped"], runs
@@ -366,7 +307,7 @@ def test_a_group_runs_one_job_at_a_time_across_the_fleet(db: TestDb, tmp_path: P
 
 @pytest.mark.slow
 def test_a_seat_held_by_a_killed_daemon_is_taken_over_after_its_lease(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     holder_jobs = jobs_file(tmp_path / "holder.yaml", {"long": """\
         rate: 1h
         group: backups
@@ -377,13 +318,12 @@ def test_a_seat_held_by_a_killed_daemon_is_taken_over_after_its_lease(
         group: backups
         command: "true"
         """}, GROUPS)
-    holder = start_daemon(db, holder_jobs, tmp_path / "holder.log")
-    procs = [holder]
+    holder = fleet.start(holder_jobs, name="holder")
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: any(r.result == "running" for r in store.history("long")), 30,
                  what="the long job running")
-        procs.append(start_daemon(db, other_jobs, tmp_path / "other.log"))
+        fleet.start(other_jobs, name="other")
         skipped = wait_for(lambda: [r for r in store.history("short")
                                     if r.result == "skipped"] or None,
                            30, interval=0.2, what="a skipped slot of the short job")
@@ -397,13 +337,12 @@ def test_a_seat_held_by_a_killed_daemon_is_taken_over_after_its_lease(
         assert asked.returncode == 1, asked
         assert "not started on" in asked.stderr
         assert "group backups at its limit (1): held by long on" in asked.stderr
-        holder.send_signal(signal.SIGKILL)
-        holder.wait(timeout=10)
+        holder.kill()
         killed = store.db_now()
         ran = wait_for(lambda: [r for r in store.history("short") if r.result == "ok"] or None,
                        15, interval=0.2, what="the short job run after the kill")
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes[1:] == [0]
     # Not before the dead holder's lease (3 s from its last renewal, at most
     # a heartbeat before the kill) ran out; soon after it.

@@ -9,10 +9,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
+from harness import Fleet, Process, track
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, sigint_default, wait_for
 
 from dblockrun.ops.follow import grown
@@ -36,20 +36,11 @@ def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
                           env=clean_env(), cwd=REPO, timeout=60)
 
 
-@contextmanager
-def daemon(db: TestDb, jobs: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            # A long lease: a machine loaded by parallel test runs must not
-            # fence the run before the test has read it.
-            cli_args(db, "daemon", str(jobs), "--heartbeat", f"{HEARTBEAT:g}s",
-                     "--lease", f"{10 * HEARTBEAT:g}s"),
-            stdout=subprocess.DEVNULL, stderr=out, env=clean_env(), cwd=REPO)
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+def daemon(fleet: Fleet, jobs: Path) -> AbstractContextManager[Process]:
+    # A long lease: a machine loaded by parallel test runs must not fence
+    # the run before the test has read it.
+    return fleet.running(jobs, heartbeat=f"{HEARTBEAT:g}s", lease=f"{10 * HEARTBEAT:g}s",
+                         grace=None, name="daemon", cwd=REPO, env=clean_env())
 
 
 def jobs_file(tmp_path: Path, command: str) -> Path:
@@ -84,10 +75,10 @@ def live_output(store: Store, run_id: int, mark: str) -> str | None:
     return run.output if run.output and mark in run.output else None
 
 
-def test_live_output_readable_from_another_process(db: TestDb, store: Store,
-                                                   tmp_path: Path) -> None:
+def test_live_output_readable_from_another_process(
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     jobs = jobs_file(tmp_path, SCRIPT)
-    with daemon(db, jobs, tmp_path / "daemon.log"):
+    with daemon(fleet, jobs):
         wait_for(lambda: (tmp_path / "marked-1").exists(), 60, what="mark-1 written")
         run = wait_for(lambda: running(store), 10, what="the running run")
         # Within a heartbeat of the write, another process reads it (this
@@ -126,13 +117,13 @@ def test_live_output_readable_from_another_process(db: TestDb, store: Store,
     assert len(ended.output.encode()) <= OUTPUT_TAIL
 
 
-def test_tail_follows_until_the_end_and_exits_with_its_status(db: TestDb, store: Store,
-                                                               tmp_path: Path) -> None:
+def test_tail_follows_until_the_end_and_exits_with_its_status(
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     jobs = jobs_file(tmp_path, SCRIPT)
-    with daemon(db, jobs, tmp_path / "daemon.log"):
+    with daemon(fleet, jobs):
         wait_for(lambda: (tmp_path / "marked-1").exists(), 60, what="mark-1 written")
-        follower = subprocess.Popen(cli_args(db, "tail", "talker"), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=clean_env(), cwd=REPO)
+        follower = track(subprocess.Popen(cli_args(db, "tail", "talker"), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, env=clean_env(), cwd=REPO))
         try:
             assert follower.stdout is not None
             # What it printed so far: the tail, up to mark-1 (the read blocks
@@ -157,13 +148,14 @@ def test_tail_follows_until_the_end_and_exits_with_its_status(db: TestDb, store:
     assert b"talker: run " in err and b" ended failed (exit 4)" in err
 
 
-def test_tail_ctrl_c_exits_130_quietly(db: TestDb, store: Store, tmp_path: Path) -> None:
+def test_tail_ctrl_c_exits_130_quietly(
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     jobs = jobs_file(tmp_path, SCRIPT)
-    with daemon(db, jobs, tmp_path / "daemon.log"):
+    with daemon(fleet, jobs):
         wait_for(lambda: (tmp_path / "marked-1").exists(), 60, what="mark-1 written")
-        follower = subprocess.Popen(cli_args(db, "tail", "talker"), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=clean_env(), cwd=REPO,
-                                    preexec_fn=sigint_default)
+        follower = track(subprocess.Popen(cli_args(db, "tail", "talker"), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, env=clean_env(), cwd=REPO,
+                                          preexec_fn=sigint_default))
         assert follower.stdout is not None
         while b"mark-1\n" not in follower.stdout.readline():
             pass
@@ -259,8 +251,8 @@ def test_grown_prints_what_a_later_tail_adds() -> None:
     assert grown("x\n", "x\nx\n") == "x\n"
 
 
-def test_a_fan_out_batch_shows_its_output_on_each_item(db: TestDb, store: Store,
-                                                       tmp_path: Path) -> None:
+def test_a_fan_out_batch_shows_its_output_on_each_item(
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"""\
 jobs:
@@ -274,7 +266,7 @@ jobs:
       while [ ! -e go-end ]; do sleep 0.05; done; echo finished
 """)
     said = {"working on a b\n", "working on b a\n"}  # in the batch's order
-    with daemon(db, jobs, tmp_path / "daemon.log"):
+    with daemon(fleet, jobs):
         try:
             wait_for(lambda: (tmp_path / "marked").exists(), 60, what="the batch's command")
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
+from harness import Fleet, as_subreaper
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.store import Store
@@ -46,19 +46,6 @@ MARGIN = 0.1
 #: guard, the shell and ``date``. Stopping earlier than this before the
 #: limit, measured from the command's start, would be a bug too.
 START_LATENCY = 0.3
-
-#: Make the process a child subreaper, then become dblockrun (the attribute
-#: survives execve): orphans of its commands are handed to it, never reaped.
-SUBREAPER = ("import ctypes, os, sys\n"
-             "if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:\n"
-             "    raise OSError(ctypes.get_errno(), 'PR_SET_CHILD_SUBREAPER')\n"
-             "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
-
-
-def as_subreaper(argv: list[str]) -> list[str]:
-    assert argv[0] == sys.executable
-    return [sys.executable, "-c", SUBREAPER, *argv[1:]]
-
 
 def command(start: Path) -> str:
     # `true &` ends at once, and the shell, become `sleep`, never reaps it:
@@ -87,23 +74,19 @@ def ended(store: Store, job: str) -> m.RunRecord | None:
     return done[0] if done else None
 
 
-def test_daemon_ends_a_run_at_lock_at_most(db: TestDb, store: Store, tmp_path: Path) -> None:
+def test_daemon_ends_a_run_at_lock_at_most(
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     start = tmp_path / "start"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n  slow:\n    rate: 1h\n    lock-at-most: {LIMIT:g}s\n"
                     f"    command: {command(start)!r}\n")
-    log = tmp_path / "daemon.log"
-    with log.open("wb") as out:
-        daemon = subprocess.Popen(
-            as_subreaper([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
-                          "daemon", str(jobs), "--heartbeat", "1s", "--lease", "3s"]),
-            stdout=subprocess.DEVNULL, stderr=out, env=clean_env(), cwd=REPO)
+    daemon = fleet.start(jobs, grace=None, program=as_subreaper(dblockrun_cmd()), name="daemon",
+                         cwd=REPO, env=clean_env())
     try:
         run = wait_for(lambda: ended(store, "slow"), 30, interval=0.02, what="the run ended")
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=30)
-    assert run.result == m.TIMEOUT, (run, log.read_text())
+        daemon.stop()
+    assert run.result == m.TIMEOUT, (run, daemon.text())
     assert run.exit_code == 128 + signal.SIGTERM, run
     check_stop(run, start)
 

@@ -12,7 +12,6 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import click
 import pytest
 import yaml
+from clitree import commands, option_names
 
 from dblockrun import __version__
 from dblockrun.cli import cli
@@ -114,28 +114,6 @@ def man5() -> str:
 
 
 # --- the command tree -----------------------------------------------------------------
-
-
-def commands(
-    group: click.Group = cli, prefix: tuple[str, ...] = ()
-) -> Iterator[tuple[str, click.Command]]:
-    """Every visible (sub)command: ``("daemon", cmd)``, ``("group sub", cmd)``."""
-    for name, command in sorted(group.commands.items()):
-        if command.hidden:
-            continue
-        path = (*prefix, name)
-        yield " ".join(path), command
-        if isinstance(command, click.Group):
-            yield from commands(command, path)
-
-
-def option_names(command: click.Command) -> list[str]:
-    names: list[str] = []
-    for param in command.params:
-        if isinstance(param, click.Option) and not param.hidden:
-            names.extend(param.opts)
-            names.extend(param.secondary_opts)
-    return names
 
 
 def test_the_pages_exist_and_are_plain_text() -> None:

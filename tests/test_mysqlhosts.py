@@ -7,7 +7,8 @@ from typing import Any
 
 import pymysql
 import pytest
-from conftest import ServerDatabases, new_prefix, selected_backends
+from conftest import ServerDatabases, selected_backends
+from helpers import new_prefix
 from sqlalchemy.engine import make_url
 
 from dblockrun.errors import UsageError

@@ -6,22 +6,27 @@ to the run, a log line and a metric); that secrets are never printed.
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from helpers import TestDb, clean_env, dblockrun_cmd, free_port, stop_across_slots, wait_for
+from harness import Fleet
+from helpers import (
+    TestDb,
+    clean_env,
+    dblockrun_cmd,
+    free_port,
+    runs_of,
+    stop_across_slots,
+    wait_for,
+)
+from hooks import Hooks
 
 from dblockrun.notify.pings import run_uuid
 from dblockrun.store import Store
@@ -32,123 +37,11 @@ pytestmark = pytest.mark.slow
 EVERY_SECOND = '"* * * * * *"'
 
 
-@dataclass(frozen=True)
-class Hit:
-    path: str
-    query: dict[str, list[str]]
-    body: bytes
-
-    def json(self) -> dict[str, str]:
-        doc: dict[str, str] = json.loads(self.body)
-        return doc
-
-    def field(self, name: str) -> str:
-        """``name: value`` from a notification's message."""
-        for line in self.json()["message"].splitlines():
-            if line.startswith(f"{name}: "):
-                return line.split(": ", 1)[1]
-        raise AssertionError(f"no {name!r} in {self.json()['message']!r}")
-
-
-class Hooks:
-    """An HTTP server recording every request; paths under /broken answer
-    500, under /slow after 3 s."""
-
-    def __init__(self) -> None:
-        self.hits: list[Hit] = []
-        self.lock = threading.Lock()
-        hooks = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                parts = urlsplit(self.path)
-                with hooks.lock:
-                    hooks.hits.append(Hit(parts.path, parse_qs(parts.query), body))
-                code = 500 if parts.path.startswith("/broken") else 200
-                if parts.path.startswith("/slow"):
-                    time.sleep(3)
-                self.send_response(code)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"OK")
-
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def url(self, scheme: str, path: str) -> str:
-        return f"{scheme}://127.0.0.1:{self.port}{path}"
-
-    def under(self, prefix: str) -> list[Hit]:
-        with self.lock:
-            return [h for h in self.hits if h.path.startswith(prefix)]
-
-
 @pytest.fixture
 def hooks() -> Iterator[Hooks]:
     h = Hooks()
     yield h
     h.server.shutdown()
-
-
-class Daemon:
-    """One `dblockrun daemon` process in a folder of its own."""
-
-    def __init__(self, db: TestDb, folder: Path, jobs_text: str, env: dict[str, str],
-                 extra: list[str]) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.jobs = folder / "jobs.yaml"
-        self.jobs.write_text(jobs_text)
-        self.log = folder / "daemon.log"
-        cmd = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon",
-               str(self.jobs), "--heartbeat", "1s", "--lease", "3s", "--grace", "5s", *extra]
-        with self.log.open("wb") as err:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
-                                         env=clean_env(PYTHONUNBUFFERED="1", **env), cwd=folder)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait(self, predicate: Callable[[], object], timeout: float, what: str) -> None:
-        def check() -> object:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited {self.proc.returncode} while waiting for "
-                                     f"{what}; log:\n{self.text()}")
-            return predicate()
-
-        wait_for(check, timeout, interval=0.05, what=what)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
-
-
-@pytest.fixture
-def start(db: TestDb, tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    started: list[Daemon] = []
-
-    def go(jobs_text: str, name: str = "a", env: dict[str, str] | None = None,
-           extra: list[str] | None = None) -> Daemon:
-        d = Daemon(db, tmp_path / name, jobs_text, env or {}, extra or [])
-        started.append(d)
-        return d
-
-    yield go
-    for d in started:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait(timeout=10)
-
-
-def runs(store: Store, job: str, *results: str) -> list[m.RunRecord]:
-    return sorted((r for r in store.history(job, 1000) if not results or r.result in results),
-                  key=lambda r: r.id)
 
 
 def iso(ts: float | None) -> str:
@@ -160,15 +53,15 @@ def iso(ts: float | None) -> str:
 
 
 def test_a_failed_run_is_notified_once_by_the_host_that_ran_it(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks
+    store: Store, fleet: Fleet, hooks: Hooks
 ) -> None:
     jobs = (f"jobs:\n  fails:\n    cron: {EVERY_SECOND}\n"
             "    command: 'echo line-1; echo out-$DBLOCKRUN_RUN_ID; exit 3'\n"
             f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n")
-    a, b = start(jobs, "a"), start(jobs, "b")
-    a.wait(lambda: len(runs(store, "fails", m.FAILED)) >= 3, 30, "three failed runs")
+    a, b = fleet.start(jobs, name="a"), fleet.start(jobs, name="b")
+    a.wait(lambda: len(runs_of(store, "fails", m.FAILED)) >= 3, 30, "three failed runs")
     assert a.stop() == 0 and b.stop() == 0  # a stop sends what is queued
-    failed = runs(store, "fails", m.FAILED)
+    failed = runs_of(store, "fails", m.FAILED)
     sent = hooks.under("/hook")
     # One notification per failed run, from two daemons: none twice, none lost.
     assert sorted(int(h.field("run")) for h in sent) == [r.id for r in failed]
@@ -188,16 +81,17 @@ def test_a_failed_run_is_notified_once_by_the_host_that_ran_it(
 
 
 def test_fan_out_items_are_notified_and_pinged_as_runs(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks
+    store: Store, fleet: Fleet, hooks: Hooks
 ) -> None:
-    d = start("jobs:\n  fan:\n    rate: 1h\n    items: [good, bad]\n    parallel: 2\n"
-              "    command: 'echo out-$DBLOCKRUN_ITEM; [ $DBLOCKRUN_ITEM = good ]'\n"
-              f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
-              f"    ping: '{hooks.url('http', '/ping')}'\n")
+    d = fleet.start("jobs:\n  fan:\n    rate: 1h\n    items: [good, bad]\n    parallel: 2\n"
+                    "    command: 'echo out-$DBLOCKRUN_ITEM; [ $DBLOCKRUN_ITEM = good ]'\n"
+                    f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
+                    f"    ping: '{hooks.url('http', '/ping')}'\n")
     d.wait(lambda: len(hooks.under("/ping")) == 4 and len(hooks.under("/hook")) == 1, 20,
            "the items' pings and the failure's notification")
     assert d.stop() == 0
-    good, bad = (next(r for r in runs(store, "fan") if r.item == item) for item in ("good", "bad"))
+    good, bad = (next(r for r in runs_of(store, "fan") if r.item == item)
+                 for item in ("good", "bad"))
     (hit,) = hooks.under("/hook")
     assert (hit.field("job"), hit.field("item"), hit.field("run")) == ("fan", "bad", str(bad.id))
     assert hit.json()["message"].endswith("out-bad")
@@ -210,16 +104,16 @@ def test_fan_out_items_are_notified_and_pinged_as_runs(
 
 
 def test_recovery_is_notified_after_a_failure_and_not_after_a_success(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks
+    store: Store, fleet: Fleet, hooks: Hooks
 ) -> None:
     # Fails the first time, then succeeds.
-    d = start(f"jobs:\n  flaky:\n    cron: {EVERY_SECOND}\n"
-              "    command: 'if [ -e done ]; then echo fine; else touch done; exit 1; fi'\n"
-              f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
-              "      on: [failure, recovery]\n")
-    d.wait(lambda: len(runs(store, "flaky", m.OK)) >= 3, 30, "three ok runs")
+    d = fleet.start(f"jobs:\n  flaky:\n    cron: {EVERY_SECOND}\n"
+                    "    command: 'if [ -e done ]; then echo fine; else touch done; exit 1; fi'\n"
+                    f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
+                    "      on: [failure, recovery]\n")
+    d.wait(lambda: len(runs_of(store, "flaky", m.OK)) >= 3, 30, "three ok runs")
     assert d.stop() == 0
-    history = runs(store, "flaky")
+    history = runs_of(store, "flaky")
     assert [r.result for r in history[:2]] == [m.FAILED, m.OK]
     sent = hooks.under("/hook")
     assert [(h.field("event"), int(h.field("run"))) for h in sent] == [
@@ -232,14 +126,14 @@ def test_recovery_is_notified_after_a_failure_and_not_after_a_success(
 
 
 def test_a_run_stopped_at_lock_at_most_is_a_timeout(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks
+    store: Store, fleet: Fleet, hooks: Hooks
 ) -> None:
-    d = start("jobs:\n  slow:\n    rate: 1h\n    lock-at-most: 1s\n"
-              "    command: 'echo started; sleep 30'\n"
-              f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
-              "      on: [timeout]\n")
+    d = fleet.start("jobs:\n  slow:\n    rate: 1h\n    lock-at-most: 1s\n"
+                    "    command: 'echo started; sleep 30'\n"
+                    f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
+                    "      on: [timeout]\n")
     d.wait(lambda: len(hooks.under("/hook")) == 1, 20, "the timeout notification")
-    (run,) = runs(store, "slow")
+    (run,) = runs_of(store, "slow")
     assert run.result == m.TIMEOUT
     (hit,) = hooks.under("/hook")
     assert hit.field("event") == "timeout"
@@ -251,17 +145,17 @@ def test_a_run_stopped_at_lock_at_most_is_a_timeout(
 
 
 def test_a_missed_slot_is_notified(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks
+    store: Store, fleet: Fleet, hooks: Hooks
 ) -> None:
-    d = start(f"jobs:\n  punctual:\n    cron: {EVERY_SECOND}\n"
-              "    starting-deadline: 300ms\n    command: 'true'\n"
-              f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n")
-    d.wait(lambda: len(runs(store, "punctual", m.OK)) > 0, 20, "a first run")
+    d = fleet.start(f"jobs:\n  punctual:\n    cron: {EVERY_SECOND}\n"
+                    "    starting-deadline: 300ms\n    command: 'true'\n"
+                    f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n")
+    d.wait(lambda: len(runs_of(store, "punctual", m.OK)) > 0, 20, "a first run")
     # Pause the daemon past a few slots.
-    stop_across_slots(d.proc.send_signal)
-    d.wait(lambda: len(runs(store, "punctual", m.MISSED)) > 0, 10, "a missed slot")
+    stop_across_slots(d.send)
+    d.wait(lambda: len(runs_of(store, "punctual", m.MISSED)) > 0, 10, "a missed slot")
     assert d.stop() == 0
-    missed = runs(store, "punctual", m.MISSED)
+    missed = runs_of(store, "punctual", m.MISSED)
     sent = hooks.under("/hook")
     assert sorted(h.field("slot") for h in sent) == sorted(iso(r.slot) for r in missed)
     assert {h.field("event") for h in sent} == {"missed"}
@@ -282,25 +176,25 @@ def metric(port: int, name: str, **labels: str) -> float:
 
 
 def test_failed_sends_change_nothing_for_the_runs_and_are_counted(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks
+    store: Store, fleet: Fleet, hooks: Hooks
 ) -> None:
     port, refused = free_port(), free_port()
-    d = start(f"jobs:\n  fails:\n    cron: {EVERY_SECOND}\n    command: 'exit 4'\n"
-              f"    notify:\n      urls: ['{hooks.url('json', '/broken/hook')}']\n"
-              f"  works:\n    cron: {EVERY_SECOND}\n    command: 'echo fine'\n"
-              f"    ping: 'http://127.0.0.1:{refused}/ping'\n",
-              extra=["--metrics", f"127.0.0.1:{port}"])
+    d = fleet.start(f"jobs:\n  fails:\n    cron: {EVERY_SECOND}\n    command: 'exit 4'\n"
+                    f"    notify:\n      urls: ['{hooks.url('json', '/broken/hook')}']\n"
+                    f"  works:\n    cron: {EVERY_SECOND}\n    command: 'echo fine'\n"
+                    f"    ping: 'http://127.0.0.1:{refused}/ping'\n",
+                    "--metrics", f"127.0.0.1:{port}")
     d.wait(lambda: len(hooks.under("/broken")) >= 3, 30, "three failed notifications")
     d.wait(lambda: metric(port, "dblockrun_pings_total", job="works", signal="success",
                           outcome="failed") >= 3, 20, "three failed pings")
     assert metric(port, "dblockrun_notifications_total", job="fails", event="failure",
                   outcome="failed") >= 3
     # The runs are what the commands did: exit 4 failed, echo ok.
-    assert {(r.result, r.exit_code) for r in runs(store, "fails")} <= {
+    assert {(r.result, r.exit_code) for r in runs_of(store, "fails")} <= {
         (m.FAILED, 4), (m.RUNNING, None)}
-    assert {(r.result, r.exit_code) for r in runs(store, "works")} <= {
+    assert {(r.result, r.exit_code) for r in runs_of(store, "works")} <= {
         (m.OK, 0), (m.RUNNING, None)}
-    assert len(runs(store, "works", m.OK)) >= 3
+    assert len(runs_of(store, "works", m.OK)) >= 3
     assert d.stop() == 0
     log = d.text()
     # Logged once per job until a send gets through, with the reason.
@@ -313,13 +207,13 @@ def test_failed_sends_change_nothing_for_the_runs_and_are_counted(
 
 
 def test_a_slow_notification_service_delays_no_start(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks
+    store: Store, fleet: Fleet, hooks: Hooks
 ) -> None:
-    d = start(f"jobs:\n  fails:\n    cron: {EVERY_SECOND}\n    command: 'exit 1'\n"
-              f"    notify:\n      urls: ['{hooks.url('json', '/slow/hook')}']\n"
-              f"    ping: '{hooks.url('http', '/slow/ping')}'\n")
-    d.wait(lambda: len(runs(store, "fails", m.FAILED)) >= 6, 30, "six failed runs")
-    failed = runs(store, "fails", m.FAILED)
+    d = fleet.start(f"jobs:\n  fails:\n    cron: {EVERY_SECOND}\n    command: 'exit 1'\n"
+                    f"    notify:\n      urls: ['{hooks.url('json', '/slow/hook')}']\n"
+                    f"    ping: '{hooks.url('http', '/slow/ping')}'\n")
+    d.wait(lambda: len(runs_of(store, "fails", m.FAILED)) >= 6, 30, "six failed runs")
+    failed = runs_of(store, "fails", m.FAILED)
     # Each send takes 3 s and the runs come every second: the sender is far
     # behind, the runs are not.
     assert len(hooks.under("/slow")) < len(failed)
@@ -327,26 +221,26 @@ def test_a_slow_notification_service_delays_no_start(
     assert slots == [slots[0] + i for i in range(len(failed))]  # every slot ran
     late = [r.started - slot for r, slot in zip(failed, slots, strict=True)]
     assert max(late) < 0.5, late
-    d.proc.kill()
+    d.kill()
 
 
 def test_a_reload_reads_the_urls_again_and_a_bad_one_keeps_the_old_jobs(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks
+    store: Store, fleet: Fleet, hooks: Hooks
 ) -> None:
     def jobs(url: str) -> str:
         return (f"jobs:\n  fails:\n    cron: {EVERY_SECOND}\n    command: 'exit 1'\n"
                 f"    notify:\n      urls: [{url}]\n")
 
-    d = start(jobs(f"'{hooks.url('json', '/one')}'"))
+    d = fleet.start(jobs(f"'{hooks.url('json', '/one')}'"))
     d.wait(lambda: len(hooks.under("/one")) >= 1, 20, "a notification to /one")
     d.jobs.write_text(jobs("{env: NOT_SET_ANYWHERE}"))
-    d.proc.send_signal(signal.SIGHUP)
+    d.send(signal.SIGHUP)
     d.wait(lambda: "reload failed" in d.text(), 10, "the reload to fail")
     assert ("notify.urls[0]: environment variable NOT_SET_ANYWHERE is not set" in d.text())
     sent = len(hooks.under("/one"))
     d.wait(lambda: len(hooks.under("/one")) > sent, 10, "the old URL still notified")
     d.jobs.write_text(jobs(f"'{hooks.url('json', '/two')}'"))
-    d.proc.send_signal(signal.SIGHUP)
+    d.send(signal.SIGHUP)
     d.wait(lambda: len(hooks.under("/two")) >= 1, 10, "a notification to the new URL")
     assert d.stop() == 0
 
@@ -355,17 +249,17 @@ def test_a_reload_reads_the_urls_again_and_a_bad_one_keeps_the_old_jobs(
 
 
 def test_pings_start_then_success_or_fail_with_the_run_id_and_the_output(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks
+    store: Store, fleet: Fleet, hooks: Hooks
 ) -> None:
-    d = start("jobs:\n"
-              f"  good:\n    rate: 1h\n    command: 'echo hello $DBLOCKRUN_JOB'\n"
-              f"    ping: '{hooks.url('http', '/ping/good')}'\n"
-              f"  bad:\n    rate: 1h\n    command: 'echo oops; exit 2'\n    retries: 1\n"
-              "    retry-delay: 100ms\n"
-              f"    ping: '{hooks.url('http', '/ping/bad?key=1')}'\n")
+    d = fleet.start("jobs:\n"
+                    f"  good:\n    rate: 1h\n    command: 'echo hello $DBLOCKRUN_JOB'\n"
+                    f"    ping: '{hooks.url('http', '/ping/good')}'\n"
+                    f"  bad:\n    rate: 1h\n    command: 'echo oops; exit 2'\n    retries: 1\n"
+                    "    retry-delay: 100ms\n"
+                    f"    ping: '{hooks.url('http', '/ping/bad?key=1')}'\n")
     d.wait(lambda: len(hooks.under("/ping/good")) == 2 and len(hooks.under("/ping/bad")) == 2,
            20, "two pings for each job")
-    good_run, = runs(store, "good")
+    good_run, = runs_of(store, "good")
     good = hooks.under("/ping/good")
     rid = run_uuid("good", good_run.id)
     assert [(h.path, h.query, h.body) for h in good] == [
@@ -373,7 +267,7 @@ def test_pings_start_then_success_or_fail_with_the_run_id_and_the_output(
         ("/ping/good", {"rid": [rid]}, b"hello good\n"),
     ]
     # A run retried once: one start, one end, after the last attempt.
-    first, second = runs(store, "bad")
+    first, second = runs_of(store, "bad")
     assert (first.result, second.result) == (m.FAILED, m.FAILED)
     bad = hooks.under("/ping/bad")
     rid = run_uuid("bad", first.id)
@@ -388,7 +282,7 @@ def test_pings_start_then_success_or_fail_with_the_run_id_and_the_output(
 
 
 def test_secrets_from_the_environment_and_files_are_never_printed(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks, db: TestDb, tmp_path: Path
+    store: Store, fleet: Fleet, hooks: Hooks, db: TestDb, tmp_path: Path
 ) -> None:
     token = "s3cr3tT0ken"
     (tmp_path / "a").mkdir()
@@ -397,7 +291,9 @@ def test_secrets_from_the_environment_and_files_are_never_printed(
             "    notify:\n      urls: [{env: HOOK_URL}]\n"
             "    ping: {file: ping-url}\n")
     env = {"HOOK_URL": hooks.url("json", f"/broken/{token}/hook?pw={token}")}
-    d = start(jobs, env=env, extra=["-v"])
+    # (The file secret is named relative to the jobs file.)
+    d = fleet.start(fleet.jobs_file(jobs, "a/jobs.yaml"), "-v",
+                    env=clean_env(PYTHONUNBUFFERED="1", **env))
     d.wait(lambda: len(hooks.under(f"/broken/{token}/hook")) >= 2
            and len(hooks.under(f"/broken/ping/{token}/fail")) >= 2, 30,
            "notifications and pings sent with the secret URLs")
@@ -421,19 +317,18 @@ def test_secrets_from_the_environment_and_files_are_never_printed(
 
 
 def test_a_run_lost_with_its_host_is_notified_and_failed_once_by_the_fleet(
-    store: Store, start: Callable[..., Daemon], hooks: Hooks
+    store: Store, fleet: Fleet, hooks: Hooks
 ) -> None:
     jobs = ("jobs:\n  long:\n    rate: 1h\n    command: 'echo started; sleep 60'\n"
             f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
             f"    ping: '{hooks.url('http', '/ping')}'\n")
     names = ("a", "b", "c")
-    daemons = [start(jobs, name, extra=["--label", f"hostname=web-{name}"]) for name in names]
-    (run,) = wait_for(lambda: runs(store, "long", m.RUNNING) or None, 30, what="a running run")
-    victim = next(d for d in daemons if d.proc.pid == int(run.host.split(":")[1]))
+    daemons = [fleet.start(jobs, "--label", f"hostname=web-{name}", name=name) for name in names]
+    (run,) = wait_for(lambda: runs_of(store, "long", m.RUNNING) or None, 30, what="a running run")
+    victim = next(d for d in daemons if d.pid == int(run.host.split(":")[1]))
     victim_name = names[daemons.index(victim)]
     daemons[0].wait(lambda: bool(hooks.under("/ping/start")), 10, "its start ping")
-    victim.proc.kill()  # kill -9, mid-run: it can tell nobody
-    victim.proc.wait()
+    victim.kill()  # kill -9, mid-run: it can tell nobody
     live = [d for d in daemons if d is not victim]
     live[0].wait(lambda: (r := store.run(run.id)) is not None and r.result == m.LOST, 20,
                  "the run recorded lost")

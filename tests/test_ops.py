@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import TestDb, dblockrun_cmd, free_port, http_get, wait_for
+from harness import Fleet, Process
+from helpers import TestDb, wait_for
 from proxy import Proxy
 
 from dblockrun.store import Store
@@ -28,80 +27,51 @@ jobs:
 
 
 
-class Daemon:
-    def __init__(self, db: TestDb, tmp: Path, *extra: str, jobs_text: str = JOBS) -> None:
-        self.db = db
-        jobs = tmp / "jobs.yaml"
-        jobs.write_text(jobs_text)
-        self.log = tmp / "daemon.log"
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-             "--heartbeat", "1s", "--lease", "3s", "--metrics", f"127.0.0.1:{self.port}",
-             *extra],
-            stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*dblockrun_cmd(), "--db", self.db.url, "--table-prefix", self.db.prefix, *args],
-            capture_output=True, text=True, timeout=60)
-
-    def get(self, path: str) -> tuple[int, str]:
-        return http_get(self.port, path)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
-
-
 @pytest.fixture
-def daemon(db: TestDb, tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(db, tmp_path, "--log-format", "json")
+def daemon(fleet: Fleet) -> Iterator[Process]:
+    d = fleet.start(JOBS, "--log-format", "json", grace=None, metrics=True)
     yield d
     d.stop()
 
 
 @pytest.mark.slow
 @pytest.mark.pgbouncer
-def test_run_now_runs_the_job_on_some_daemon(daemon: Daemon) -> None:
+def test_run_now_runs_the_job_on_some_daemon(daemon: Process, fleet: Fleet) -> None:
     """Through a transaction pooler no daemon listens: the request is read
     by its next bookkeeping round (1.2 s at this heartbeat)."""
-    store = Store(daemon.db.url, daemon.db.prefix)
-    try:
-        # The rate job ran once at start; it is not due again for a day.
-        def ok_runs() -> list[RunRecord] | None:
-            return [r for r in store.history("manual") if r.result == "ok"] or None
+    store = fleet.store
 
-        wait_for(ok_runs, 20, what="the first run of the rate job")
-        res = daemon.cli("run", "manual", "--timeout", "10s")
-        assert res.returncode == 0, res.stderr
-        assert res.stdout.startswith("manual: run ")
-        assert " started on " in res.stdout
-        runs = wait_for(lambda: (r := ok_runs()) and len(r) >= 2 and r, 10,
-                        what="the requested run to finish")
-        newest, before = runs[0].token, runs[1].token
-        assert newest is not None and before is not None and newest == before + 1
-        assert daemon.cli("run", "no-such-job").returncode == 2
-        daemon.cli("disable", "manual")
-        res = daemon.cli("run", "manual")
-        assert res.returncode == 2 and "disabled" in res.stderr
-    finally:
-        store.close()
+    # The rate job ran once at start; it is not due again for a day.
+    def ok_runs() -> list[RunRecord] | None:
+        return [r for r in store.history("manual") if r.result == "ok"] or None
+
+    wait_for(ok_runs, 20, what="the first run of the rate job")
+    res = fleet.cli("run", "manual", "--timeout", "10s")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("manual: run ")
+    assert " started on " in res.stdout
+    runs = wait_for(lambda: (r := ok_runs()) and len(r) >= 2 and r, 10,
+                    what="the requested run to finish")
+    newest, before = runs[0].token, runs[1].token
+    assert newest is not None and before is not None and newest == before + 1
+    assert fleet.cli("run", "no-such-job").returncode == 2
+    fleet.cli("disable", "manual")
+    res = fleet.cli("run", "manual")
+    assert res.returncode == 2 and "disabled" in res.stderr
 
 
 @pytest.mark.slow
-def test_run_now_leaves_a_job_disabled_in_the_jobs_file_alone(db: TestDb, tmp_path: Path) -> None:
+def test_run_now_leaves_a_job_disabled_in_the_jobs_file_alone(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """`enabled: false` keeps a job from running on that host, `run` included
     (issue 11, item 3): here the operator's command has no jobs file to check."""
-    d = Daemon(db, tmp_path, jobs_text=JOBS.replace("    rate: 1d\n",
-                                                     "    rate: 1d\n    enabled: false\n"))
+    d = fleet.start(JOBS.replace("    rate: 1d\n", "    rate: 1d\n    enabled: false\n"),
+                    grace=None, metrics=True)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: any(r.result == "ok" for r in store.history("often")), 20,
                  what="the daemon running its enabled job")
-        res = d.cli("run", "manual", "--timeout", "3s")
+        res = fleet.cli("run", "manual", "--timeout", "3s")
         assert (res.returncode, res.stdout) == (1, "")
         assert res.stderr == (
             "dblockrun: manual: no daemon started it within 3s (is a daemon with this job "
@@ -125,33 +95,33 @@ jobs:
 
 
 @pytest.mark.slow
-def test_run_says_busy_and_run_wait_exits_with_the_runs_status(db: TestDb,
-                                                                tmp_path: Path) -> None:
+def test_run_says_busy_and_run_wait_exits_with_the_runs_status(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """Issue 23, item 6: `run` of a running job said "no daemon started it
     ... is a daemon running?" and the job ran later without a word; `run
     failing` exited 0."""
-    d = Daemon(db, tmp_path, "--grace", "0s", jobs_text=TRUTH_JOBS)
+    d = fleet.start(TRUTH_JOBS, grace="0s", metrics=True)
     store = Store(db.url, db.prefix)
     try:
         (slow,) = wait_for(lambda: store.control.running("slow") or None, 20,
                            what="the first run of slow")
         wait_for(lambda: any(r.result == "failed" for r in store.history("failing")) or None,
                  20, what="the first run of failing")
-        res = d.cli("run", "slow", "--timeout", "1s")
+        res = fleet.cli("run", "slow", "--timeout", "1s")
         assert (res.returncode, res.stdout) == (1, "")
         assert re.fullmatch(
             rf"dblockrun: slow: slow is busy: run {slow.id} on {re.escape(slow.host)} has run "
             r"since \S+Z; it starts when that run ends; the request stays filed \(`dblockrun "
             r"run slow --cancel` withdraws it\)\n", res.stderr), res.stderr
-        status = json.loads(d.cli("status", "--json", "slow").stdout)
+        status = json.loads(fleet.cli("status", "--json", "slow").stdout)
         assert status["jobs"][0]["run_requested"] is not None
         where = f"{db.url} (table prefix {db.prefix})"
-        assert d.cli("run", "slow", "--cancel").stdout == (
+        assert fleet.cli("run", "slow", "--cancel").stdout == (
             f"slow: run request withdrawn in {where}\n")
-        assert json.loads(d.cli("status", "--json", "slow").stdout)["jobs"][0][
+        assert json.loads(fleet.cli("status", "--json", "slow").stdout)["jobs"][0][
             "run_requested"] is None
 
-        res = d.cli("run", "failing", "--wait")
+        res = fleet.cli("run", "failing", "--wait")
         assert res.returncode == 3, res.stderr
         started, ended = res.stdout.splitlines()
         run_id = int(re.fullmatch(r"failing: run (\d+) started on .*", started)[1])  # type: ignore[index]
@@ -163,19 +133,19 @@ def test_run_says_busy_and_run_wait_exits_with_the_runs_status(db: TestDb,
 
 
 @pytest.mark.slow
-def test_run_now_is_heard_at_once_on_postgresql(db: TestDb, tmp_path: Path) -> None:
+def test_run_now_is_heard_at_once_on_postgresql(db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """PostgreSQL: `run` announces its request (NOTIFY) and the daemons
     LISTEN, so it starts within a second or two even though the daemon's
     bookkeeping round (which also reads requests) comes only every 36 s here;
     an idle daemon sends no statement to look for requests."""
     if db.backend != "postgresql":
         pytest.skip("MySQL daemons are woken (tests/test_doorbell.py); SQLite polls every second")
-    d = Daemon(db, tmp_path, "--heartbeat", "30s", "--lease", "90s")
+    d = fleet.start(JOBS, heartbeat="30s", lease="90s", grace=None, metrics=True)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: any(r.result == "ok" for r in store.history("manual")) or None, 20,
                  what="the first run of the rate job")
-        res = d.cli("run", "manual", "--timeout", "3s")
+        res = fleet.cli("run", "manual", "--timeout", "3s")
         assert res.returncode == 0, res.stderr
         assert " started on " in res.stdout
     finally:
@@ -184,7 +154,7 @@ def test_run_now_is_heard_at_once_on_postgresql(db: TestDb, tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_metrics_healthz_and_json_logs(daemon: Daemon) -> None:
+def test_metrics_healthz_and_json_logs(daemon: Process) -> None:
     def scraped() -> str | None:
         code, body = daemon.get("/metrics")
         return body if code == 200 and 'dblockrun_runs_total{job="often",result="ok"}' in body \
@@ -207,11 +177,12 @@ def test_metrics_healthz_and_json_logs(daemon: Daemon) -> None:
 
 
 @pytest.mark.slow
-def test_healthz_fails_while_the_database_is_unreachable(db: TestDb, tmp_path: Path) -> None:
+def test_healthz_fails_while_the_database_is_unreachable(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     if db.backend == "sqlite":
         pytest.skip("SQLite has no connection to lose (it is a local file)")
     proxy = Proxy(5432 if db.backend == "postgresql" else 3306)
-    d = Daemon(TestDb(db.backend, proxy.url_for(db.url), db.prefix), tmp_path)
+    d = fleet.start(JOBS, url=proxy.url_for(db.url), grace=None, metrics=True)
     try:
         wait_for(lambda: d.get("/healthz")[0] == 200, 20, what="healthy")
         proxy.cut()
@@ -236,16 +207,16 @@ jobs:
 
 
 @pytest.mark.slow
-def test_run_wait_prints_the_runs_output_as_it_grows(db: TestDb, tmp_path: Path) -> None:
+def test_run_wait_prints_the_runs_output_as_it_grows(fleet: Fleet) -> None:
     """``run --wait`` passed the exit status through but not the output:
     it prints it as ``tail`` does (from whichever host runs it, escaped),
     between the lines that say the run started and ended."""
-    d = Daemon(db, tmp_path, jobs_text=CHATTY)
-    store = Store(db.url, db.prefix)
+    d = fleet.start(CHATTY, grace=None)
+    store = fleet.store
     try:
         wait_for(lambda: any(r.finished for r in store.history("chatty")) or None, 20,
                  what="the first run of chatty")
-        res = d.cli("run", "chatty", "--wait")
+        res = fleet.cli("run", "chatty", "--wait")
         assert res.returncode == 4, res.stderr
         lines = res.stdout.splitlines()
         assert re.fullmatch(r"chatty: run (\d+) started on .*", lines[0]), lines
@@ -254,5 +225,4 @@ def test_run_wait_prints_the_runs_output_as_it_grows(db: TestDb, tmp_path: Path)
                             lines[3]), lines
         assert len(lines) == 4
     finally:
-        store.close()
         assert d.stop() == 0

@@ -5,21 +5,20 @@ every database, two daemons sharing the job."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import TestDb, dblockrun_cmd, wait_for
-from test_limits import jobs_file, overlaps, start_daemon, stop_all
+from harness import Fleet
+from helpers import TestDb, dblockrun_cmd, overlaps, wait_for
+from jobfiles import FILE, error, jobs_file
 
 from dblockrun.cli import cli
 from dblockrun.config.jobs import Job
 from dblockrun.config.load import load_jobs_text
 from dblockrun.daemon.registry import Runs
-from dblockrun.errors import ConfigError
 from dblockrun.ops import output
 from dblockrun.scheduling.limits import lane_names
 from dblockrun.store import Store
@@ -27,15 +26,6 @@ from dblockrun.store import models as m
 from dblockrun.store.models import RunRecord
 from dblockrun.store.status import report
 from dblockrun.timetext import utc
-
-FILE = "jobs.yaml"
-
-
-def error(text: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_jobs_text(textwrap.dedent(text), FILE)
-    return info.value.render()
-
 
 # --- the jobs file -----------------------------------------------------------------
 
@@ -84,8 +74,8 @@ def slots_from(store: Store, job: str, first: float) -> dict[float, RunRecord]:
 
 
 @pytest.mark.slow
-def test_queue_runs_the_slot_that_came_while_busy_after_the_run(db: TestDb,
-                                                                tmp_path: Path) -> None:
+def test_queue_runs_the_slot_that_came_while_busy_after_the_run(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """A slot every 2 s, each run 3.2 s, two daemons: the slot due while a
     run goes on waits and starts when it ends (late, never alongside); of
     two slots that came during one run, the older is recorded skipped
@@ -95,7 +85,7 @@ def test_queue_runs_the_slot_that_came_while_busy_after_the_run(db: TestDb,
         overlap: queue
         command: sleep 3.2
         """})
-    procs = [start_daemon(db, jobs, tmp_path / f"d{i}.log") for i in range(2)]
+    fleet.start_n(2, jobs)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
@@ -108,7 +98,7 @@ def test_queue_runs_the_slot_that_came_while_busy_after_the_run(db: TestDb,
 
         done = wait_for(enough, 60, interval=0.2, what="4 runs and a skipped slot")
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes == [0, 0]
     ok = [r for r in done.values() if r.result == m.OK]
     assert overlaps(ok) == [], done
@@ -131,8 +121,8 @@ def test_queue_runs_the_slot_that_came_while_busy_after_the_run(db: TestDb,
 
 
 @pytest.mark.slow
-def test_replace_stops_the_running_run_and_starts_the_new_slot(db: TestDb,
-                                                                 tmp_path: Path) -> None:
+def test_replace_stops_the_running_run_and_starts_the_new_slot(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """A slot every 4 s, a run that would take 60 s, two daemons: at the
     next slot the run is stopped through the kill request (its record says
     it was replaced, and by which slot) and the new slot's run starts."""
@@ -141,7 +131,7 @@ def test_replace_stops_the_running_run_and_starts_the_new_slot(db: TestDb,
         overlap: replace
         command: sleep 60
         """})
-    procs = [start_daemon(db, jobs, tmp_path / f"d{i}.log") for i in range(2)]
+    fleet.start_n(2, jobs)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
@@ -156,7 +146,7 @@ def test_replace_stops_the_running_run_and_starts_the_new_slot(db: TestDb,
                                          if r.result == m.RUNNING), None), 20,
                            what="the replacing run")
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes == [0, 0]
     runs = sorted(done.values(), key=lambda r: r.started)
     for run in runs:
@@ -234,7 +224,7 @@ def running_at_once(runs: list[RunRecord]) -> int:
 
 @pytest.mark.slow
 def test_allow_2_runs_two_at_once_across_the_fleet_and_skips_the_third(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """A slot every second, each run 2.5 s, two daemons: with ``allow 2``
     two runs go at once (on either host), never three; a slot due while two
     go is recorded skipped (2 runs already going); every slot has exactly
@@ -247,7 +237,7 @@ def test_allow_2_runs_two_at_once_across_the_fleet_and_skips_the_third(
         cron: "* * * * * *"
         command: sleep 2.5
         """})
-    procs = [start_daemon(db, jobs, tmp_path / f"d{i}.log") for i in range(2)]
+    fleet.start_n(2, jobs)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
@@ -260,7 +250,7 @@ def test_allow_2_runs_two_at_once_across_the_fleet_and_skips_the_third(
 
         wait_for(enough, 60, interval=0.2, what="6 runs and a skipped slot")
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes == [0, 0]
     # Read once both stopped: the runs they had going have ended (within --grace).
     done, single = slots_from(store, "many", first), slots_from(store, "one", first)
@@ -287,7 +277,7 @@ def test_allow_2_runs_two_at_once_across_the_fleet_and_skips_the_third(
 
 @pytest.mark.slow
 def test_a_dead_hosts_lanes_are_found_lost_freed_and_kill_stops_every_run(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """``allow 2`` with runs that would take a minute: the first daemon
     holds both lanes; killed (SIGKILL), its two runs are recorded lost by the
     other daemon's bookkeeping, which then takes the lanes once their
@@ -297,16 +287,14 @@ def test_a_dead_hosts_lanes_are_found_lost_freed_and_kill_stops_every_run(
         overlap: allow 2
         command: sleep 60
         """})
-    first = start_daemon(db, jobs, tmp_path / "d0.log")
-    procs = [first]
+    first = fleet.start(jobs)
     store = Store(db.url, db.prefix)
     try:
         held = wait_for(lambda: len(store.control.running("long")) == 2 and
                         store.control.running("long"), 30, what="2 runs of the first daemon")
-        procs.append(start_daemon(db, jobs, tmp_path / "d1.log"))
+        fleet.start(jobs)
         wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=10)
+        first.kill()
         killed = store.db_now()
         # Where the dead daemon's leases of the lanes end (it renews them no more).
         lanes, _now = store.lock_states()
@@ -333,16 +321,23 @@ def test_a_dead_hosts_lanes_are_found_lost_freed_and_kill_stops_every_run(
         assert [r.id for r in shown.lane_runs] == sorted(r.id for r in after), shown
         assert "; 2 runs: " in output.status_text(
             [shown], store.live_hosts(), shown.db_now, wide=True), shown
-        stop = subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
-                               "kill", "long"], capture_output=True, text=True, timeout=60)
+        # The job is due every second: once the kill frees its lanes, the
+        # next slot starts a run at once. Disabled first (as an operator
+        # stopping it for good would), nothing takes the lanes again.
+        cli = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix]
+        off = subprocess.run([*cli, "disable", "long", "--reason", "stop it"],
+                             capture_output=True, text=True, timeout=60)
+        assert off.returncode == 0, off
+        stop = subprocess.run([*cli, "kill", "long"], capture_output=True, text=True, timeout=60)
         assert stop.returncode == 0, stop
         for run in after:
             assert f"run {run.id} on {run.host} killed" in stop.stdout, stop.stdout
         ended = [store.run(r.id) for r in after]
         assert [r.result if r else None for r in ended] == [m.KILLED, m.KILLED], ended
         assert report(store, ["long"]).jobs[0].lane_runs == ()
+        assert store.control.running("long") == []
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes[1:] == [0]
     store.close()
 
@@ -380,7 +375,8 @@ def test_a_host_counts_each_run_of_an_allow_job_for_max_running() -> None:
 
 
 @pytest.mark.slow
-def test_run_now_takes_a_lane_and_says_when_all_are_held(db: TestDb, tmp_path: Path) -> None:
+def test_run_now_takes_a_lane_and_says_when_all_are_held(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """`dblockrun run` of an ``allow 2`` job: each request starts a run
     alongside the others while a lane is free; with both held the third is
     not started, and says why."""
@@ -389,7 +385,7 @@ def test_run_now_takes_a_lane_and_says_when_all_are_held(db: TestDb, tmp_path: P
         overlap: allow 2
         command: sleep 60
         """})
-    procs = [start_daemon(db, jobs, tmp_path / "d.log", "--grace", "0.5s")]
+    fleet.start(jobs, grace="0.5s")
     store = Store(db.url, db.prefix)
     run = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "run", "long"]
     try:
@@ -403,6 +399,6 @@ def test_run_now_takes_a_lane_and_says_when_all_are_held(db: TestDb, tmp_path: P
         assert "overlap: allow 2: 2 runs already going (on " in third.stderr, third.stderr
         assert len(store.control.running("long")) == 2
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes == [0]
     store.close()

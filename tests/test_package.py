@@ -22,11 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from harness import Process, daemon_argv
 from helpers import REPO, clean_env, wait_for
 
 from dblockrun import __version__
 
-pytestmark = pytest.mark.package
+#: Builds from the checkout (its build/ and egg-info) as the image does: one
+#: xdist worker runs the builds, one after the other.
+pytestmark = [pytest.mark.package, pytest.mark.xdist_group("builds")]
 
 
 @dataclass(frozen=True)
@@ -160,16 +163,16 @@ jobs:
     command: echo "slot $DBLOCKRUN_SLOT" >> {marker}
 """)
     db = f"sqlite:///{installed.home / 'state.db'}"
-    daemon = subprocess.Popen([str(installed.venv / "bin" / "dblockrun"), "--db", db, "daemon",
-                               str(jobs)], cwd=installed.home, env=installed.env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    daemon = Process(daemon_argv(["--db", db], jobs,
+                                 program=[str(installed.venv / "bin" / "dblockrun")]),
+                     installed.home / "daemon.log", cwd=installed.home, env=installed.env(),
+                     stdout_to_log=True)
     try:
         wait_for(lambda: marker.exists() and marker.read_text().startswith("slot "), 60,
                  what="the installed daemon to run the job")
     finally:
-        daemon.terminate()
-        log, _ = daemon.communicate(timeout=60)
-    assert daemon.returncode == 0, log
+        code = daemon.stop(60)
+    assert code == 0, daemon.text()
     history = installed.run("--db", db, "history", "--json", "hello")
     assert history.returncode == 0, history.stderr
     runs = json.loads(history.stdout)["runs"]

@@ -12,12 +12,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
-from helpers import TestDb, coverage, output_of, wait_for
+from harness import Fleet
+from helpers import TestDb, coverage, output_of, runs_of, wait_for
 from proxy import Proxy
-from test_daemon import DaemonProc, runs_of
 
 from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.daemon.firing import Firing, Settings
@@ -72,13 +71,10 @@ def outage_switch(db: TestDb) -> Iterator[tuple[TestDb, Callable[[], None],
 
 @pytest.mark.slow
 def test_every_slot_of_a_database_outage_has_exactly_one_record(
-        db: TestDb, store: Store, tmp_path: Path) -> None:
+        db: TestDb, store: Store, fleet: Fleet) -> None:
     store.ensure_schema()
     with outage_switch(db) as (reach, cut, restore):
-        daemons = []
-        for n in range(2):
-            (workdir := tmp_path / f"d{n}").mkdir()
-            daemons.append(DaemonProc(reach, workdir, JOB, "5s"))
+        daemons = fleet.start_n(2, JOB, url=reach.url)
         try:
             daemons[0].wait(lambda: any(r.result == m.OK for r in runs_of(store, "tick")), 30,
                             what="a first run")

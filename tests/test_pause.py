@@ -5,13 +5,11 @@ finish; `status` says so first; `--for` ends by the database clock."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from harness import Fleet
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
 import dblockrun
@@ -29,36 +27,18 @@ def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=60)
 
 
-@contextmanager
-def daemons(db: TestDb, jobs: Path, logs: list[Path]) -> Iterator[None]:
-    procs = []
-    try:
-        for log in logs:
-            with log.open("wb") as out:
-                procs.append(subprocess.Popen(
-                    [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon",
-                     str(jobs), "--heartbeat", "1s", "--lease", "3s"],
-                    stdout=subprocess.DEVNULL, stderr=out, env=clean_env(), cwd=REPO))
-        yield
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(timeout=30)
-
-
 def started_after(store: Store, job: str, since: float) -> list[m.RunRecord]:
     return [r for r in store.history(job, 100) if r.started > since]
 
 
-def test_pause_stops_new_starts_on_every_host_until_resumed(db: TestDb, store: Store,
-                                                           tmp_path: Path) -> None:
+def test_pause_stops_new_starts_on_every_host_until_resumed(
+        db: TestDb, store: Store, tmp_path: Path, fleet: Fleet) -> None:
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n"
                     "  tick:\n    cron: '* * * * * *'\n    command: 'true'\n"
                     "  long:\n    rate: 1h\n    command: sleep 2\n")
-    logs = [tmp_path / "d1.log", tmp_path / "d2.log"]
-    with daemons(db, jobs, logs):
+    fleet.start_n(2, jobs, grace=None, cwd=REPO, env=clean_env())
+    try:
         wait_for(lambda: store.control.running("long") or None, 30, what="long running")
         wait_for(lambda: any(r.result == m.OK for r in store.history("tick")), 10,
                  what="a tick")
@@ -93,6 +73,8 @@ def test_pause_stops_new_starts_on_every_host_until_resumed(db: TestDb, store: S
         wait_for(lambda: started_after(store, "tick", at) or None, 5, what="a tick after resume")
         again = run_cli(db, "resume")
         assert again.stdout == f"fleet was not paused in {describe(db.url, db.prefix)}\n"
+    finally:
+        fleet.stop()
 
 
 def test_every_claim_path_refuses_while_paused(db: TestDb, store: Store) -> None:

@@ -18,7 +18,6 @@ import os
 import re
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,12 +26,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from conftest import new_prefix, selected_backends, strict
-from helpers import REPO, clean_env, dblockrun_cmd, free_port, wait_for
+from conftest import selected_backends, strict
+from harness import Fleet, Process
+from helpers import REPO, clean_env, dblockrun_cmd, new_prefix, wait_for
 
 from dblockrun.store import Store
 
-pytestmark = pytest.mark.slow
+#: Ports 5441-5442 and one folder: its tests run on one xdist worker, in turn.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pg-failover")]
 
 SCRIPT = REPO / "scripts" / "pg-standby"
 PRIMARY, STANDBY = 5441, 5442
@@ -132,72 +133,49 @@ class Line:
 
 
 
-class Fleet:
-    """Real daemons on one jobs file, each with its own log and metrics port."""
+def new_fleet(tmp_path: Path, db: str = MULTI) -> Fleet:
+    """Daemons on ``db`` (the pair's multi-host URL), a table prefix of their own."""
+    return Fleet(None, tmp_path, url=db, grace="2s")
 
-    def __init__(self, tmp: Path, jobs: str, db: str = MULTI) -> None:
-        self.tmp = tmp
-        self.log = tmp / "runs.log"
-        self.jobs = tmp / "jobs.yaml"
-        self.jobs.write_text(jobs.format(log=self.log))
-        self.url = db
-        self.prefix = new_prefix()
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.metrics: list[int] = []
 
-    def start(self, n: int) -> None:
-        for _ in range(n):
-            i = len(self.procs)
-            port = free_port()
-            cmd = [*dblockrun_cmd(), "--db", self.url, "--table-prefix", self.prefix,
-                   "daemon", str(self.jobs), "--heartbeat", "1s", "--lease", "3s",
-                   "--grace", "2s", "--metrics", f"127.0.0.1:{port}"]
-            err = (self.tmp / f"daemon{i}.log").open("wb")
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
-                                               env=clean_env()))
-            self.metrics.append(port)
+def start_on(fleet: Fleet, jobs: str, n: int) -> None:
+    """``n`` daemons on ``jobs`` (its ``{log}``: the fleet's runs.log), each
+    with its metrics port."""
+    fleet.start_n(n, fleet.jobs_file(jobs.format(log=fleet.workdir / "runs.log")),
+                  metrics=True)
 
-    def daemon_log(self, i: int) -> str:
-        return (self.tmp / f"daemon{i}.log").read_text()
 
-    def lines(self) -> list[Line]:
-        if not self.log.exists():
-            return []
-        out = []
-        for raw in self.log.read_text().splitlines():
-            kind, job, slot, token, host, pid, at = raw.split()
-            out.append(Line(kind, job, slot, int(token), host, int(pid), float(at)))
-        return out
+def log_lines(fleet: Fleet) -> list[Line]:
+    log = fleet.workdir / "runs.log"
+    if not log.exists():
+        return []
+    out = []
+    for raw in log.read_text().splitlines():
+        kind, job, slot, token, host, pid, at = raw.split()
+        out.append(Line(kind, job, slot, int(token), host, int(pid), float(at)))
+    return out
 
-    def starts(self) -> list[Line]:
-        return [ln for ln in self.lines() if ln.kind == "start"]
 
-    def metric(self, i: int, name: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics[i]}/metrics",
-                                    timeout=5) as page:
-            text = page.read().decode()
-        return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith(name) and not line.startswith("#"))
+def started(fleet: Fleet) -> list[Line]:
+    return [ln for ln in log_lines(fleet) if ln.kind == "start"]
 
-    def store(self) -> Store:
-        """A store on whichever node takes writes now (a new pool: the old
-        one's connections may lead to the crashed primary)."""
-        return Store(self.url, self.prefix)
 
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+def metric(daemon: Process, name: str) -> float:
+    code, text = daemon.get("/metrics")
+    assert code == 200, (code, text)
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+def store_of(fleet: Fleet) -> Store:
+    """A store on whichever node takes writes now (a new pool: the old
+    one's connections may lead to the crashed primary)."""
+    assert fleet.url is not None
+    return Store(fleet.url, fleet.prefix)
 
 
 def started_after(fleet: Fleet, at: float) -> Line | None:
-    return next((s for s in fleet.starts() if s.at > at), None)
+    return next((s for s in started(fleet) if s.at > at), None)
 
 
 def duplicates(starts: list[Line]) -> dict[tuple[str, str], int]:
@@ -221,9 +199,9 @@ def slot_of(line: Line) -> float:
 
 def forgotten(fleet: Fleet, crash: float) -> int:
     """Runs started before the crash that the promoted node has no record of."""
-    with fleet.store() as store:
+    with store_of(fleet) as store:
         kept = {(r.slot, r.token) for r in store.history("tick", 1000)}
-    return sum(1 for s in fleet.starts() if s.at < crash and (slot_of(s), s.token) not in kept)
+    return sum(1 for s in started(fleet) if s.at < crash and (slot_of(s), s.token) not in kept)
 
 
 def outage_lines(text: str) -> list[str]:
@@ -236,10 +214,10 @@ def tick_failover(pair: Pair, tmp_path: Path, *, sync: bool, detach: bool = Fals
     promoted a second later. ``detach``: the standby stopped receiving WAL
     ``before`` seconds before the crash (every claim of those seconds is lost)."""
     pair.start(sync=sync)
-    fleet = Fleet(tmp_path, TICK_JOB)
+    fleet = new_fleet(tmp_path)
     try:
-        fleet.start(2)
-        wait_for(lambda: len(fleet.starts()) >= 2, 30, what="the job to run")
+        start_on(fleet, TICK_JOB, 2)
+        wait_for(lambda: len(started(fleet)) >= 2, 30, what="the job to run")
         if detach:
             pair.run("detach")
         since = time.time()
@@ -263,22 +241,22 @@ def test_promote_while_a_long_job_runs_fences_the_command(pair: Pair, tmp_path: 
     # Synchronous replication: the lease on the promoted node is exactly the
     # last renewal the old primary acknowledged.
     pair.start(sync=True)
-    fleet = Fleet(tmp_path, LONG_JOB)
+    fleet = new_fleet(tmp_path)
     try:
-        fleet.start(2)
-        first = wait_for(lambda: fleet.starts() or None, 30, what="the command's start")[0]
+        start_on(fleet, LONG_JOB, 2)
+        first = wait_for(lambda: started(fleet) or None, 30, what="the command's start")[0]
         crash = pair.stop_primary()
         # Renewals fail (5441 refuses, 5442 is read-only): the command is
         # stopped before the lease could expire; only then is the standby promoted.
-        end = wait_for(lambda: next((ln for ln in fleet.lines() if ln.kind == "end"
+        end = wait_for(lambda: next((ln for ln in log_lines(fleet) if ln.kind == "end"
                                      and ln.token == first.token), None), 10,
                        what="the command to be stopped")
         promoted = pair.promote()
-        with fleet.store() as store:
+        with store_of(fleet) as store:
             lock = store.lock_state("long")
             assert lock is not None and lock.lock_until is not None
             assert lock.token == first.token  # the promoted node has the holder's lease
-            nxt = wait_for(lambda: next((s for s in fleet.starts() if s.token > first.token),
+            nxt = wait_for(lambda: next((s for s in started(fleet) if s.token > first.token),
                                         None), 30, what="the next start on the new primary")
             runs = store.history("long", 100)
         print(f"\nprimary crashed: command stopped {end.at - crash:.2f}s after, "
@@ -288,10 +266,10 @@ def test_promote_while_a_long_job_runs_fences_the_command(pair: Pair, tmp_path: 
               f"({nxt.at - crash:.2f}s after the crash)")
         assert end.at < lock.lock_until
         assert nxt.at >= lock.lock_until - 0.1  # nobody started while the lease held
-        assert not duplicates(fleet.starts())
+        assert not duplicates(started(fleet))
         slots = [r.slot for r in runs if r.slot is not None and r.result != "skipped"]
         assert len(slots) == len(set(slots))
-        assert all(p.poll() is None for p in fleet.procs), "the daemons keep serving"
+        assert all(d.alive() for d in fleet), "the daemons keep serving"
     finally:
         fleet.stop()
 
@@ -299,7 +277,7 @@ def test_promote_while_a_long_job_runs_fences_the_command(pair: Pair, tmp_path: 
 def test_synchronous_replication_no_duplicate_across_failover(pair: Pair, tmp_path: Path) -> None:
     fleet, figures = tick_failover(pair, tmp_path, sync=True)
     try:
-        starts = fleet.starts()
+        starts = started(fleet)
         dup, reused = duplicates(starts), reused_tokens(starts)
         print(f"\nsynchronous (remote_apply): {len(starts)} starts, {len(dup)} duplicate slots, "
               f"{reused} fencing tokens given twice; first start "
@@ -308,8 +286,8 @@ def test_synchronous_replication_no_duplicate_across_failover(pair: Pair, tmp_pa
         assert not dup, dup
         assert reused == 0
         for i in range(2):
-            assert "went backwards" not in fleet.daemon_log(i)
-        assert all(p.poll() is None for p in fleet.procs)
+            assert "went backwards" not in fleet[i].text()
+        assert all(d.alive() for d in fleet)
     finally:
         fleet.stop()
 
@@ -319,16 +297,16 @@ def test_asynchronous_replication_failover_measured(pair: Pair, tmp_path: Path) 
     # on the replication lag at that instant (milliseconds here).
     fleet, figures = tick_failover(pair, tmp_path, sync=False)
     try:
-        starts = fleet.starts()
+        starts = started(fleet)
         lost = forgotten(fleet, figures["crash"])
-        backwards = sum(fleet.daemon_log(i).count("went backwards") for i in range(2))
+        backwards = sum(fleet[i].text().count("went backwards") for i in range(2))
         print(f"\nasynchronous: {len(starts)} starts, {len(duplicates(starts))} duplicate slots, "
               f"{reused_tokens(starts)} fencing tokens given twice, {lost} runs the new "
               f"primary does not know, {backwards} went-backwards lines; first start "
               f"{figures['promote_to_start']:.2f}s after the promotion "
               f"({figures['crash_to_start']:.2f}s after the crash)")
         assert started_after(fleet, time.time() - 3), "the fleet runs the job again"
-        assert all(p.poll() is None for p in fleet.procs)
+        assert all(d.alive() for d in fleet)
     finally:
         fleet.stop()
 
@@ -340,10 +318,10 @@ def test_lost_claims_are_noticed_and_no_daemon_runs_a_slot_twice(
     # those seconds are committed on the old primary only, and lost.
     fleet, figures = tick_failover(pair, tmp_path, sync=False, detach=True)
     try:
-        starts = fleet.starts()
-        logs = [fleet.daemon_log(i) for i in range(2)]
+        starts = started(fleet)
+        logs = [fleet[i].text() for i in range(2)]
         lines = [sum(1 for ln in text.splitlines() if "went backwards" in ln) for text in logs]
-        counted = [fleet.metric(i, "dblockrun_database_went_backwards_total") for i in range(2)]
+        counted = [metric(fleet[i], "dblockrun_database_went_backwards_total") for i in range(2)]
         mine = {host: Counter(s.slot for s in starts if s.host == host)
                 for host in {s.host for s in starts}}
         again = {host: [slot for slot, n in slots.items() if n > 1]
@@ -358,7 +336,7 @@ def test_lost_claims_are_noticed_and_no_daemon_runs_a_slot_twice(
         assert sum(lines) >= 1 and max(lines) <= 1, logs
         assert counted == [float(n) for n in lines]
         assert all(not slots for slots in again.values()), again
-        assert all(p.poll() is None for p in fleet.procs)
+        assert all(d.alive() for d in fleet)
     finally:
         fleet.stop()
 
@@ -367,7 +345,7 @@ def test_a_daemon_on_the_standby_says_read_only_once_then_runs_when_promoted(
     pair: Pair, tmp_path: Path,
 ) -> None:
     pair.start(sync=False)
-    fleet = Fleet(tmp_path, TICK_JOB, db=url(STANDBY))
+    fleet = new_fleet(tmp_path, url(STANDBY))
     with Store(url(PRIMARY), fleet.prefix) as store:
         store.ensure_schema()
         store.ensure_jobs(["tick"])
@@ -380,20 +358,20 @@ def test_a_daemon_on_the_standby_says_read_only_once_then_runs_when_promoted(
 
     wait_for(replicated, 10, what="the schema on the standby")
     try:
-        fleet.start(1)
-        wait_for(lambda: "read-only" in fleet.daemon_log(0), 20, what="the read-only line")
+        start_on(fleet, TICK_JOB, 1)
+        wait_for(lambda: "read-only" in fleet[0].text(), 20, what="the read-only line")
         since = time.time()  # several retries (backoff 0.5, 1, 2 s): still one line
         wait_for(lambda: time.time() - since >= 4, 5, what="four seconds of retries")
-        log = fleet.daemon_log(0)
-        assert fleet.procs[0].poll() is None, "it keeps trying"
-        assert not fleet.starts()
+        log = fleet[0].text()
+        assert fleet[0].alive(), "it keeps trying"
+        assert not started(fleet)
         outages = outage_lines(log)
         assert len(outages) == 1, log
         assert "database is read-only (a standby, or read_only set)" in outages[0]
         pair.run("stop-primary")
         promoted = pair.promote()
-        first = wait_for(lambda: fleet.starts() or None, 20, what="a run once promoted")[0]
-        log = fleet.daemon_log(0)
+        first = wait_for(lambda: started(fleet) or None, 20, what="a run once promoted")[0]
+        log = fleet[0].text()
         print(f"\nread-only standby: one line, then the first start "
               f"{first.at - promoted:.2f}s after the promotion")
         assert "database back" in log

@@ -24,12 +24,12 @@ from conftest import (
     PG_PORT,
     PG_USER,
     ServerDatabases,
-    new_prefix,
     pooled_url,
     selected_backends,
     strict,
 )
-from helpers import REPO, TestDb, clean_env, connections_to, dblockrun_cmd, wait_for
+from harness import Fleet, track
+from helpers import REPO, TestDb, clean_env, connections_to, dblockrun_cmd, new_prefix, wait_for
 from pgbouncer import Bouncer, Bouncers
 
 from dblockrun import cli as cli_module
@@ -157,11 +157,8 @@ def test_a_quiet_daemon_holds_one_connection_for_its_statements(target: Target,
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(BURST)
     db = target.db
-    with (tmp_path / "daemon.log").open("wb") as err:
-        proc = subprocess.Popen(
-            [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-             "--heartbeat", "1s", "--lease", "3s"],
-            stdout=subprocess.DEVNULL, stderr=err, env=clean_env(), cwd=REPO)
+    fleet = Fleet(db, tmp_path, grace=None)
+    proc = fleet.start(jobs, name="daemon", cwd=REPO, env=clean_env())
     store = Store(db.url, db.prefix)
     try:
         peak = 0
@@ -169,11 +166,10 @@ def test_a_quiet_daemon_holds_one_connection_for_its_statements(target: Target,
         def burst_done() -> bool:
             nonlocal peak
             peak = max(peak, connections_to(proc.pid, target.port))
-            assert proc.poll() is None, (tmp_path / "daemon.log").read_text()
             ran = [r for r in store.history(None, 100) if r.result == "ok"]
             return len(ran) == 24
 
-        wait_for(burst_done, 60, interval=0.02, what="the 24 runs of the burst")
+        proc.wait(burst_done, 60, interval=0.02, what="the 24 runs of the burst")
         expected = DAEMON_CONNECTIONS[target.mode]
         # The next bookkeeping round closes the burst's extra connections.
         wait_for(lambda: connections_to(proc.pid, target.port) == expected, 10,
@@ -188,8 +184,8 @@ def test_a_quiet_daemon_holds_one_connection_for_its_statements(target: Target,
         assert seen == {expected}
     finally:
         store.close()
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0, (tmp_path / "daemon.log").read_text()
+        assert proc.stop() == 0, proc.text()
+        fleet.close()
 
 
 @pytest.fixture
@@ -212,10 +208,10 @@ def test_an_exec_holds_one_connection(target: Target, tmp_path: Path, release: P
     # through a second (pooled) connection, once.
     init = dblockrun(db, "init-db")
     assert init.returncode == 0, init.stderr
-    proc = subprocess.Popen(
+    proc = track(subprocess.Popen(
         [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "exec", "--name",
          "conn", "--lease", "3s", "--", "sh", "-c", script],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=REPO)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=REPO))
     try:
         wait_for(lambda: started.exists() or proc.poll() is not None, 30,
                  what="the command's start")
@@ -286,19 +282,14 @@ def test_daemons_ride_out_a_restart_of_the_pooler(
     db = TestDb("postgresql", bouncer.url(direct), new_prefix())
     log, jobs = tmp_path / "starts.log", tmp_path / "jobs.yaml"
     jobs.write_text(TICK.format(log=log))
-    procs = []
-    for i in range(2):
-        with (tmp_path / f"daemon{i}.log").open("wb") as err:
-            procs.append(subprocess.Popen(
-                [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon",
-                 str(jobs), "--heartbeat", "1s", "--lease", "3s"],
-                stdout=subprocess.DEVNULL, stderr=err, env=clean_env(), cwd=REPO))
+    fleet = Fleet(db, tmp_path, grace=None)
+    procs = [fleet.start(jobs, name=f"daemon{i}", cwd=REPO, env=clean_env()) for i in range(2)]
 
     def starts() -> list[str]:
         return log.read_text().split("\n")[:-1] if log.exists() else []
 
     def daemon_logs() -> list[str]:
-        return [(tmp_path / f"daemon{i}.log").read_text() for i in range(2)]
+        return [p.text() for p in procs]
 
     try:
         wait_for(lambda: len(starts()) >= 3, 30, what="three starts before the restart")
@@ -310,11 +301,10 @@ def test_daemons_ride_out_a_restart_of_the_pooler(
         wait_for(lambda: len(starts()) >= cut + 3, 30, what="three starts after the restart")
         wait_for(lambda: all("database back after" in text for text in daemon_logs()), 15,
                  what="both daemons to say the database is back")
-        assert all(p.poll() is None for p in procs), daemon_logs()
+        assert all(p.alive() for p in procs), daemon_logs()
     finally:
-        for p in procs:
-            p.terminate()
-        codes = [p.wait(timeout=30) for p in procs]
+        codes = fleet.stop()
+        fleet.close()
         bouncer.stop()
     assert codes == [0, 0], daemon_logs()
     slots = [line.split()[0] for line in starts()]

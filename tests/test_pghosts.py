@@ -6,7 +6,8 @@ both hand the host list to libpq, which tries the hosts in order."""
 from __future__ import annotations
 
 import pytest
-from conftest import ServerDatabases, new_prefix
+from conftest import ServerDatabases
+from helpers import new_prefix
 from sqlalchemy.engine import make_url
 
 from dblockrun.errors import UsageError

@@ -452,3 +452,14 @@ def test_a_resync_drops_the_waiting_slot_for_the_catch_up_policy() -> None:
     planner.after(queue, None, Outcome.ENDED, NOW + 1, 0.01)
     d = planner.agenda.pop_due(NOW + 1)
     assert d is not None and d.resync is Cause.OUTAGE  # not replaced by the waiting slot
+
+
+def test_a_host_that_queues_claims_the_slot_none_took_instead_of_skipping_it() -> None:
+    """The planner: at --max-running the slot is left to the others once,
+    then, with --when-full queue, claimed here (its run waits for room)."""
+    planner = Planner(10.0, 0.5, host_queue=True)
+    assert planner.decide(job(), due(NOW - 0.5), NOW, busy=False, full=True).act is Act.DEFER
+    planner.after(job(), NOW - 0.5, Outcome.AT_LIMIT, NOW, 0.01, delay=0.25)
+    second = planner.decide(job(), due(NOW - 0.5), NOW + 0.25, busy=False, full=True)
+    assert (second.act, second.slot, second.batch, second.plan) == (
+        Act.CLAIM, NOW - 0.5, False, None)

@@ -12,14 +12,16 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import TestDb, wait_for
-from test_limits import jobs_file, overlaps, slots_done, start_daemon, stop_all
+from harness import Fleet
+from helpers import TestDb, overlaps, slots_done, wait_for
+from jobfiles import jobs_file
 
 from dblockrun.cli import cli
 from dblockrun.config.load import load_jobs_text
 from dblockrun.errors import ConfigError
 from dblockrun.ops import output
 from dblockrun.store import Store
+from dblockrun.store import models as m
 from dblockrun.store.models import RunRecord
 from dblockrun.store.status import report
 from dblockrun.timetext import utc
@@ -107,13 +109,13 @@ GROUPED = {name: """\
 
 @pytest.mark.slow
 def test_a_full_group_that_queues_runs_every_slot_one_after_the_other(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """Two jobs of a group of one seat, due at the same instants, two
     daemons: every slot of both runs (none skipped), never two at once, and
     the slot that waited keeps its slot time (its start shows the delay).
     While one waits, status shows it (text and JSON), and for what."""
     jobs = jobs_file(tmp_path / "jobs.yaml", GROUPED, QUEUED_GROUP)
-    procs = [start_daemon(db, jobs, tmp_path / f"d{i}.log") for i in range(2)]
+    fleet.start_n(2, jobs)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
@@ -128,7 +130,7 @@ def test_a_full_group_that_queues_runs_every_slot_one_after_the_other(
         got, doc = wait_for(waiting, 20, interval=0.1, what="a waiting slot in status")
         slots = queue_runs(store, set(GROUPED), first, 3)
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes == [0, 0]
     [entry] = doc["waiting"]
     assert entry["job"] in GROUPED and entry["slot"] is not None and entry["since"]
@@ -150,7 +152,7 @@ def test_a_full_group_that_queues_runs_every_slot_one_after_the_other(
 
 @pytest.mark.slow
 def test_the_oldest_waiting_slot_gets_the_seat_first_across_the_fleet(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """A seat held for a while; meanwhile a slot comes due on one host and,
     a second later, another on a second host. The older slot runs first,
     every time, whichever host's try comes first when the seat frees."""
@@ -173,8 +175,8 @@ def test_the_oldest_waiting_slot_gets_the_seat_first_across_the_fleet(
             run-on: {hostname: a}
             command: sleep 0.5
             """}, QUEUED_GROUP)
-    procs = [start_daemon(db, jobs, tmp_path / f"{host}.log", "--label", f"hostname={host}")
-             for host in ("a", "b")]
+    for host in ("a", "b"):
+        fleet.start(jobs, "--label", f"hostname={host}", name=host)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 30, what="2 daemons registered")
@@ -190,7 +192,7 @@ def test_the_oldest_waiting_slot_gets_the_seat_first_across_the_fleet(
 
         pairs = wait_for(rounds, 45, interval=0.2, what="3 rounds of older and newer")
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes == [0, 0]
     for older, newer in pairs:
         assert (older.result, newer.result) == ("ok", "ok")
@@ -200,7 +202,7 @@ def test_the_oldest_waiting_slot_gets_the_seat_first_across_the_fleet(
 
 @pytest.mark.slow
 def test_a_full_queue_records_the_slot_skipped_with_the_reason(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """A group of one seat whose queue holds one slot, three jobs due
     together: one runs, one waits and runs, the third is recorded skipped,
     saying why."""
@@ -210,14 +212,14 @@ def test_a_full_queue_records_the_slot_skipped_with_the_reason(
         command: sleep 1
         """ for name in ("a", "b", "c")},
         "groups:\n  backups: {seats: 1, when-full: queue, queue: 1}")
-    proc = start_daemon(db, jobs, tmp_path / "d.log")
+    fleet.start(jobs)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
         first = store.db_now() + 1
         slots = queue_runs(store, {"a", "b", "c"}, first, 2)
     finally:
-        codes = stop_all([proc])
+        codes = fleet.stop()
     assert codes == [0]
     for per_slot in slots.values():
         assert sorted(r.result for r in per_slot.values()) == ["ok", "ok", "skipped"], per_slot
@@ -236,12 +238,12 @@ TWO_JOBS = {name: """\
 
 @pytest.mark.slow
 def test_a_full_host_that_queues_runs_every_slot_one_after_the_other(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """`--max-running 1 --when-full queue`, alone, two jobs due together:
     both run every slot, one after the other."""
     jobs = jobs_file(tmp_path / "jobs.yaml", TWO_JOBS)
-    proc = start_daemon(db, jobs, tmp_path / "d.log", "--max-running", "1",
-                        "--when-full", "queue")
+    fleet.start(jobs, "--max-running", "1",
+                "--when-full", "queue")
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
@@ -255,7 +257,7 @@ def test_a_full_host_that_queues_runs_every_slot_one_after_the_other(
         entry = wait_for(waiting, 20, interval=0.1, what="a waiting slot in status")
         slots = queue_runs(store, set(TWO_JOBS), first, 3)
     finally:
-        codes = stop_all([proc])
+        codes = fleet.stop()
     assert codes == [0]
     assert entry["for"].endswith("(--max-running 1)") and entry["for"].startswith("room on ")
     runs = [r for per_slot in slots.values() for r in per_slot.values()]
@@ -266,20 +268,20 @@ def test_a_full_host_that_queues_runs_every_slot_one_after_the_other(
 
 @pytest.mark.slow
 def test_a_full_host_queue_records_the_slot_skipped_with_the_reason(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     jobs = jobs_file(tmp_path / "jobs.yaml", {name: """\
         cron: "*/4 * * * * *"
         command: sleep 1
         """ for name in ("a", "b", "c")})
-    proc = start_daemon(db, jobs, tmp_path / "d.log", "--max-running", "1",
-                        "--when-full", "queue", "--queue", "1")
+    fleet.start(jobs, "--max-running", "1",
+                "--when-full", "queue", "--queue", "1")
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
         first = store.db_now() + 1
         slots = queue_runs(store, {"a", "b", "c"}, first, 2)
     finally:
-        codes = stop_all([proc])
+        codes = fleet.stop()
     assert codes == [0]
     for per_slot in slots.values():
         assert sorted(r.result for r in per_slot.values()) == ["ok", "ok", "skipped"], per_slot
@@ -320,18 +322,24 @@ HOLD = {
 
 @pytest.mark.slow
 def test_a_slot_that_waits_past_its_starting_deadline_is_recorded_missed(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     jobs = jobs_file(tmp_path / "jobs.yaml", HOLD, QUEUED_GROUP)
-    proc = start_daemon(db, jobs, tmp_path / "d.log")
+    d = fleet.start(jobs)
     store = Store(db.url, db.prefix)
     try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
-        first = store.db_now()
+        # The slot of late a second after a run of hold began (not the first
+        # one after the daemon came up: hold's slot before it may have
+        # passed unrun, leaving the seat free).
+        hold = wait_for(lambda: next((r for r in store.history("hold", 20)
+                                      if r.slot and r.result in (m.RUNNING, m.OK)), None),
+                        30, interval=0.1, what="a run of hold")
+        assert hold.slot is not None
+        seat_held = hold.slot + 1
         late = wait_for(lambda: next((r for r in store.history("late", 20)
-                                      if r.slot and r.slot > first and r.finished), None),
-                        20, interval=0.1, what="a finished slot of late")
+                                      if r.slot == seat_held and r.finished), None),
+                        20, interval=0.1, what="late's slot while hold runs, finished")
     finally:
-        codes = stop_all([proc])
+        codes = fleet.stop()
     assert codes == [0]
     record = store.run(late.id)
     assert record is not None and late.result == "missed", record
@@ -339,7 +347,7 @@ def test_a_slot_that_waits_past_its_starting_deadline_is_recorded_missed(
     assert record.output.endswith("s late, starting-deadline 1s\n")
     # Recorded through the slot book, as every passed slot is: its log line
     # (and its event: metrics, a `missed` notification).
-    said = (tmp_path / "d.log").read_text()
+    said = d.text()
     assert late.slot is not None
     assert f"job late: slot {utc(late.slot)} missed: waited: " in said, said[-3000:]
     store.close()
@@ -347,7 +355,7 @@ def test_a_slot_that_waits_past_its_starting_deadline_is_recorded_missed(
 
 @pytest.mark.slow
 def test_a_daemon_stopped_while_a_slot_waits_records_it_skipped(
-        db: TestDb, tmp_path: Path) -> None:
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     jobs = jobs_file(tmp_path / "jobs.yaml", {
         "hold": HOLD["hold"], "after": """\
             cron: "1-59/6 * * * * *"
@@ -355,7 +363,7 @@ def test_a_daemon_stopped_while_a_slot_waits_records_it_skipped(
             command: "true"
             """},
         QUEUED_GROUP)
-    proc = start_daemon(db, jobs, tmp_path / "d.log")
+    fleet.start(jobs)
     store = Store(db.url, db.prefix)
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
@@ -363,7 +371,7 @@ def test_a_daemon_stopped_while_a_slot_waits_records_it_skipped(
                                          if r.result == "waiting"), None),
                            20, interval=0.05, what="a waiting slot")
     finally:
-        codes = stop_all([proc])
+        codes = fleet.stop()
     assert codes == [0]
     record = store.run(waiting.id)
     assert record is not None and record.result == "skipped", record
@@ -422,18 +430,3 @@ def test_status_and_the_web_pages_show_a_waiting_slot(store: Store, tmp_path: Pa
              interval=0.1, what="the dead waiter swept lost")
     lost = store.run(third.run_id)
     assert lost is not None and lost.result == "lost"
-
-
-def test_a_host_that_queues_claims_the_slot_none_took_instead_of_skipping_it() -> None:
-    """The planner: at --max-running the slot is left to the others once,
-    then, with --when-full queue, claimed here (its run waits for room)."""
-    from test_planner import NOW, due, job
-
-    from dblockrun.scheduling.planner import Act, Outcome, Planner
-
-    planner = Planner(10.0, 0.5, host_queue=True)
-    assert planner.decide(job(), due(NOW - 0.5), NOW, busy=False, full=True).act is Act.DEFER
-    planner.after(job(), NOW - 0.5, Outcome.AT_LIMIT, NOW, 0.01, delay=0.25)
-    second = planner.decide(job(), due(NOW - 0.5), NOW + 0.25, busy=False, full=True)
-    assert (second.act, second.slot, second.batch, second.plan) == (
-        Act.CLAIM, NOW - 0.5, False, None)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
+from commandlog import LONG_JOB, Line, log_of, read_lines, running, start_logging, starts
+from harness import Fleet
 from helpers import TestDb, wait_for
 from proxy import Proxy
-from test_faults import LONG_JOB, Fleet, Line, read_lines
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -31,12 +31,10 @@ def server(db: TestDb) -> int:
 
 
 @pytest.fixture
-def proxied(db: TestDb, tmp_path: Path, server: int) -> Iterator[tuple[Fleet, Proxy]]:
+def proxy(server: int) -> Iterator[Proxy]:
     proxy = Proxy(server)
-    fleet = Fleet(db, tmp_path, url=proxy.url_for(db.url))
-    yield fleet, proxy
+    yield proxy
     proxy.restore()
-    fleet.stop()
     proxy.close()
 
 
@@ -45,20 +43,17 @@ def record_of(store: Store, token: int) -> m.RunRecord:
 
 
 def line(fleet: Fleet, kind: str, token: int) -> Line | None:
-    return next((ln for ln in read_lines(fleet.log) if ln.kind == kind and ln.token == token),
+    return next((ln for ln in read_lines(log_of(fleet)) if ln.kind == kind and ln.token == token),
                 None)
 
 
 def test_a_run_stopped_for_its_lease_keeps_its_duration_and_why(
-    proxied: tuple[Fleet, Proxy],
-) -> None:
-    fleet, proxy = proxied
+        db: TestDb, fleet: Fleet, proxy: Proxy) -> None:
     # A slot every 5 s: none comes while the command runs, before the cut
     # (that one would be "still going", rightly).
-    fleet.jobs.write_text(LONG_JOB.replace('"* * * * * *"', '"*/5 * * * * *"')
-                          .format(log=fleet.log))
-    fleet.start(1)
-    _holder, token = wait_for(fleet.running, 30, what="a running job")
+    (d,) = start_logging(fleet, 1, LONG_JOB.replace('"* * * * * *"', '"*/5 * * * * *"'),
+                         url=proxy.url_for(db.url))
+    _holder, token = wait_for(lambda: running(fleet), 30, what="a running job")
     start = wait_for(lambda: line(fleet, "start", token), 10, what="the command to start")
     proxy.cut()
     cut_at = time.time()
@@ -67,10 +62,10 @@ def test_a_run_stopped_for_its_lease_keeps_its_duration_and_why(
     wait_for(lambda: time.time() - cut_at > 7, 9, what="a long outage")
     proxy.restore()
     back_at = time.time()
-    wait_for(lambda: "database back" in fleet.daemon_log(0), 20, what="the daemon to reconnect")
+    wait_for(lambda: "database back" in d.text(), 20, what="the daemon to reconnect")
     wait_for(lambda: record_of(fleet.store, token).result != m.RUNNING, 30,
              what="the stopped run's record")
-    wait_for(lambda: next((s for s in fleet.starts() if s.token > token), None), 20,
+    wait_for(lambda: next((s for s in starts(fleet) if s.token > token), None), 20,
              what="the job to run again")
     run = record_of(fleet.store, token)
     assert run.result == m.KILLED
@@ -84,7 +79,7 @@ def test_a_run_stopped_for_its_lease_keeps_its_duration_and_why(
     assert run.duration is not None and real - 0.2 < run.duration < real + 1.5, (
         run.duration, real)
     assert run.finished is not None and run.finished < back_at - 2
-    log = fleet.daemon_log(0)
+    log = d.text()
     assert "previous run still going" not in log, log
     print(f"\nlost lease: command ran {real:.2f}s, recorded {run.duration:.2f}s; "
           f"database back {back_at - end.at:.2f}s after the stop")
@@ -143,15 +138,13 @@ def refuse_results(db: TestDb, store: Store) -> Callable[[float], None]:
 
 
 def test_a_run_stopped_at_lock_at_most_stores_why_and_the_next_slot_waits_for_its_record(
-    db: TestDb, tmp_path: Path, server: int,
+    db: TestDb, fleet: Fleet, server: int,
 ) -> None:
-    # A lease longer than the refused writes: the run is never lost meanwhile.
-    fleet = Fleet(db, tmp_path, lease="10s")
-    fleet.jobs.write_text(SLOW_RESULT.format(log=fleet.log))
     try:
         refuse_until = refuse_results(db, fleet.store)
-        fleet.start(1)
-        _holder, token = wait_for(fleet.running, 30, what="a running job")
+        # A lease longer than the refused writes: the run is never lost meanwhile.
+        (d,) = start_logging(fleet, 1, SLOW_RESULT, lease="10s")
+        _holder, token = wait_for(lambda: running(fleet), 30, what="a running job")
         first = record_of(fleet.store, token)
         assert first.slot is not None
         # Stopped at lock-at-most, 1 s in; its result refused past the next
@@ -163,7 +156,7 @@ def test_a_run_stopped_at_lock_at_most_stores_why_and_the_next_slot_waits_for_it
                                      if r.token is not None and r.token > token), None), 10,
                        what="the next slot's run")
         run = record_of(fleet.store, token)
-        log = fleet.daemon_log(0)
+        log = d.text()
         assert run.result == m.TIMEOUT
         assert run.output == "started\nreached lock-at-most\n"
         # Stopped at 1 s; its result written some 3 s later.

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import pytest
-from helpers import TestDb, dblockrun_cmd, wait_for
+from harness import Fleet, Process, pid_alive
+from helpers import TestDb, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -37,30 +34,11 @@ def flood_line(i: int) -> bytes:
     return f"{i:09d} ".encode() + b"x" * 989 + b"\n"
 
 
-def start_daemon(db: TestDb, jobs: Path, log: Path | None = None) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DBLOCKRUN_")}
-    out: Any = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(
-        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-         "--heartbeat", "0.5s", "--lease", "2s", "--grace", "1s"],
-        stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    if log:
-        out.close()
-    return proc
-
-
-@pytest.fixture
-def daemon_proc() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+def start_daemon(fleet: Fleet, jobs: Path, log: Path | None = None) -> Process:
+    """A daemon with a short heartbeat, lease and grace, its stdout and
+    stderr into ``log`` (none: /dev/null)."""
+    return fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="1s",
+                       log=log or Path(os.devnull), stdout_to_log=True, cwd=REPO)
 
 
 def runs(db: TestDb, job: str) -> list[m.RunRecord]:
@@ -81,16 +59,8 @@ def rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[-1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def test_output_flood_keeps_memory_flat(sqlite_db: TestDb, tmp_path: Path,
-                                        daemon_proc: list[subprocess.Popen[bytes]]) -> None:
+def test_output_flood_keeps_memory_flat(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     go = tmp_path / "go"
     script = tmp_path / "flood.py"
     script.write_text(
@@ -102,8 +72,7 @@ def test_output_flood_keeps_memory_flat(sqlite_db: TestDb, tmp_path: Path,
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n  flood: {{rate: 1h, lock-at-most: 5m, "
                     f"command: [python3, {str(script)!r}]}}\n")
-    daemon = start_daemon(sqlite_db, jobs)  # its log (200 MB of it) goes to /dev/null
-    daemon_proc.append(daemon)
+    daemon = start_daemon(sqlite_fleet, jobs)  # its log (200 MB of it) goes to /dev/null
     wait_for(lambda: runs(sqlite_db, "flood") or None, 30, what="the flood run started")
     baseline = rss(daemon.pid)
     samples: list[int] = []
@@ -137,8 +106,8 @@ def test_output_flood_keeps_memory_flat(sqlite_db: TestDb, tmp_path: Path,
     assert run.output.encode() == expected
 
 
-def test_background_children_die_with_the_run(sqlite_db: TestDb, tmp_path: Path,
-                                             daemon_proc: list[subprocess.Popen[bytes]]) -> None:
+def test_background_children_die_with_the_run(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     quick, slow = tmp_path / "quick.pid", tmp_path / "slow.pid"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(
@@ -148,24 +117,24 @@ def test_background_children_die_with_the_run(sqlite_db: TestDb, tmp_path: Path,
         # Reaches lock-at-most with a background child.
         f"  slow: {{rate: 1h, lock-at-most: 1s, "
         f"command: 'sleep 300 & echo $! > {slow}; sleep 300'}}\n")
-    daemon_proc.append(start_daemon(sqlite_db, jobs, tmp_path / "d.log"))
+    start_daemon(sqlite_fleet, jobs, tmp_path / "d.log")
     run = wait_for(lambda: finished(sqlite_db, "quick"), 30, what="quick finished")
     assert run.result == m.OK and (run.duration or 0) < 5, run
     child = int(quick.read_text())
-    wait_for(lambda: not alive(child), 5, what="quick's background child gone")
+    wait_for(lambda: not pid_alive(child), 5, what="quick's background child gone")
     run = wait_for(lambda: finished(sqlite_db, "slow"), 30, what="slow stopped")
     assert run.result == m.TIMEOUT, run
     child = int(slow.read_text())
-    wait_for(lambda: not alive(child), 5, what="slow's background child gone")
+    wait_for(lambda: not pid_alive(child), 5, what="slow's background child gone")
 
 
 def test_sigterm_ignored_is_killed_after_the_grace(
-        sqlite_db: TestDb, tmp_path: Path, daemon_proc: list[subprocess.Popen[bytes]]) -> None:
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     pidfile = tmp_path / "pid"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n  stubborn: {{rate: 1h, lock-at-most: 1s, command: "
                     f"'trap \"\" TERM; echo $$ > {pidfile}; while :; do sleep 0.1; done'}}\n")
-    daemon_proc.append(start_daemon(sqlite_db, jobs, tmp_path / "d.log"))
+    start_daemon(sqlite_fleet, jobs, tmp_path / "d.log")
     pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30))
     run = wait_for(lambda: finished(sqlite_db, "stubborn"), 30, what="stubborn stopped")
     assert run.result == m.TIMEOUT, run
@@ -173,11 +142,11 @@ def test_sigterm_ignored_is_killed_after_the_grace(
     # lock-at-most, then SIGTERM (ignored), then SIGKILL after the grace.
     assert run.duration is not None
     assert 1.0 + KILL_GRACE - 0.5 <= run.duration <= 1.0 + KILL_GRACE + 3.0, run.duration
-    assert not alive(pid)
+    assert not pid_alive(pid)
 
 
 def test_closed_stdout_does_not_hang_the_daemon(
-        sqlite_db: TestDb, tmp_path: Path, daemon_proc: list[subprocess.Popen[bytes]]) -> None:
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     done = tmp_path / "done"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(
@@ -185,7 +154,7 @@ def test_closed_stdout_does_not_hang_the_daemon(
         f"  closer: {{rate: 1h, command: 'echo bye; exec >&- 2>&-; sleep 2; touch {done}'}}\n"
         "  forever: {rate: 1h, lock-at-most: 2s, command: 'exec >&- 2>&-; sleep 300'}\n"
         "  canary: {cron: '* * * * * *', command: 'true'}\n")
-    daemon_proc.append(start_daemon(sqlite_db, jobs, tmp_path / "d.log"))
+    start_daemon(sqlite_fleet, jobs, tmp_path / "d.log")
     run = wait_for(lambda: finished(sqlite_db, "closer"), 30, what="closer finished")
     assert run.result == m.OK and done.exists(), run
     assert run.duration is not None and run.duration >= 2.0
@@ -198,14 +167,14 @@ def test_closed_stdout_does_not_hang_the_daemon(
 
 
 def test_long_lines_of_letters_do_not_stall_the_daemon(
-        sqlite_db: TestDb, tmp_path: Path, daemon_proc: list[subprocess.Popen[bytes]]) -> None:
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     # 4 MB of one letter, no newline: cut into 64 KiB log lines. The log's password
     # scrubber once backtracked quadratically on such lines (~10 s of CPU each),
     # starving the heartbeat until the run was fenced.
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  letters: {rate: 1h, "
                     "command: \"head -c 4000000 /dev/zero | tr '\\\\0' x\"}\n")
-    daemon_proc.append(start_daemon(sqlite_db, jobs, tmp_path / "d.log"))
+    start_daemon(sqlite_fleet, jobs, tmp_path / "d.log")
     run = wait_for(lambda: finished(sqlite_db, "letters"), 60, what="letters finished")
     assert run.result == m.OK, run.result
     assert run.duration is not None and run.duration < 10, run.duration
@@ -213,14 +182,14 @@ def test_long_lines_of_letters_do_not_stall_the_daemon(
 
 
 def test_daemon_logs_and_stores_stdout_and_stderr_in_order(
-        sqlite_db: TestDb, tmp_path: Path, daemon_proc: list[subprocess.Popen[bytes]]) -> None:
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     # The daemon reads both streams through one pipe: the order written is
     # the order logged and stored (exec alone keeps them apart).
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  both: {rate: 1h, "
                     "command: 'echo one; echo two >&2; echo three; echo four >&2'}\n")
     log = tmp_path / "d.log"
-    daemon_proc.append(start_daemon(sqlite_db, jobs, log))
+    start_daemon(sqlite_fleet, jobs, log)
     run = wait_for(lambda: finished(sqlite_db, "both"), 30, what="both finished")
     assert (run.result, run.output) == (m.OK, "one\ntwo\nthree\nfour\n"), run
     logged = [line.split("] ", 1)[1] for line in log.read_text().splitlines()

@@ -4,14 +4,13 @@ old collation merged already have rows."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from conftest import ServerDatabases, new_prefix
-from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
+from conftest import ServerDatabases
+from harness import Fleet
+from helpers import TestDb, clean_env, dblockrun_cmd, new_prefix
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -214,28 +213,17 @@ def test_mariadb_refusal_from_the_command_line_and_its_way_out(maria: Store) -> 
 
 
 @pytest.mark.slow
-def test_jobs_differing_only_in_case_both_run_every_slot(db: TestDb, store: Store,
-                                                         tmp_path: Path) -> None:
-    jobs = tmp_path / "jobs.yaml"
-    jobs.write_text('jobs:\n'
+def test_jobs_differing_only_in_case_both_run_every_slot(
+        db: TestDb, store: Store, fleet: Fleet) -> None:
+    d = fleet.start('jobs:\n'
                     '  Backup: {cron: "* * * * * *", command: "true"}\n'
                     '  backup: {cron: "* * * * * *", command: "true"}\n')
-    log = tmp_path / "daemon.log"
-    cmd = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-           "--heartbeat", "1s", "--lease", "3s", "--grace", "5s"]
-    with log.open("wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
-                                env=clean_env(PYTHONUNBUFFERED="1"))
     try:
-        def six_slots_each() -> bool:
-            assert proc.poll() is None, log.read_text()
-            return all(len(store.history(n, 100)) >= 6 for n in ("Backup", "backup"))
-
-        wait_for(six_slots_each, 40, interval=0.2, what="six slots of each job")
+        d.wait(lambda: all(len(store.history(n, 100)) >= 6 for n in ("Backup", "backup")), 40,
+               interval=0.2, what="six slots of each job")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-    assert code == 0, log.read_text()
+        code = d.stop()
+    assert code == 0, d.text()
     runs = {n: sorted(store.history(n, 100), key=lambda r: r.id) for n in ("Backup", "backup")}
     for name, records in runs.items():
         assert {r.job for r in records} == {name}

@@ -9,22 +9,22 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import pwd
 import secrets
-import signal
 import stat
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from conftest import MY_HOST, MY_PORT, PG_HOST, PG_PORT, my_admin, pg_admin
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from harness import Fleet, Process, daemon_argv
+from helpers import TestDb, clean_env, cli, history_of, lock_row, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jobfiles import write_jobs
 
 from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
@@ -32,12 +32,6 @@ from dblockrun.store.dburl import resolve_url
 from dblockrun.store.status import report
 
 SECRET = "s3cr3t-Pw"
-
-
-def cli(*args: str, env: dict[str, str] | None = None,
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*dblockrun_cmd(), *args], capture_output=True, text=True,
-                          env=env or clean_env(), cwd=REPO, timeout=timeout)
 
 
 def one_clear_line(proc: subprocess.CompletedProcess[str], status: int, *needles: str) -> str:
@@ -54,44 +48,8 @@ def one_clear_line(proc: subprocess.CompletedProcess[str], status: int, *needles
     return lines[0]
 
 
-class Daemon:
-    """`dblockrun daemon` with its log in a file."""
-
-    def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None,
-                 cwd: Path = REPO) -> None:
-        self.log = log
-        self._out = open(log, "wb")  # noqa: SIM115  (closed in stop)
-        self.proc = subprocess.Popen([*dblockrun_cmd(), *args], stdout=self._out,
-                                     stderr=subprocess.STDOUT, env=env or clean_env(), cwd=cwd)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self._out.close()
-        return code
-
-
-def logged(daemon: Daemon, text: str) -> bool:
+def logged(daemon: Process, text: str) -> bool:
     return text in daemon.text()
-
-
-def write_jobs(path: Path, body: str) -> Path:
-    path.write_text(body)
-    return path
-
-
-def daemon_args(url: str, prefix: str, jobs: Path, *extra: str) -> list[str]:
-    return ["--db", url, "--table-prefix", prefix, *extra, "daemon", str(jobs),
-            "--heartbeat", "0.5s", "--lease", "2s", "--grace", "2s"]
 
 
 # -- 1. credentials ------------------------------------------------------------
@@ -187,7 +145,7 @@ def test_password_hidden_everywhere(tmp_path: Path, scheme: str) -> None:
     outputs = []
     for debug in ([], ["--debug"]):
         for fmt in ("text", "json"):
-            d = Daemon([*debug, "--db", url, "daemon", str(jobs), "--log-format", fmt],
+            d = Process(daemon_argv(["--db", url], jobs, "--log-format", fmt, before=debug),
                        tmp_path / f"daemon{len(debug)}{fmt}.log")
             wait_for(functools.partial(logged, d, "database unreachable"), 30,
                      what="the outage log line")
@@ -275,7 +233,7 @@ def test_unreachable_host(tmp_path: Path, marker_jobs: tuple[Path, Path]) -> Non
     one_clear_line(cli("--db", url, "exec", "-n", "j", "--", "touch", str(marker)), 1,
                    "Connection refused")
     # The daemon waits for the database (it may still be booting): one line, no run.
-    d = Daemon(["--db", url, "daemon", str(jobs)], tmp_path / "d.log")
+    d = Process(daemon_argv(["--db", url], jobs), tmp_path / "d.log")
     wait_for(lambda: "retrying with backoff" in d.text(), 30, what="the outage line")
     assert d.stop() == 0
     assert d.text().count("database unreachable") == 1
@@ -293,25 +251,11 @@ def test_schema_from_newer_version(db: TestDb, marker_jobs: tuple[Path, Path]) -
                               "schema is version 99", "upgrade dblockrun")
 
 
-def lock_row(db: TestDb, name: str, **values: Any) -> None:
-    with Store(db.url, db.prefix) as store:
-        store.ensure_jobs([name])
-        locks = store.t.locks
-        with store.engine.connect() as conn:
-            conn.execute(locks.update().where(locks.c.name == name).values(**values))
-
-
-def runs_of(db: TestDb, name: str) -> list[Any]:
-    """The job's runs, newest first."""
-    with Store(db.url, db.prefix) as store:
-        return store.history(name, 1000)
-
-
 def some_runs(db: TestDb, name: str) -> list[Any] | None:
-    return runs_of(db, name) or None
+    return history_of(db, name) or None
 
 
-def test_lock_table_edited_into_nonsense(db: TestDb, tmp_path: Path) -> None:
+def test_lock_table_edited_into_nonsense(db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     far = 253402300799.0 * 4  # beyond year 9999
     with Store(db.url, db.prefix) as store:
         now = store.db_now()
@@ -327,7 +271,7 @@ def test_lock_table_edited_into_nonsense(db: TestDb, tmp_path: Path) -> None:
         f"  {n}: {{rate: 1s, command: 'true'}}\n"
         for n in ("null-holder", "far-future", "negative", "canary"))
         + "  future-slot: {cron: '* * * * * *', command: 'true'}\n")
-    d = Daemon(daemon_args(db.url, db.prefix, jobs), tmp_path / "d.log")
+    d = fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
     try:
         # status must show the nonsense, not crash.
         for args in (["status"], ["status", "--json"], ["history"]):
@@ -340,13 +284,13 @@ def test_lock_table_edited_into_nonsense(db: TestDb, tmp_path: Path) -> None:
         assert states["null-holder"]["holder"] is None
         assert states["far-future"]["state"] == "locked"
         # The canary runs several times meanwhile; the locked jobs never do.
-        wait_for(lambda: len(runs_of(db, "canary")) >= 3, 30, what="three canary runs")
-        assert runs_of(db, "null-holder") == []
-        assert runs_of(db, "far-future") == []
+        wait_for(lambda: len(history_of(db, "canary")) >= 3, 30, what="three canary runs")
+        assert history_of(db, "null-holder") == []
+        assert history_of(db, "far-future") == []
         # A last start or slot in the future holds a job back: not run either. (On
         # MariaDB a negative token makes the claim fail: LAST_INSERT_ID() is unsigned.)
-        assert runs_of(db, "negative") == []
-        assert runs_of(db, "future-slot") == []
+        assert history_of(db, "negative") == []
+        assert history_of(db, "future-slot") == []
         # Recovery: `dblockrun unlock` frees the lock, bumps the token and forgets
         # a last start or slot in the future.
         for name in ("null-holder", "far-future", "negative", "future-slot"):
@@ -355,7 +299,7 @@ def test_lock_table_edited_into_nonsense(db: TestDb, tmp_path: Path) -> None:
         for name, first_token in (("null-holder", 9), ("far-future", 2), ("negative", 2),
                                   ("future-slot", 2)):
             wait_for(functools.partial(some_runs, db, name), 30, what=f"a run of {name}")
-            assert runs_of(db, name)[-1].token == first_token, name
+            assert history_of(db, name)[-1].token == first_token, name
         assert "Traceback" not in d.text()
     finally:
         assert d.stop() == 0
@@ -363,18 +307,18 @@ def test_lock_table_edited_into_nonsense(db: TestDb, tmp_path: Path) -> None:
     one_clear_line(missing, 2, "no such job")
 
 
-def test_unlock_fences_a_running_holder(db: TestDb, tmp_path: Path) -> None:
+def test_unlock_fences_a_running_holder(db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     pidfile = tmp_path / "pid"
     command = f"echo $$ > {pidfile}; exec sleep 60"
     jobs = write_jobs(tmp_path / "jobs.yaml",
                       f"jobs:\n  long: {{rate: 1h, command: '{command}'}}\n")
-    d = Daemon(daemon_args(db.url, db.prefix, jobs), tmp_path / "d.log")
+    d = fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
     try:
         pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30))
         assert cli("--db", db.url, "--table-prefix", db.prefix, "unlock", "long").returncode == 0
         wait_for(lambda: not Path(f"/proc/{pid}").exists(), 15, what="the fenced command gone")
         # Its result is no longer the daemon's to write (token changed): swept as lost.
-        wait_for(lambda: runs_of(db, "long")[0].result in ("lost", "killed"), 15,
+        wait_for(lambda: history_of(db, "long")[0].result in ("lost", "killed"), 15,
                  what="run lost")
     finally:
         assert d.stop() == 0
@@ -429,7 +373,8 @@ def dml_only_url(db: TestDb) -> Iterator[str]:
             cur.execute(f"DROP USER '{role}'@'%'")
 
 
-def test_daemon_and_exec_without_ddl(db: TestDb, dml_only_url: str, tmp_path: Path) -> None:
+def test_daemon_and_exec_without_ddl(
+        db: TestDb, dml_only_url: str, tmp_path: Path, fleet: Fleet) -> None:
     url = dml_only_url
     with Store(url, db.prefix) as store, store.engine.connect() as conn:
         with pytest.raises(sa.exc.SQLAlchemyError):  # really no DDL
@@ -441,9 +386,11 @@ def test_daemon_and_exec_without_ddl(db: TestDb, dml_only_url: str, tmp_path: Pa
     assert marker.exists()
     jobs = write_jobs(tmp_path / "jobs.yaml", "jobs:\n  j: {rate: 1s, command: 'echo hi'}\n"
                       "  f: {rate: 1s, items: [a, b], command: 'true'}\n")
-    d = Daemon(daemon_args(url, db.prefix, jobs), tmp_path / "d.log")
+    # A lease a loaded machine cannot outlast between a claim and its command's
+    # start: every run must be ok (a 2 s lease lost one, under parallel tests).
+    d = fleet.start(jobs, url=url, heartbeat="0.5s", lease="10s", grace="2s")
     try:
-        wait_for(lambda: len(runs_of(db, "j")) >= 2 and len(runs_of(db, "f")) >= 2, 30,
+        wait_for(lambda: len(history_of(db, "j")) >= 2 and len(history_of(db, "f")) >= 2, 30,
                  what="runs as the DML-only role")
         for args in (["status"], ["history"], ["disable", "j", "--for", "1h"], ["enable", "j"],
                      ["unlock", "j"], ["pause", "--for", "1h"], ["resume"], ["audit"]):
@@ -452,7 +399,7 @@ def test_daemon_and_exec_without_ddl(db: TestDb, dml_only_url: str, tmp_path: Pa
     finally:
         assert d.stop() == 0
     assert "ERROR" not in d.text(), d.text()
-    assert all(r.result == "ok" for r in runs_of(db, "j")), runs_of(db, "j")
+    assert all(r.result == "ok" for r in history_of(db, "j")), history_of(db, "j")
 
 
 def test_no_schema_and_no_ddl_is_one_line(db: TestDb, dml_only_url: str) -> None:
@@ -535,24 +482,8 @@ def test_unknown_user_is_a_load_error(tmp_path: Path) -> None:
                    f"{jobs}:5: job 'j': user: unknown user 'no-such-user-x'")
 
 
-@pytest.fixture
-def system_user() -> Iterator[str]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a user and switch to it")
-    name = f"dbrt{secrets.token_hex(3)}"
-    group = f"{name}g"
-    subprocess.run(["groupadd", group], check=True)
-    subprocess.run(["useradd", "--create-home", "--groups", group, "--shell", "/bin/sh", name],
-                   check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
-        subprocess.run(["groupdel", group], check=False, capture_output=True)
-
-
-def test_user_key_runs_the_command_as_that_user(system_user: str, sqlite_db: TestDb,
-                                                tmp_path: Path) -> None:
+def test_user_key_runs_the_command_as_that_user(
+        system_user: str, sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     pw = pwd.getpwnam(system_user)
     # Output goes to the stored tail (pytest's tmp_path is private to root).
     probe = "id -un; id -Gn; echo $HOME $USER $LOGNAME; pwd; ps -o user= -p $PPID"
@@ -561,7 +492,7 @@ def test_user_key_runs_the_command_as_that_user(system_user: str, sqlite_db: Tes
                       f"    command: '{probe}'\n"
                       f"  f:\n    rate: 1h\n    user: {system_user}\n    items-command: id -un\n"
                       f"    command: 'echo $DBLOCKRUN_ITEM; id -un'\n")
-    d = Daemon(daemon_args(sqlite_db.url, sqlite_db.prefix, jobs), tmp_path / "d.log")
+    d = sqlite_fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
 
     def finished(name: str) -> Any:
         with Store(sqlite_db.url, sqlite_db.prefix) as store:

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from harness import Fleet, pid_alive
+from helpers import REPO, TestDb, clean_env, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -89,17 +90,8 @@ def test_stop_request_at_any_instant_of_the_main_loop_stops_the_daemon(
     assert "stopped" in res.stderr, res.stderr
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
 def test_second_sigint_stops_the_running_commands_now(
-    db: TestDb, store: Store, tmp_path: Path
+    db: TestDb, store: Store, tmp_path: Path, fleet: Fleet
 ) -> None:
     # Ctrl-C twice, as at a foreground program: the first lets the run
     # finish within --grace (a minute), the second stops it at once.
@@ -107,29 +99,23 @@ def test_second_sigint_stops_the_running_commands_now(
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(f"jobs:\n  long:\n    rate: 1h\n"
                     f"    command: 'echo $$ > {pidfile}; exec sleep 300'\n")
-    log = tmp_path / "daemon.log"
-    with log.open("wb") as err:
-        daemon = subprocess.Popen(
-            [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-             "--heartbeat", "1s", "--lease", "3s", "--grace", "60s"],
-            stdout=subprocess.DEVNULL, stderr=err, env=clean_env(), cwd=REPO)
+    daemon = fleet.start(jobs, grace="60s", name="daemon", cwd=REPO, env=clean_env())
+    log = daemon.log
     try:
         pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30,
                            what="the command started"))
-        daemon.send_signal(signal.SIGINT)
+        daemon.send(signal.SIGINT)
         wait_for(lambda: "stopping: waiting up to 60s for 1 running job" in log.read_text(),
                  30, what="the daemon stopping")
-        assert alive(pid), "the first SIGINT must leave the run its grace"
+        assert pid_alive(pid), "the first SIGINT must leave the run its grace"
         sent = time.monotonic()
-        daemon.send_signal(signal.SIGINT)
-        assert daemon.wait(timeout=20) == 0, log.read_text()
+        daemon.send(signal.SIGINT)
+        assert daemon.exited(20) == 0, log.read_text()
         took = time.monotonic() - sent
     finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
+        daemon.kill()
     assert took < 5, f"{took:.1f}s to stop after the second SIGINT"
-    assert not alive(pid)
+    assert not pid_alive(pid)
     (run,) = store.history("long")
     assert (run.result, run.exit_code) == (m.KILLED, 128 + signal.SIGTERM), run
     assert "interrupted again: stopping 1 running job(s) now" in log.read_text()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 
 import pytest
 from faketime import DAEMON_MAIN, DAEMON_PRELUDE, FAKETIME_PACKAGE, find_faketime
+from harness import Fleet
 from helpers import TestDb, dblockrun_cmd, wait_for
 
 from dblockrun.store import Store
@@ -146,19 +146,6 @@ def faketime_lib() -> str:
     return lib
 
 
-def start_daemon(db: TestDb, jobs: Path, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-c", DAEMON_MAIN, "--db", db.url, "--table-prefix", db.prefix,
-           "daemon", str(jobs), "--heartbeat", "1s", "--lease", "3s", "--grace", "5s"]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=env)
-
-
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> list[int]:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    return [p.wait(timeout=30) for p in procs]
-
-
 def status_json(db: TestDb) -> dict[str, Any]:
     """`dblockrun status --json`, run as a real process on the real clock."""
     res = subprocess.run(
@@ -216,17 +203,16 @@ def missed_slots(slots: list[float]) -> int:
 
 @pytest.mark.slow
 def test_skewed_clocks_run_each_slot_once_and_never_early(
-    db: TestDb, tmp_path: Path, faketime_lib: str
+    db: TestDb, tmp_path: Path, faketime_lib: str, fleet: Fleet
 ) -> None:
     out = tmp_path / "runs.log"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(JOB.replace("@LOG@", str(out)))
-    procs = [
-        start_daemon(db, jobs, tmp_path / f"daemon{skew:+g}.log", fake_env(faketime_lib, skew))
-        for skew in SKEWS
-    ]
+    procs = [fleet.start(jobs, name=f"daemon{skew:+g}", program=[sys.executable, "-c", DAEMON_MAIN],
+                         env=fake_env(faketime_lib, skew))
+             for skew in SKEWS]
     skew_of_pid = {p.pid: skew for p, skew in zip(procs, SKEWS, strict=True)}
-    alive: Callable[[], bool] = lambda: all(p.poll() is None for p in procs)  # noqa: E731
+    alive: Callable[[], bool] = lambda: all(p.alive() for p in procs)  # noqa: E731
     try:
         store = Store(db.url, db.prefix)
         try:
@@ -242,7 +228,7 @@ def test_skewed_clocks_run_each_slot_once_and_never_early(
                  RUN_SECONDS + 5, interval=0.5, what="the run period")
         assert alive(), "a daemon died"
     finally:
-        codes = stop_all(procs)
+        codes = fleet.stop()
     assert codes == [0] * len(SKEWS), f"daemon exit statuses {codes}"
 
     offsets = {skew_of_pid[h["pid"]]: h["clock_offset"] for h in status["hosts"]

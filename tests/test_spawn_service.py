@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from harness import group_alive
 from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.running import spawn
@@ -68,12 +69,6 @@ class Run:
         return b"".join(self.lines).decode()
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def fd_targets(pid: int) -> dict[int, str]:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
+from harness import Fleet
 from helpers import TestDb, dblockrun_cmd, wait_for
 
 from dblockrun.cli import cli
@@ -638,7 +639,7 @@ def test_failed_lost_disabled_and_paused_are_coloured_on_a_terminal(
 
 
 def _watch(db: TestDb, stdout: int) -> subprocess.Popen[bytes]:
-    from helpers import clean_env, dblockrun_cmd, sigint_default
+    from helpers import clean_env, sigint_default
 
     return subprocess.Popen([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
                              "status", "--watch"],
@@ -755,25 +756,15 @@ def test_a_host_is_live_by_its_own_heartbeat(db: TestDb, store: Store) -> None:
 
 
 def test_a_killed_daemon_with_1s_heartbeats_leaves_status_within_seconds(
-        sqlite_db: TestDb, tmp_path: Path) -> None:
-    jobs = tmp_path / "jobs.yaml"
-    jobs.write_text("jobs:\n  yearly: {cron: '0 0 1 1 *', command: 'true'}\n")
-    proc = subprocess.Popen(
-        [*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix, "daemon",
-         str(jobs), "--heartbeat", "1s", "--lease", "3s"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        with Store(sqlite_db.url, sqlite_db.prefix) as store:
-            live = wait_for(lambda: store.live_hosts() or None, 30, what="the daemon's host row")
-            assert [h.heartbeat for h in live] == [1.0]
-            assert "live hosts (a heartbeat in the last 4s)" in invoke(sqlite_db, "status").stdout
-            proc.kill()
-            proc.wait(timeout=10)
-            killed = time.monotonic()
-            # Gone 4 s after its last round, well before a fixed 15 s.
-            wait_for(lambda: not store.live_hosts(), 10, what="the killed daemon not live")
-            assert time.monotonic() - killed < 10
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+        sqlite_db: TestDb, sqlite_fleet: Fleet) -> None:
+    proc = sqlite_fleet.start("jobs:\n  yearly: {cron: '0 0 1 1 *', command: 'true'}\n",
+                              grace=None)
+    with Store(sqlite_db.url, sqlite_db.prefix) as store:
+        live = wait_for(lambda: store.live_hosts() or None, 30, what="the daemon's host row")
+        assert [h.heartbeat for h in live] == [1.0]
+        assert "live hosts (a heartbeat in the last 4s)" in invoke(sqlite_db, "status").stdout
+        proc.kill()
+        killed = time.monotonic()
+        # Gone 4 s after its last round, well before a fixed 15 s.
+        wait_for(lambda: not store.live_hosts(), 10, what="the killed daemon not live")
+        assert time.monotonic() - killed < 10

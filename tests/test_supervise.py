@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -24,9 +23,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TestDb, clean_env, free_port, http_get, wait_for
-from test_daemon import pass_time
-from test_notify import Hooks
+from harness import NotifySocket, Process, daemon_argv, database_options
+from helpers import REPO, TestDb, clean_env, free_port, pass_time
+from hooks import Hooks
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -53,44 +52,7 @@ main()
 FAULT = "RuntimeError: injected fault"
 
 
-class NotifySocket:
-    """The socket systemd listens on, read all the time as systemd does (a
-    full queue would block the daemon's next message)."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.1)
-        self.messages: list[str] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        while not self._closed:
-            try:
-                data = self.sock.recv(4096)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self._lock:
-                self.messages.append(data.decode())
-
-    def has(self, line: str) -> bool:
-        with self._lock:
-            return any(line in text.split("\n") for text in self.messages)
-
-    def count(self, text: str) -> int:
-        with self._lock:
-            return self.messages.count(text)
-
-    def close(self) -> None:
-        self._closed = True
-        self.sock.close()
-
-
-class Broken:
+class Broken(Process):
     """A `dblockrun daemon` whose ``module.owner.attr`` raises while the flag
     file exists; with --metrics and systemd's notify socket (watchdog 1 s:
     pinged at least every 0.5 s)."""
@@ -99,23 +61,20 @@ class Broken:
                  *extra: str) -> None:
         self.db = db
         self.flag = tmp / "broken"
-        self.log = tmp / "daemon.log"
         self.notify = NotifySocket(tmp / "notify")
-        self.port = free_port()
+        port = free_port()
         jobs = tmp / "jobs.yaml"
         jobs.write_text(jobs_text)
         module, owner, attr = target.rsplit(".", 2)
-        with self.log.open("wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", CHILD, module, owner, attr, str(self.flag),
-                 "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-                 "--metrics", f"127.0.0.1:{self.port}", "--grace", "5s", *extra],
-                stdout=subprocess.DEVNULL, stderr=err, cwd=REPO,
-                env=clean_env(PYTHONUNBUFFERED="1", NOTIFY_SOCKET=str(tmp / "notify"),
-                              WATCHDOG_USEC="1000000"))
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
+        super().__init__(
+            daemon_argv(database_options(db.url, db.prefix), jobs,
+                        "--metrics", f"127.0.0.1:{port}", "--grace", "5s", *extra,
+                        program=[sys.executable, "-c", CHILD, module, owner, attr,
+                                 str(self.flag)]),
+            tmp / "daemon.log", cwd=REPO,
+            env=clean_env(PYTHONUNBUFFERED="1", NOTIFY_SOCKET=str(tmp / "notify"),
+                          WATCHDOG_USEC="1000000"))
+        self.port = port
 
     @functools.cached_property
     def store(self) -> Store:
@@ -125,9 +84,6 @@ class Broken:
     def results(self, job: str) -> list[str]:
         """The job's run results, oldest first."""
         return [r.result for r in sorted(self.store.history(job, 1000), key=lambda r: r.id)]
-
-    def get(self, path: str) -> tuple[int, str]:
-        return http_get(self.port, path)
 
     def crashes(self, thread: str) -> float:
         code, body = self.get("/metrics")
@@ -148,15 +104,6 @@ class Broken:
             assert self.pings() <= before + 1, "watchdog pings while a thread is crashed"
 
         pass_time(seconds, none)
-
-    def wait(self, predicate: Callable[[], object], timeout: float, what: str) -> None:
-        def check() -> object:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited {self.proc.returncode} while waiting for "
-                                     f"{what}; log:\n{self.text()}")
-            return predicate()
-
-        wait_for(check, timeout, what=what)
 
     def ready(self) -> None:
         self.wait(lambda: self.notify.has("READY=1"), 30, "READY=1")
@@ -182,11 +129,6 @@ class Broken:
         assert text.count(f"thread {thread} crashed: {FAULT}; ") == 1, text
         assert re.search(rf"thread {thread} works again after \d+ crashes", text), text
 
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        return self.proc.wait(timeout=30)
-
 
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[Callable[..., Broken]]:
@@ -199,9 +141,7 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Broken]]:
 
     yield make
     for d in started:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
+        d.kill()
         d.notify.close()
         if "store" in d.__dict__:
             d.store.close()
@@ -271,7 +211,7 @@ def test_a_heartbeat_that_keeps_crashing_stops_the_daemon_with_status_1(
               "--heartbeat", "1s", "--lease", "4s")
     d.ready()
     d.flag.touch()
-    assert d.proc.wait(timeout=30) == 1
+    assert d.exited(30) == 1
     text = d.text()
     assert text.count("Traceback") == 1, text
     assert (f"thread heartbeat crashed again: {FAULT}; it kept crashing, so the daemon stops "

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from helpers import TestDb, dblockrun_cmd, wait_for
+from harness import Fleet, Process
+from helpers import TestDb, wait_for
 
 from dblockrun.cli import cli
 from dblockrun.config.load import load_jobs_text
@@ -219,13 +218,9 @@ jobs:
 """
 
 
-def start(db: TestDb, jobs: Path, log: Path, *labels: str) -> subprocess.Popen[bytes]:
-    cmd = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs),
-           "--heartbeat", "1s", "--lease", "3s", "--grace", "5s"]
-    for label in labels:
-        cmd += ["--label", label]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+def start(fleet: Fleet, jobs: Path, name: str, *labels: str) -> Process:
+    """A daemon with ``labels`` (``key=value``), logging to ``<name>.log``."""
+    return fleet.start(jobs, *(arg for label in labels for arg in ("--label", label)), name=name)
 
 
 def invoke(db: TestDb, *args: str) -> Result:
@@ -234,13 +229,12 @@ def invoke(db: TestDb, *args: str) -> Result:
 
 
 @pytest.mark.slow
-def test_run_on_and_every_host_across_two_daemons(db: TestDb, tmp_path: Path) -> None:
+def test_run_on_and_every_host_across_two_daemons(db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     out = tmp_path / "runs.log"
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(JOBS.format(log=out))
-    logs = [tmp_path / "alpha.log", tmp_path / "beta.log"]
-    procs = [start(db, jobs, logs[0], "hostname=alpha", "role=db"),
-             start(db, jobs, logs[1], "hostname=beta", "role=web")]
+    procs = [start(fleet, jobs, "alpha", "hostname=alpha", "role=db"),
+             start(fleet, jobs, "beta", "hostname=beta", "role=web")]
     store = Store(db.url, db.prefix)
     try:
         hosts = wait_for(lambda: h if len(h := store.hosts(seen_within=30)) == 2 else None,
@@ -259,11 +253,9 @@ def test_run_on_and_every_host_across_two_daemons(db: TestDb, tmp_path: Path) ->
         assert " started on " in requested.output
         status = invoke(db, "status", "--wide")  # (labels: --wide)
         every = invoke(db, "run", "rotate")
-        assert all(p.poll() is None for p in procs), "a daemon died"
+        assert all(p.alive() for p in procs), "a daemon died"
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        codes = [p.wait(timeout=30) for p in procs]
+        codes = fleet.stop()
     assert codes == [0, 0]
     # run-on role=db: every run, scheduled or requested, on the db daemon only.
     dbonly = store.history("dbonly", 1000)
@@ -296,24 +288,25 @@ def test_run_on_and_every_host_across_two_daemons(db: TestDb, tmp_path: Path) ->
     assert ("warning: job cacheonly: no live host matches run-on role=cache, so it runs "
             "nowhere") in status.output
     # The load warning, in each daemon's log.
-    for log in logs:
-        assert "WARNING job cacheonly: no live host matches run-on role=cache" in log.read_text()
+    for p in procs:
+        assert "WARNING job cacheonly: no live host matches run-on role=cache" in p.text()
     store.close()
 
 
 @pytest.mark.slow
-def test_disable_of_an_every_host_job_holds_on_every_host(db: TestDb, tmp_path: Path) -> None:
+def test_disable_of_an_every_host_job_holds_on_every_host(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """``disable JOB`` pauses every host's row, and a host that joins later
     starts paused too; ``enable JOB`` clears them all."""
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(JOBS.format(log=tmp_path / "runs.log"))
     store = Store(db.url, db.prefix)
-    alpha = start(db, jobs, tmp_path / "alpha.log", "hostname=alpha")
+    alpha = start(fleet, jobs, "alpha", "hostname=alpha")
     try:
         wait_for(lambda: store.lock_state("rotate@alpha"), 30, what="alpha's row")
         result = invoke(db, "disable", "rotate", "--reason", "maintenance")
         assert result.exit_code == 0, result.output
-        beta = start(db, jobs, tmp_path / "beta.log", "hostname=beta")
+        beta = start(fleet, jobs, "beta", "hostname=beta")
         try:
             row = wait_for(lambda: store.lock_state("rotate@beta"), 30, what="beta's row")
             assert row.disabled_reason == "maintenance"
@@ -324,30 +317,28 @@ def test_disable_of_an_every_host_job_holds_on_every_host(db: TestDb, tmp_path: 
             wait_for(lambda: (s := store.lock_state("rotate@beta")) and s.token > token, 30,
                      what="beta runs once enabled")
         finally:
-            beta.send_signal(signal.SIGTERM)
-            assert beta.wait(timeout=30) == 0
+            assert beta.stop() == 0
     finally:
-        alpha.send_signal(signal.SIGTERM)
-        assert alpha.wait(timeout=30) == 0
+        assert alpha.stop() == 0
     store.close()
 
 
 @pytest.mark.slow
-def test_reload_warns_of_a_job_no_live_host_matches(sqlite_db: TestDb, tmp_path: Path) -> None:
+def test_reload_warns_of_a_job_no_live_host_matches(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  tick: {rate: 1h, command: 'true'}\n")
-    log = tmp_path / "daemon.log"
-    proc = start(sqlite_db, jobs, log, "role=web")
+    proc = start(sqlite_fleet, jobs, "daemon", "role=web")
+    log = proc.log
     try:
         wait_for(lambda: "job tick: run" in log.read_text(), 30, what="the first run")
         assert "no live host matches" not in log.read_text()
         jobs.write_text("jobs:\n  tick: {rate: 1h, command: 'true', run-on: {role: db}}\n")
-        proc.send_signal(signal.SIGHUP)
+        proc.send(signal.SIGHUP)
         wait_for(lambda: "WARNING job tick: no live host matches run-on role=db" in
                  log.read_text(), 30, what="the warning")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert proc.stop() == 0
 
 
 def test_labels_cost_no_statement_in_the_bookkeeping_round(store: Store) -> None:
@@ -376,16 +367,16 @@ def test_labels_cost_no_statement_in_the_bookkeeping_round(store: Store) -> None
 
 
 @pytest.mark.slow
-def test_the_run_on_warning_waits_for_the_fleet_to_start(sqlite_db: TestDb,
-                                                         tmp_path: Path) -> None:
+def test_the_run_on_warning_waits_for_the_fleet_to_start(
+        sqlite_db: TestDb, tmp_path: Path, sqlite_fleet: Fleet) -> None:
     """A daemon does not warn at start-up of a job no live host matches: the
     host that matches may be starting too. It warns after a few rounds
     (fleet.py SETTLE_ROUNDS) if none has come."""
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  tick: {rate: 1h, command: 'true'}\n"
                     "  backup: {rate: 1h, command: 'true', run-on: {role: db}}\n")
-    log = tmp_path / "daemon.log"
-    proc = start(sqlite_db, jobs, log, "role=web")
+    proc = start(sqlite_fleet, jobs, "daemon", "role=web")
+    log = proc.log
     try:
         # The first run starts after the start-up round: no warning yet.
         wait_for(lambda: "job tick: run" in log.read_text(), 30, what="the first run")
@@ -393,6 +384,5 @@ def test_the_run_on_warning_waits_for_the_fleet_to_start(sqlite_db: TestDb,
         wait_for(lambda: "WARNING job backup: no live host matches run-on role=db" in
                  log.read_text(), 30, what="the warning, a few rounds later")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert proc.stop() == 0
     assert log.read_text().count("no live host matches") == 1

@@ -8,16 +8,23 @@ DBLOCKRUN_SCREENSHOTS=1."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ServerDatabases, new_prefix, strict
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, free_port, http_get, wait_for
+from conftest import ServerDatabases, strict
+from harness import Fleet
+from helpers import (
+    REPO,
+    TestDb,
+    clean_env,
+    free_port,
+    http_get,
+    new_prefix,
+    wait_for,
+)
 from webtools import PASSWORD, users_file
 
 from dblockrun.store import Store
@@ -64,22 +71,18 @@ jobs:
 
 
 @dataclass(frozen=True)
-class Fleet:
+class Dashboard:
+    """``dblockrun web`` at ``url`` over two daemons, on ``db``."""
+
     db: TestDb
     store: Store
     url: str
     dir: Path
 
 
-def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=clean_env(),
-                                cwd=REPO)
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory,
-          server_databases: ServerDatabases) -> Iterator[Fleet]:
+          server_databases: ServerDatabases) -> Iterator[Dashboard]:
     if not CHROMIUM.exists():
         why = "no /usr/bin/chromium (apt-get install chromium; scripts/test does)"
         if strict():
@@ -87,30 +90,24 @@ def fleet(tmp_path_factory: pytest.TempPathFactory,
         pytest.skip(why)
     work = tmp_path_factory.mktemp("web")
     db = TestDb("postgresql", server_databases.url("postgresql"), new_prefix())
-    jobs = work / "jobs.yaml"
-    jobs.write_text(JOBS.format(dir=work))
-    base = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix]
-    procs = [_start([*base, "daemon", str(jobs), "--heartbeat", f"{HEARTBEAT:g}s", "--lease", "3s",
-                     "--label", f"hostname=host{i}"], work / f"daemon{i}.log") for i in (1, 2)]
-    store = Store(db.url, db.prefix)
+    daemons = Fleet(db, work, heartbeat=f"{HEARTBEAT:g}s", grace=None)
+    jobs = daemons.jobs_file(JOBS.format(dir=work))
+    for i in (1, 2):
+        daemons.start(jobs, "--label", f"hostname=host{i}", name=f"daemon{i}", cwd=REPO,
+                      stdout_to_log=True, env=clean_env())
+    store = daemons.store
     try:
         wait_for(lambda: len(store.job_names()) == 5 and len(store.live_hosts()) == 2, 60,
                  what="two live daemons with the jobs")
         port = free_port()
-        procs.append(_start([*base, "web", "--listen", f"127.0.0.1:{port}", "--users",
-                             str(users_file(work / "users.yaml"))], work / "web.log"))
-        wait_for(lambda: http_get(port, "/login")[0] == 200, 60, what="dblockrun web")
-        yield Fleet(db, store, f"http://127.0.0.1:{port}", work)
+        web = daemons.command("web", "--listen", f"127.0.0.1:{port}", "--users",
+                              str(users_file(work / "users.yaml")), name="web", cwd=REPO,
+                              env=clean_env())
+        web.wait(lambda: http_get(port, "/login")[0] == 200, 60, what="dblockrun web")
+        yield Dashboard(db, store, f"http://127.0.0.1:{port}", work)
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        store.close()
+        daemons.stop()
+        daemons.close()
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +118,7 @@ def browser() -> Iterator[object]:
         chromium.close()
 
 
-def page_as(browser: object, fleet: Fleet, user: str | None):  # type: ignore[no-untyped-def]
+def page_as(browser: object, fleet: Dashboard, user: str | None):  # type: ignore[no-untyped-def]
     """A new page in a browser context of its own (its own cookies), signed in as ``user``."""
     context = browser.new_context(viewport={"width": 1100, "height": 650})  # type: ignore[attr-defined]
     page = context.new_page()
@@ -141,7 +138,7 @@ def run_of(store: Store, job: str) -> m.RunRecord | None:
 
 
 def test_the_fleet_page_shows_the_daemons_jobs_and_updates_when_a_run_ends(
-        browser: object, fleet: Fleet) -> None:
+        browser: object, fleet: Dashboard) -> None:
     page = page_as(browser, fleet, "vera")
     page.goto(fleet.url + "/")
     for job in ("tick", "once", "long", "evil"):
@@ -159,7 +156,7 @@ def test_the_fleet_page_shows_the_daemons_jobs_and_updates_when_a_run_ends(
     page.context.close()
 
 
-def test_actions_need_sign_in_and_the_operator_role(browser: object, fleet: Fleet) -> None:
+def test_actions_need_sign_in_and_the_operator_role(browser: object, fleet: Dashboard) -> None:
     anonymous = page_as(browser, fleet, None)
     anonymous.goto(f"{fleet.url}/confirm/run?job=once")
     assert "/login" in anonymous.url
@@ -183,7 +180,7 @@ def test_actions_need_sign_in_and_the_operator_role(browser: object, fleet: Flee
     assert [e for e in fleet.store.control.entries() if e.action == "run"] == []
 
 
-def test_a_form_without_its_csrf_token_is_refused(browser: object, fleet: Fleet) -> None:
+def test_a_form_without_its_csrf_token_is_refused(browser: object, fleet: Dashboard) -> None:
     page = page_as(browser, fleet, "olga")
     page.goto(f"{fleet.url}/confirm/disable?job=once")
     page.evaluate("document.querySelector('#confirm-form input[name=csrf]').remove()")
@@ -195,7 +192,7 @@ def test_a_form_without_its_csrf_token_is_refused(browser: object, fleet: Fleet)
     page.context.close()
 
 
-def test_a_run_started_from_the_page_runs_once(browser: object, fleet: Fleet) -> None:
+def test_a_run_started_from_the_page_runs_once(browser: object, fleet: Dashboard) -> None:
     page = page_as(browser, fleet, "olga")
     page.goto(f"{fleet.url}/jobs/once")
     page.click("#act-run")
@@ -216,7 +213,7 @@ def test_a_run_started_from_the_page_runs_once(browser: object, fleet: Fleet) ->
     page.context.close()
 
 
-def test_kill_from_the_page_ends_a_running_run(browser: object, fleet: Fleet) -> None:
+def test_kill_from_the_page_ends_a_running_run(browser: object, fleet: Dashboard) -> None:
     page = page_as(browser, fleet, "olga")
     page.goto(f"{fleet.url}/confirm/run?job=long")
     page.click("#confirm")
@@ -237,7 +234,7 @@ def test_kill_from_the_page_ends_a_running_run(browser: object, fleet: Fleet) ->
     page.context.close()
 
 
-def test_a_hostile_output_is_inert(browser: object, fleet: Fleet) -> None:
+def test_a_hostile_output_is_inert(browser: object, fleet: Dashboard) -> None:
     page = page_as(browser, fleet, "olga")
     page.goto(f"{fleet.url}/confirm/run?job=evil")
     page.click("#confirm")
@@ -259,7 +256,7 @@ def test_a_hostile_output_is_inert(browser: object, fleet: Fleet) -> None:
 
 
 def test_a_running_runs_output_shows_live_within_a_heartbeat(browser: object,
-                                                              fleet: Fleet) -> None:
+                                                              fleet: Dashboard) -> None:
     page = page_as(browser, fleet, "olga")
     page.goto(f"{fleet.url}/confirm/run?job=chatty")
     page.click("#confirm")

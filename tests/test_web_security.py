@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import ServerDatabases, new_prefix
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from conftest import ServerDatabases
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, new_prefix, wait_for
 from starlette.testclient import TestClient
 from webtools import (
     PASSWORD,

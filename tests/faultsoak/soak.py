@@ -17,7 +17,7 @@ from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
 from dblockrun.store.control import Audit
 from faultsoak.checker import Checker, Quiet, Violation, Window, count, daemon_problems
-from faultsoak.fleet import Daemon, Fleet
+from faultsoak.fleet import Host, Hosts
 from faultsoak.nemesis import Action, Fault, play, schedule
 from faultsoak.workload import LEASE, SCRIPT, jobs_yaml, read_commands
 
@@ -94,7 +94,7 @@ def print_schedule(faults: list[Fault], names: list[str], seed: int,
         log("  " + f.describe(names))
 
 
-def actions_for(faults: list[Fault], fleet: Fleet, injected: Counter[str],
+def actions_for(faults: list[Fault], fleet: Hosts, injected: Counter[str],
                 reload: Callable[[], None], store: Store,
                 quiet: list[Quiet], log: Callable[[str], None] = print) -> list[Action]:
     """The playback of ``faults``; each pause and disable, once over, is
@@ -102,7 +102,7 @@ def actions_for(faults: list[Fault], fleet: Fleet, injected: Counter[str],
     machine's clock: the database's)."""
     out: list[Action] = []
 
-    def one(f: Fault, d: Daemon) -> None:
+    def one(f: Fault, d: Host) -> None:
         def begin() -> None:
             injected[f.kind] += 1
             if f.kind == "kill":
@@ -131,11 +131,11 @@ def actions_for(faults: list[Fault], fleet: Fleet, injected: Counter[str],
     def cut_all(f: Fault) -> None:
         def begin() -> None:
             injected[f.kind] += 1
-            for d in fleet.daemons:
+            for d in fleet.hosts:
                 d.proxy.cut()
 
         def end() -> None:
-            for d in fleet.daemons:
+            for d in fleet.hosts:
                 d.proxy.restore()
 
         out.append(Action(f.at, "cut-all", begin))
@@ -185,7 +185,7 @@ def actions_for(faults: list[Fault], fleet: Fleet, injected: Counter[str],
             hold(f)
         else:
             assert f.target is not None
-            one(f, fleet.daemons[f.target])
+            one(f, fleet.hosts[f.target])
     return out
 
 
@@ -203,8 +203,8 @@ def run_soak(url: str, prefix: str, backend: str, seconds: float, seed: int, wor
     faults = schedule(seed, seconds, SIZE)
     report = Report(backend, seed, seconds, faults)
     store = Store(url, prefix)
-    fleet = Fleet(url, prefix, workdir, SIZE, jobs, command_log, faketime)
-    names = [d.name for d in fleet.daemons]
+    fleet = Hosts(url, prefix, workdir, SIZE, jobs, command_log, faketime)
+    names = [d.name for d in fleet.hosts]
     print_schedule(faults, names, seed, log)
     generation = 0
     quiet: list[Quiet] = []
@@ -216,7 +216,7 @@ def run_soak(url: str, prefix: str, backend: str, seconds: float, seed: int, wor
         fleet.reload()
 
     try:
-        for d in fleet.daemons:
+        for d in fleet.hosts:
             fleet.start(d)
         wait_for(lambda: len(store.hosts(seen_within=30)) >= SIZE, 60, interval=0.2,
                  what=f"{SIZE} daemons to register")
@@ -226,7 +226,7 @@ def run_soak(url: str, prefix: str, backend: str, seconds: float, seed: int, wor
         wait_for(lambda: time.monotonic() >= begin + seconds, seconds + 5, interval=0.2,
                  what="the end of the soak")
         fleet.heal()
-        wait_for(lambda: all(d.ready() for d in fleet.daemons), 60, interval=0.2,
+        wait_for(lambda: all(d.ready() for d in fleet.hosts), 60, interval=0.2,
                  what="every daemon up again")
         log(f"t+{time.monotonic() - begin:6.1f}s healed; settling {SETTLE:g}s")
         healed = time.monotonic()
@@ -238,8 +238,8 @@ def run_soak(url: str, prefix: str, backend: str, seconds: float, seed: int, wor
         commands, bad = read_commands(command_log)
         problems = [Violation("record", "(command log)", None, b) for b in bad]
         problems += daemon_problems({d.name: d.log.read_text(errors="replace")
-                                     for d in fleet.daemons},
-                                    {d.name: d.exits for d in fleet.daemons}, final)
+                                     for d in fleet.hosts},
+                                    {d.name: d.exits for d in fleet.hosts}, final)
         checker = Checker(records, commands,
                           Window(wall_begin + EDGE_START, stop_at - EDGE_END), names, quiet)
         report.violations = checker.check(problems)
