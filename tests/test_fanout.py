@@ -165,7 +165,7 @@ def test_three_daemons_share_sixty_items(db: TestDb, tmp_path: Path, fleet: Flee
 
     try:
         # Two whole slots: every item of each ran by the time the third begins.
-        wait_for(lambda: len(slots()) >= 3, 45, interval=0.5, what="three slots of items")
+        wait_for(lambda: len(slots()) >= 3, 90, interval=0.5, what="three slots of items")
     finally:
         codes = fleet.stop()
     assert codes == [0, 0, 0]
