@@ -49,7 +49,10 @@ def test_kill_9_fails_over_within_a_lease(fleet: Fleet) -> None:
     failover = nxt.at - killed_at
     print(f"\nkill -9: command group gone after {gone_after:.2f}s, "
           f"next run on another host after {failover:.2f}s (lease 3s)")
-    assert failover < 3 + 2.0
+    # The lock frees at most a lease (3 s) after the kill; the job is due every
+    # second, so the next slot comes within 1 s more; 2 s for a loaded machine
+    # (4 test workers on 2 cores, PgBouncer in between: 5.2 s seen).
+    assert failover < 3 + 1 + 2.0
     run = next(r for r in fleet.store.history("long", 100) if r.token == token)
     wait_for(lambda: fleet.store.run(run.id).result == "lost",  # type: ignore[union-attr]
              10, what="the dead run to be recorded lost")
