@@ -263,7 +263,7 @@ def live_host(store: Store, host: str, jobs: JobsFile) -> None:
 
 
 def host_row(html: str, host: str) -> str:
-    found = re.search(rf"<tr><td>{host}</td>.*?</tr>", html)
+    found = re.search(rf'<tr><td><span class="host">{host}</span></td>.*?</tr>', html)
     assert found is not None, f"no row for {host} in the Job page's hosts"
     return found.group(0)
 

@@ -306,6 +306,14 @@ def pause_line(paused: Pause, now: float) -> str:
 def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
                 live_within: float | None = None, paused: Pause | None = None,
                 groups: Sequence[GroupUsage] = ()) -> str:
+    return dumps(status_doc(jobs, hosts, db_now, live_within, paused, groups))
+
+
+def status_doc(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
+               live_within: float | None = None, paused: Pause | None = None,
+               groups: Sequence[GroupUsage] = ()) -> dict[str, Any]:
+    """``status --json``'s document, before it is written (the dashboard
+    keeps both: web/fleetview.py)."""
     fleet = Fleet(hosts, paused)
     defs = fleet.defs
     out = []
@@ -334,7 +342,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             "drift_keys": fleet.drift_keys(s.lock.name),
             **_target_json(fleet.target(s.lock.name)),
         })
-    return dumps({
+    return {
         "version": JSON_VERSION,
         "db_time": iso(db_now),
         "live_within": live_within,
@@ -347,7 +355,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
                      "since": iso(run.started), "run_id": run.id, "for": waiting_for(run)}
                     for run in waiting_slots(jobs)],
         "warnings": warnings(jobs, fleet, live_within),
-    })
+    }
 
 
 def waiting_slots(jobs: Sequence[JobStatus]) -> list[RunRecord]:
