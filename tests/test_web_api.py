@@ -296,7 +296,7 @@ def test_the_job_page_shows_the_jobs_files_definition_and_which_keys_differ(
     # Per live host its hash; the host that differs names the key.
     assert mine.jobs[0].definition_hash(store.fleet_key()) in host_row(html, "web-1")
     assert "as in this server" in host_row(html, "web-1")
-    assert '<td class="differs">command</td>' in host_row(html, "web-2")
+    assert '<td class="differs" data-label="differs in">command</td>' in host_row(html, "web-2")
     assert other.jobs[0].definition_hash(store.fleet_key()) in host_row(html, "web-2")
 
 
@@ -312,4 +312,4 @@ def test_without_a_jobs_file_the_job_page_says_how_to_show_the_definition(
     assert "not in the database" in html and "<code>-f JOBS_FILE</code>" in html
     assert "pg_dump" not in html
     for host in ("web-1", "web-2"):  # each defines it differently from the other
-        assert '<td class="differs">lock-at-most</td>' in host_row(html, host)
+        assert '<td class="differs" data-label="differs in">lock-at-most</td>' in host_row(html, host)
