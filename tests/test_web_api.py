@@ -312,4 +312,5 @@ def test_without_a_jobs_file_the_job_page_says_how_to_show_the_definition(
     assert "not in the database" in html and "<code>-f JOBS_FILE</code>" in html
     assert "pg_dump" not in html
     for host in ("web-1", "web-2"):  # each defines it differently from the other
-        assert '<td class="differs" data-label="differs in">lock-at-most</td>' in host_row(html, host)
+        row = host_row(html, host)
+        assert '<td class="differs" data-label="differs in">lock-at-most</td>' in row
