@@ -2,7 +2,7 @@
 `GET /api/v1/status` latency, against `dblockrun status --json` measured in
 the same run.
 
-    python bench/web.py [--jobs 10000] [--requests 100] [--loads 9]
+    python bench/web.py [--jobs 10000] [--requests 100] [--loads 9] [--no-live]
     python bench/web.py --live-only [--heartbeats 1,2] [--lines 9]
     python bench/web.py --hostile-only [--code DIR]
 
@@ -459,6 +459,7 @@ def main() -> None:
     ap.add_argument("--heartbeats", default="1,2", help="live output: daemons' --heartbeat, s")
     ap.add_argument("--lines", type=int, default=9, help="live output: lines per heartbeat")
     ap.add_argument("--live-only", action="store_true", help="only the live output figures")
+    ap.add_argument("--no-live", action="store_true", help="without the live output figures")
     ap.add_argument("--hostile-only", action="store_true",
                     help="only the figures against an anonymous client (issue 32)")
     ap.add_argument("--code", default=ROOT,
@@ -467,8 +468,9 @@ def main() -> None:
     if args.hostile_only:
         hostile(os.path.abspath(args.code))
         return
-    live_table(args.backends.split(","), [float(h) for h in args.heartbeats.split(",")],
-               args.lines)
+    if not args.no_live:
+        live_table(args.backends.split(","), [float(h) for h in args.heartbeats.split(",")],
+                   args.lines)
     if args.live_only:
         return
     table = Table(["backend", "what", "median ms", "p99 ms", "× status --json", "goal"])

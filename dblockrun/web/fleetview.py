@@ -20,8 +20,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlencode
 
+from dblockrun.config.jobs import EVERY_HOST_SEP
+from dblockrun.ops.check import BAD_RESULTS, overdue
+from dblockrun.ops.output import host_name
 from dblockrun.store import Store
-from dblockrun.store.models import PASSED, RunRecord
+from dblockrun.store.models import PASSED, JobStatus
 
 #: The counts atop the Fleet page, each a filter (``?state=``), and their words.
 KINDS = {"running": "running", "failed": "failed last run", "late": "late or missed",
@@ -85,8 +88,7 @@ def read(store: Store) -> FleetStatus:
         doc = status_doc(got.jobs, got.hosts, got.db_now, None, got.paused, got.groups)
         text = dumps(doc)
         seats = {job: g.group for g in got.groups for job, _host in g.held}
-        rows = [_row(s, j, got.paused is not None, seats.get(s.lock.name))
-                for s, j in zip(got.jobs, doc["jobs"], strict=True)]
+        rows = _rows(got.jobs, doc["jobs"], got.paused is not None, seats)
     finally:
         if enabled:
             gc.enable()
@@ -94,38 +96,55 @@ def read(store: Store) -> FleetStatus:
     return FleetStatus(text, doc, rows, got.db_now)
 
 
-def _row(s: Any, job: dict[str, Any], paused: bool, seat_group: str | None) -> Row:
-    from dblockrun.config.jobs import EVERY_HOST_SEP
-    from dblockrun.ops.check import BAD_RESULTS, overdue
-    from dblockrun.ops.output import host_name
+def _rows(jobs: Sequence[JobStatus], docs: Sequence[dict[str, Any]], paused: bool,
+          seats: Mapping[str, str]) -> list[Row]:
+    """A row per job (``docs``: their entries of the status document)."""
+    names: dict[str, frozenset[str]] = {}  # a few hosts, 10,000 jobs
 
-    last: RunRecord | None = s.last_run
-    state = s.state
-    kinds = set()
-    if state in ("running", "waiting", "disabled"):
-        kinds.add(state)
-    if last is not None and last.result in BAD_RESULTS:
-        kinds.add("failed")
-    if (last is not None and last.result in PASSED) or (not paused and overdue(s)):
-        kinds.add("late")
-    if paused and state != "disabled":
-        kinds.add("paused")
-    if job["drift"]:
-        kinds.add("drifting")
-    on = [r.host for r in (last, s.running, *s.lane_runs) if r is not None]
-    if job["holder"]:
-        on.append(job["holder"])
-    hosts = {h for host in on for h in (host, host_name(host))}
-    if EVERY_HOST_SEP in s.lock.name:
-        hosts.add(s.lock.name.split(EVERY_HOST_SEP, 1)[1])
-    labels = {x for key, values in (job["run_on"] or {}).items()
-              for x in (key, *(f"{key}={v}" for v in values))}
-    return Row(name=s.lock.name, job=job, kinds=frozenset(kinds),
-               result=None if last is None else last.result,
-               started=None if last is None else last.started,
-               duration=None if last is None or last.result in PASSED else last.duration,
-               next_due=s.lock.next_due if job["next_run"] is not None else None,
-               hosts=frozenset(hosts), labels=frozenset(labels), seat_group=seat_group)
+    def on(host: str) -> frozenset[str]:
+        found = names.get(host)
+        if found is None:
+            found = names[host] = frozenset((host, host_name(host)))
+        return found
+
+    out = []
+    for s, job in zip(jobs, docs, strict=True):
+        name = s.lock.name
+        last = s.last_run
+        state = s.state
+        kinds = {state} & _STATE_KINDS
+        if last is not None and last.result in BAD_RESULTS:
+            kinds.add("failed")
+        if (last is not None and last.result in PASSED) or (not paused and overdue(s)):
+            kinds.add("late")
+        if paused and state != "disabled":
+            kinds.add("paused")
+        if job["drift"]:
+            kinds.add("drifting")
+        hosts: frozenset[str] = _NONE
+        for run in (last, s.running, *s.lane_runs):
+            if run is not None:
+                hosts = hosts | on(run.host)
+        if job["holder"]:
+            hosts = hosts | on(job["holder"])
+        if EVERY_HOST_SEP in name:
+            hosts = hosts | {name.split(EVERY_HOST_SEP, 1)[1]}
+        run_on = job["run_on"]
+        labels = frozenset(x for key, values in run_on.items()
+                           for x in (key, *(f"{key}={v}" for v in values))) if run_on else _NONE
+        out.append(Row(
+            name=name, job=job, kinds=frozenset(kinds),
+            result=None if last is None else last.result,
+            started=None if last is None else last.started,
+            duration=None if last is None or last.result in PASSED else last.duration,
+            next_due=s.lock.next_due if job["next_run"] is not None else None,
+            hosts=hosts, labels=labels, seat_group=seats.get(name)))
+    return out
+
+
+_NONE: frozenset[str] = frozenset()
+#: The job states that are kinds of their own.
+_STATE_KINDS = frozenset({"running", "waiting", "disabled"})
 
 
 # -- the page's query ------------------------------------------------------------------
@@ -220,8 +239,6 @@ def select(status: FleetStatus, query: Query,
 
 def _filter(query: Query, groups_of: Mapping[str, str]) -> Callable[[Row], bool]:
     """Whether a row passes the filters other than the state's."""
-    from dblockrun.config.jobs import EVERY_HOST_SEP
-
     needle = query.q.lower()
     tests: list[Callable[[Row], bool]] = []
     if needle:
