@@ -286,7 +286,7 @@ def test_the_job_page_shows_the_jobs_files_definition_and_which_keys_differ(
     # The keys and values as the loader parsed them, the URL's password hidden.
     assert "<code>command</code></td><td><code>pg_dump postgresql://backup:***@db.internal/app" \
         in html
-    assert "<code>lock-at-most</code></td><td><code>7200.0</code>" in html
+    assert "<code>lock-at-most</code></td><td><code>2h</code>" in html  # with its unit
     # env: its names, never its values.
     assert "<code>env</code></td><td><code>API_TOKEN</code>" in html
     assert "s3cr3t" not in html and "hunter2" not in html

@@ -168,3 +168,22 @@ def test_actions_follow_the_jobs_state(console: tuple[TestClient, WebApp]) -> No
     assert 'id="act-resume"' in fleet and "act-pause" not in fleet
     assert counts(fleet)["paused"] == 6  # every job but the disabled one
     assert shown(client.get("/?state=paused").text) == [j for j in JOBS if j != "delta"]
+
+
+def test_a_time_on_a_page_is_worded_as_the_cli_words_it() -> None:
+    from dblockrun.ops.output import iso
+    from dblockrun.store import FOREVER
+    from dblockrun.timetext import relative
+    from dblockrun.web.timehtml import duration, when
+
+    now = 1_795_000_000.0  # 2026-11-18 11:06:40 UTC
+    for ts in (now - 3.25, now + 9, now - 190, now + 5400, now - 2 * 86400):
+        shown = when(iso(ts), now)  # as the status document writes it
+        assert f">{relative(ts, now)}</time>" in shown  # the CLI's own wording
+    assert str(when(now - 190, now)) == (
+        '<time datetime="2026-11-18T11:03:30Z" title="2026-11-18 11:03:30 UTC">3m10s ago</time>')
+    assert str(when(now + 9, now)).endswith(">in 9.0s</time>")
+    assert str(when(None, now)) == "-" and ">never<" in str(when(iso(FOREVER), now))
+    assert str(when("<b>", now)) == "&lt;b&gt;"  # not a time: escaped as text
+    assert (duration(0.024), duration(12.5), duration(90), duration(None)) == (
+        "0.02s", "12.50s", "1m30s", "-")
