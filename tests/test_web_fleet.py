@@ -166,6 +166,7 @@ def test_actions_follow_the_jobs_state(console: tuple[TestClient, WebApp]) -> No
     app.state.web.status.forget()
     fleet = client.get("/").text
     assert 'id="act-resume"' in fleet and "act-pause" not in fleet
+    assert "PAUSED until resumed, by test since <time" in fleet
     assert counts(fleet)["paused"] == 6  # every job but the disabled one
     assert shown(client.get("/?state=paused").text) == [j for j in JOBS if j != "delta"]
 
