@@ -111,6 +111,10 @@ def test_filters_combine_and_live_in_the_url(console: tuple[TestClient, WebApp])
     assert "no job matches" in client.get("/?q=nothing").text
     # What the page does not know is left out, not an error.
     assert shown(client.get("/?state=bogus&sort=bogus&page=x").text) == JOBS
+    # What it shows back of the URL is text, never markup.
+    hostile = client.get('/?host=<script>x</script>&q="><img src=x>&label=<i>y</i>').text
+    assert "<script>x" not in hostile and "<img" not in hostile and "<i>y" not in hostile
+    assert "&lt;script&gt;x&lt;/script&gt;" in hostile
 
 
 def test_sorts_and_the_problems_first(console: tuple[TestClient, WebApp]) -> None:
