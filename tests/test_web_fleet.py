@@ -135,7 +135,7 @@ def test_sorts_and_the_problems_first(console: tuple[TestClient, WebApp]) -> Non
 
 def test_times_are_relative_with_the_exact_time_on_hover(
         console: tuple[TestClient, WebApp]) -> None:
-    client, _app = console
+    client, app = console
     page = client.get("/").text
     alpha = page.split('<tr data-job="alpha"', 1)[1].split("</tr>", 1)[0]
     assert re.search(r'in <span class="dur">0\.50s</span>, <time datetime="\d{4}-\d\d-\d\dT'
@@ -148,6 +148,14 @@ def test_times_are_relative_with_the_exact_time_on_hover(
     delta = page.split('<tr data-job="delta"', 1)[1].split("</tr>", 1)[0]
     assert "until enabled" in html.unescape(delta) and "maintenance" in delta
     assert "T" not in re.sub(r"<[^>]*>", "", alpha)  # no ISO timestamp as text
+    # A disable's end and a lease as the CLI's narrow table says them.
+    app.state.web.store.disable("golf", for_seconds=7200)
+    app.state.web.status.forget()
+    page = client.get("/").text
+    golf = page.split('<tr data-job="golf"', 1)[1].split("</tr>", 1)[0]
+    assert re.search(r'disabled</span> for <time [^>]+>(2h|1h59m\d+s)</time>', golf), golf
+    charlie = page.split('<tr data-job="charlie"', 1)[1].split("</tr>", 1)[0]
+    assert re.search(r'>web-1</span>, lease <time [^>]+>in 4m\d+s</time>', charlie), charlie
 
 
 def test_actions_follow_the_jobs_state(console: tuple[TestClient, WebApp]) -> None:
