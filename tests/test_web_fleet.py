@@ -142,7 +142,7 @@ def test_times_are_relative_with_the_exact_time_on_hover(
                      r'\d\d:\d\d:\d\dZ" title="\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC">\d+\.\ds ago'
                      r'</time> on <span class="host" title="web-1:7:ab">web-1</span>', alpha), alpha
     foxtrot = page.split('<tr data-job="foxtrot"', 1)[1].split("</tr>", 1)[0]
-    assert re.search(r">in 1m[0-3]\ds</time>", foxtrot), foxtrot
+    assert re.search(r">in (1m|1m\d+s|\d+\.\ds)</time>", foxtrot), foxtrot
     bravo = page.split('<tr data-job="bravo"', 1)[1].split("</tr>", 1)[0]
     assert "exit 3 in" in bravo and "2.00s" in bravo
     delta = page.split('<tr data-job="delta"', 1)[1].split("</tr>", 1)[0]
@@ -155,7 +155,7 @@ def test_times_are_relative_with_the_exact_time_on_hover(
     golf = page.split('<tr data-job="golf"', 1)[1].split("</tr>", 1)[0]
     assert re.search(r'disabled</span> for <time [^>]+>(2h|1h59m\d+s)</time>', golf), golf
     charlie = page.split('<tr data-job="charlie"', 1)[1].split("</tr>", 1)[0]
-    assert re.search(r'>web-1</span>, lease <time [^>]+>in 4m\d+s</time>', charlie), charlie
+    assert re.search(r'>web-1</span>, lease <time [^>]+>in (5m|4m\d+s)</time>', charlie), charlie
 
 
 def test_actions_follow_the_jobs_state(console: tuple[TestClient, WebApp]) -> None:
