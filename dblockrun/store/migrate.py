@@ -56,6 +56,10 @@ definition hashes and per-key digests (HMAC), so that a reader of the
 dashboard can compare hosts but not test guesses of a job's secrets. A
 daemon of version 8 keeps writing unkeyed hashes: while both run, their
 hosts' definitions show as different.
+
+Version 10: job chains (``after:``): the table ``triggers`` (one row per
+downstream job and upstream run, made by ``create_all``) and the runs'
+``upstream_job`` and ``upstream_run`` (nullable: the runs before have none).
 """
 
 from __future__ import annotations
