@@ -31,7 +31,9 @@ jobs:
   load:
     after: extract
     env: {{LOG: {log}}}
-    command: echo "$DBLOCKRUN_UPSTREAM_JOB $DBLOCKRUN_UPSTREAM_RUN $DBLOCKRUN_UPSTREAM_RESULT $DBLOCKRUN_RUN_ID" >> "$LOG"
+    command: |
+      echo "$DBLOCKRUN_UPSTREAM_JOB $DBLOCKRUN_UPSTREAM_RUN $DBLOCKRUN_UPSTREAM_RESULT \
+      $DBLOCKRUN_RUN_ID" >> "$LOG"
   page:
     after: {{jobs: [extract], on: failure}}
     command: "true"

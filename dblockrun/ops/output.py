@@ -206,13 +206,20 @@ class Fleet:
         #: have (the first host's, if they differ: drift warns of that).
         self.labels = {h.id: loads_labels(h.labels) for h in self.hosts}
         self.targets: dict[str, tuple[RunOn, bool]] = {}
-        #: What jobs run after (``after extract``), as the live hosts' files say.
+        #: What jobs run after (``after extract``), and the names of those
+        #: jobs, as the live hosts' files say (job chains).
         self.after: dict[str, str] = {}
+        self.upstream: dict[str, list[str]] = {}
         for h in self.hosts:
             for name, spec in loads_targets(h.targets).items():
                 self.targets.setdefault(name, spec)
-            for name, text in loads_after(h.targets).items():
+            for name, (text, upstream) in loads_after(h.targets).items():
                 self.after.setdefault(name, text)
+                self.upstream.setdefault(name, upstream)
+
+    def downstream(self, name: str) -> list[str]:
+        """The jobs that run after ``name`` (job chains)."""
+        return sorted(job for job, ups in self.upstream.items() if name in ups)
 
     def drift_keys(self, name: str) -> list[str]:
         """The jobs file keys in which live hosts' definitions of ``name``
@@ -381,6 +388,8 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             "next_run": None if v.next_note else iso(s.lock.next_due),
             "next_run_note": v.next_note,
             "after": v.after,
+            "upstream": fleet.upstream.get(s.lock.name, []),
+            "downstream": fleet.downstream(s.lock.name),
             "disabled_until": iso(s.lock.disabled_until) if s.state == "disabled" else None,
             "disabled_reason": s.lock.disabled_reason if s.state == "disabled" else None,
             "disabled_by": s.lock.disabled_by if s.state == "disabled" else None,

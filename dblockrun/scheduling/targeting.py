@@ -145,6 +145,7 @@ def targets(jobs: Iterable[Job]) -> dict[str, dict[str, Any]]:
                                     "every_host": j.every_host}
             if j.after is not None:
                 spec["after"] = j.after.text()
+                spec["upstream"] = list(j.after.jobs)
             out[j.name] = spec
     return out
 
@@ -189,15 +190,18 @@ def loads_targets(text: str | None) -> dict[str, tuple[RunOn, bool]]:
     return out
 
 
-def loads_after(text: str | None) -> dict[str, str]:
-    """A host row's targets column: job -> what it runs after (``after extract``)."""
+def loads_after(text: str | None) -> dict[str, tuple[str, list[str]]]:
+    """A host row's targets column: job -> what it runs after, as ``status``
+    says it (``after extract``) and the jobs' names."""
     try:
         data = json.loads(text or "{}")
     except ValueError:
         return {}
     if not isinstance(data, dict):
         return {}
-    return {str(name): str(spec["after"]) for name, spec in data.items()
+    return {str(name): (str(spec["after"]), [str(up) for up in spec.get("upstream") or []
+                                             if isinstance(up, str)])
+            for name, spec in data.items()
             if isinstance(spec, dict) and isinstance(spec.get("after"), str)}
 
 
