@@ -72,8 +72,10 @@ class Chains:
         self.book = book
         self._local = local
         self._whole = whole
-        #: Per downstream job, when this daemon first ran it (database clock):
-        #: upstream runs before that start nothing (a new ``after:``).
+        #: Per downstream job, from when its look finds upstream runs
+        #: (database clock): :data:`WINDOW` back for a chain that has
+        #: triggers, from this daemon's first look for a new one (a new
+        #: ``after:`` starts nothing for the runs before it).
         self._since: dict[str, float] = {}
         #: Upstream runs that ended here: (job, the record of its last attempt).
         self._ended: list[tuple[str, int]] = []
@@ -151,9 +153,11 @@ class Chains:
                 self.store.make_triggers(job.name, list(after.jobs), after.results, ids=ids)
         for job in mine:
             assert job.after is not None
-            since = self._since.setdefault(job.name, now)
+            if job.name not in self._since:
+                self._since[job.name] = (now - WINDOW if self.store.chained_before(job.name)
+                                         else now)
             self.store.make_triggers(job.name, list(job.after.jobs), job.after.results,
-                                     since=max(since, now - WINDOW))
+                                     since=max(self._since[job.name], now - WINDOW))
         if mine:
             self._looks += 1
             if self._looks % PRUNE_EVERY == 0:

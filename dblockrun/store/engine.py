@@ -697,6 +697,11 @@ class LockEngine:
         return [Trigger(str(job), int(run), str(up), str(result), float(ended))
                 for job, run, up, result, ended in rows]
 
+    def chained_before(self, job: str) -> bool:
+        """Whether ``job`` has a trigger already: its ``after:`` is not new."""
+        return self.x.run(lambda cur: self.x.send(cur, self.q.chained_before,
+                                                  {"name": job}).fetchone() is not None)
+
     def claim_trigger(self, trigger: Trigger, holder: str, lease: float) -> Claimed | None:
         """Claim the job ``trigger.job`` for its trigger: the trigger taken
         and the job's one claim (the slot's conditions but the slot, with

@@ -673,6 +673,12 @@ class Queries:
                 f"ORDER BY {t}.upstream_run")
 
     @cached_property
+    def chained_before(self) -> str:
+        """Whether the job ``name`` has a trigger (its chain is not new)."""
+        t = self.triggers
+        return f"SELECT 1 FROM {t} WHERE {t}.job = {self.p('name')} LIMIT 1"
+
+    @cached_property
     def take_trigger(self) -> str:
         """Take a trigger, in the transaction of its one claim (or of its one
         record of why it did not run): the row lock orders the hosts that try."""

@@ -445,6 +445,7 @@ class Store:
     run_admitted = on_engine(LockEngine.run_admitted)
     make_triggers = on_engine(LockEngine.make_triggers)
     pending_triggers = on_engine(LockEngine.pending_triggers)
+    chained_before = on_engine(LockEngine.chained_before)
     claim_trigger = on_engine(LockEngine.claim_trigger)
     record_trigger = on_engine(LockEngine.record_trigger)
     prune_triggers = on_engine(LockEngine.prune_triggers)
