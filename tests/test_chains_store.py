@@ -4,6 +4,7 @@ finished upstream run makes, the one claim (or the one record) each gets."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +146,30 @@ def test_taken_triggers_are_forgotten_after_the_window(store: Store) -> None:
     store.record_trigger(trigger, "h1", m.SKIPPED, "x")
     assert store.prune_triggers(trigger.ended) == 0
     assert store.prune_triggers(store.db_now() + 1) == 1
+
+
+def test_the_job_page_links_upstream_and_downstream_jobs(store: Store, tmp_path: Path) -> None:
+    """A daemon publishes what its jobs run after with its host row (``status
+    --json`` says it: tests/test_chains.py); the web Job page links the jobs
+    both ways."""
+    from starlette.testclient import TestClient
+    from webtools import PASSWORD, app_for, csrf_of, users_file
+
+    from dblockrun.config.load import load_jobs_text
+    from dblockrun.scheduling.targeting import targets_json
+
+    jobs = load_jobs_text("jobs:\n  extract: {rate: 1m, command: x}\n"
+                          "  load: {after: extract, command: x}\n"
+                          "  page: {after: {jobs: [extract, load], on: failure}, command: x}\n",
+                          "jobs.yaml")
+    store.ensure_jobs(["page"])
+    store.books_round("h1:1:a", hostname="h1", pid=1, version="t", clock_offset=0.0,
+                      running=0, jobs="{}", within=30, targets=targets_json(jobs))
+    client = TestClient(app_for(store, users_file(tmp_path / "users.yaml")))
+    client.post("/login", data={"name": "vera", "password": PASSWORD, "next": "/",
+                                "csrf": csrf_of(client.get("/login").text)})
+    load = client.get("/jobs/load").text
+    assert 'runs after <a href="/jobs/extract">extract</a>' in load
+    assert 'starts <a href="/jobs/page">page</a>' in load
+    extract = client.get("/jobs/extract").text
+    assert 'starts <a href="/jobs/load">load</a>, <a href="/jobs/page">page</a>' in extract
