@@ -370,7 +370,8 @@ DURATION = "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)"
         ),
         (
             "jobs:\n  a:\n    command: x\n",
-            "jobs.yaml:2: job 'a': cron: missing (a job needs cron, rate, after or several of them)",
+            "jobs.yaml:2: job 'a': cron: missing (a job needs cron, rate, after or several of "
+            "them)",
         ),
         # unknown keys
         (

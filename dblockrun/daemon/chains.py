@@ -80,6 +80,10 @@ class Chains:
         #: Upstream runs that ended here: (job, the record of its last attempt).
         self._ended: list[tuple[str, int]] = []
         self._next_look = 0.0  # monotonic
+        #: The local jobs that run after others, and the jobs any job of the
+        #: whole file runs after, each for the file it was worked out from.
+        self._mine: tuple[JobsFile | None, list[Job]] = (None, [])
+        self._upstream: tuple[JobsFile | None, frozenset[str]] = (None, frozenset())
         self._looks = 0
         #: Triggers left pending for a moment (the job running here with
         #: overlap: queue, a full host): looked at again when a run ends.
@@ -89,12 +93,18 @@ class Chains:
 
     def downstream(self) -> list[Job]:
         """This host's jobs that run after others."""
-        return [job for job in self._local().jobs if job.after is not None]
+        local = self._local()
+        if self._mine[0] is not local:  # worked out once per jobs file (each loop asks)
+            self._mine = (local, [job for job in local.jobs if job.after is not None])
+        return self._mine[1]
 
     def ended(self, job: str, run_id: int | None) -> None:
         """A run of ``job`` ended here (its end recorded); main thread."""
-        if run_id is not None and any(
-                job in d.after.jobs for d in self._whole().jobs if d.after is not None):
+        whole = self._whole()
+        if self._upstream[0] is not whole:
+            self._upstream = (whole, frozenset(up for d in whole.jobs if d.after is not None
+                                               for up in d.after.jobs))
+        if run_id is not None and job in self._upstream[1]:
             self._ended.append((job, run_id))
         if self._again:
             self._next_look = 0.0
