@@ -85,8 +85,7 @@ def name_columns(tables: Tables) -> list[sa.Column[Any]]:
 def job_name_columns(tables: Tables) -> list[sa.Column[Any]]:
     """The columns holding job names: a name in one is the same job (the
     same lock) as that name in another."""
-    return [tables.locks.c.name, tables.runs.c.job, tables.items.c.job, tables.triggers.c.job,
-            tables.runs.c.upstream_job, tables.triggers.c.upstream_job]
+    return [tables.locks.c.name, tables.runs.c.job, tables.items.c.job]
 
 
 @dataclass(frozen=True)
