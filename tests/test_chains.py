@@ -241,3 +241,38 @@ def test_a_trigger_while_the_fleet_is_paused_is_recorded_skipped(
     assert fleet.stop() == [0]
     runs = fleet.runs("load")
     assert len(upstream_of(runs)) == len(set(upstream_of(runs))) == len(runs)
+
+
+GROUPED = """\
+groups: {{warehouse: 1}}
+jobs:
+  hog:
+    rate: 1h
+    group: warehouse
+    env: {{GO: {go}}}
+    command: while [ ! -e "$GO" ]; do sleep 0.1; done
+  extract:
+    rate: 1h
+    command: "true"
+  load:
+    after: extract
+    group: warehouse
+    command: "true"
+"""
+
+
+def test_a_trigger_whose_group_is_full_is_recorded_skipped(
+        fleet: Fleet, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    fleet.start(GROUPED.format(go=go))
+    try:
+        skipped = wait_for(lambda: next(iter(fleet.runs("load", m.SKIPPED)), None), 30,
+                           what="a skipped record of load")
+    finally:
+        go.touch()
+    assert skipped.output is not None and skipped.output.startswith(
+        "skipped: group warehouse at its limit (1): held by hog"), skipped.output
+    extract, = fleet.runs("extract")
+    assert (skipped.upstream_job, skipped.upstream_run) == ("extract", extract.id)
+    assert fleet.stop() == [0]
+    assert len(fleet.runs("load")) == 1
