@@ -1,8 +1,29 @@
-"""Database-clock times as people and records read them."""
+"""Database-clock times and durations as people and records read them: the
+one home of their wording, for the CLI's tables (ops/output.py) and the
+dashboard's pages (web/timehtml.py) alike.
+
+``ago(90)`` is ``1m30s``; ``relative(ts, now)`` is ``in 9.0s`` or ``3m ago``;
+``took(0.024)`` is ``0.02s``; ``stamp(ts)`` is ``2026-11-22 21:53:17Z``;
+``short(ts, now)`` is ``21:53:17Z (in 5.0s)``.
+"""
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
+
+from dblockrun.config.durations import format_duration
+
+_FOREVER: list[float] = []
+
+
+def _forever() -> float:
+    """The store's "forever" (dblockrun.store imports this module: read once, late)."""
+    if not _FOREVER:
+        from dblockrun.store import FOREVER
+
+        _FOREVER.append(FOREVER)
+    return _FOREVER[0]
 
 
 def utc(ts: float) -> str:
@@ -23,3 +44,63 @@ def parse_time(text: str, what: str = "--until") -> float:
     if dt.tzinfo is None:
         dt = dt.astimezone()
     return dt.timestamp()
+
+
+def ago(seconds: float) -> str:
+    """A span of time: ``9.0s`` under a minute, else whole seconds
+    (``3m``, ``1h30m``, ``2d4h``)."""
+    return f"{seconds:.1f}s" if seconds < 60 else _whole(round(seconds))
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole(seconds: int) -> str:
+    """format_duration of whole seconds: 10,000 jobs share a few hundred."""
+    return format_duration(seconds)
+
+
+def relative(ts: float | None, now: float) -> str:
+    """``in 5m``, ``2d ago`` (``-``: no time; ``never``: forever)."""
+    if ts is None:
+        return "-"
+    if ts >= _forever():
+        return "never"
+    delta = ts - now
+    return f"in {ago(delta)}" if delta >= 0 else f"{ago(-delta)} ago"
+
+
+def took(seconds: float | None) -> str:
+    """A run's duration: ``0.02s``, ``12.50s``, ``1m30s`` (``-``: not known)."""
+    if seconds is None:
+        return "-"
+    return f"{seconds:.2f}s" if abs(seconds) < 60 else format_duration(round(seconds))
+
+
+def when(ts: float) -> datetime | None:
+    """``ts`` as a UTC datetime; None for a timestamp edited into nonsense."""
+    try:
+        return datetime.fromtimestamp(ts, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def stamp(ts: float | None) -> str:
+    """``2026-11-22 21:53:17Z``: an exact time (history's; the pages' hover)."""
+    if ts is None:
+        return "-"
+    at = when(ts) if ts < _forever() else None
+    return repr(ts) if at is None else at.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def short(ts: float | None, now: float) -> str:
+    """``21:53:17Z (in 5.0s)``, ``2026-11-23 06:00Z (in 8h6m)``."""
+    if ts is None:
+        return "-"
+    if ts >= _forever():
+        return "until enabled"
+    at = when(ts)
+    if at is None:
+        return repr(ts)
+    delta = ts - now
+    fmt = "%H:%M:%SZ" if abs(delta) < 86400 else "%Y-%m-%d %H:%MZ"
+    rel = ago(abs(delta))
+    return f"{at.strftime(fmt)} ({'in ' + rel if delta >= 0 else rel + ' ago'})"
