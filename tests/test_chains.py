@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from harness import Fleet
 from helpers import cli, wait_for
+from hooks import Hooks
 
+from dblockrun.notify.pings import run_uuid
 from dblockrun.store import models as m
 
 #: How long the fleet runs the chain (the upstream runs every 3 s).
@@ -276,3 +278,41 @@ def test_a_trigger_whose_group_is_full_is_recorded_skipped(
     assert (skipped.upstream_job, skipped.upstream_run) == ("extract", extract.id)
     assert fleet.stop() == [0]
     assert len(fleet.runs("load")) == 1
+
+
+TOLD = """\
+jobs:
+  extract:
+    rate: 1h
+    command: "true"
+  load:
+    after: extract
+    command: 'echo out-$DBLOCKRUN_UPSTREAM_RUN; exit 3'
+    notify:
+      urls: ['{hook}']
+    ping: '{ping}'
+"""
+
+
+def test_a_triggered_run_is_notified_and_pinged_as_a_slots_run(
+        fleet: Fleet, hooks: Hooks) -> None:
+    """Its failure notification names the job, the run, its host and the
+    upstream run that started it; its pings carry its run id and output."""
+    d = fleet.start(TOLD.format(hook=hooks.url("json", "/hook"), ping=hooks.url("http", "/ping")))
+    d.wait(lambda: len(hooks.under("/hook")) == 1 and len(hooks.under("/ping")) == 2, 20,
+           "load's notification and pings")
+    assert d.stop() == 0
+    extract, = fleet.runs("extract")
+    load, = fleet.runs("load")
+    assert (load.result, load.upstream_run) == (m.FAILED, extract.id)
+    hit, = hooks.under("/hook")
+    assert hit.json()["title"] == f"dblockrun: job load failed on {load.host.split(':')[0]}"
+    assert [(name, hit.field(name)) for name in ("job", "event", "exit status", "host", "run",
+                                                 "after")] == [
+        ("job", "load"), ("event", "failure"), ("exit status", "3"), ("host", load.host),
+        ("run", str(load.id)), ("after", f"extract {extract.id} (ok)")]
+    assert hit.json()["message"].endswith(f"out-{extract.id}")
+    rid = run_uuid("load", load.id)
+    assert [(h.path, h.query, h.body) for h in hooks.under("/ping")] == [
+        ("/ping/start", {"rid": [rid]}, b""),
+        ("/ping/fail", {"rid": [rid]}, f"out-{extract.id}\n".encode())]
