@@ -316,3 +316,86 @@ def test_a_triggered_run_is_notified_and_pinged_as_a_slots_run(
     assert [(h.path, h.query, h.body) for h in hooks.under("/ping")] == [
         ("/ping/start", {"rid": [rid]}, b""),
         ("/ping/fail", {"rid": [rid]}, f"out-{extract.id}\n".encode())]
+
+
+FULL = """\
+jobs:
+  hog:
+    rate: 1h
+    run-on: {{role: full}}
+    env: {{GO: {go}}}
+    command: while [ ! -e "$GO" ]; do sleep 0.1; done
+  extract:
+    rate: 1s
+    run-on: {{role: upstream}}
+    command: "true"
+{load}"""
+FULL_LOAD = """\
+  load:
+    after: extract
+    run-on: {role: [full, free]}
+    command: "true"
+"""
+
+
+def start_full_host(fleet: Fleet, go: Path) -> None:
+    """A host at its --max-running 1 (hog runs until ``go``) that runs load."""
+    fleet.start(fleet.jobs_file(FULL.format(go=go, load=FULL_LOAD), "full.yaml"),
+                "--max-running", "1", "--label", "role=full", name="full")
+    wait_for(lambda: fleet.runs("hog", m.RUNNING) or None, 20, what="hog running")
+
+
+def start_upstream_host(fleet: Fleet, go: Path) -> None:
+    """The host that runs extract; its file has no load, so it makes no
+    trigger: the downstream hosts' looks make them."""
+    fleet.start(fleet.jobs_file(FULL.format(go=go, load=""), "extract.yaml"),
+                "--label", "role=upstream", name="upstream")
+
+
+def test_a_host_at_max_running_leaves_a_trigger_to_a_host_with_room(
+        fleet: Fleet, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    start_full_host(fleet, go)
+    fleet.start(fleet.jobs_file(FULL.format(go=go, load=FULL_LOAD), "full.yaml"),
+                "--label", "role=free", name="free")
+    wait_for(lambda: len(fleet.store.hosts(seen_within=30)) == 2, 30, what="2 daemons up")
+    start_upstream_host(fleet, go)
+    wait_for(lambda: len(fleet.runs("extract", m.OK)) >= 4, 20, what="4 runs of extract")
+    assert fleet[2].stop() == 0  # no more upstream runs
+    ended = {r.id for r in fleet.runs("extract", m.OK)}
+    wait_for(lambda: set(upstream_of(fleet.runs("load"))) >= ended, 15, interval=0.2,
+             what="load after each of extract's runs")
+    go.touch()
+    assert fleet.stop() == [0, 0, 0]
+    loads = fleet.runs("load")
+    # Each once, all by the host with room: the full one left every trigger
+    # pending (no skipped record), whichever host looked first.
+    assert sorted(upstream_of(loads)) == sorted(ended)
+    assert {(fleet.of(r.host) is fleet[1], r.result) for r in loads} == {(True, m.OK)}
+
+
+def test_a_host_at_max_running_takes_a_trigger_once_its_run_ends(
+        fleet: Fleet, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    start_full_host(fleet, go)
+    start_upstream_host(fleet, go)
+    wait_for(lambda: len(fleet.runs("extract", m.OK)) >= 3, 20, what="3 runs of extract")
+    assert fleet[1].stop() == 0  # no more upstream runs
+    ended = {r.id for r in fleet.runs("extract", m.OK)}
+
+    def pending() -> set[int]:
+        return {t.upstream_run for t in fleet.store.pending_triggers(["load"])}
+
+    # The full host's look makes the triggers (the upstream host makes none)...
+    wait_for(lambda: pending() == ended, 15, interval=0.2, what="load's triggers made")
+    time.sleep(1.5)  # ...and its next look (1.2 s) leaves them pending, with no record.
+    assert pending() == ended and fleet.runs("load") == []
+    go.touch()  # hog ends: the host has room, one run at a time
+    wait_for(lambda: set(upstream_of(fleet.runs("load"))) >= ended, 15, interval=0.2,
+             what="load after each of extract's runs")
+    assert fleet.stop()[0] == 0
+    loads = fleet.runs("load")
+    assert sorted(upstream_of(loads)) == sorted(ended)
+    assert {r.result for r in loads} == {m.OK}
+    hog, = fleet.runs("hog")
+    assert hog.finished is not None and min(r.started for r in loads) >= hog.finished
