@@ -371,7 +371,9 @@ def test_a_host_at_max_running_leaves_a_trigger_to_a_host_with_room(
     # Each once, all by the host with room: the full one left every trigger
     # pending (no skipped record), whichever host looked first.
     assert sorted(upstream_of(loads)) == sorted(ended)
-    assert {(fleet.of(r.host) is fleet[1], r.result) for r in loads} == {(True, m.OK)}
+    assert {(fleet.of(r.host) is fleet[1], r.result) for r in loads} == {(True, m.OK)}, [
+        (r.host, record.output) for r in loads if (record := fleet.store.run(r.id)) is not None
+        and r.result != m.OK]
 
 
 def test_a_host_at_max_running_takes_a_trigger_once_its_run_ends(
@@ -399,3 +401,68 @@ def test_a_host_at_max_running_takes_a_trigger_once_its_run_ends(
     assert {r.result for r in loads} == {m.OK}
     hog, = fleet.runs("hog")
     assert hog.finished is not None and min(r.started for r in loads) >= hog.finished
+
+
+TOGETHER = """\
+jobs:
+  a: {{rate: 1h, run-on: {{role: upstream}}, command: "true"}}
+  b: {{rate: 1h, run-on: {{role: upstream}}, command: "true"}}
+{load}"""
+TOGETHER_LOAD = """\
+  load:
+    after: {jobs: [a, b]}
+    command: sleep 0.5
+"""
+
+
+def test_triggers_found_together_run_one_after_the_other(fleet: Fleet) -> None:
+    """Two upstream runs end at once; the downstream host's look finds both
+    triggers: the first starts, the second waits for it (overlap: forbid
+    skips a trigger only for a run that was going on when its upstream run
+    ended, as a slot due then would be)."""
+    fleet.start(fleet.jobs_file(TOGETHER.format(load=TOGETHER_LOAD), "load.yaml"), name="load")
+    wait_for(lambda: len(fleet.store.hosts(seen_within=30)) == 1, 30, what="the daemon up")
+    fleet.start(fleet.jobs_file(TOGETHER.format(load=""), "upstream.yaml"),
+                "--label", "role=upstream", name="upstream")
+
+    def two_ended() -> list[m.RunRecord] | None:
+        runs = fleet.runs("load")
+        return runs if len(runs) == 2 and all(r.finished for r in runs) else None
+
+    loads = wait_for(two_ended, 20, interval=0.2, what="two runs of load")
+    (a,), (b,) = fleet.runs("a", m.OK), fleet.runs("b", m.OK)
+    assert fleet.stop() == [0, 0]
+    assert [r.result for r in loads] == [m.OK, m.OK]
+    assert sorted(upstream_of(loads)) == sorted([a.id, b.id])
+    first, second = loads
+    assert first.finished is not None and second.started >= first.finished
+
+
+BUSY = """\
+jobs:
+  extract:
+    rate: 1s
+    command: "true"
+  load:
+    after: extract
+    command: sleep 2.5
+"""
+
+
+def test_a_trigger_whose_upstream_ended_while_its_job_ran_is_skipped(fleet: Fleet) -> None:
+    """overlap: forbid, as for a slot due while the run goes on: one
+    record per upstream run, ran or skipped with the reason."""
+    fleet.start(BUSY)
+
+    def ran_and_skipped() -> list[m.RunRecord] | None:
+        runs = fleet.runs("load")
+        return runs if {m.OK, m.SKIPPED} <= {r.result for r in runs} else None
+
+    wait_for(ran_and_skipped, 20, interval=0.2, what="load ran and skipped")
+    assert fleet.stop() == [0]
+    runs = fleet.runs("load")
+    ran = next(r for r in runs if r.result == m.OK)
+    skipped = [fleet.store.run(r.id) for r in runs if r.result == m.SKIPPED]
+    assert {r.output for r in skipped if r is not None} == {
+        f"skipped: load was still running on {ran.host} (overlap: forbid)\n"}
+    assert len(upstream_of(runs)) == len(set(upstream_of(runs))) == len(runs)
