@@ -5,3 +5,22 @@ the ``web`` extra): a daemon never loads this package. Every action calls the
 operator commands' own functions (``dblockrun/ops``); the JSON is theirs too
 (``ops/output.py``). Nothing here accepts a command or a job definition.
 """
+
+from __future__ import annotations
+
+#: The web extra's modules (pyproject.toml's ``web``), as imported.
+EXTRA_MODULES = ("starlette", "uvicorn", "jinja2", "argon2", "itsdangerous", "multipart")
+#: How to install them.
+INSTALL = "pip install 'dblockrun[web]'"
+
+
+def missing_extra() -> str | None:
+    """The first module of the web extra that cannot be imported, or None."""
+    from importlib import import_module
+
+    for name in EXTRA_MODULES:
+        try:
+            import_module(name)
+        except ImportError:
+            return name
+    return None
