@@ -23,3 +23,24 @@ def parse_time(text: str, what: str = "--until") -> float:
     if dt.tzinfo is None:
         dt = dt.astimezone()
     return dt.timestamp()
+
+
+def took(seconds: float) -> str:
+    """A duration as the CLI words it: ``0.4s``, ``12.0s`` under a minute,
+    then whole seconds (``2m5s``, ``1h30m``)."""
+    from dblockrun.config.durations import format_duration
+
+    if seconds < 60:
+        return f"{max(seconds, 0.0):.1f}s"
+    return format_duration(round(seconds))
+
+
+def relative(ts: float, now: float) -> str:
+    """``ts`` from ``now`` as the CLI words it: ``in 5.0s``, ``3m ago``."""
+    delta = ts - now
+    return f"in {took(delta)}" if delta >= 0 else f"{took(-delta)} ago"
+
+
+def clock(ts: float, with_date: bool = False) -> str:
+    """``14:05Z`` (``2026-11-28 14:05Z``): a time axis' label, in UTC."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%MZ" if with_date else "%H:%MZ")

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from dblockrun.errors import DatabaseError, DblockrunError, UsageError
 from dblockrun.store.models import HostStatus
-from dblockrun.web import sessions
+from dblockrun.web import sessions, wording
 from dblockrun.web.acts import ACTIONS, JOB_ACTIONS, ROLE_OF, Act, perform
 from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user, refusal
 from dblockrun.web.errors import public
@@ -30,6 +30,7 @@ HISTORY = 50
 
 _env = Environment(loader=FileSystemLoader(HERE / "templates"),
                    autoescape=select_autoescape(default=True, default_for_string=True))
+_env.filters.update(wording.FILTERS)
 
 
 def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -112,7 +113,6 @@ def fleet_live(request: Request) -> Response:
 
 def job(request: Request) -> Response:
     from dblockrun.ops.actions import require_job
-    from dblockrun.web.chart import HEIGHT, WIDTH, bars
 
     if (login := _sign_in_first(request)) is not None:
         return login
@@ -122,16 +122,37 @@ def job(request: Request) -> Response:
         require_job(store, name)
     except UsageError as exc:
         return render(request, "error.html", status=404, message=public(store, exc.message))
+    data = _job_data(request, name)
+    return render(request, "job.html", **data, **_definition(request, name, data["job"]))
+
+
+def job_live(request: Request) -> Response:
+    """The live part of the Job page (facts, actions, chart, history), which
+    its script fetches every 2 s."""
+    if current_user(request) is None:
+        return HTMLResponse("sign in", status_code=401)
+    from dblockrun.ops.actions import require_job
+
+    name = request.path_params["job"]
+    try:
+        require_job(config(request).store, name)
+    except UsageError:
+        return HTMLResponse("no such job", status_code=404)
+    return render(request, "job_live.html", **_job_data(request, name))
+
+
+def _job_data(request: Request, name: str) -> dict[str, Any]:
+    from dblockrun.ops.output import audit_entry_json
+    from dblockrun.web.chart import duration_chart
+
+    store = config(request).store
     doc = _status_doc(request, store.with_every_host([name]))
     runs = store.history(name, HISTORY, output=False)
-    from dblockrun.ops.output import audit_entry_json, run_json
-
+    now = store.db_now()
     shown = next((j for j in doc["jobs"] if j["name"] == name), None)
-    return render(request, "job.html", name=name, doc=doc, job=shown,
-                  **_definition(request, name, shown),
-                  runs=[run_json(r) for r in runs], bars=bars(runs), width=WIDTH,
-                  height=HEIGHT,
-                  audit=[audit_entry_json(e) for e in store.control.entries(name, 10)])
+    return {"name": name, "doc": doc, "job": shown, "runs": runs, "now": now,
+            "chart": duration_chart(runs, now),
+            "audit": [audit_entry_json(e) for e in store.control.entries(name, 10)]}
 
 
 def _definition(request: Request, name: str, job: dict[str, Any] | None) -> dict[str, Any]:
@@ -165,20 +186,39 @@ def _definition(request: Request, name: str, job: dict[str, Any] | None) -> dict
 
 
 def run_page(request: Request) -> Response:
-    from dblockrun.ops.output import output_text, run_json
-
     if (login := _sign_in_first(request)) is not None:
         return login
+    data = _run_data(request)
+    if data is None:
+        return render(request, "error.html", status=404,
+                      message=f"no run {request.path_params['run_id']}")
+    return render(request, "run.html", **data)
+
+
+def run_live(request: Request) -> Response:
+    """The live part of the Run page (its facts and output), which its
+    script fetches every 2 s while the run runs (``data-final``: it ended)."""
+    if current_user(request) is None:
+        return HTMLResponse("sign in", status_code=401)
+    data = _run_data(request)
+    if data is None:
+        return HTMLResponse("no such run", status_code=404)
+    return render(request, "run_live.html", **data)
+
+
+def _run_data(request: Request) -> dict[str, Any] | None:
+    from dblockrun.ops.output import output_text
+
     try:
         run_id = int(request.path_params["run_id"])
     except ValueError:
         run_id = 0
-    found = config(request).store.run(run_id) if run_id > 0 else None
+    store = config(request).store
+    found = store.run(run_id) if run_id > 0 else None
     if found is None:
-        return render(request, "error.html", status=404,
-                      message=f"no run {request.path_params['run_id']}")
-    return render(request, "run.html", run=run_json(found), live=found.live,
-                  output=output_text(found.output or ""))
+        return None
+    return {"run": found, "live": found.live, "now": store.db_now(),
+            "output": output_text(found.output or "")}
 
 
 def hosts(request: Request) -> Response:
@@ -340,7 +380,9 @@ def routes() -> list[Route]:
         Route("/", fleet),
         Route("/fleet/live", fleet_live),
         Route("/jobs/{job}", job),
+        Route("/jobs/{job}/live", job_live),
         Route("/runs/{run_id}", run_page),
+        Route("/runs/{run_id}/live", run_live),
         Route("/hosts", hosts),
         Route("/audit", audit),
         Route("/confirm/{action}", confirm),
