@@ -265,16 +265,22 @@ def test_the_images_dashboard_answers_as_documented(
     subprocess.run([sys.executable, "-m", "dblockrun", "--db", postgres.url, "--table-prefix",
                     postgres.prefix, "disable", "nightly", "--create", "--reason", "from the host"],
                    env=clean_env(), capture_output=True, text=True, timeout=60, check=True)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "jobs.yaml").write_text(
+        "jobs:\n  nightly:\n    cron: '0 3 * * *'\n    command: echo nightly\n")
     port = free_port()
     container = check([*BUILDAH, "from", "--pull=never", name], cwd=tmp_path, timeout=300)
     container = container.strip().splitlines()[-1]
     user = config["User"]
-    # docs/container.md: `docker run ... IMAGE web --listen 0.0.0.0:8080`, here
-    # on 127.0.0.1 and a port of this test's own (the host's network).
-    command = [*config["Entrypoint"], "web", "--listen", f"127.0.0.1:{port}"]
+    # docs/container.md: `docker run ... -v /etc/dblockrun:/etc/dblockrun:ro
+    # IMAGE web -f /etc/dblockrun/jobs.yaml --listen 0.0.0.0:8080`, here on
+    # 127.0.0.1 and a port of this test's own (the host's network).
+    command = [*config["Entrypoint"], "web", "-f", "/etc/dblockrun/jobs.yaml", "--listen",
+               f"127.0.0.1:{port}"]
     run = track(subprocess.Popen(
         [*BUILDAH, "run", "--isolation", "chroot", "--user", "root", "--cap-add",
-         "CAP_SYS_ADMIN", "-e", f"DBLOCKRUN_DB={postgres.url}",
+         "CAP_SYS_ADMIN", "-v", f"{tmp_path / 'etc'}:/etc/dblockrun:ro",
+         "-e", f"DBLOCKRUN_DB={postgres.url}",
          "-e", f"DBLOCKRUN_TABLE_PREFIX={postgres.prefix}",
          container, "--", "unshare", "--pid", "--fork", "--mount-proc",
          "setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *command],
@@ -289,6 +295,9 @@ def test_the_images_dashboard_answers_as_documented(
 
         _status, page = wait_for(fleet, 120, interval=0.5, what="the dashboard in the image")
         assert 'data-job="nightly"' in page and "Fleet" in page
+        # The definition from the mounted jobs file (commands hidden: no users).
+        job = http_get(port, "/jobs/nightly")
+        assert job[0] == 200 and "/etc/dblockrun/jobs.yaml" in job[1] and "0 3 * * *" in job[1]
     finally:
         for pid in [*descendants(run.pid), run.pid]:
             if comm(pid) == "tini":

@@ -585,6 +585,20 @@ class Store:
             stmt = stmt.where(runs.c.item == item)
         return self._run(lambda c: [m.from_row(m.RunRecord, r._mapping) for r in c.execute(stmt)])
 
+    def runs_between(self, start: float, end: float, limit: int) -> list[m.RunRecord]:
+        """The fleet's runs in [``start``, ``end``) as the dashboard's timeline
+        draws them, without output, oldest first, at most ``limit``: each run
+        that was running at some time of it (begun before ``end``, not ended
+        before ``start``), and each passed slot (missed, skipped) of it."""
+        runs = self.t.runs
+        passed = runs.c.result.in_(m.PASSED)
+        ran = sa.and_(~passed, runs.c.started < end,
+                      sa.or_(runs.c.finished.is_(None), runs.c.finished >= start))
+        slots = sa.and_(passed, runs.c.slot >= start, runs.c.slot < end)
+        stmt = (self.shown_runs(output=False).where(sa.or_(ran, slots))
+                .order_by(runs.c.id).limit(limit))
+        return self._run(lambda c: [m.from_row(m.RunRecord, r._mapping) for r in c.execute(stmt)])
+
     def run(self, run_id: int) -> m.RunRecord | None:
         if not m.run_id_possible(run_id):
             return None

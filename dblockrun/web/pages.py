@@ -221,6 +221,41 @@ def _run_data(request: Request) -> dict[str, Any] | None:
             "output": output_text(found.output or "")}
 
 
+def timeline(request: Request) -> Response:
+    """The fleet timeline (timeline.py): ``?window=`` a duration (1h),
+    ``?end=`` an ISO time (now): what ran on each host in that window."""
+    from dblockrun.config.durations import format_duration, parse_duration
+    from dblockrun.timetext import parse_time
+    from dblockrun.web import timeline as tl
+
+    if (login := _sign_in_first(request)) is not None:
+        return login
+    store = config(request).store
+    asked = request.query_params.get("window", "").strip() or format_duration(tl.WINDOW)
+    end_text = request.query_params.get("end", "").strip()
+    try:
+        window = parse_duration(asked)
+        if not 0 < window <= tl.LONGEST:
+            raise ValueError(f"at most {format_duration(tl.LONGEST)}")
+    except ValueError as exc:
+        return render(request, "error.html", status=400, message=f"window {asked!r}: {exc}")
+    try:
+        end = parse_time(end_text, "end") if end_text else None
+    except UsageError as exc:
+        return render(request, "error.html", status=400, message=exc.message)
+    now = store.db_now()
+    end = now if end is None else end
+    start = end - window
+    records = store.runs_between(start, end, tl.MOST + 1)
+    from dblockrun.ops.output import host_name
+
+    drawn = tl.draw(records[:tl.MOST], start, end, now,
+                    [host_name(h.id) for h in store.live_hosts()])
+    return render(request, "timeline.html", drawn=drawn, window=format_duration(window),
+                  end=end_text, start=start, stop=end, now=now, choices=tl.CHOICES,
+                  cut=len(records) > tl.MOST, most=tl.MOST)
+
+
 def hosts(request: Request) -> Response:
     from dblockrun.ops.output import host_json
 
@@ -383,6 +418,7 @@ def routes() -> list[Route]:
         Route("/jobs/{job}/live", job_live),
         Route("/runs/{run_id}", run_page),
         Route("/runs/{run_id}/live", run_live),
+        Route("/timeline", timeline),
         Route("/hosts", hosts),
         Route("/audit", audit),
         Route("/confirm/{action}", confirm),
