@@ -36,7 +36,9 @@ def record(store: Store, job: str, host: str, started: float, finished: float | 
             token=1, attempt=1, started=started, finished=finished,
             exit_code=None if finished is None else (0 if result == m.OK else 1),
             result=result, output="done\n"))
-        return int(got.inserted_primary_key[0])
+        key = got.inserted_primary_key
+        assert key is not None
+        return int(key[0])
 
 
 def signed_in(store: Store, tmp_path: Path) -> TestClient:
