@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import time
 from datetime import UTC, datetime
 
 
@@ -28,11 +30,27 @@ def parse_time(text: str, what: str = "--until") -> float:
 def took(seconds: float) -> str:
     """A duration as the CLI words it: ``0.4s``, ``12.0s`` under a minute,
     then whole seconds (``2m5s``, ``1h30m``)."""
-    from dblockrun.config.durations import format_duration
-
     if seconds < 60:
         return f"{max(seconds, 0.0):.1f}s"
-    return format_duration(round(seconds))
+    return _whole(round(seconds))
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole(seconds: int) -> str:
+    """format_duration of whole seconds (a page of 10,000 runs shares a few hundred)."""
+    from dblockrun.config.durations import format_duration
+
+    return format_duration(seconds)
+
+
+@functools.lru_cache(maxsize=8192)
+def _second(whole: int) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(whole))
+
+
+def second(ts: float) -> str:
+    """``14:05:09Z``: a time of day to the second, in UTC."""
+    return _second(int(ts))
 
 
 def relative(ts: float, now: float) -> str:

@@ -156,11 +156,13 @@ def test_the_timeline_draws_each_run_on_its_hosts_row_with_overlaps_in_lanes(
     rows = re.findall(r'<g class="host" data-host="([^"]+)">(.*?)</g>', page)
     assert [host for host, _ in rows] == ["web-1", "web-2"]
     web1, web2 = rows[0][1], rows[1][1]
-    bars = {int(i): (cls, float(x), float(y), float(w)) for cls, x, y, w, i in re.findall(
-        r'<a href="/runs/\d+"><rect class="bar r-(\w+)" x="([\d.]+)" y="([\d.]+)" '
-        r'width="([\d.]+)"[^>]*><title>[^<]*run (\d+),', page)}
+    bars = {int(i): (cls, float(x), float(y), float(w)) for cls, i, x, y, w in re.findall(
+        r'<rect class="bar r-(\w+)" data-run="(\d+)" x="([\d.]+)" y="([\d.]+)" '
+        r'width="([\d.]+)"', page)}
     assert set(bars) == {a, b, c}  # not the run of two hours ago
-    assert f'/runs/{a}"' in web1 and f'/runs/{b}"' in web1 and f'/runs/{c}"' in web2
+    assert f'data-run="{a}"' in web1 and f'data-run="{b}"' in web1
+    assert f'data-run="{c}"' in web2
+    assert f"b: run {b}, failed, 1m40s, from " in web1  # what hovering says
     assert bars[a][0] == "ok" and bars[b][0] == "failed" and bars[c][0] == "running"
     assert bars[a][2] != bars[b][2]  # a and b overlap: two lanes
     # Lengths in proportion: a took 600 s, b 100 s; c runs to now.
@@ -170,7 +172,7 @@ def test_the_timeline_draws_each_run_on_its_hosts_row_with_overlaps_in_lanes(
     assert old not in bars
     # Another window, in the URL: the older run, and nothing of now.
     older = client.get("/timeline", params={"window": "15m", "end": _iso(now - 6900)}).text
-    assert f'/runs/{old}"' in older and f'/runs/{a}"' not in older
+    assert f'data-run="{old}"' in older and f'data-run="{a}"' not in older
     assert "<strong>15m</strong>" in older
     assert client.get("/timeline?window=8d").status_code == 400
     assert client.get("/timeline?window=soon").status_code == 400
@@ -191,7 +193,8 @@ def test_the_timeline_stacks_at_most_its_lanes_and_escapes_names() -> None:
     drawn = draw(runs, now - 3600, now, now, ["idle-host"])
     assert (drawn.runs, drawn.passed, drawn.hosts) == (20, 0, 2)
     assert "<b>" not in str(drawn.svg) and "&lt;b&gt;1&lt;/b&gt;" in str(drawn.svg)
-    lanes = set(re.findall(r'<rect class="bar r-ok" x="[\d.]+" y="(\d+)"', str(drawn.svg)))
+    lanes = set(re.findall(r'<rect class="bar r-ok" data-run="\d+" x="[\d.]+" y="(\d+)"',
+                           str(drawn.svg)))
     assert len(lanes) == 8  # twenty runs at once: eight lanes, shared
     assert 'data-host="idle-host"' in str(drawn.svg)  # a live host with no run has its row
 

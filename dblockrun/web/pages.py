@@ -247,10 +247,9 @@ def timeline(request: Request) -> Response:
     end = now if end is None else end
     start = end - window
     records = store.runs_between(start, end, tl.MOST + 1)
-    from dblockrun.ops.output import host_name
-
+    names = tl.host_names(store.hosts())
     drawn = tl.draw(records[:tl.MOST], start, end, now,
-                    [host_name(h.id) for h in store.live_hosts()])
+                    [names[h.id] for h in store.live_hosts() if h.id in names], names)
     return render(request, "timeline.html", drawn=drawn, window=format_duration(window),
                   end=end_text, start=start, stop=end, now=now, choices=tl.CHOICES,
                   cut=len(records) > tl.MOST, most=tl.MOST)

@@ -8,19 +8,19 @@ slot (missed, skipped) a mark at its slot's time on the row of the host that
 recorded it. Drawn on the server as one SVG, built as a string (10,000 bars
 through a template's loop would be its slowest part); hovering a bar says
 the job, run, result, duration and start (timetext's wording), a click
-opens the run.
+opens the run (app.js).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
 from dblockrun import timetext
-from dblockrun.store.models import PASSED, RUNNING, RunRecord
+from dblockrun.store.models import PASSED, RUNNING, HostStatus, RunRecord
 from dblockrun.web.chart import result_class
 
 #: The window shown when none is asked for, and the longest one asked.
@@ -52,17 +52,27 @@ class Drawn:
     hosts: int
 
 
+def host_names(hosts: Iterable[HostStatus]) -> dict[str, str]:
+    """Each daemon's (holder id's) host as the rows name it: its ``hostname``
+    label (``--label hostname=...``; by default the machine's name)."""
+    from dblockrun.scheduling.targeting import HOSTNAME, loads_labels
+
+    return {h.id: loads_labels(h.labels).get(HOSTNAME) or host_of(h.id) for h in hosts}
+
+
 def host_of(holder: str) -> str:
-    """The host of a run's holder (``web-3:77:0b1d2e`` is ``web-3``)."""
+    """The host of a holder no daemon row names (``web-3:77:0b1d2e`` is ``web-3``)."""
     from dblockrun.ops.output import host_name
 
     return host_name(holder)
 
 
 def draw(records: Sequence[RunRecord], start: float, end: float, now: float,
-         hosts: Iterable[str] = ()) -> Drawn:
+         hosts: Iterable[str] = (), names: Mapping[str, str] | None = None) -> Drawn:
     """The timeline of ``records`` (runs_between's) from ``start`` to ``end``;
-    ``hosts``: rows shown even without a record (the live hosts)."""
+    ``hosts``: rows shown even without a record (the live hosts); ``names``:
+    the host of each holder id (:func:`host_names`), else :func:`host_of`."""
+    names = names or {}
     span = end - start
     plot = WIDTH - LABELS - RIGHT
     scale = plot / span
@@ -73,8 +83,12 @@ def draw(records: Sequence[RunRecord], start: float, end: float, now: float,
     by_host: dict[str, list[RunRecord]] = defaultdict(list)
     for name in hosts:
         by_host.setdefault(name, [])
+    known = dict(names)
     for run in records:
-        by_host[host_of(run.host)].append(run)
+        host = known.get(run.host)
+        if host is None:
+            host = known[run.host] = host_of(run.host)
+        by_host[host].append(run)
     body: list[str] = []
     y = AXIS
     ran = passed = 0
@@ -110,12 +124,13 @@ def draw(records: Sequence[RunRecord], start: float, end: float, now: float,
             took_text = "-" if took is None else timetext.took(took)
             if run.finished is None and run.result == RUNNING:
                 took_text += " so far"
+            # Short: 10,000 of them are most of the page. (The page's script
+            # opens the run on a click: no <a> around each bar.)
             title = (f"{run.job}{' [' + run.item + ']' if run.item else ''}: run {run.id}, "
-                     f"{run.result}, {took_text}, started {timetext.relative(run.started, now)}"
-                     f" ({timetext.utc(run.started)})")
-            body.append(f'<a href="/runs/{run.id}"><rect class="bar r-{result_class(run.result)}"'
-                        f' x="{x0:.1f}" y="{top}" width="{max(x1 - x0, 1.0):.1f}" '
-                        f'height="{LANE}"><title>{escape(title)}</title></rect></a>')
+                     f"{run.result}, {took_text}, from {timetext.second(run.started)}")
+            body.append(f'<rect class="bar r-{result_class(run.result)}" data-run="{run.id}" '
+                        f'x="{x0:.1f}" y="{top}" width="{max(x1 - x0, 1.0):.1f}" '
+                        f'height="{LANE}"><title>{escape(title)}</title></rect>')
         for run in marks:
             at = run.slot if run.slot is not None else run.started
             x = px(at)
