@@ -1,4 +1,11 @@
-"""Database-clock times as people and records read them."""
+"""Database-clock times and durations as people and records read them: the
+one home of their wording, for the CLI's tables (ops/output.py) and the
+dashboard's pages (web/timehtml.py) alike.
+
+``ago(90)`` is ``1m30s``; ``relative(ts, now)`` is ``in 9.0s`` or ``3m ago``;
+``took(0.024)`` is ``0.02s``; ``stamp(ts)`` is ``2026-11-22 21:53:17Z``;
+``short(ts, now)`` is ``21:53:17Z (in 5.0s)``.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,39 @@ import functools
 import time
 from datetime import UTC, datetime
 
+from dblockrun.config.durations import format_duration
+
+_FOREVER: list[float] = []
+
+
+def _forever() -> float:
+    """The store's "forever" (dblockrun.store imports this module: read once, late)."""
+    if not _FOREVER:
+        from dblockrun.store import FOREVER
+
+        _FOREVER.append(FOREVER)
+    return _FOREVER[0]
+
 
 def utc(ts: float) -> str:
     """Epoch seconds as ISO 8601 in UTC (``2026-11-25T10:00:00+00:00``)."""
     return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def clock(ts: float, with_date: bool = False) -> str:
+    """``14:05Z`` (``2026-11-28 14:05Z``): a time axis' label, in UTC."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%MZ" if with_date else "%H:%MZ")
+
+
+def second(ts: float) -> str:
+    """``14:05:09Z``: a time of day to the second, in UTC (the timeline's
+    10,000 bars share their seconds: cached)."""
+    return _second(int(ts))
+
+
+@functools.lru_cache(maxsize=8192)
+def _second(whole: int) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(whole))
 
 
 def parse_time(text: str, what: str = "--until") -> float:
@@ -27,38 +63,61 @@ def parse_time(text: str, what: str = "--until") -> float:
     return dt.timestamp()
 
 
-def took(seconds: float) -> str:
-    """A duration as the CLI words it: ``0.4s``, ``12.0s`` under a minute,
-    then whole seconds (``2m5s``, ``1h30m``)."""
-    if seconds < 60:
-        return f"{max(seconds, 0.0):.1f}s"
-    return _whole(round(seconds))
+def ago(seconds: float) -> str:
+    """A span of time: ``9.0s`` under a minute, else whole seconds
+    (``3m``, ``1h30m``, ``2d4h``)."""
+    return f"{seconds:.1f}s" if seconds < 60 else _whole(round(seconds))
 
 
 @functools.lru_cache(maxsize=4096)
 def _whole(seconds: int) -> str:
-    """format_duration of whole seconds (a page of 10,000 runs shares a few hundred)."""
-    from dblockrun.config.durations import format_duration
-
+    """format_duration of whole seconds: 10,000 jobs share a few hundred."""
     return format_duration(seconds)
 
 
-@functools.lru_cache(maxsize=8192)
-def _second(whole: int) -> str:
-    return time.strftime("%H:%M:%SZ", time.gmtime(whole))
-
-
-def second(ts: float) -> str:
-    """``14:05:09Z``: a time of day to the second, in UTC."""
-    return _second(int(ts))
-
-
-def relative(ts: float, now: float) -> str:
-    """``ts`` from ``now`` as the CLI words it: ``in 5.0s``, ``3m ago``."""
+def relative(ts: float | None, now: float) -> str:
+    """``in 5m``, ``2d ago`` (``-``: no time; ``never``: forever)."""
+    if ts is None:
+        return "-"
+    if ts >= _forever():
+        return "never"
     delta = ts - now
-    return f"in {took(delta)}" if delta >= 0 else f"{took(-delta)} ago"
+    return f"in {ago(delta)}" if delta >= 0 else f"{ago(-delta)} ago"
 
 
-def clock(ts: float, with_date: bool = False) -> str:
-    """``14:05Z`` (``2026-11-28 14:05Z``): a time axis' label, in UTC."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%MZ" if with_date else "%H:%MZ")
+def took(seconds: float | None) -> str:
+    """A run's duration: ``0.02s``, ``12.50s``, ``1m30s`` (``-``: not known)."""
+    if seconds is None:
+        return "-"
+    return f"{seconds:.2f}s" if abs(seconds) < 60 else format_duration(round(seconds))
+
+
+def when(ts: float) -> datetime | None:
+    """``ts`` as a UTC datetime; None for a timestamp edited into nonsense."""
+    try:
+        return datetime.fromtimestamp(ts, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def stamp(ts: float | None) -> str:
+    """``2026-11-22 21:53:17Z``: an exact time (history's; the pages' hover)."""
+    if ts is None:
+        return "-"
+    at = when(ts) if ts < _forever() else None
+    return repr(ts) if at is None else at.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def short(ts: float | None, now: float) -> str:
+    """``21:53:17Z (in 5.0s)``, ``2026-11-23 06:00Z (in 8h6m)``."""
+    if ts is None:
+        return "-"
+    if ts >= _forever():
+        return "until enabled"
+    at = when(ts)
+    if at is None:
+        return repr(ts)
+    delta = ts - now
+    fmt = "%H:%M:%SZ" if abs(delta) < 86400 else "%Y-%m-%d %H:%MZ"
+    rel = ago(abs(delta))
+    return f"{at.strftime(fmt)} ({'in ' + rel if delta >= 0 else rel + ' ago'})"

@@ -263,7 +263,7 @@ def live_host(store: Store, host: str, jobs: JobsFile) -> None:
 
 
 def host_row(html: str, host: str) -> str:
-    found = re.search(rf"<tr><td>{host}</td>.*?</tr>", html)
+    found = re.search(rf'<tr><td><span class="host">{host}</span></td>.*?</tr>', html)
     assert found is not None, f"no row for {host} in the Job page's hosts"
     return found.group(0)
 
@@ -286,7 +286,7 @@ def test_the_job_page_shows_the_jobs_files_definition_and_which_keys_differ(
     # The keys and values as the loader parsed them, the URL's password hidden.
     assert "<code>command</code></td><td><code>pg_dump postgresql://backup:***@db.internal/app" \
         in html
-    assert "<code>lock-at-most</code></td><td><code>7200.0</code>" in html
+    assert "<code>lock-at-most</code></td><td><code>2h</code>" in html  # with its unit
     # env: its names, never its values.
     assert "<code>env</code></td><td><code>API_TOKEN</code>" in html
     assert "s3cr3t" not in html and "hunter2" not in html
@@ -296,7 +296,7 @@ def test_the_job_page_shows_the_jobs_files_definition_and_which_keys_differ(
     # Per live host its hash; the host that differs names the key.
     assert mine.jobs[0].definition_hash(store.fleet_key()) in host_row(html, "web-1")
     assert "as in this server" in host_row(html, "web-1")
-    assert '<td class="differs">command</td>' in host_row(html, "web-2")
+    assert '<td class="differs" data-label="differs in">command</td>' in host_row(html, "web-2")
     assert other.jobs[0].definition_hash(store.fleet_key()) in host_row(html, "web-2")
 
 
@@ -312,4 +312,5 @@ def test_without_a_jobs_file_the_job_page_says_how_to_show_the_definition(
     assert "not in the database" in html and "<code>-f JOBS_FILE</code>" in html
     assert "pg_dump" not in html
     for host in ("web-1", "web-2"):  # each defines it differently from the other
-        assert '<td class="differs">lock-at-most</td>' in host_row(html, host)
+        row = host_row(html, host)
+        assert '<td class="differs" data-label="differs in">lock-at-most</td>' in row

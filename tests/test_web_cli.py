@@ -86,7 +86,9 @@ def test_the_fleet_page_pages_and_filters(store: Store, tmp_path: Path) -> None:
     nothing = client.get("/?q=nothing").text
     assert nothing.count("<tr data-job=") == 0
     for page in (first, last, found, nothing):  # the groups' seats on every page
-        assert "<td>backups</td><td>1 of 2</td><td>job0001 on h1</td>" in page
+        assert ('>backups</a></td><td data-label="seats">1 of 2'
+                '</td><td data-label="held by">job0001 on <span class="host" title="h1">h1</span>'
+                "</td>") in page
     status = client.get("/api/v1/status", headers=bearer("vera")).json()
     assert len(status["jobs"]) == 250  # the API: every job, as status --json
 
@@ -224,9 +226,11 @@ def test_the_fleet_page_shows_drift_and_live_hosts(store: Store, tmp_path: Path)
     other = page.split('<tr data-job="job0121"', 1)[1].split("</tr>", 1)[0]
     assert "differs" not in other
     assert "job job0120 is defined differently: aaaa on h1:1:a; bbbb on h2:2:b" in page
-    assert "<td>h1:1:a</td>" in page and "+2.0 ms" in page
+    assert 'class="host">h1:1:a</a></td>' in page and "+2.0 ms" in page
     hosts = client.get("/hosts").text
-    assert "<td>h1:1:a</td><td>yes</td><td>h1</td><td>1</td><td>t</td>" in hosts
+    assert ('<td><span class="host">h1:1:a</span></td><td data-label="live">yes</td>'
+            '<td data-label="hostname">h1</td><td data-label="pid">1</td>'
+            '<td data-label="version">t</td>') in hosts
 
 
 def test_web_with_f_shows_the_files_definition(sqlite_db: TestDb, store_sqlite: Store,

@@ -85,7 +85,7 @@ def test_the_duration_chart_has_axes_with_units_and_each_runs_result() -> None:
     assert ticks == ["0.0s", "30.0s", "1m", "30m ago", "1m ago"]
     bars = re.findall(r'<rect class="bar r-(\w+)" data-run="(\d+)"', svg)
     assert bars == [("ok", "1"), ("ok", "2"), ("failed", "3"), ("running", "4")]
-    assert "run 3: failed, 40.0s, on h1, started 10m ago" in svg
+    assert "run 3: failed, 40.00s, on h1, started 10m ago" in svg
     assert "run 4: running, 1m so far" in svg
     assert len(re.findall(r'<text class="mark r-failed"', svg)) == 1  # not by colour alone
     legend = re.findall(r'<text class="legend"[^>]*>([^<]*)</text>', svg)

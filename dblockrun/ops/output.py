@@ -21,7 +21,6 @@ import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from dblockrun.config.durations import format_duration
@@ -45,6 +44,7 @@ from dblockrun.store.models import (
     jobs_known,
 )
 from dblockrun.store.status import live_window
+from dblockrun.timetext import ago, relative, short, stamp, took
 
 if TYPE_CHECKING:
     from rich.box import Box
@@ -95,13 +95,6 @@ def _uncollected(render: Callable[_P, _R]) -> Callable[_P, _R]:
 # -- times ------------------------------------------------------------------------
 
 
-def _datetime(ts: float) -> datetime | None:
-    try:
-        return datetime.fromtimestamp(ts, UTC)
-    except (OverflowError, OSError, ValueError):  # a timestamp edited into nonsense
-        return None
-
-
 def iso(ts: float | None) -> str | None:
     """``2026-11-22T21:53:17.123Z`` (what ``datetime.isoformat`` gives, at a
     third of its cost: ``status --json`` writes 30,000 for 10,000 jobs)."""
@@ -124,46 +117,6 @@ def _iso_second(whole: int) -> str:
     t = time.gmtime(whole)
     return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}"
             f"T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}")
-
-
-def _ago(seconds: float) -> str:
-    return f"{seconds:.1f}s" if seconds < 60 else _whole(round(seconds))
-
-
-@functools.lru_cache(maxsize=4096)
-def _whole(seconds: int) -> str:
-    """format_duration of whole seconds: 10,000 jobs share a few hundred."""
-    return format_duration(seconds)
-
-
-def _short(ts: float | None, now: float) -> str:
-    """``21:53:17Z (in 5.0s)``, ``2026-11-23 06:00Z (in 8h6m)``."""
-    if ts is None:
-        return "-"
-    if ts >= FOREVER:
-        return "until enabled"
-    when = _datetime(ts)
-    if when is None:
-        return repr(ts)
-    delta = ts - now
-    fmt = "%H:%M:%SZ" if abs(delta) < 86400 else "%Y-%m-%d %H:%MZ"
-    rel = _ago(abs(delta))
-    return f"{when.strftime(fmt)} ({'in ' + rel if delta >= 0 else rel + ' ago'})"
-
-
-def _stamp(ts: float | None) -> str:
-    """``2026-11-22 21:53:17Z``: history's absolute times."""
-    if ts is None:
-        return "-"
-    when = _datetime(ts) if ts < FOREVER else None
-    return repr(ts) if when is None else when.strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _took(run: RunRecord) -> str:
-    d = run.duration
-    if d is None:
-        return "-"
-    return f"{d:.2f}s" if abs(d) < 60 else format_duration(round(d))
 
 
 def clock_offset(seconds: float | None) -> str:
@@ -259,7 +212,7 @@ def job_view(s: JobStatus, fleet: Fleet) -> JobView:
         elif fleet.known is not None and s.lock.name not in fleet.known:
             note = NOT_ON_LIVE_DAEMON
         elif s.dropped is not None:  # not due: the pause dropped that slot
-            note = DROPPED.format(slot=_short(s.dropped, s.db_now))
+            note = DROPPED.format(slot=short(s.dropped, s.db_now))
     return JobView(status=s, held=held, running=s.running if held else None, next_note=note)
 
 
@@ -343,9 +296,9 @@ def pause_json(paused: Pause | None) -> dict[str, Any] | None:
 
 def pause_line(paused: Pause, now: float) -> str:
     """What ``status`` says first while the fleet is paused."""
-    until = "until resumed" if paused.ends >= FOREVER else f"until {_short(paused.ends, now)}"
+    until = "until resumed" if paused.ends >= FOREVER else f"until {short(paused.ends, now)}"
     reason = f": {paused.reason}" if paused.reason else ""
-    return (f"PAUSED {until}, by {paused.who} since {_short(paused.since, now)}{reason}; "
+    return (f"PAUSED {until}, by {paused.who} since {short(paused.since, now)}{reason}; "
             "no new run starts on any host (`dblockrun resume` ends it)")
 
 
@@ -353,6 +306,14 @@ def pause_line(paused: Pause, now: float) -> str:
 def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
                 live_within: float | None = None, paused: Pause | None = None,
                 groups: Sequence[GroupUsage] = ()) -> str:
+    return dumps(status_doc(jobs, hosts, db_now, live_within, paused, groups))
+
+
+def status_doc(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: float,
+               live_within: float | None = None, paused: Pause | None = None,
+               groups: Sequence[GroupUsage] = ()) -> dict[str, Any]:
+    """``status --json``'s document, before it is written (the dashboard
+    keeps both: web/fleetview.py)."""
     fleet = Fleet(hosts, paused)
     defs = fleet.defs
     out = []
@@ -381,7 +342,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             "drift_keys": fleet.drift_keys(s.lock.name),
             **_target_json(fleet.target(s.lock.name)),
         })
-    return dumps({
+    return {
         "version": JSON_VERSION,
         "db_time": iso(db_now),
         "live_within": live_within,
@@ -394,7 +355,7 @@ def status_json(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
                      "since": iso(run.started), "run_id": run.id, "for": waiting_for(run)}
                     for run in waiting_slots(jobs)],
         "warnings": warnings(jobs, fleet, live_within),
-    })
+    }
 
 
 def waiting_slots(jobs: Sequence[JobStatus]) -> list[RunRecord]:
@@ -708,14 +669,14 @@ def _state_cell(v: JobView, now: float) -> str:
     s = v.status
     text = s.state + _lanes_text(s, ids=True)
     if s.state == "disabled":
-        until = _short(s.lock.disabled_until, now)
+        until = short(s.lock.disabled_until, now)
         text += " " + until if until == "until enabled" else f" until {until}"
         if s.lock.disabled_by:
             text += f" by {s.lock.disabled_by}"
         if s.lock.disabled_reason:
             text += f": {s.lock.disabled_reason}"
     if s.lock.run_requested is not None:  # dblockrun run: filed, not yet started
-        text += f"; run requested {_ago(max(0.0, now - s.lock.run_requested))} ago"
+        text += f"; run requested {ago(max(0.0, now - s.lock.run_requested))} ago"
     if s.items is not None:
         c = s.items
         text += (f"; items {c['done']}/{c['total']} done, {c['running']} running, "
@@ -727,8 +688,8 @@ def _last_run_cell(run: RunRecord | None, now: float) -> str:
     if run is None:
         return "-"
     code = "" if run.exit_code is None else f" exit {run.exit_code}"
-    took = "" if run.duration is None else f" in {_took(run)}"
-    return f"{run.result}{code}{took}, {_short(run.started, now)} on {run.host}"
+    spent = "" if run.duration is None else f" in {took(run.duration)}"
+    return f"{run.result}{code}{spent}, {short(run.started, now)} on {run.host}"
 
 
 def _labels_cell(labels: dict[str, str]) -> str:
@@ -747,20 +708,10 @@ def _next_run_text(v: JobView, now: float, when: Callable[[float | None, float],
 
 
 def _next_run_cell(v: JobView, now: float) -> str:
-    return _next_run_text(v, now, _short, "due since")
+    return _next_run_text(v, now, short, "due since")
 
 
 # -- the narrow table (status without --wide): relative times, no holder or token --
-
-
-def _relative(ts: float | None, now: float) -> str:
-    """``in 5m``, ``2d ago``: the narrow table's times."""
-    if ts is None:
-        return "-"
-    if ts >= FOREVER:
-        return "never"
-    delta = ts - now
-    return f"in {_ago(delta)}" if delta >= 0 else f"{_ago(-delta)} ago"
 
 
 def host_name(holder: str) -> str:
@@ -778,7 +729,7 @@ def _narrow_state(v: JobView, now: float) -> str:
     if s.state == "disabled":
         until = s.lock.disabled_until
         text += (" until enabled" if until is None or until >= FOREVER
-                 else f" for {_ago(until - now)}")
+                 else f" for {ago(until - now)}")
         if s.lock.disabled_reason:
             text += f": {s.lock.disabled_reason}"
     if s.lock.run_requested is not None:
@@ -792,11 +743,11 @@ def _narrow_last_run(run: RunRecord | None, now: float) -> str:
     if run is None:
         return "-"
     code = "" if run.exit_code in (None, 0) else f" exit {run.exit_code}"
-    return f"{run.result}{code}, {_relative(run.started, now)}"
+    return f"{run.result}{code}, {relative(run.started, now)}"
 
 
 def _narrow_next_run(v: JobView, now: float) -> str:
-    return _next_run_text(v, now, _relative, "due")
+    return _next_run_text(v, now, relative, "due")
 
 
 @_uncollected
@@ -821,7 +772,7 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
             continue
         holder = "-"
         if v.held:
-            holder = f"{s.lock.holder or '(none)'} until {_short(s.lock.lock_until, db_now)}"
+            holder = f"{s.lock.holder or '(none)'} until {short(s.lock.lock_until, db_now)}"
         rows.append([s.lock.name, _state_cell(v, db_now), holder, str(s.lock.token),
                      _last_run_cell(s.last_run, db_now), _next_run_cell(v, db_now)]
                     + ([limits.get(s.lock.name.split("@", 1)[0]) or "-"] if limited else []))
@@ -840,7 +791,7 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
     if hosts and not wide:
         page.line(f"live hosts ({within})")
         page.table(("host", "last seen", "clock offset", "running"),
-                   [[h.id, _relative(h.last_seen, db_now), clock_offset(h.clock_offset),
+                   [[h.id, relative(h.last_seen, db_now), clock_offset(h.clock_offset),
                      str(h.running)] for h in hosts], ("host", "clock offset", "running"))
     elif hosts:
         page.line(f"live hosts ({within})")
@@ -848,7 +799,7 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         labelled = any(h.labels is not None for h in hosts)
         page.table(("host", "pid", "version", "last seen", "clock offset", "running")
                    + (("labels",) if labelled else ()),
-                   [[h.id, str(h.pid), h.version, _short(h.last_seen, db_now),
+                   [[h.id, str(h.pid), h.version, short(h.last_seen, db_now),
                      clock_offset(h.clock_offset), str(h.running)]
                     + ([_labels_cell(fleet.labels[h.id])] if labelled else []) for h in hosts],
                    ("host", "pid", "version", "clock offset", "running"))
@@ -866,8 +817,8 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         page.line()
         page.line("waiting slots (oldest first)")
         page.table(("job", "slot", "host", "waiting since", "for"),
-                   [[run.job, _short(run.slot, db_now),
-                     run.host, _short(run.started, db_now), waiting_for(run)]
+                   [[run.job, short(run.slot, db_now),
+                     run.host, short(run.started, db_now), waiting_for(run)]
                     for run in queued], ("job",))
     found = warnings(jobs, fleet, live_within)
     if found:
@@ -916,9 +867,9 @@ def coloured(text: str) -> str:
 @_uncollected
 def history_text(runs: Sequence[RunRecord], width: int | None = None) -> str:
     rows = [
-        [str(r.id), r.job, r.item if r.item is not None else "-", r.host, _stamp(r.slot),
-         "-" if r.token is None else str(r.token), str(r.attempt), _stamp(r.started),
-         _took(r), "-" if r.exit_code is None else str(r.exit_code), r.result]
+        [str(r.id), r.job, r.item if r.item is not None else "-", r.host, stamp(r.slot),
+         "-" if r.token is None else str(r.token), str(r.attempt), stamp(r.started),
+         took(r.duration), "-" if r.exit_code is None else str(r.exit_code), r.result]
         for r in runs
     ]
     page = _Page(width)
@@ -952,7 +903,7 @@ def print_history(runs: Sequence[RunRecord], db_now: float) -> None:
 
 @_uncollected
 def audit_text(entries: Sequence[AuditRecord], width: int | None = None) -> str:
-    rows = [[str(e.id), _stamp(e.at), e.who, e.action, e.job or "-",
+    rows = [[str(e.id), stamp(e.at), e.who, e.action, e.job or "-",
              "; ".join(part for part in (e.detail, e.reason) if part) or "-"]
             for e in entries]
     page = _Page(width)

@@ -20,6 +20,8 @@ ROLE_OF = {"run": "operator", "disable": "operator", "enable": "operator",
 ACTIONS = tuple(ROLE_OF)
 #: Those that act on one job (pause and resume: on the fleet).
 JOB_ACTIONS = ("run", "disable", "enable", "kill", "unlock")
+#: Those that stop or take away something (styled so; each behind its confirmation).
+DESTRUCTIVE = ("kill", "unlock", "pause")
 #: The reason column's size (store/schema.py).
 MAX_REASON = 1000
 
@@ -36,6 +38,22 @@ class Act:
     until: str | None = None
     #: kill: this run instead of the job's.
     run_id: int | None = None
+
+
+def offered(job: dict[str, Any] | None) -> list[str]:
+    """The job actions its page offers, as its state (``status --json``'s
+    entry) makes sense of them: Enable only when disabled, Disable only when
+    not; Kill only while a run of it runs; Unlock only while its lock is held.
+    (Each action still checks for itself: a page can be old.)"""
+    if job is None:
+        return ["run"]
+    disabled = job["state"] == "disabled"
+    out = ["run", "enable" if disabled else "disable"]
+    if job["running"] is not None or job["runs"]:
+        out.append("kill")
+    if job["holder"]:
+        out.append("unlock")
+    return out
 
 
 def who(user: str) -> str:

@@ -64,7 +64,7 @@ def status(request: Request) -> Response:
     store = cfg.store
     names = request.query_params.getlist("job")
     if not names:
-        return _json(cfg.status.get())
+        return _json(cfg.status.get().text)
     got = report(store, store.with_every_host(names))
     missing = sorted(set(names) - {r.lock.name for r in got.jobs})
     if missing:

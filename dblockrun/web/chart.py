@@ -59,7 +59,7 @@ def duration_chart(runs: Sequence[RunRecord], now: float) -> Markup:
         y = round(BOTTOM - plot_h * frac, 1)
         out.append(f'<line class="grid" x1="{LEFT}" y1="{y}" x2="{WIDTH - RIGHT}" y2="{y}"/>'
                    f'<text class="tick" x="{LEFT - 4}" y="{y + 4}" text-anchor="end">'
-                   f'{escape(timetext.took(top * frac))}</text>')
+                   f'{escape(timetext.ago(top * frac))}</text>')
     out.append(f'<text class="axis" x="4" y="{TOP - 4}">duration</text>')
     out.append(f'<line class="axis-line" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{BOTTOM}"/>'
                f'<line class="axis-line" x1="{LEFT}" y1="{BOTTOM}" x2="{WIDTH - RIGHT}" '
@@ -69,11 +69,11 @@ def duration_chart(runs: Sequence[RunRecord], now: float) -> Markup:
         x, width = round(LEFT + i * step + 1, 1), round(max(step - 2, 1), 1)
         y = round(BOTTOM - height, 1)
         cls = result_class(run.result)
-        took_text = (f"{timetext.took(seconds)} so far" if run.result == "running" and
+        took_text = (f"{timetext.ago(seconds)} so far" if run.result == "running" and
                      run.duration is None else
                      "-" if run.duration is None else timetext.took(run.duration))
         title = (f"run {run.id}: {run.result}, {took_text}, on {run.host}, started "
-                 f"{timetext.relative(run.started, now)} ({timetext.utc(run.started)})")
+                 f"{timetext.relative(run.started, now)} ({timetext.stamp(run.started)})")
         out.append(f'<a href="/runs/{run.id}"><rect class="bar r-{cls}" data-run="{run.id}" '
                    f'x="{x}" y="{y}" width="{width}" height="{round(height, 1)}">'
                    f'<title>{escape(title)}</title></rect>')

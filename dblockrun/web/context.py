@@ -14,6 +14,8 @@ from starlette.requests import Request
 
 from dblockrun.config.jobs import JobsFile
 from dblockrun.store import Store
+from dblockrun.web.fleetview import FleetStatus
+from dblockrun.web.fleetview import read as read_fleet
 from dblockrun.web.limits import Limits
 from dblockrun.web.signin import PasswordChecks, SignInLimit
 from dblockrun.web.snapshot import Snapshot
@@ -46,11 +48,11 @@ class WebConfig:
     #: The sign-in limit and the password checks' gate (signin.py).
     logins: SignInLimit = field(init=False)
     checks: PasswordChecks = field(init=False)
-    #: The whole fleet's status document, shared by the requests for it.
-    status: Snapshot = field(init=False)
+    #: The whole fleet's status document and rows, shared by the requests for it.
+    status: Snapshot[FleetStatus] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.status = Snapshot(lambda: whole_status(self.store))
+        self.status = Snapshot(lambda: read_fleet(self.store))
         self.logins = SignInLimit(self.limits, self.users or {})
         self.checks = PasswordChecks(self.limits)
         if self.hide_commands is None:
@@ -60,15 +62,6 @@ class WebConfig:
         """Whether ``user`` (None: nobody signed in) sees the jobs' commands."""
         return not self.hide_commands or (
             self.users is not None and user is not None and user.can("operator"))
-
-
-def whole_status(store: Store) -> str:
-    """``status --json`` of every job (ops/output.py's serializer)."""
-    from dblockrun.ops.output import status_json
-    from dblockrun.store.status import report
-
-    got = report(store)
-    return status_json(got.jobs, got.hosts, got.db_now, None, got.paused, got.groups)
 
 
 def config(request: Request) -> WebConfig:

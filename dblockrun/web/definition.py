@@ -19,6 +19,9 @@ from dblockrun.printable import printable
 
 #: The fields that hold a command.
 COMMANDS = ("command", "items_command")
+#: The fields that hold a duration (seconds): shown with their units (``2h``).
+DURATIONS = ("rate", "lock_at_most", "lock_at_least", "starting_deadline", "retry_delay",
+             "max_delay", "jitter")
 #: Shown instead of a command to whom may not see it.
 HIDDEN = "(hidden: shown to operators and admins)"
 
@@ -46,6 +49,10 @@ def _shown(job: Job, field: str, value: Any, commands: bool) -> str:
         return job.ping.describe()
     if not commands and field in COMMANDS:
         return HIDDEN
+    if field in DURATIONS and isinstance(value, (int, float)):
+        from dblockrun.config.durations import format_duration
+
+        return format_duration(value)
     if not commands and field == "on_failure" and isinstance(value, dict) \
             and value.get("command") is not None:
         value = {**value, "command": HIDDEN}

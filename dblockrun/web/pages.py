@@ -4,6 +4,7 @@ each action's confirmation and post."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -13,24 +14,24 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from dblockrun.errors import DatabaseError, DblockrunError, UsageError
+from dblockrun.ops.output import host_name
 from dblockrun.store.models import HostStatus
-from dblockrun.web import sessions, wording
-from dblockrun.web.acts import ACTIONS, JOB_ACTIONS, ROLE_OF, Act, perform
+from dblockrun.web import sessions
+from dblockrun.web.acts import ACTIONS, DESTRUCTIVE, JOB_ACTIONS, ROLE_OF, Act, offered, perform
 from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user, refusal
 from dblockrun.web.errors import public
+from dblockrun.web.timehtml import duration, epoch, when
 from dblockrun.web.users import check_password
 
 #: The most fields a form of the dashboard has (sign-in: 4; an action: 6).
 FORM_FIELDS = 16
 
-#: Jobs on one page of the Fleet page.
-PAGE = 100
 #: Runs on a job's page (and in its chart).
 HISTORY = 50
 
 _env = Environment(loader=FileSystemLoader(HERE / "templates"),
                    autoescape=select_autoescape(default=True, default_for_string=True))
-_env.filters.update(wording.FILTERS)
+_env.filters.update(ago=when, took=duration, hostname=host_name)
 
 
 def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -42,7 +43,7 @@ def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HT
         user=user, signed_in=signed_in, read_only=cfg.users is None,
         csrf=csrf_token(request) if cfg.users is not None else "",
         can=lambda action: signed_in and user is not None and user.can(ROLE_OF[action]),
-        flash=flash, **ctx)
+        flash=flash, destructive=DESTRUCTIVE, **{"now": time.time(), **ctx})
     return HTMLResponse(html, status_code=status)
 
 
@@ -82,22 +83,21 @@ def _with_jobs(host: HostStatus, names: set[str]) -> HostStatus:
 
 
 def fleet_data(request: Request) -> dict[str, Any]:
-    """One page of jobs (``?page=``, ``?q=`` a part of the name), hosts, pause."""
-    store = config(request).store
-    query = request.query_params.get("q", "").strip()
-    names = store.job_names()
-    if query:
-        names = [n for n in names if query.lower() in n.lower()]
-    pages = max(1, -(-len(names) // PAGE))
-    try:
-        page = min(max(1, int(request.query_params.get("page", "1"))), pages)
-    except ValueError:
-        page = 1
-    shown = names[(page - 1) * PAGE:page * PAGE]
-    # The page's jobs and the groups' seats (no job matches: the seats alone,
-    # and "", a name no row has, so that no name means none, not all).
-    doc = _status_doc(request, [*shown, *store.seat_names()] or [""])
-    return {"doc": doc, "page": page, "pages": pages, "total": len(names), "q": query}
+    """The Fleet page's data: the counts, one page of the jobs its query
+    (web/fleetview.py: state, group, label, host, name, sort, page) matches,
+    hosts, groups, pause; all from the shared status snapshot."""
+    from dblockrun.web.fleetview import KINDS, SORTS, groups_of, known_groups, query_of, select
+
+    cfg = config(request)
+    status = cfg.status.get()
+    query = query_of(request.query_params)
+    file_groups = groups_of(cfg.jobs.jobs if cfg.jobs is not None else None)
+    sel = select(status, query, file_groups)
+    hosts = sorted({h["id"] for h in status.doc["hosts"]}
+                   | {host_name(h["id"]) for h in status.doc["hosts"]})
+    return {"doc": status.doc, "now": status.db_now, "query": query, "sel": sel,
+            "kinds": KINDS, "sorts": SORTS, "hosts_known": hosts,
+            "groups_known": known_groups(status, list(file_groups.values()))}
 
 
 def fleet(request: Request) -> Response:
@@ -148,10 +148,10 @@ def _job_data(request: Request, name: str) -> dict[str, Any]:
     store = config(request).store
     doc = _status_doc(request, store.with_every_host([name]))
     runs = store.history(name, HISTORY, output=False)
-    now = store.db_now()
+    now = epoch(doc["db_time"]) or store.db_now()  # the status document's database time
     shown = next((j for j in doc["jobs"] if j["name"] == name), None)
-    return {"name": name, "doc": doc, "job": shown, "runs": runs, "now": now,
-            "chart": duration_chart(runs, now),
+    return {"name": name, "doc": doc, "job": shown, "actions": offered(shown), "runs": runs,
+            "now": now, "chart": duration_chart(runs, now),
             "audit": [audit_entry_json(e) for e in store.control.entries(name, 10)]}
 
 

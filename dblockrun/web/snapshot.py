@@ -1,6 +1,7 @@
-"""The whole fleet's ``status --json`` document, shared by every request for
-it: read at most once a second while asked for, and served while the next
-one is read (stale-while-revalidate).
+"""The whole fleet's ``status --json`` document (with what the Fleet page
+filters, counts and sorts by: web/fleetview.py), shared by every request
+for it: read at most once a second while asked for, and served while the
+next one is read (stale-while-revalidate).
 
 Reading and serializing 10,000 jobs takes about 0.6 s; a dashboard or a
 monitor polling ``GET /api/v1/status`` gets the newest document at once
@@ -15,8 +16,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: How old a document may be before a request starts the next read.
 MAX_AGE = 1.0
@@ -24,17 +28,20 @@ MAX_AGE = 1.0
 TOO_OLD = 15.0
 
 
-class Snapshot:
-    def __init__(self, read: Callable[[], str], max_age: float = MAX_AGE,
+class Snapshot(Generic[T]):
+    """What ``read`` returns, shared (a str in the tests; a
+    :class:`~dblockrun.web.fleetview.FleetStatus` in the server)."""
+
+    def __init__(self, read: Callable[[], T], max_age: float = MAX_AGE,
                  too_old: float = TOO_OLD) -> None:
         self._read = read
         self.max_age, self.too_old = max_age, too_old
-        self._doc: tuple[float, str] | None = None
+        self._doc: tuple[float, T] | None = None
         self._lock = threading.Lock()  # guards _doc and _reading
         self._first = threading.Lock()  # one inline read at a time
         self._reading = False
 
-    def get(self) -> str:
+    def get(self) -> T:
         """The newest document; read here when there is none yet (or it is
         :attr:`too_old`), else in the background when older than :attr:`max_age`."""
         with self._lock:
@@ -57,7 +64,7 @@ class Snapshot:
         with self._lock:
             self._doc = None
 
-    def _store(self, text: str, started: float | None = None) -> str:
+    def _store(self, text: T, started: float | None = None) -> T:
         with self._lock:
             self._doc = (time.monotonic() if started is None else started, text)
         return text

@@ -119,11 +119,10 @@ def draw(records: Sequence[RunRecord], start: float, end: float, now: float,
                     f'<text class="host" x="4" y="{y + ROW_PAD + LANE}">{escape(host)}</text>')
         for run, x0, x1, lane in bars:
             top = y + ROW_PAD + lane * (LANE + GAP)
-            took = (run.finished - run.started if run.finished is not None else
-                    now - run.started if run.result == RUNNING else None)
-            took_text = "-" if took is None else timetext.took(took)
             if run.finished is None and run.result == RUNNING:
-                took_text += " so far"
+                took_text = f"{timetext.ago(now - run.started)} so far"
+            else:
+                took_text = timetext.took(run.duration)
             # Short: 10,000 of them are most of the page. (The page's script
             # opens the run on a click: no <a> around each bar.)
             title = (f"{run.job}{' [' + run.item + ']' if run.item else ''}: run {run.id}, "
@@ -134,7 +133,7 @@ def draw(records: Sequence[RunRecord], start: float, end: float, now: float,
         for run in marks:
             at = run.slot if run.slot is not None else run.started
             x = px(at)
-            title = (f"{run.job}: the slot of {timetext.utc(at)} "
+            title = (f"{run.job}: the slot of {timetext.stamp(at)} "
                      f"({timetext.relative(at, now)}) {run.result}")
             body.append(f'<path class="passed r-{run.result}" data-run="{run.id}" '
                         f'd="M{x - 4:.1f} {y + 1}h8l-4 {ROW_PAD + 2}z">'
@@ -160,7 +159,7 @@ def draw(records: Sequence[RunRecord], start: float, end: float, now: float,
         tick += every
     if start <= now <= end:
         axis.append(f'<line class="now" x1="{px(now):.1f}" y1="{AXIS - 2}" x2="{px(now):.1f}" '
-                    f'y2="{total}"><title>now ({timetext.utc(now)})</title></line>')
+                    f'y2="{total}"><title>now ({timetext.stamp(now)})</title></line>')
     svg = (f'<svg id="timeline" class="timeline" viewBox="0 0 {WIDTH} {total}" '
            f'preserveAspectRatio="xMinYMin meet" role="img" aria-label="runs per host from '
            f'{timetext.utc(start)} to {timetext.utc(end)}">{"".join(axis)}{"".join(body)}</svg>')
