@@ -7,6 +7,7 @@ DBLOCKRUN_SCREENSHOTS=1."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -436,18 +437,25 @@ def test_the_timeline_shows_what_ran_on_each_host(browser: object, fleet: Dashbo
     page = page_as(browser, fleet, "vera")
     page.goto(f"{fleet.url}/")
     page.click("nav a[href='/timeline']")
-    page.wait_for_selector("#timeline rect.bar")
+    page.wait_for_selector("#timeline path.bar.r-ok")
     hosts = page.locator("#timeline g.host").evaluate_all(
         "rows => rows.map(r => r.dataset.host)")
     assert hosts == ["host1", "host2"]  # the daemons' hostname labels
-    bar = page.locator("#timeline rect.r-ok").first
-    said = bar.locator("title").text_content() or ""
-    assert re.fullmatch(r"\w+: run \d+, ok, \d+\.\ds, from \d\d:\d\d:\d\dZ", said), said
-    run_id = bar.get_attribute("data-run")
-    bar.click()  # opens the run
+    # Hovering a bar says what ran; a click opens the run.
+    runs = json.loads(page.locator("#timeline-runs").text_content() or "[]")
+    run_id, x, width, y, said = next(r for r in runs if ", ok, " in r[4])
+    assert re.fullmatch(r"\w+: run \d+, ok, \d+\.\d\ds, from \d\d:\d\d:\d\dZ", said), said
+    at = page.evaluate(
+        """([x, y]) => { const m = document.getElementById("timeline").getScreenCTM();
+                        const p = new DOMPoint(x, y).matrixTransform(m);
+                        return [p.x, p.y]; }""", [x + width / 2, y + 4])
+    page.mouse.move(at[0], at[1])
+    page.wait_for_selector("#tip:not([hidden])")
+    assert page.inner_text("#tip") == said
+    page.mouse.click(at[0], at[1])
     page.wait_for_url(f"**/runs/{run_id}")
     page.go_back()
-    page.wait_for_selector("#timeline rect.bar")
+    page.wait_for_selector("#timeline path.bar")
     page.click("#window a:text('15m')")
     page.wait_for_selector("#window strong:text('15m')")
     assert "window=15m" in page.url

@@ -6,6 +6,7 @@ test_web_browser.py.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -153,30 +154,48 @@ def test_the_timeline_draws_each_run_on_its_hosts_row_with_overlaps_in_lanes(
     page = client.get("/timeline").text
     assert 'href="/timeline"' in page  # in the nav
     assert "3 run(s) and 1 missed or skipped slot(s) on 2 host(s)" in page
-    rows = re.findall(r'<g class="host" data-host="([^"]+)">(.*?)</g>', page)
-    assert [host for host, _ in rows] == ["web-1", "web-2"]
-    web1, web2 = rows[0][1], rows[1][1]
-    bars = {int(i): (cls, float(x), float(y), float(w)) for cls, i, x, y, w in re.findall(
-        r'<rect class="bar r-(\w+)" data-run="(\d+)" x="([\d.]+)" y="([\d.]+)" '
-        r'width="([\d.]+)"', page)}
+    rows = {host: (int(top), int(top) + int(height)) for host, top, height in re.findall(
+        r'<g class="host" data-host="([^"]+)"><rect class="row" x="0" y="(\d+)" '
+        r'width="\d+" height="(\d+)"/>', page)}
+    assert list(rows) == ["web-1", "web-2"]
+    bars = {run[0]: run for run in shown_runs(page)}  # (id, x, width, y, said)
     assert set(bars) == {a, b, c}  # not the run of two hours ago
-    assert f'data-run="{a}"' in web1 and f'data-run="{b}"' in web1
-    assert f'data-run="{c}"' in web2
-    assert f"b: run {b}, failed, 1m40s, from " in web1  # what hovering says
-    assert bars[a][0] == "ok" and bars[b][0] == "failed" and bars[c][0] == "running"
-    assert bars[a][2] != bars[b][2]  # a and b overlap: two lanes
+
+    def row_of(run_id: int) -> str:
+        return next(h for h, (top, bottom) in rows.items() if top <= bars[run_id][3] < bottom)
+
+    assert (row_of(a), row_of(b), row_of(c)) == ("web-1", "web-1", "web-2")
+    assert bars[a][3] != bars[b][3]  # a and b overlap: two lanes
     # Lengths in proportion: a took 600 s, b 100 s; c runs to now.
-    assert bars[a][3] == pytest.approx(6 * bars[b][3], rel=0.05)
+    assert bars[a][2] == pytest.approx(6 * bars[b][2], rel=0.05)
     assert bars[a][1] < bars[b][1] < bars[c][1]
-    assert f'class="passed r-missed" data-run="{missed}"' in web2
+    assert bars[b][4].startswith(f"b: run {b}, failed, 1m40s, from ")  # what hovering says
+    assert re.match(rf"c: run {c}, running, 1m(\d+s)? so far, from ", bars[c][4])
+    # Each bar a rectangle of its result's path.
+    paths = dict(re.findall(r'<path class="bar r-(\w+)" d="([^"]+)"/>', page))
+    assert f"M{bars[b][1]:.1f} {bars[b][3]}h{bars[b][2]:.1f}v" in paths["failed"]
+    assert f"M{bars[a][1]:.1f} {bars[a][3]}h" in paths["ok"]
+    assert f"M{bars[c][1]:.1f} {bars[c][3]}h" in paths["running"]
+    assert f'class="passed r-missed" data-run="{missed}"' in page
+    assert rows["web-2"][0] < int(re.search(  # type: ignore[union-attr]
+        rf'class="passed r-missed" data-run="{missed}" d="M[\d.]+ (\d+)', page).group(1)) \
+        < rows["web-2"][1]
     assert old not in bars
     # Another window, in the URL: the older run, and nothing of now.
     older = client.get("/timeline", params={"window": "15m", "end": _iso(now - 6900)}).text
-    assert f'data-run="{old}"' in older and f'data-run="{a}"' not in older
+    assert {run[0] for run in shown_runs(older)} == {old}
     assert "<strong>15m</strong>" in older
     assert client.get("/timeline?window=8d").status_code == 400
     assert client.get("/timeline?window=soon").status_code == 400
     assert client.get("/timeline?end=yesterday").status_code == 400
+
+
+def shown_runs(page: str) -> list[tuple[int, float, float, int, str]]:
+    """The timeline's data: each bar's run, x, width, y and what hovering says."""
+    found = re.search(r'<script type="application/json" id="timeline-runs">(.*?)</script>',
+                      page)
+    assert found is not None
+    return [tuple(run) for run in json.loads(found.group(1))]  # type: ignore[misc]
 
 
 def _iso(ts: float) -> str:
@@ -192,9 +211,12 @@ def test_the_timeline_stacks_at_most_its_lanes_and_escapes_names() -> None:
                         exit_code=0, result=m.OK) for i in range(1, 21)]
     drawn = draw(runs, now - 3600, now, now, ["idle-host"])
     assert (drawn.runs, drawn.passed, drawn.hosts) == (20, 0, 2)
-    assert "<b>" not in str(drawn.svg) and "&lt;b&gt;1&lt;/b&gt;" in str(drawn.svg)
-    lanes = set(re.findall(r'<rect class="bar r-ok" data-run="\d+" x="[\d.]+" y="(\d+)"',
-                           str(drawn.svg)))
+    svg = str(drawn.svg)
+    assert "<b>" not in svg and "&lt;b&gt;" not in svg  # in JSON, < is \u003c
+    assert "h\\u003c1\\u003e" not in svg and 'data-host="h&lt;1&gt;"' in svg
+    said = [run[4] for run in shown_runs(svg)]
+    assert said[0].startswith("<b>1</b>: run 1, ok, 1m30s, from ")  # as text, by the script
+    lanes = {run[3] for run in shown_runs(svg)}
     assert len(lanes) == 8  # twenty runs at once: eight lanes, shared
     assert 'data-host="idle-host"' in str(drawn.svg)  # a live host with no run has its row
 

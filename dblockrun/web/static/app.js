@@ -25,12 +25,40 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const live of document.querySelectorAll("[data-live]")) {
     if (!finished(live)) setTimeout(() => refresh(live), EVERY_MS);
   }
-  // The timeline's bars: a click opens the run (one listener, not 10,000 links).
   const timeline = document.getElementById("timeline");
-  if (timeline) {
-    timeline.addEventListener("click", (event) => {
-      const run = event.target.closest("[data-run]");
-      if (run) window.location.assign(`/runs/${encodeURIComponent(run.dataset.run)}`);
-    });
-  }
+  if (timeline) followPointer(timeline);
 });
+
+// The timeline: each run is a rectangle of one path per result (10,000
+// elements would be slow to lay out); its data beside the SVG says where
+// each bar is: [run id, x, width, y, what to say]. Hovering shows what it
+// says, a click opens the run.
+function followPointer(svg) {
+  const runs = JSON.parse(document.getElementById("timeline-runs").textContent);
+  const lane = Number(svg.dataset.lane);
+  const tip = document.getElementById("tip");
+  const under = (event) => {
+    const m = svg.getScreenCTM();
+    if (!m) return null;
+    const p = new DOMPoint(event.clientX, event.clientY).matrixTransform(m.inverse());
+    let found = null;
+    for (const r of runs) { // the last drawn is on top
+      if (p.y >= r[3] && p.y <= r[3] + lane && p.x >= r[1] - 1 && p.x <= r[1] + r[2] + 1) found = r;
+    }
+    return found;
+  };
+  svg.addEventListener("mousemove", (event) => {
+    const r = under(event);
+    svg.style.cursor = r ? "pointer" : "";
+    if (!r) { tip.hidden = true; return; }
+    tip.textContent = r[4]; // text, never markup
+    tip.style.left = `${event.pageX + 12}px`;
+    tip.style.top = `${event.pageY + 12}px`;
+    tip.hidden = false;
+  });
+  svg.addEventListener("mouseleave", () => { tip.hidden = true; });
+  svg.addEventListener("click", (event) => {
+    const r = under(event);
+    if (r) window.location.assign(`/runs/${encodeURIComponent(r[0])}`);
+  });
+}
