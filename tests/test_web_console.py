@@ -154,7 +154,8 @@ def test_the_timeline_draws_each_run_on_its_hosts_row_with_overlaps_in_lanes(
     page = client.get("/timeline").text
     assert 'href="/timeline"' in page  # in the nav
     assert "3 run(s) and 1 missed or skipped slot(s) on 2 host(s)" in page
-    rows = {host: (int(top), int(top) + int(height)) for host, top, height in re.findall(
+    rows: dict[str, tuple[int, int]] = {
+        host: (int(top), int(top) + int(height)) for host, top, height in re.findall(
         r'<g class="host" data-host="([^"]+)"><rect class="row" x="0" y="(\d+)" '
         r'width="\d+" height="(\d+)"/>', page)}
     assert list(rows) == ["web-1", "web-2"]
@@ -195,7 +196,10 @@ def shown_runs(page: str) -> list[tuple[int, float, float, int, str]]:
     found = re.search(r'<script type="application/json" id="timeline-runs">(.*?)</script>',
                       page)
     assert found is not None
-    return [tuple(run) for run in json.loads(found.group(1))]  # type: ignore[misc]
+    shown: list[tuple[int, float, float, int, str]] = [
+        (int(i), float(x), float(w), int(y), str(said))
+        for i, x, w, y, said in json.loads(found.group(1))]
+    return shown
 
 
 def _iso(ts: float) -> str:
