@@ -5,7 +5,8 @@ wording, as the CLI's); its colour and the mark above it its result, named
 in the legend with each result's count; hovering it says the run's id,
 result, duration and start, and a click opens the run. The x axis says when
 the first and the last shown run started. Scales to the page's width (the
-``viewBox``): a phone shows it whole."""
+``viewBox``), down to a width its words stay readable at; on a narrower
+screen (a phone) it scrolls sideways in its frame, the page does not."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def duration_chart(runs: Sequence[RunRecord], now: float) -> Markup:
     top = top_of(max(took))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, BOTTOM - TOP
     step = min(plot_w / len(shown), WIDEST + 2)
-    out = [f'<svg id="chart" class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" '
+    out = [f'<div class="figure"><svg id="chart" class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" '
            f'preserveAspectRatio="xMinYMin meet" role="img" aria-label="duration and result '
            f'of the last {len(shown)} runs">']
     # The y axis: 0, half and the top, with grid lines.
@@ -98,7 +99,7 @@ def duration_chart(runs: Sequence[RunRecord], now: float) -> Markup:
                    f'width="9" height="9"/><text class="legend" x="{x + 12}" '
                    f'y="{HEIGHT - 4}">{escape(label)}</text>')
         x += 24 + 7 * len(label)
-    out.append("</svg>")
+    out.append("</svg></div>")
     return Markup("".join(out))
 
 

@@ -11,10 +11,28 @@ function finished(live) {
   return live.querySelector("[data-final]") !== null;
 }
 
+// A chart or timeline wider than a phone scrolls in its frame (.figure):
+// shown at its right end, now, and kept where the reader scrolled it to
+// when the live part is replaced.
+function fromRight(root) {
+  const frame = root.querySelector(".figure");
+  return frame ? frame.scrollWidth - frame.scrollLeft - frame.clientWidth : 0;
+}
+
+function toRight(root, right) {
+  for (const frame of root.querySelectorAll(".figure")) {
+    frame.scrollLeft = frame.scrollWidth - frame.clientWidth - right;
+  }
+}
+
 function refresh(live) {
   fetch(live.dataset.live, { credentials: "same-origin" })
     .then((r) => (r.ok ? r.text() : Promise.reject(r.status)))
-    .then((html) => { live.innerHTML = html; })
+    .then((html) => {
+      const right = fromRight(live);
+      live.innerHTML = html;
+      toRight(live, right);
+    })
     .catch(() => {})
     .finally(() => {
       if (!finished(live)) setTimeout(() => refresh(live), EVERY_MS);
@@ -22,6 +40,7 @@ function refresh(live) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  toRight(document, 0);
   for (const live of document.querySelectorAll("[data-live]")) {
     if (!finished(live)) setTimeout(() => refresh(live), EVERY_MS);
   }
