@@ -210,9 +210,8 @@ def _iso(ts: float) -> str:
 
 def test_the_timeline_stacks_at_most_its_lanes_and_escapes_names() -> None:
     now = 1_800_000_000.0
-    runs = [m.RunRecord(id=i, job=f"<b>{i}</b>", item=None, host="h<1>", slot=now - 100,
-                        token=1, attempt=1, started=now - 100, finished=now - 10,
-                        exit_code=0, result=m.OK) for i in range(1, 21)]
+    runs = [m.Span(id=i, job=f"<b>{i}</b>", item=None, host="h<1>", slot=now - 100,
+                   started=now - 100, finished=now - 10, result=m.OK) for i in range(1, 21)]
     drawn = draw(runs, now - 3600, now, now, ["idle-host"])
     assert (drawn.runs, drawn.passed, drawn.hosts) == (20, 0, 2)
     svg = str(drawn.svg)

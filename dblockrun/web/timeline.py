@@ -22,7 +22,7 @@ from jinja2.utils import htmlsafe_json_dumps
 from markupsafe import Markup, escape
 
 from dblockrun import timetext
-from dblockrun.store.models import PASSED, RUNNING, HostStatus, RunRecord
+from dblockrun.store.models import PASSED, RUNNING, HostStatus, Span
 from dblockrun.web.chart import result_class
 
 #: The window shown when none is asked for, and the longest one asked.
@@ -69,7 +69,7 @@ def host_of(holder: str) -> str:
     return host_name(holder)
 
 
-def draw(records: Sequence[RunRecord], start: float, end: float, now: float,
+def draw(records: Sequence[Span], start: float, end: float, now: float,
          hosts: Iterable[str] = (), names: Mapping[str, str] | None = None) -> Drawn:
     """The timeline of ``records`` (runs_between's) from ``start`` to ``end``;
     ``hosts``: rows shown even without a record (the live hosts); ``names``:
@@ -82,7 +82,7 @@ def draw(records: Sequence[RunRecord], start: float, end: float, now: float,
     def px(ts: float) -> float:
         return LABELS + (min(max(ts, start), end) - start) * scale
 
-    by_host: dict[str, list[RunRecord]] = defaultdict(list)
+    by_host: dict[str, list[Span]] = defaultdict(list)
     for name in hosts:
         by_host.setdefault(name, [])
     known = dict(names)
