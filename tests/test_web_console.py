@@ -61,7 +61,8 @@ def test_web_without_its_extra_says_how_to_install_it(
     result = CliRunner().invoke(cli, ["--db", sqlite_db.url, *args], input="pw\n")
     assert result.exit_code == 2
     assert result.output == (f"dblockrun: dblockrun web needs the web extra ({module} is "
-                             f"missing): pip install 'dblockrun[web]'\n")
+                             f"missing): pip install 'dblockrun[web]', or in a checkout: "
+                             f"pipx install --force '.[web]'\n")
 
 
 # -- item 4: the chart -----------------------------------------------------------------

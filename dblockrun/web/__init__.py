@@ -10,8 +10,9 @@ from __future__ import annotations
 
 #: The web extra's modules (pyproject.toml's ``web``), as imported.
 EXTRA_MODULES = ("starlette", "uvicorn", "jinja2", "argon2", "itsdangerous", "multipart")
-#: How to install them.
-INSTALL = "pip install 'dblockrun[web]'"
+#: How to install them: by name (a release, or an index or wheelhouse that
+#: has it), or from a checkout (dblockrun is not on PyPI yet).
+INSTALL = "pip install 'dblockrun[web]', or in a checkout: pipx install --force '.[web]'"
 
 
 def missing_extra() -> str | None:
