@@ -895,12 +895,15 @@ def next_(jobs_file: str | None, count: int) -> None:
     jobs = _load(_jobs_path(jobs_file))
     now = datetime.now(UTC)
     for job in jobs.jobs:
+        # after: a chain's job runs after another's runs, besides any schedule.
+        after = "" if job.after is None else job.after.text()
         if job.cron is None:
-            click.echo(f"{job.name}: every {format_duration(job.rate or 0)} (rate)")
+            rate = f"every {format_duration(job.rate)} (rate)" if job.rate is not None else ""
+            click.echo(f"{job.name}: {', '.join(t for t in (rate, after) if t)}")
             continue
         tz = ZoneInfo(job.timezone)
         times = [t.astimezone(tz).isoformat() for t in upcoming(job.schedule, now, count)]
-        click.echo(f"{job.name}: {', '.join(times)}")
+        click.echo(f"{job.name}: {', '.join(times)}{'; ' + after if after else ''}")
 
 
 @cli.command(name="init-db")

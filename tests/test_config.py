@@ -341,7 +341,7 @@ KNOWN = (
     "starting-deadline, retries, retry-delay, backoff, max-delay, on-failure, jitter, description, "
     "enabled, "
     "items, items-command, parallel, batch, history-limit, user, run-on, on, notify, ping, "
-    "catch-up, catch-up-limit, group, overlap, limits"
+    "catch-up, catch-up-limit, group, overlap, limits, after"
 )
 DURATION = "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)"
 
@@ -370,7 +370,8 @@ DURATION = "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)"
         ),
         (
             "jobs:\n  a:\n    command: x\n",
-            "jobs.yaml:2: job 'a': cron: missing (a job needs cron, rate or both)",
+            "jobs.yaml:2: job 'a': cron: missing (a job needs cron, rate, after or several of "
+            "them)",
         ),
         # unknown keys
         (

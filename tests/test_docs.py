@@ -22,7 +22,13 @@ from clitree import commands, option_names
 from helpers import REPO, clean_env
 
 from dblockrun.cli import cli
-from dblockrun.config.load import JOB_KEYS, NOTIFY_KEYS, ON_FAILURE_KEYS, TOP_LEVEL_KEYS
+from dblockrun.config.load import (
+    AFTER_KEYS,
+    JOB_KEYS,
+    NOTIFY_KEYS,
+    ON_FAILURE_KEYS,
+    TOP_LEVEL_KEYS,
+)
 from dblockrun.store.schema import build_tables
 
 #: The site's build with the other builds, on one xdist worker.
@@ -183,7 +189,8 @@ def test_the_reference_describes_the_nested_keys() -> None:
     rows = {line.split(" | ")[0].strip("| `"): line
             for line in (DOCS / "jobs-file.md").read_text().splitlines()
             if line.startswith("| `")}
-    for key, nested in (("on-failure", ON_FAILURE_KEYS), ("notify", NOTIFY_KEYS)):
+    for key, nested in (("on-failure", ON_FAILURE_KEYS), ("notify", NOTIFY_KEYS),
+                        ("after", AFTER_KEYS)):
         missing = [name for name in nested
                    if not re.search(rf"[`{{]{re.escape(name)}[`:]", rows[key])]
         assert not missing, f"{key}: {missing} not described"
@@ -205,6 +212,8 @@ def test_every_reference_example_validates(tmp_path: Path) -> None:
             lines = ["jobs:", f"  report: {{{', '.join([*job, inner])}}}"]
             if key == "group":
                 lines.append("groups: {backups: 1}")
+            if key == "after":  # the job it runs after
+                lines.insert(1, '  extract: {rate: 1h, command: "true"}')
         validate("\n".join(lines) + "\n", f"docs/jobs-file.md: {key}: {example}", tmp_path)
 
 

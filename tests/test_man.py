@@ -26,6 +26,7 @@ from dblockrun.cli import cli
 from dblockrun.config.durations import parse_duration
 from dblockrun.config.jobs import LIMIT_KEYS
 from dblockrun.config.load import (
+    AFTER_KEYS,
     JOB_KEYS,
     NOTIFY_KEYS,
     ON_FAILURE_KEYS,
@@ -183,7 +184,7 @@ def test_every_top_level_key_is_described() -> None:
 
 def test_every_job_key_is_described() -> None:
     described = [tag.rstrip(":") for tag in tags(section(man5(), ".SH", "JOB KEYS"))]
-    nested = (*ON_FAILURE_KEYS, *NOTIFY_KEYS, *LIMIT_KEYS)
+    nested = (*ON_FAILURE_KEYS, *NOTIFY_KEYS, *LIMIT_KEYS, *AFTER_KEYS)
     missing = [key for key in (*JOB_KEYS, *nested) if key not in described]
     assert not missing, f"dblockrun-jobs.5, JOB KEYS: keys not described: {missing}"
     stale = [key for key in described if key not in JOB_KEYS and key not in nested]
@@ -193,7 +194,8 @@ def test_every_job_key_is_described() -> None:
 def test_man5_has_the_sections_a_reader_looks_for() -> None:
     text = man5()
     for name in ("NAME", "DESCRIPTION", "TOP-LEVEL KEYS", "JOB KEYS", "DURATIONS",
-                 "CRON EXPRESSIONS", "DAYLIGHT SAVING TIME", "FAN-OUT", "VALIDATION",
+                 "CRON EXPRESSIONS", "DAYLIGHT SAVING TIME", "FAN-OUT", "JOB CHAINS",
+                 "VALIDATION",
                  "EXAMPLES", "SEE ALSO"):
         section(text, ".SH", name)
 

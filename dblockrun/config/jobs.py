@@ -202,6 +202,30 @@ def _seconds_text(seconds: int | None) -> str | None:
     return None if seconds is None else format_duration(seconds)
 
 
+#: ``after: {on: ...}``: which upstream results start a run (dblockrun/daemon/chains.py).
+AFTER_ON = {"success": ("ok",), "failure": ("failed", "timeout", "lost"),
+            "any": ("ok", "failed", "timeout", "lost")}
+
+
+@dataclass(frozen=True)
+class After:
+    """``after:``: each finished run of one of ``jobs`` whose result ``on``
+    takes starts one run of the job, once across the fleet."""
+
+    jobs: tuple[str, ...]
+    on: str = "success"
+
+    @property
+    def results(self) -> tuple[str, ...]:
+        """The upstream results (``ok``, ``failed``, ``timeout``, ``lost``) that start a run."""
+        return AFTER_ON[self.on]
+
+    def text(self) -> str:
+        """``after extract``, ``after load, rebuild (on failure)``: as ``status`` shows it."""
+        on = "" if self.on == "success" else f" (on {self.on})"
+        return f"after {', '.join(self.jobs)}{on}"
+
+
 @dataclass(frozen=True)
 class Schedule:
     """When a cron job has slots: those of any of its expressions (a slot two
@@ -270,6 +294,8 @@ class Job:
     overlap: str = "forbid"
     #: ``limits:``: what its commands may use (none set: no limit).
     limits: Limits = field(default_factory=Limits)
+    #: ``after:``: the upstream jobs whose runs start one of this job's.
+    after: After | None = None
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -278,6 +304,11 @@ class Job:
         fleet, each holding one of its N lanes; None: one run at a time."""
         kind, _, bound = self.overlap.partition(" ")
         return int(bound) if kind == "allow" else None
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether it has slots or a rate (else it runs only ``after:`` others)."""
+        return self.cron is not None or self.rate is not None
 
     @property
     def fan_out(self) -> bool:
@@ -342,6 +373,10 @@ class Job:
             del data["env_inherit"]  # nor `env-inherit:`
         if data["backoff"] == 1.0 and data["max_delay"] is None:
             del data["backoff"], data["max_delay"]  # nor `backoff:`
+        if self.after is None:
+            del data["after"]  # nor `after:`
+        else:
+            data["after"] = {"jobs": list(self.after.jobs), "on": self.after.on}
         if self.limits.any:  # as the file writes them: the Job page shows this text
             data["limits"] = self.limits.text()
         else:

@@ -31,6 +31,7 @@ import yaml
 from dblockrun.config import resources
 from dblockrun.config.durations import format_duration, parse_duration
 from dblockrun.config.jobs import (
+    AFTER_ON,
     CATCH_UP,
     DEFAULT_QUEUE,
     ENV,
@@ -44,6 +45,7 @@ from dblockrun.config.jobs import (
     NOTIFY_ON,
     OVERLAP,
     WHEN_FULL,
+    After,
     Command,
     Job,
     JobsFile,
@@ -74,6 +76,8 @@ GROUP_KEYS = ("seats", "when-full", "queue")
 MAX_ALLOW = 1000
 ON_FAILURE_KEYS = ("disable-for", "command")
 NOTIFY_KEYS = ("urls", "on")
+#: ``after:``'s long form: ``{jobs: [a, b], on: success|failure|any}``.
+AFTER_KEYS = ("jobs", "on")
 SECRET_SOURCES = (ENV, FILE)
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -517,6 +521,41 @@ def _run_on(value: Any) -> RunOn:
     return tuple(sorted(pairs))
 
 
+def _after(value: Any) -> After:
+    """``after: extract`` or ``after: {jobs: [load, rebuild], on: failure}``;
+    the names are checked against the file's jobs once all are read
+    (:meth:`_Parser.check_chains`)."""
+    if isinstance(value, str):
+        return After((_word(value, "the upstream job"),))
+    if not isinstance(value, _Mapping):
+        raise _Invalid(f"must be a job's name or a mapping with jobs: and on:, got "
+                       f"{_kind(value)}")
+    parsed: dict[str, Any] = {}
+    for key, raw in value.items():
+        line = value.lines[key]
+        if key not in AFTER_KEYS:
+            raise _Invalid(_suggest(key, AFTER_KEYS), line=line, key=str(key))
+        try:
+            if key == "on":
+                if raw not in AFTER_ON:
+                    raise _Invalid(f"must be success, failure or any, got {_kind(raw)}")
+                parsed["on"] = raw
+                continue
+            names = raw if isinstance(raw, list) else [raw]
+            if not names:
+                raise _Invalid("must name at least one job")
+            jobs = tuple(_word(name, "each upstream job") for name in names)
+            twice = sorted({name for name in jobs if jobs.count(name) > 1})
+            if twice:
+                raise _Invalid(f"names {twice[0]!r} twice")
+            parsed["jobs"] = jobs
+        except _Invalid as exc:
+            raise _Invalid(exc.why, line=line, key=str(key)) from None
+    if "jobs" not in parsed:
+        raise _Invalid("needs jobs: (the upstream jobs whose runs start this one)")
+    return After(**parsed)
+
+
 #: ``on:``: which hosts run each slot.
 ON_VALUES = ("one-host", "every-host")
 
@@ -710,6 +749,7 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "group": ("group", _optional(lambda v: _string(v, empty=False))),
     "overlap": ("overlap", _required(_overlap)),
     "limits": ("limits", _limits),
+    "after": ("after", _optional(_after)),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 _KEY_OF_FIELD = {field: key for key, (field, _parse) in JOB_KEYS.items()}
@@ -775,6 +815,39 @@ def _too_large(job: Job) -> tuple[str, str] | None:
     return None
 
 
+def _cycles(jobs: dict[str, Job]) -> list[list[str]]:
+    """Each cycle of ``after:`` once (its jobs in the order each runs after
+    the next, from the one first in the file)."""
+    order = {name: i for i, name in enumerate(jobs)}
+    found: list[list[str]] = []
+    seen: set[frozenset[str]] = set()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        path.append(name)
+        job = jobs[name]
+        for up in job.after.jobs if job.after is not None else ():
+            if up not in jobs:
+                continue
+            if state.get(up) == 1:
+                cycle = path[path.index(up):]
+                key = frozenset(cycle)
+                if key not in seen:
+                    seen.add(key)
+                    start = min(range(len(cycle)), key=lambda i: order[cycle[i]])
+                    found.append(cycle[start:] + cycle[:start])
+            elif state.get(up) is None:
+                visit(up, path)
+        path.pop()
+        state[name] = 2
+
+    for name in jobs:
+        if state.get(name) is None:
+            visit(name, [])
+    return found
+
+
 # --- the file ------------------------------------------------------------------------
 
 
@@ -791,6 +864,8 @@ class _Parser:
         self.bad_groups: set[str] = set()
         #: Every problem found so far, in the order found.
         self.errors: list[ConfigError] = []
+        #: The line of each job's ``after:`` (dblockrun/daemon/chains.py).
+        self.after_lines: dict[str, int] = {}
 
     def error(
         self, why: str, line: int | None, job: str | None = None, key: str | None = None
@@ -859,6 +934,7 @@ class _Parser:
         parsed = tuple(job for name, body in jobs.items()
                        if (job := self.parse_job(name, body, jobs.lines[name], defaults))
                        is not None)
+        self.check_chains(parsed, set(jobs))
         return JobsFile(path=self.path, database=database, jobs=parsed,
                         database_file=database_file, groups=groups, group_queues=group_queues)
 
@@ -936,6 +1012,37 @@ class _Parser:
         if when == "queue":
             return body["seats"], DEFAULT_QUEUE if bound is None else bound
         return body["seats"], None
+
+    def check_chains(self, jobs: tuple[Job, ...], names: set[Any]) -> None:
+        """``after:`` names jobs of the file (not fan-out or every-host ones,
+        and not itself a fan-out or every-host job) and makes no cycle."""
+        by_name = {job.name: job for job in jobs}
+        for job in jobs:
+            if job.after is None:
+                continue
+            line = self.after_lines.get(job.name, job.line)
+            if job.fan_out or job.every_host:
+                kind = "a fan-out job (items, items-command)" if job.fan_out else \
+                    "an every-host job (on: every-host)"
+                self.fail(f"{kind} cannot run after another job: a run of its upstream "
+                          "starts one run on one host", line, job.name, "after")
+            for up in job.after.jobs:
+                upstream = by_name.get(up)
+                if upstream is None:
+                    if up in names:
+                        continue  # a job with problems of its own, told already
+                    close = difflib.get_close_matches(up, sorted(map(str, names)), n=1,
+                                                      cutoff=0.6)
+                    hint = f" (did you mean '{close[0]}'?)" if close else ""
+                    self.fail(f"unknown job {up!r}{hint}", line, job.name, "after")
+                elif upstream.fan_out or upstream.every_host:
+                    self.fail(f"{up!r} is a fan-out or every-host job: its runs are per item "
+                              "or per host, so none can start one run of this job", line,
+                              job.name, "after")
+        for cycle in _cycles(by_name):
+            first = cycle[0]
+            self.fail(f"a cycle: {' after '.join([*cycle, first])} (a chain must end)",
+                      self.after_lines.get(first, by_name[first].line), first, "after")
 
     def check_duplicates(self, data: _Mapping) -> None:
         """Note each key written twice in any mapping of the file."""
@@ -1038,8 +1145,14 @@ class _Parser:
 
         if value("command") is None:
             self.fail("missing (every job needs a command)", line, name, "command")
-        if value("cron") is None and value("rate") is None:
-            self.fail("missing (a job needs cron, rate or both)", line, name, "cron")
+        if value("cron") is None and value("rate") is None and value("after") is None:
+            self.fail("missing (a job needs cron, rate, after or several of them)", line,
+                      name, "cron")
+        if "after" in defaults:
+            self.fail("not under defaults (each job names the jobs it runs after)",
+                      defaults["after"][1], None, "defaults.after")
+        if "after" in keys:
+            self.after_lines[name] = keys["after"][1]
         if value("items") is not None and value("items-command") is not None:
             why = "cannot be used together with items (use one)"
             self.fail(why, keys["items-command"][1], name, "items-command")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.daemon.chains import Chains
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.registry import Runs
 from dblockrun.errors import DatabaseError
@@ -43,6 +44,8 @@ from dblockrun.scheduling.planner import (
 from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.engine import Claimed
+from dblockrun.store.models import Trigger
 from dblockrun.store.outage import Outage
 from dblockrun.timetext import utc
 
@@ -61,7 +64,7 @@ class Firing:
                  metrics: Metrics, planner: Planner, runs: Runs, book: SlotBook,
                  ctx: RunContext, books: FleetBooks, jobs: Callable[[], JobsFile],
                  stopping: Callable[[], bool], pause: Callable[[float], None],
-                 queues: Queues | None = None) -> None:
+                 queues: Queues | None = None, chains: Chains | None = None) -> None:
         self.store = store
         self.s = settings
         self.clock = clock
@@ -83,6 +86,8 @@ class Firing:
         self._seen: dict[str, tuple[int, float | None]] = {}
         #: The jobs whose run here was asked to stop for a newer slot (overlap: replace).
         self._replacing: set[str] = set()
+        #: Job chains (after:): the triggers this host makes and takes.
+        self.chains = chains
 
     @property
     def margin(self) -> float:
@@ -333,8 +338,24 @@ class Firing:
         for name in self.runs.finished():
             self._replacing.discard(name)
             job = self._jobs().job(name)
-            if job is not None and job.enabled:
+            if job is not None and job.enabled and job.scheduled:
                 self._after(job, None, Outcome.ENDED)
+        for name, run_id in self.runs.ended_runs():
+            if self.chains is not None:
+                self.chains.ended(name, run_id)
+
+    # -- job chains (after:) ------------------------------------------------------------
+
+    def chained(self) -> None:
+        """Make and take the triggers of job chains (dblockrun/daemon/chains.py)."""
+        if self.chains is None or self._stopping():
+            return
+        self.chains.look(self._triggered, self.runs.busy, self.runs.full)
+
+    def _triggered(self, job: Job, trigger: Trigger, won: Claimed) -> Outcome:
+        """A trigger's claim won: its run starts as a slot's does."""
+        self.metrics.claimed(job.name, "won")
+        return self._start(job, won.token, None, time.monotonic(), won.run_id, upstream=trigger)
 
     # -- run-now requests -----------------------------------------------------------
 
@@ -357,11 +378,12 @@ class Firing:
     # -- starting -------------------------------------------------------------------
 
     def _start(self, job: Job, token: int, slot: float | None, claimed_mono: float,
-               run_id: int | None = None) -> Outcome:
+               run_id: int | None = None, upstream: Trigger | None = None) -> Outcome:
         if self._went_back(job, token, slot, run_id):
             return Outcome.RECORDED
         if job.allow is None and self.queues is not None and self.queues.applies(job):
-            return self._start_queued(self.queues, job, token, slot, claimed_mono, run_id)
+            return self._start_queued(self.queues, job, token, slot, claimed_mono, run_id,
+                                      upstream)
         lane = seat = None
         if job.allow is not None:
             lane = self._seat(job, token, slot, run_id, lane=True)
@@ -376,13 +398,14 @@ class Firing:
         if lane is not None:
             self._free_job_row(job, token)
         run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self.runs.done,
-                     run_id=run_id, seat=seat, lane=lane)
+                     run_id=run_id, seat=seat, lane=lane, upstream=upstream)
         self.runs.add(run)
         run.start()
         return Outcome.STARTED
 
     def _start_queued(self, queues: Queues, job: Job, token: int, slot: float | None,
-                      claimed_mono: float, run_id: int | None) -> Outcome:
+                      claimed_mono: float, run_id: int | None,
+                      upstream: Trigger | None = None) -> Outcome:
         """A run whose slot may wait (dblockrun/scheduling/limits.py): it
         starts if its seat (or room) is free and no older slot waits for it;
         else its record says ``waiting`` and it tries again, unless its
@@ -397,7 +420,8 @@ class Firing:
                 return Outcome.RECORDED
         run = JobRun(self.ctx, job, token, slot, claimed_mono, on_done=self.runs.done,
                      run_id=run_id, queue=queues,
-                     order=(slot if slot is not None else now, next(self._arrivals)))
+                     order=(slot if slot is not None else now, next(self._arrivals)),
+                     upstream=upstream)
         self.runs.add(run)  # it counts no command while it waits
         try:
             got = queues.enter(run)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from dblockrun.config.jobs import JobsFile
 from dblockrun.config.load import load_jobs
 from dblockrun.config.secreturl import resolve_secrets
+from dblockrun.daemon.chains import Chains
 from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.inbox import HeardInbox, Inbox, inbox_for
@@ -183,12 +184,15 @@ class Daemon:
         runs = Runs(opts.max_running, self.signals.wake.set)
         queues = Queues(self.store, lambda: self.local.jobs, runs, self.holder, opts.lease,
                         self.clock.now, opts.host_queue, lambda: self.local.file)
+        chains = Chains(self.store, self.holder, opts.lease, parts.books.interval, self.clock,
+                        self.outage, parts.book, lambda: self.local.jobs,
+                        lambda: self.local.file)
         return Firing(
             self.store, Settings(self.holder, opts.lease, opts.heartbeat), self.clock,
             self.outage, self.metrics,
             Planner(opts.heartbeat, CLAIM_TOLERANCE, host_queue=opts.host_queue is not None),
             runs, parts.book, ctx, parts.books,
-            lambda: self.local.jobs, self._stopping, self._pause, queues)
+            lambda: self.local.jobs, self._stopping, self._pause, queues, chains)
 
     # -- control from signal handlers ---------------------------------------
 
@@ -311,6 +315,7 @@ class Daemon:
                 self.firing.fire_due()
                 self._take_requests()
                 self.firing.finished()
+                self.firing.chained()
                 self.signals.wake.wait(self._sleep_time())
         finally:
             self._shutdown()
@@ -355,6 +360,8 @@ class Daemon:
 
     def _sleep_time(self) -> float:
         until_poll = self.parts.inbox.due_in()
+        if self.firing.chains is not None:  # job chains: the next look for triggers
+            until_poll = min(until_poll, self.firing.chains.due_in())
         next_at = self.firing.planner.agenda.next_at()
         # (the watchdog's cap: the loop pings systemd at least that often)
         longest = min(self.options.heartbeat, self.systemd.sleep_cap() or self.options.heartbeat)
@@ -378,7 +385,7 @@ class Daemon:
         database, so what passed while no daemon ran it is recorded; after a
         reload, the jobs whose definition changed (or are new) from now."""
         planner, now = self.firing.planner, self.clock.now()
-        enabled = [job for job in self.local.jobs.jobs if job.enabled]
+        enabled = [job for job in self.local.jobs.jobs if job.enabled and job.scheduled]
         if before is None:
             planner.start(enabled, now)
         else:

@@ -52,6 +52,8 @@ class Runs:
         #: Per job, its runs here, oldest first (several only with ``overlap: allow N``).
         self._running: dict[str, list[Run]] = {}
         self._finished: set[str] = set()
+        #: (job, its last attempt's record) of the runs ended since :meth:`ended_runs`.
+        self._ended_runs: list[tuple[str, int | None]] = []
         self._lock = threading.Lock()
 
     def add(self, run: Run) -> None:
@@ -63,6 +65,7 @@ class Runs:
         with self._lock:
             self._forget(run)
             self._finished.add(run.job.name)
+            self._ended_runs.append((run.job.name, getattr(run, "last_run_id", None)))
         self._ended()
 
     def _forget(self, run: Run) -> None:
@@ -136,6 +139,13 @@ class Runs:
         with self._lock:
             names, self._finished = self._finished, set()
         return names
+
+    def ended_runs(self) -> list[tuple[str, int | None]]:
+        """(job, the record of its last attempt; None: none) of each run
+        ended since the last call (job chains, dblockrun/daemon/chains.py)."""
+        with self._lock:
+            ended, self._ended_runs = self._ended_runs, []
+        return ended
 
     def all(self) -> list[Run]:
         with self._lock:

@@ -30,6 +30,7 @@ from dblockrun.printable import printable
 from dblockrun.scheduling.targeting import (
     describe,
     label_text,
+    loads_after,
     loads_labels,
     loads_targets,
     matches,
@@ -139,6 +140,8 @@ class JobView:
     running: RunRecord | None
     #: None when there is a next run time to show; else why there is none.
     next_note: str | None
+    #: What the job runs after (``after extract``; job chains), if anything.
+    after: str | None = None
 
 
 class Fleet:
@@ -156,9 +159,20 @@ class Fleet:
         #: have (the first host's, if they differ: drift warns of that).
         self.labels = {h.id: loads_labels(h.labels) for h in self.hosts}
         self.targets: dict[str, tuple[RunOn, bool]] = {}
+        #: What jobs run after (``after extract``), and the names of those
+        #: jobs, as the live hosts' files say (job chains).
+        self.after: dict[str, str] = {}
+        self.upstream: dict[str, list[str]] = {}
         for h in self.hosts:
             for name, spec in loads_targets(h.targets).items():
                 self.targets.setdefault(name, spec)
+            for name, (text, upstream) in loads_after(h.targets).items():
+                self.after.setdefault(name, text)
+                self.upstream.setdefault(name, upstream)
+
+    def downstream(self, name: str) -> list[str]:
+        """The jobs that run after ``name`` (job chains)."""
+        return sorted(job for job, ups in self.upstream.items() if name in ups)
 
     def drift_keys(self, name: str) -> list[str]:
         """The jobs file keys in which live hosts' definitions of ``name``
@@ -206,6 +220,8 @@ def job_view(s: JobStatus, fleet: Fleet) -> JobView:
         note = EVERY_HOST.format(job=s.lock.name)
     elif fleet.paused is not None and s.lock.next_due is not None:
         note = PAUSED
+    elif s.lock.next_due is None and s.lock.name in fleet.after:
+        note = fleet.after[s.lock.name]
     elif s.lock.next_due is not None:
         if not fleet.hosts:
             note = NO_LIVE_DAEMON
@@ -213,7 +229,8 @@ def job_view(s: JobStatus, fleet: Fleet) -> JobView:
             note = NOT_ON_LIVE_DAEMON
         elif s.dropped is not None:  # not due: the pause dropped that slot
             note = DROPPED.format(slot=short(s.dropped, s.db_now))
-    return JobView(status=s, held=held, running=s.running if held else None, next_note=note)
+    return JobView(status=s, held=held, running=s.running if held else None, next_note=note,
+                   after=fleet.after.get(s.lock.name))
 
 
 def warnings(jobs: Sequence[JobStatus], fleet: Fleet,
@@ -256,6 +273,9 @@ def run_json(run: RunRecord | None) -> dict[str, Any] | None:
         "duration": None if run.duration is None else round(run.duration, 3),
         "exit_code": run.exit_code,
         "result": run.result,
+        # after: the upstream run that started it (job chains).
+        "upstream": None if run.upstream_run is None else {
+            "job": run.upstream_job, "run": run.upstream_run},
     }
 
 
@@ -328,6 +348,9 @@ def status_doc(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: f
             "last_slot": iso(s.lock.last_slot),
             "next_run": None if v.next_note else iso(s.lock.next_due),
             "next_run_note": v.next_note,
+            "after": v.after,
+            "upstream": fleet.upstream.get(s.lock.name, []),
+            "downstream": fleet.downstream(s.lock.name),
             "disabled_until": iso(s.lock.disabled_until) if s.state == "disabled" else None,
             "disabled_reason": s.lock.disabled_reason if s.state == "disabled" else None,
             "disabled_by": s.lock.disabled_by if s.state == "disabled" else None,
@@ -704,7 +727,8 @@ def _next_run_text(v: JobView, now: float, when: Callable[[float | None, float],
         return v.next_note
     due = v.status.lock.next_due
     text = when(due, now)
-    return f"{passed} {text}" if due is not None and due <= now else text
+    text = f"{passed} {text}" if due is not None and due <= now else text
+    return text if v.after is None else f"{text}, {v.after}"
 
 
 def _next_run_cell(v: JobView, now: float) -> str:
@@ -864,10 +888,17 @@ def coloured(text: str) -> str:
     return _COLOURED_WORD.sub(lambda m: f"{_COLOURED[m[1]]}{m[1]}{_RESET}", text)
 
 
+def _slot_cell(run: RunRecord) -> str:
+    """A run's slot, or the upstream run that started it (``after extract 12``)."""
+    if run.upstream_run is not None:
+        return f"after {run.upstream_job} {run.upstream_run}"
+    return stamp(run.slot)
+
+
 @_uncollected
 def history_text(runs: Sequence[RunRecord], width: int | None = None) -> str:
     rows = [
-        [str(r.id), r.job, r.item if r.item is not None else "-", r.host, stamp(r.slot),
+        [str(r.id), r.job, r.item if r.item is not None else "-", r.host, _slot_cell(r),
          "-" if r.token is None else str(r.token), str(r.attempt), stamp(r.started),
          took(r.duration), "-" if r.exit_code is None else str(r.exit_code), r.result]
         for r in runs

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from dblockrun.scheduling.limits import Queues, Seat
     from dblockrun.scheduling.planner import Cause
     from dblockrun.scheduling.slotbook import SlotBook
+    from dblockrun.store.models import Trigger
 
 log = logging.getLogger("dblockrun")
 out_log = logging.getLogger("dblockrun.output")
@@ -165,7 +166,7 @@ def base_env(job: Job, environ: Mapping[str, str] | None = None) -> dict[str, st
 
 def command_env(job: Job, *, holder: str, run_id: int, token: int, slot: float | None,
                 item: str | None = None, environ: Mapping[str, str] | None = None,
-                ) -> dict[str, str]:
+                upstream: Trigger | None = None) -> dict[str, str]:
     env = base_env(job, environ)
     env.update(
         DBLOCKRUN_RUN_ID=str(run_id),
@@ -178,6 +179,10 @@ def command_env(job: Job, *, holder: str, run_id: int, token: int, slot: float |
         )
     if item is not None:
         env["DBLOCKRUN_ITEM"] = item
+    if upstream is not None:  # after: the run that started this one
+        env.update(DBLOCKRUN_UPSTREAM_JOB=upstream.upstream_job,
+                   DBLOCKRUN_UPSTREAM_RUN=str(upstream.upstream_run),
+                   DBLOCKRUN_UPSTREAM_RESULT=upstream.result)
     return env
 
 
@@ -250,6 +255,7 @@ class JobRun:
         queue: Queues | None = None,
         order: tuple[float, int] = (0.0, 0),
         lane: tuple[str, int] | None = None,
+        upstream: Trigger | None = None,
     ) -> None:
         """``run_id``: the first attempt's run record, when the claim made it.
         ``line_sink``: the command's output lines (default: logged);
@@ -262,12 +268,15 @@ class JobRun:
         slots (older first); ``lane``: the lane of
         an ``overlap: allow N`` job the run holds instead of the job's row
         (dblockrun/scheduling/limits.py; taken with the claim's token): its
-        lease, kill requests, result and release are the lane's."""
+        lease, kill requests, result and release are the lane's;
+        ``upstream``: the trigger that started it (``after:``), which its
+        commands are told of."""
         self.ctx = ctx
         self.job = job
         self.token = token
         self.slot = slot
         self.item = item
+        self.upstream = upstream
         #: The job, or the job and its items, as logs name the run.
         self.label = job.name if item is None else f"{job.name}:{item.label}"
         #: The lock row the run holds: the job's, or its lane.
@@ -506,7 +515,7 @@ class JobRun:
     def _env(self, run_id: int) -> dict[str, str]:
         """The environment of the run's commands (its items' too)."""
         env = command_env(self.job, holder=self.ctx.holder, run_id=run_id, token=self.token,
-                          slot=self.slot, environ=self.ctx.environ)
+                          slot=self.slot, environ=self.ctx.environ, upstream=self.upstream)
         if self.item is not None:
             env.update(self.item.env())
         return env

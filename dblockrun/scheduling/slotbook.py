@@ -17,8 +17,9 @@ import logging
 from dblockrun.config.jobs import Job
 from dblockrun.events import Events, SlotPassed
 from dblockrun.scheduling.cron import next_slot_at
-from dblockrun.scheduling.planner import Plan, record_texts
+from dblockrun.scheduling.planner import Cause, Plan, record_texts, single
 from dblockrun.store.base import RunStore
+from dblockrun.store.models import Trigger
 from dblockrun.timetext import utc
 
 log = logging.getLogger("dblockrun")
@@ -77,6 +78,24 @@ class SlotBook:
         self.events.emit(SlotPassed(job=job, host=self.holder, slot=slot, result=plan.result,
                                     reason=plan.reason, cause=plan.cause.value,
                                     late=now - slot))
+
+    def trigger_passed(self, job: Job, trigger: Trigger, cause: Cause, reason: str,
+                       now: float) -> bool:
+        """A trigger of ``job`` (``after:``, dblockrun/daemon/chains.py)
+        that starts no run (the job disabled, the fleet paused, the job
+        still running with overlap: forbid): its one record, with the
+        reason and the upstream run, the trigger taken in the same
+        transaction; False when another host took it first."""
+        plan = single(trigger.ended, cause, reason)
+        (_slot, text, _count), = record_texts(plan)
+        if self.store.record_trigger(trigger, self.holder, plan.result, text) is None:
+            return False
+        log.warning("job %s: the run after %s run %d %s: %s", job.name, trigger.upstream_job,
+                    trigger.upstream_run, plan.result, reason)
+        self.events.emit(SlotPassed(job=job, host=self.holder, slot=trigger.ended,
+                                    result=plan.result, reason=reason, cause=cause.value,
+                                    late=now - trigger.ended))
+        return True
 
     def _log(self, job: Job, plan: Plan) -> None:
         count, last = plan.count, plan.last

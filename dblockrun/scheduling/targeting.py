@@ -135,9 +135,19 @@ def every_host_rows(jobs: JobsFile) -> list[tuple[str, str]]:
 
 def targets(jobs: Iterable[Job]) -> dict[str, dict[str, Any]]:
     """The targeting of ``jobs`` that have any, as hosts publish it:
-    ``{job: {"run_on": {label: [values]}, "every_host": bool}}``."""
-    return {j.name: {"run_on": {k: list(v) for k, v in j.run_on}, "every_host": j.every_host}
-            for j in jobs if j.run_on or j.every_host}
+    ``{job: {"run_on": {label: [values]}, "every_host": bool}}``, with
+    ``"after": "after extract"`` for a job that runs after others (``status``
+    shows it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for j in jobs:
+        if j.run_on or j.every_host or j.after:
+            spec: dict[str, Any] = {"run_on": {k: list(v) for k, v in j.run_on},
+                                    "every_host": j.every_host}
+            if j.after is not None:
+                spec["after"] = j.after.text()
+                spec["upstream"] = list(j.after.jobs)
+            out[j.name] = spec
+    return out
 
 
 def targets_json(file: JobsFile) -> str | None:
@@ -178,6 +188,21 @@ def loads_targets(text: str | None) -> dict[str, tuple[RunOn, bool]]:
                               if isinstance(v, list))) if isinstance(raw, dict) else ()
         out[str(name)] = (run_on, bool(spec.get("every_host")))
     return out
+
+
+def loads_after(text: str | None) -> dict[str, tuple[str, list[str]]]:
+    """A host row's targets column: job -> what it runs after, as ``status``
+    says it (``after extract``) and the jobs' names."""
+    try:
+        data = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(name): (str(spec["after"]), [str(up) for up in spec.get("upstream") or []
+                                             if isinstance(up, str)])
+            for name, spec in data.items()
+            if isinstance(spec, dict) and isinstance(spec.get("after"), str)}
 
 
 class LocalJobs:

@@ -20,7 +20,7 @@ from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store.drivers import is_kill_refused
 from dblockrun.store.executor import Executor
-from dblockrun.store.models import RUNNING, ClockSample, bad_token_why, token_usable
+from dblockrun.store.models import RUNNING, ClockSample, Trigger, bad_token_why, token_usable
 from dblockrun.store.queries import (
     SCHEMA_VERSION,
     ClaimShape,
@@ -671,6 +671,103 @@ class LockEngine:
         """Free a group seat (its row, the token it was taken with)."""
         params = {"seat": seat[0], "seat_token": seat[1], "holder": holder}
         return self._one_row(self.q.seat_release, params)
+
+    # -- job chains (after:, dblockrun/daemon/chains.py) --------------------------------
+
+    def make_triggers(self, down: str, upstream: Sequence[str], results: Sequence[str], *,
+                      since: float | None = None, ids: Sequence[int] = ()) -> int:
+        """Make the triggers of ``down`` for the finished runs of
+        ``upstream`` whose result is in ``results``: those that ended since
+        ``since`` and are over, or the runs ``ids`` (their host just ended
+        them). One statement; the number made."""
+        sql = self._text("make_triggers", len(upstream), len(results), len(ids))
+        params: dict[str, Any] = {"down": down, "since": since}
+        params.update({f"u{i}": name for i, name in enumerate(upstream)})
+        params.update({f"r{i}": result for i, result in enumerate(results)})
+        params.update({f"i{i}": run_id for i, run_id in enumerate(ids)})
+        return self.x.run(lambda cur: max(0, int(self.x.send(cur, sql, params).rowcount)))
+
+    def pending_triggers(self, jobs: Sequence[str]) -> list[Trigger]:
+        """The triggers of ``jobs`` not taken yet, oldest first (one statement)."""
+        if not jobs:
+            return []
+        sql = self._text("pending_triggers", len(jobs))
+        params = {f"j{i}": name for i, name in enumerate(jobs)}
+        rows = self.x.run(lambda cur: self.x.send(cur, sql, params).fetchall())
+        return [Trigger(str(job), int(run), str(up), str(result), float(ended))
+                for job, run, up, result, ended in rows]
+
+    def chained_before(self, job: str) -> bool:
+        """Whether ``job`` has a trigger already: its ``after:`` is not new."""
+        return self.x.run(lambda cur: self.x.send(cur, self.q.chained_before,
+                                                  {"name": job}).fetchone() is not None)
+
+    def claim_trigger(self, trigger: Trigger, holder: str, lease: float) -> Claimed | None:
+        """Claim the job ``trigger.job`` for its trigger: the trigger taken
+        and the job's one claim (the slot's conditions but the slot, with
+        the first attempt's record, which names the upstream run), in one
+        transaction; None (nothing written) if another host took the
+        trigger or the claim lost (held, disabled, paused)."""
+        claim = Claim(record=True)
+        shape = claim.shape
+        sql = self._text("claim", shape)
+        params = claim.params(holder, lease, name=trigger.job, run_slot=None)
+        keyed = {"name": trigger.job, "upstream_run": trigger.upstream_run,
+                 "upstream_job": trigger.upstream_job}
+        read = {"postgresql": self._read_pg, "mysql": self._read_mysql,
+                "sqlite": self._read_sqlite}[self.dialect]
+
+        def go(cur: Any) -> Claimed | None:
+            send = self.x.send
+
+            def steps() -> Claimed:
+                if send(cur, self.q.take_trigger, keyed).rowcount != 1:
+                    raise _Refused  # another host's, or taken already
+                won, _found, _version = read(cur, sql, params, shape)
+                if won is None or won.run_id is None:
+                    raise _Refused  # the claim lost: the trigger stays for a later try
+                send(cur, self.q.run_upstream, {**keyed, "run_id": won.run_id})
+                return won
+
+            try:
+                return in_transaction(self.dialect, lambda text: send(cur, text), steps)
+            except _Refused:  # rolled back
+                return None
+
+        return self.x.run(go)
+
+    def record_trigger(self, trigger: Trigger, host: str, result: str,
+                       output: str) -> int | None:
+        """Record why ``trigger`` starts no run (``skipped``: its job is
+        disabled ...): the trigger taken and its record, in one
+        transaction; the record's id, None if another host took it first."""
+        keyed = {"name": trigger.job, "upstream_run": trigger.upstream_run,
+                 "upstream_job": trigger.upstream_job}
+        record = {"job": trigger.job, "item": None, "host": host, "slot": None,
+                  "token": None, "attempt": 1, "result": result, "output": output}
+
+        def go(cur: Any) -> int | None:
+            send = self.x.send
+
+            def steps() -> int:
+                if send(cur, self.q.take_trigger, keyed).rowcount != 1:
+                    raise _Refused
+                send(cur, self._text("start_run", False), record)
+                run_id = int(cur.lastrowid if self.dialect == "mysql" else cur.fetchone()[0])
+                send(cur, self.q.run_upstream, {**keyed, "run_id": run_id})
+                return run_id
+
+            try:
+                return in_transaction(self.dialect, lambda text: send(cur, text), steps)
+            except _Refused:
+                return None
+
+        return self.x.run(go)
+
+    def prune_triggers(self, before: float) -> int:
+        """Forget the taken triggers of upstream runs that ended before ``before``."""
+        return self.x.run(lambda cur: max(0, int(self.x.send(
+            cur, self.q.prune_triggers, {"before": before}).rowcount)))
 
     # -- bookkeeping ---------------------------------------------------------------
 

@@ -56,6 +56,10 @@ definition hashes and per-key digests (HMAC), so that a reader of the
 dashboard can compare hosts but not test guesses of a job's secrets. A
 daemon of version 8 keeps writing unkeyed hashes: while both run, their
 hosts' definitions show as different.
+
+Version 10: job chains (``after:``): the table ``triggers`` (one row per
+downstream job and upstream run, made by ``create_all``) and the runs'
+``upstream_job`` and ``upstream_run`` (nullable: the runs before have none).
 """
 
 from __future__ import annotations
@@ -114,7 +118,10 @@ def _binary_names(conn: Connection, tables: Tables) -> None:
     def collation(column: sa.Column[Any]) -> str | None:
         return current.get((column.table.name, column.name))
 
-    stale = [c for c in name_columns(tables) if collation(c) != f"utf8mb4/{target}"]
+    # A column the table lacks yet (runs.upstream_job, schema 10) is added
+    # by _new_columns, with the binary collation already.
+    stale = [c for c in name_columns(tables) if (c.table.name, c.name) in current
+             and collation(c) != f"utf8mb4/{target}"]
     if not stale:
         return
     # A job name column still compared the old way may hold names that

@@ -54,6 +54,18 @@ def bad_token_why(token: int) -> str:
 
 
 @dataclass(frozen=True)
+class Trigger:
+    """A finished upstream run that starts one run of ``job`` (``after:``;
+    dblockrun/daemon/chains.py): the upstream run's record is its identity."""
+
+    job: str
+    upstream_run: int
+    upstream_job: str
+    result: str  # the upstream run's: ok, failed, timeout or lost
+    ended: float
+
+
+@dataclass(frozen=True)
 class ClockSample:
     """One reading of the database clock."""
 
@@ -77,6 +89,9 @@ class RunRecord:
     exit_code: int | None
     result: str
     output: str | None = None
+    #: A run an upstream run started (``after:``): that job and its run's record.
+    upstream_job: str | None = None
+    upstream_run: int | None = None
 
     @property
     def live(self) -> bool:

@@ -23,7 +23,7 @@ from functools import cached_property
 
 from dblockrun.store.models import LANE_PREFIX, RUNNING, TOKEN_MAX, WAITING
 
-SCHEMA_VERSION = 9  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 10  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
 #                       nullable columns and tables, added by store/migrate.py;
 #                    5: locks.prev_slot and prev_until (a claim's jump over held slots);
@@ -31,6 +31,7 @@ SCHEMA_VERSION = 9  # 2: items (fan-out jobs); 3: names compared byte for byte (
 #                    7: runs.covers_from (the range of a summary record of passed slots);
 #                    8: hosts.fields (drift names the fields that differ)
 #                    9: sessions (dblockrun web's), meta fleet_key (keyed definition hashes)
+#                   10: triggers, runs.upstream_job and upstream_run (after:, job chains)
 
 #: The operator actions each daemon logs as its bookkeeping reads them from
 #: the audit trail (dblockrun/daemon/fleet.py).
@@ -82,6 +83,8 @@ class Queries:
 
     dialect = "postgresql"
     double = "DOUBLE PRECISION"
+    #: A job name as a bound parameter is cast to (one type wherever it is used).
+    name_type = "VARCHAR(255)"
     greatest = "GREATEST"
     arrays = True  # psycopg binds a list as an array
     skip_locked = " FOR UPDATE SKIP LOCKED"
@@ -97,9 +100,9 @@ class Queries:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self.locks, self.runs, self.items, self.meta, self.hosts = (
+        self.locks, self.runs, self.items, self.meta, self.hosts, self.triggers = (
             self.quote(f"{prefix}{table}")
-            for table in ("locks", "runs", "items", "meta", "hosts"))
+            for table in ("locks", "runs", "items", "meta", "hosts", "triggers"))
         self.now = NOW[self.dialect]
         #: The fleet-wide pause (``dblockrun pause``): no claim wins while it lasts.
         self.pause = self.quote(f"{prefix}pause")
@@ -633,6 +636,71 @@ class Queries:
                 f"{self.now}, {finished}, {p('result')}, {p('output')})"
                 + self.returning(f"{self.runs}.id"))
 
+    # -- job chains (after:, dblockrun/daemon/chains.py) ----------------------------------
+
+    def make_triggers(self, jobs: int, results: int, ids: int) -> str:
+        """The triggers of the downstream job ``down``: a row for each
+        finished run of the upstream jobs ``u0``... whose result is one of
+        ``r0``... and that has none yet. ``ids`` 0: the runs that ended since
+        ``since`` and are over (no later attempt, no live lease holds their
+        token: not waiting for a retry or an on-failure command), what a
+        host's bookkeeping looks at; else the runs ``i0``... (their host
+        knows they are over: it just recorded their end)."""
+        runs, locks, triggers, p = self.runs, self.locks, self.triggers, self.p
+        insert, ignore = self.insert_ignore
+        conds = [f"{runs}.job IN ({self.listed('u', jobs)})", f"{runs}.item IS NULL",
+                 f"{runs}.result IN ({self.listed('r', results)})",
+                 f"{runs}.token IS NOT NULL", f"{runs}.finished IS NOT NULL",
+                 f"NOT EXISTS (SELECT 1 FROM {triggers} t WHERE t.job = {p('down')} "
+                 f"AND t.upstream_run = {runs}.id)"]
+        if ids:
+            conds.append(f"{runs}.id IN ({self.listed('i', ids)})")
+        else:
+            conds += [f"{runs}.finished >= {p('since')}",
+                      f"NOT EXISTS (SELECT 1 FROM {runs} n WHERE n.job = {runs}.job "
+                      f"AND n.token = {runs}.token AND n.attempt > {runs}.attempt)",
+                      f"NOT EXISTS (SELECT 1 FROM {locks} WHERE {self.holding(locks, True)})"]
+        return (f"{insert} {triggers} (job, upstream_run, upstream_job, result, ended, taken) "
+                f"SELECT CAST({p('down')} AS {self.name_type}), {runs}.id, {runs}.job, "
+                f"{runs}.result, {runs}.finished, "
+                f"NULL FROM {runs} WHERE {' AND '.join(conds)}{ignore}")
+
+    def pending_triggers(self, jobs: int) -> str:
+        """The triggers of the jobs ``j0``... not taken yet, oldest first."""
+        t = self.triggers
+        return (f"SELECT {t}.job, {t}.upstream_run, {t}.upstream_job, {t}.result, {t}.ended "
+                f"FROM {t} WHERE {t}.taken IS NULL AND {t}.job IN ({self.listed('j', jobs)}) "
+                f"ORDER BY {t}.upstream_run")
+
+    @cached_property
+    def chained_before(self) -> str:
+        """Whether the job ``name`` has a trigger (its chain is not new)."""
+        t = self.triggers
+        return f"SELECT 1 FROM {t} WHERE {t}.job = {self.p('name')} LIMIT 1"
+
+    @cached_property
+    def take_trigger(self) -> str:
+        """Take a trigger, in the transaction of its one claim (or of its one
+        record of why it did not run): the row lock orders the hosts that try."""
+        t, p = self.triggers, self.p
+        return (f"UPDATE {t} SET taken = {self.now} WHERE {t}.job = {p('name')} "
+                f"AND {t}.upstream_run = {p('upstream_run')} AND {t}.taken IS NULL")
+
+    @cached_property
+    def run_upstream(self) -> str:
+        """A run record's upstream run (written in its trigger's transaction)."""
+        runs, p = self.runs, self.p
+        return (f"UPDATE {runs} SET upstream_job = {p('upstream_job')}, "
+                f"upstream_run = {p('upstream_run')} WHERE {runs}.id = {p('run_id')}")
+
+    @cached_property
+    def prune_triggers(self) -> str:
+        """Forget the taken triggers of upstream runs that ended before
+        ``before`` (older than any run the bookkeeping looks at)."""
+        t = self.triggers
+        return (f"DELETE FROM {t} WHERE {t}.taken IS NOT NULL "
+                f"AND {t}.ended < {self.p('before')}")
+
     # -- bookkeeping ---------------------------------------------------------------
 
     @cached_property
@@ -806,6 +874,7 @@ class MysqlQueries(Queries):
 
     dialect = "mysql"
     double = "DOUBLE"
+    name_type = "CHAR(255)"
     arrays = False
     insert_ignore = ("INSERT IGNORE INTO", "")
     one_round = False

@@ -99,6 +99,7 @@ class Tables:
     pause: sa.Table
     audit: sa.Table
     sessions: sa.Table
+    triggers: sa.Table
 
 
 def _lease_columns() -> list[sa.Column[Any]]:
@@ -171,6 +172,10 @@ def build_tables(prefix: str) -> Tables:
         # A summary record of passed slots: the first slot it stands for
         # (``slot`` is the last). Null for every other record.
         sa.Column("covers_from", sa.Double()),
+        # A run started by another job's run (``after:``, schema 10): that
+        # job and that run's record (the trigger's key, dblockrun/daemon/chains.py).
+        sa.Column("upstream_job", Name(255)),
+        sa.Column("upstream_run", sa.BigInteger()),
         sa.Index(f"{prefix}runs_job", "job", "id"),
         sa.Index(f"{prefix}runs_result", "result"),
     )
@@ -245,4 +250,19 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("started", sa.Double(), nullable=False),
         sa.Column("ends", sa.Double(), nullable=False),
     )
-    return Tables(md, meta, locks, runs, hosts, items, pause, audit, sessions)
+    # ``after:`` (schema 10): one row per (downstream job, upstream run) whose
+    # result its ``on:`` takes, made by whichever host first sees the
+    # upstream run finished; ``taken`` (database clock) once the one claim of
+    # the downstream job for it won, or its one record says why it did not
+    # run (dblockrun/daemon/chains.py).
+    triggers = sa.Table(
+        f"{prefix}triggers",
+        md,
+        sa.Column("job", Name(255), primary_key=True),
+        sa.Column("upstream_run", sa.BigInteger(), primary_key=True, autoincrement=False),
+        sa.Column("upstream_job", Name(255), nullable=False),
+        sa.Column("result", sa.String(16), nullable=False),
+        sa.Column("ended", sa.Double(), nullable=False),
+        sa.Column("taken", sa.Double()),
+    )
+    return Tables(md, meta, locks, runs, hosts, items, pause, audit, sessions, triggers)

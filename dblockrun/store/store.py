@@ -443,6 +443,12 @@ class Store:
     release_seat = on_engine(LockEngine.release_seat)
     run_waits = on_engine(LockEngine.run_waits)
     run_admitted = on_engine(LockEngine.run_admitted)
+    make_triggers = on_engine(LockEngine.make_triggers)
+    pending_triggers = on_engine(LockEngine.pending_triggers)
+    chained_before = on_engine(LockEngine.chained_before)
+    claim_trigger = on_engine(LockEngine.claim_trigger)
+    record_trigger = on_engine(LockEngine.record_trigger)
+    prune_triggers = on_engine(LockEngine.prune_triggers)
 
     def seat_holders(self, seats: Sequence[str]) -> list[tuple[str, str]]:
         """The (job, host) holding each seat of ``seats`` whose lease holds."""

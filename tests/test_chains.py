@@ -1,0 +1,278 @@
+"""Job chains (``after:``) with real daemons on every backend: each finished
+upstream run whose result a downstream job's ``on:`` takes starts exactly
+one run of it across the fleet (dblockrun/daemon/chains.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from harness import Fleet
+from helpers import cli, wait_for
+
+from dblockrun.store import models as m
+
+#: How long the fleet runs the chain (the upstream runs every 3 s).
+RUN_SECONDS = 27
+
+CHAIN = """\
+jobs:
+  extract:
+    cron: "*/3 * * * * *"
+    env: {{COUNT: {count}}}
+    # Every third run fails (runs never overlap: one counter for the fleet).
+    command: |
+      echo x >> "$COUNT"
+      n=$(wc -l < "$COUNT")
+      sleep 0.3
+      [ $((n % 3)) -ne 0 ]
+  load:
+    after: extract
+    env: {{LOG: {log}}}
+    command: |
+      echo "$DBLOCKRUN_UPSTREAM_JOB $DBLOCKRUN_UPSTREAM_RUN $DBLOCKRUN_UPSTREAM_RESULT \
+      $DBLOCKRUN_RUN_ID" >> "$LOG"
+  page:
+    after: {{jobs: [extract], on: failure}}
+    command: "true"
+  audit:
+    after: {{jobs: [extract], on: any}}
+    command: "true"
+"""
+
+
+def upstream_of(runs: list[m.RunRecord]) -> list[int]:
+    return sorted(r.upstream_run for r in runs if r.upstream_run is not None)
+
+
+@pytest.mark.slow
+def test_three_daemons_start_one_downstream_run_per_upstream_run(
+        fleet: Fleet, tmp_path: Path) -> None:
+    log = tmp_path / "load.log"
+    fleet.start_n(3, CHAIN.format(count=tmp_path / "count", log=log))
+    store = fleet.store
+    wait_for(lambda: len(store.hosts(seen_within=30)) == 3, 30, what="3 daemons registered")
+    begin = time.monotonic()
+    wait_for(lambda: time.monotonic() - begin >= RUN_SECONDS or not all(
+        d.alive() for d in fleet), RUN_SECONDS + 5, interval=0.5, what="the run period")
+    assert all(d.alive() for d in fleet), "a daemon died"
+    # The upstream runs over by now: each gets its downstream runs (within a round).
+    ended = [r for r in fleet.runs("extract") if r.result in (m.OK, m.FAILED)]
+
+    def chained() -> bool:
+        have = {job: set(upstream_of(fleet.runs(job))) for job in ("load", "page", "audit")}
+        return all(r.id in have["audit"] for r in ended) and all(
+            r.id in have["load" if r.result == m.OK else "page"] for r in ended)
+
+    wait_for(chained, 15, interval=0.2, what="the downstream runs of the upstream runs")
+    status = json.loads(fleet.cli("status", "--json").stdout)
+    codes = fleet.stop()
+    assert codes == [0, 0, 0], [d.text() for d in fleet]
+    extract = {r.id: r for r in fleet.runs("extract")}
+    ok = sorted(i for i, r in extract.items() if r.result == m.OK)
+    failed = sorted(i for i, r in extract.items() if r.result == m.FAILED)
+    assert len(ok) >= 5 and len(failed) >= 2, extract
+    # One to one: never two downstream runs for one upstream run, and only
+    # for the results their on: takes (a run that ended while the fleet
+    # stopped may have none).
+    for job, wanted in (("load", ok), ("page", failed), ("audit", sorted(ok + failed))):
+        runs = fleet.runs(job)
+        assert all(r.result == m.OK for r in runs), runs
+        got = upstream_of(runs)
+        assert len(got) == len(set(got)) == len(runs), f"{job}: {got}"
+        assert set(got) <= set(wanted) and set(got) >= {r.id for r in ended
+                                                        if r.id in wanted}, (job, got, wanted)
+        for run in runs:  # each started after its upstream run ended
+            upstream = extract[run.upstream_run or 0]
+            assert run.upstream_job == "extract"
+            assert upstream.finished is not None and run.started >= upstream.finished
+    # The command was told which run started it.
+    told = [line.split() for line in log.read_text().splitlines()]
+    by_run = {int(run_id): (job, int(up), result) for job, up, result, run_id in told}
+    assert {r.id: ("extract", r.upstream_run, "ok") for r in fleet.runs("load")} == by_run
+    # The work spread over the fleet; status says what each job runs after.
+    assert len({r.host for r in fleet.runs("load")}) >= 1
+    after = {job["name"]: job["after"] for job in status["jobs"]}
+    assert after["load"] == "after extract" and after["page"] == "after extract (on failure)"
+    assert after["extract"] is None
+    history = json.loads(fleet.cli("history", "load", "--json").stdout)["runs"]
+    assert history[0]["upstream"] == {"job": "extract", "run": fleet.runs("load")[-1].upstream_run}
+
+
+SPLIT = """\
+jobs:
+  extract:
+    rate: 2s
+    run-on: {{role: a}}
+    command: sleep 0.2
+{load}"""
+LOAD = """\
+  load:
+    after: extract
+    run-on: {role: b}
+    command: "true"
+"""
+
+
+def test_an_upstream_host_killed_after_its_run_ended_still_starts_one_run(
+        fleet: Fleet) -> None:
+    """The upstream's host dies (kill -9) after its run ended and before it
+    made the trigger (its file has no downstream job, so it never makes
+    one): another host's bookkeeping makes it, and one host runs it once."""
+    runners = [fleet.start(fleet.jobs_file(SPLIT.format(load=LOAD), "full.yaml"),
+                           "--label", "role=b", name=f"b{i}") for i in range(2)]
+    # Up before the first upstream run: a new after: starts nothing for runs before it.
+    wait_for(lambda: len(fleet.store.hosts(seen_within=30)) == 2, 30, what="2 daemons up")
+    upstream_host = fleet.start(fleet.jobs_file(SPLIT.format(load=""), "extract.yaml"),
+                                "--label", "role=a", name="a")
+    first = wait_for(lambda: next(iter(fleet.runs("extract", m.OK)), None), 20,
+                     what="extract's first run")
+    upstream_host.kill()
+    ended = {r.id for r in fleet.runs("extract") if r.result == m.OK}
+    wait_for(lambda: set(upstream_of(fleet.runs("load"))) >= ended, 15, interval=0.2,
+             what="load after each of extract's runs")
+    # A few rounds more: still exactly one run per upstream run.
+    time.sleep(3)
+    loads = fleet.runs("load")
+    assert sorted(upstream_of(loads)) == sorted(ended) and first.id in ended
+    assert all(fleet.of(r.host) in runners for r in loads)
+    assert all(r.result == m.OK for r in loads)
+    assert fleet.stop()[:2] == [0, 0]
+
+
+DISABLED = """\
+jobs:
+  extract:
+    rate: 1s
+    command: "true"
+  load:
+    after: extract
+    command: "true"
+"""
+
+
+def test_a_trigger_of_a_disabled_job_is_recorded_skipped(fleet: Fleet) -> None:
+    fleet.store.ensure_schema()
+    fleet.store.ensure_jobs(["load"])
+    assert fleet.cli("disable", "load", "--reason", "maintenance").returncode == 0
+    fleet.start(DISABLED)
+    skipped = wait_for(lambda: next(iter(fleet.runs("load", m.SKIPPED)), None), 20,
+                       what="a skipped record of load")
+    assert skipped.output == "skipped: load is disabled\n"
+    assert skipped.upstream_job == "extract" and skipped.upstream_run is not None
+    assert fleet.runs("load", m.OK) == []
+    assert fleet.cli("enable", "load").returncode == 0
+    wait_for(lambda: fleet.runs("load", m.OK) or None, 20, what="load running again")
+    assert fleet.stop() == [0]
+    runs = fleet.runs("load")
+    assert len(upstream_of(runs)) == len(set(upstream_of(runs))) == len(runs)
+
+
+def test_a_cycle_is_refused_at_load(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  a: {after: b, command: x}\n  b: {after: a, command: x}\n")
+    done = cli("validate", str(jobs))
+    assert done.returncode == 2
+    assert done.stderr == (f"dblockrun: {jobs}:2: job 'a': after: a cycle: a after b after a "
+                           "(a chain must end)\n")
+    assert "Traceback" not in done.stderr
+
+
+RETRIED = """\
+jobs:
+  extract:
+    rate: 1h
+    retries: 1
+    retry-delay: 1s
+    env: {{COUNT: {count}}}
+    # The first attempt fails, the retry succeeds: one run, ok.
+    command: |
+      echo x >> "$COUNT"
+      [ "$(wc -l < "$COUNT")" -ge 2 ]
+  load:
+    after: extract
+    command: "true"
+  page:
+    after: {{jobs: [extract], on: failure}}
+    command: "true"
+"""
+
+
+def test_a_run_with_retries_starts_one_run_for_its_last_attempt(
+        fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start(RETRIED.format(count=tmp_path / "count"))
+    load = wait_for(lambda: next(iter(fleet.runs("load", m.OK)), None), 30,
+                    what="load after extract's retry")
+    attempts = fleet.runs("extract")
+    assert [(r.attempt, r.result) for r in attempts] == [(1, m.FAILED), (2, m.OK)]
+    assert load.upstream_run == attempts[1].id
+    time.sleep(3)  # rounds of the bookkeeping: the failed first attempt pages nobody
+    assert fleet.runs("page") == [] and len(fleet.runs("load")) == 1
+    assert fleet.stop() == [0]
+
+
+PAUSED = """\
+jobs:
+  extract:
+    rate: 1h
+    env: {{GO: {go}}}
+    command: while [ ! -e "$GO" ]; do sleep 0.1; done
+  load:
+    after: extract
+    command: "true"
+"""
+
+
+def test_a_trigger_while_the_fleet_is_paused_is_recorded_skipped(
+        fleet: Fleet, tmp_path: Path) -> None:
+    """The pause holds every claim: the trigger of an upstream run that ends
+    under it gets its record."""
+    go = tmp_path / "go"
+    fleet.start(PAUSED.format(go=go))
+    wait_for(lambda: fleet.runs("extract", m.RUNNING) or None, 20, what="extract running")
+    assert fleet.cli("pause", "--for", "1h").returncode == 0
+    go.touch()  # extract ends under the pause
+    skipped = wait_for(lambda: next(iter(fleet.runs("load", m.SKIPPED)), None), 20,
+                       what="a skipped record of load")
+    assert skipped.output == "skipped: the fleet is paused\n"
+    assert fleet.cli("resume").returncode == 0
+    assert fleet.stop() == [0]
+    runs = fleet.runs("load")
+    assert len(upstream_of(runs)) == len(set(upstream_of(runs))) == len(runs)
+
+
+GROUPED = """\
+groups: {{warehouse: 1}}
+jobs:
+  hog:
+    rate: 1h
+    group: warehouse
+    env: {{GO: {go}}}
+    command: while [ ! -e "$GO" ]; do sleep 0.1; done
+  extract:
+    rate: 1h
+    command: "true"
+  load:
+    after: extract
+    group: warehouse
+    command: "true"
+"""
+
+
+def test_a_trigger_whose_group_is_full_is_recorded_skipped(
+        fleet: Fleet, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    fleet.start(GROUPED.format(go=go))
+    try:
+        skipped = wait_for(lambda: next(iter(fleet.runs("load", m.SKIPPED)), None), 30,
+                           what="a skipped record of load")
+    finally:
+        go.touch()
+    assert skipped.output is not None and skipped.output.startswith(
+        "skipped: group warehouse at its limit (1): held by hog"), skipped.output
+    extract, = fleet.runs("extract")
+    assert (skipped.upstream_job, skipped.upstream_run) == ("extract", extract.id)
+    assert fleet.stop() == [0]
+    assert len(fleet.runs("load")) == 1
