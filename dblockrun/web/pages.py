@@ -20,7 +20,7 @@ from dblockrun.web import sessions
 from dblockrun.web.acts import ACTIONS, DESTRUCTIVE, JOB_ACTIONS, ROLE_OF, Act, offered, perform
 from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user, refusal
 from dblockrun.web.errors import public
-from dblockrun.web.timehtml import duration, epoch, when
+from dblockrun.web.timehtml import duration, epoch, left, when
 from dblockrun.web.users import check_password
 
 #: The most fields a form of the dashboard has (sign-in: 4; an action: 6).
@@ -31,7 +31,7 @@ HISTORY = 50
 
 _env = Environment(loader=FileSystemLoader(HERE / "templates"),
                    autoescape=select_autoescape(default=True, default_for_string=True))
-_env.filters.update(ago=when, took=duration, hostname=host_name)
+_env.filters.update(ago=when, left=left, took=duration, hostname=host_name)
 
 
 def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
