@@ -20,7 +20,7 @@ from dblockrun.store.models import OK, RunRecord
 
 WIDTH, HEIGHT = 640, 190
 #: The plot area inside the axes' labels.
-LEFT, RIGHT, TOP, BOTTOM = 56, 8, 16, 150
+LEFT, RIGHT, TOP, BOTTOM = 56, 8, 22, 150
 #: The least height of a bar, so a run of 0 s shows.
 FLOOR = 2
 #: The widest bar (a job with few runs).

@@ -20,7 +20,7 @@ from dblockrun.web import sessions
 from dblockrun.web.acts import ACTIONS, DESTRUCTIVE, JOB_ACTIONS, ROLE_OF, Act, offered, perform
 from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user, refusal
 from dblockrun.web.errors import public
-from dblockrun.web.timehtml import duration, epoch, left, when
+from dblockrun.web.timehtml import duration, left, when
 from dblockrun.web.users import check_password
 
 #: The most fields a form of the dashboard has (sign-in: 4; an action: 6).
@@ -148,7 +148,7 @@ def _job_data(request: Request, name: str) -> dict[str, Any]:
     store = config(request).store
     doc = _status_doc(request, store.with_every_host([name]))
     runs = store.history(name, HISTORY, output=False)
-    now = epoch(doc["db_time"]) or store.db_now()  # the status document's database time
+    now = store.db_now()  # after the history: no run reads "in 0.0s"
     shown = next((j for j in doc["jobs"] if j["name"] == name), None)
     return {"name": name, "doc": doc, "job": shown, "actions": offered(shown), "runs": runs,
             "now": now, "chart": duration_chart(runs, now),
