@@ -166,6 +166,15 @@ jobs:
 
 
 
+def kill_all(run: subprocess.Popen[str]) -> None:
+    """SIGKILL a container's run and everything under it (a test that failed)."""
+    for pid in [*descendants(run.pid), run.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def namespace_pid(pid: int) -> int:
     """``pid``'s number in its own (innermost) PID namespace."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -248,11 +257,7 @@ def test_the_images_daemon_runs_a_job_on_postgresql_and_tini_reaps_orphans(
         assert "Traceback" not in log, log
     finally:
         if run.poll() is None:
-            for pid in [*descendants(run.pid), run.pid]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_all(run)
             log, _ = run.communicate(timeout=60)
             print(log)  # shown by pytest when the test failed
         subprocess.run([*BUILDAH, "rm", container], capture_output=True, timeout=300)
@@ -305,11 +310,7 @@ def test_the_images_dashboard_answers_as_documented(
         try:
             log, _ = run.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            for pid in [*descendants(run.pid), run.pid]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_all(run)
             log, _ = run.communicate(timeout=60)
         subprocess.run([*BUILDAH, "rm", container], capture_output=True, timeout=300)
     assert f"serving {postgres.url} (table prefix {postgres.prefix})" in log, log
