@@ -5,6 +5,7 @@ the same run.
     python bench/web.py [--jobs 10000] [--requests 100] [--loads 9] [--no-live]
     python bench/web.py --live-only [--heartbeats 1,2] [--lines 9]
     python bench/web.py --hostile-only [--code DIR]
+    python bench/web.py --console-only [--requests 20] [--loads 5]
 
 For each backend: the data of bench/status_scale.py (10,000 jobs with five
 runs each, one in ten running, four live hosts), then a real `dblockrun
@@ -448,6 +449,77 @@ def hostile(code: str) -> None:
     table.print()
 
 
+def ready_in_chromium(port: int, path: str, selector: str, loads: int) -> list[float]:
+    """From ``goto`` to ``selector`` shown with the page's CSS and script
+    loaded, a new page each time: ``loads`` times (after one for the
+    browser's own start)."""
+    from playwright.sync_api import sync_playwright
+
+    took = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        for i in range(loads + 1):
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            start = time.perf_counter()
+            page.goto(f"http://127.0.0.1:{port}{path}", wait_until="load")
+            page.wait_for_selector(selector)
+            if i:
+                took.append(time.perf_counter() - start)
+            page.close()
+        browser.close()
+    return took
+
+
+def console(backends: list[str], jobs: int, runs: int, count: int, loads: int) -> None:
+    """Issue 31 items 4 and 5: the timeline with 10,000 runs in its window
+    (the data's runs start every 300 s, a job's runs each: a 5-minute window
+    holds one run of each job), ready in chromium; and what each 2-second
+    poll of a Job page and a Run page costs the server."""
+    from datetime import UTC, datetime
+
+    from dblockrun.store import Store
+
+    table = Table(["backend", "what", "median ms", "p99 / max ms", "bytes", "goal"])
+    for backend in backends:
+        url = URLS[backend]("")
+        prefix = bench_prefix()
+        print(f"{backend}: {jobs} jobs, {runs} runs each ...", flush=True)
+        fill(url, prefix, jobs, runs)
+        port = free_port()
+        web = start_web(url, prefix, port)
+        try:
+            keep_hosts_live(url, prefix)
+            with Store(url, prefix) as store:
+                now = store.db_now()
+                run_id = store.history("job-00001", 1, output=False)[0].id
+            end = datetime.fromtimestamp(now - 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            path = f"/timeline?window=5m&end={end}"
+            took, html = requests(port, path, count)
+            data = html.split(b'id="timeline-runs">', 1)[1].split(b"</script>", 1)[0]
+            drawn = len(json.loads(data))
+            if drawn != jobs:
+                raise SystemExit(f"the timeline drew {drawn} runs, not {jobs}")
+            table.add([backend, f"GET {path.split('&')[0]} ({drawn} runs)",
+                       f"{statistics.median(took) * 1000:.0f}",
+                       f"{percentile(took, 0.99) * 1000:.0f}", str(len(html)), ""])
+            ready = ready_in_chromium(port, path, "#timeline path.bar", loads)
+            table.add([backend, "  timeline ready in chromium",
+                       f"{statistics.median(ready) * 1000:.0f}", f"{max(ready) * 1000:.0f}",
+                       "", "met" if statistics.median(ready) < GOAL_PAGE else "not met"])
+            for what, live in (("Job page poll (/jobs/J/live, 5 runs)", "/jobs/job-00001/live"),
+                               ("Run page poll (/runs/ID/live)", f"/runs/{run_id}/live")):
+                took, html = requests(port, live, count)
+                table.add([backend, what, f"{statistics.median(took) * 1000:.1f}",
+                           f"{percentile(took, 0.99) * 1000:.1f}", str(len(html)), ""])
+        finally:
+            web.send_signal(signal.SIGTERM)
+            web.wait(timeout=30)
+            drop(url, prefix)
+    print(f"(goal: the timeline ready under {GOAL_PAGE:g} s with {jobs} runs in its window; "
+          "a poll every 2 s per open Job or Run page)")
+    table.print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=10_000)
@@ -462,11 +534,16 @@ def main() -> None:
     ap.add_argument("--no-live", action="store_true", help="without the live output figures")
     ap.add_argument("--hostile-only", action="store_true",
                     help="only the figures against an anonymous client (issue 32)")
+    ap.add_argument("--console-only", action="store_true",
+                    help="only the timeline and the Job and Run pages' polls (issue 31)")
     ap.add_argument("--code", default=ROOT,
                     help="--hostile-only: the checkout whose dblockrun serves (default: this)")
     args = ap.parse_args()
     if args.hostile_only:
         hostile(os.path.abspath(args.code))
+        return
+    if args.console_only:
+        console(args.backends.split(","), args.jobs, args.runs, args.requests, args.loads)
         return
     if not args.no_live:
         live_table(args.backends.split(","), [float(h) for h in args.heartbeats.split(",")],

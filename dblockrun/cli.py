@@ -748,29 +748,32 @@ def audit(job: str | None, limit: int, as_json: bool) -> None:
                    "Credentials in them are hidden either way.")
 @click.option("--session-lifetime", metavar="DURATION", default="12h", show_default=True,
               help="How long a sign-in lasts, whatever the session does (e.g. 8h).")
+@click.option("--access-log", is_flag=True,
+              help="Log every request (off by default: the pages poll every 2 seconds).")
 @global_options()
 @click.pass_context
 @handle_errors
 def web(ctx: click.Context, listen: str, users_file: str | None, cert: str | None,
         key: str | None, secret_file: str | None, proxy_headers: bool,
-        hide_commands: bool | None, session_lifetime: str) -> None:
+        hide_commands: bool | None, session_lifetime: str, access_log: bool) -> None:
     """Serve the dashboard and the JSON API (/api/v1) over the database: the
     fleet, jobs, runs and their output, hosts, the audit trail, and the
-    operator actions for signed-in users. Needs the web extra: from a
-    checkout, `pipx install '.[web]'`."""
+    operator actions for signed-in users. Needs the web extra:
+    `pip install 'dblockrun[web]'` (from a checkout, `pipx install '.[web]'`)."""
+    from dblockrun.web import INSTALL, missing_extra
+
+    if (missing := missing_extra()) is not None:  # `web` and `web hash-password`
+        raise UsageError(f"dblockrun web needs the web extra ({missing} is missing): {INSTALL}")
     if ctx.invoked_subcommand is not None:
         return
-    try:
-        from dblockrun.web.serve import WebOptions, check, serve
-    except ImportError as exc:
-        raise DblockrunError(f"dblockrun web needs its extra: from a checkout, pipx install "
-                             f"--force '.[web]' ({exc.name} is missing)") from exc
     from dblockrun.ops.actions import Access
+    from dblockrun.web.serve import WebOptions, check, serve
 
     options = WebOptions(listen=listen, users_file=users_file, cert=cert, key=key,
                          secret_file=secret_file, proxy_headers=proxy_headers,
                          hide_commands=hide_commands,
-                         session_lifetime=_duration(session_lifetime, "--session-lifetime"))
+                         session_lifetime=_duration(session_lifetime, "--session-lifetime"),
+                         access_log=access_log)
     checked = check(options)  # before the database: a bad file says so at once
     _setup_logging(logging.DEBUG if _globals().debug else logging.INFO)
     jobs = _jobs_for_db()

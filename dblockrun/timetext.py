@@ -10,6 +10,7 @@ dashboard's pages (web/timehtml.py) alike.
 from __future__ import annotations
 
 import functools
+import time
 from datetime import UTC, datetime
 
 from dblockrun.config.durations import format_duration
@@ -29,6 +30,22 @@ def _forever() -> float:
 def utc(ts: float) -> str:
     """Epoch seconds as ISO 8601 in UTC (``2026-11-25T10:00:00+00:00``)."""
     return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def clock(ts: float, with_date: bool = False) -> str:
+    """``14:05Z`` (``2026-11-28 14:05Z``): a time axis' label, in UTC."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%MZ" if with_date else "%H:%MZ")
+
+
+def second(ts: float) -> str:
+    """``14:05:09Z``: a time of day to the second, in UTC (the timeline's
+    10,000 bars share their seconds: cached)."""
+    return _second(int(ts))
+
+
+@functools.lru_cache(maxsize=8192)
+def _second(whole: int) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(whole))
 
 
 def parse_time(text: str, what: str = "--until") -> float:

@@ -1,7 +1,9 @@
 """The container image: the ``Containerfile`` builds with buildah, runs as
 the non-root user ``dblockrun`` with tini as PID 1, and its daemon runs a job
 against the test PostgreSQL; an orphan a job leaves behind is reaped, and the
-image's ``HEALTHCHECK`` passes against the running daemon.
+image's ``HEALTHCHECK`` passes against the running daemon. The documented
+dashboard command (``IMAGE web --listen ...``: the entrypoint is already
+``dblockrun``) serves the Fleet page from inside the image.
 
 Skipped, saying why, where it cannot run: not root, or no buildah or
 debootstrap (``scripts/test`` installs them with apt). No registry needs to be
@@ -108,7 +110,7 @@ def image() -> Iterator[tuple[str, dict[str, Any]]]:
             # The wheels of dblockrun and its dependencies, built on the host:
             # pip in a RUN of the build has no network.
             check([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation",
-                   "--wheel-dir", str(context / "wheelhouse"), str(REPO)], cwd=context,
+                   "--wheel-dir", str(context / "wheelhouse"), f"{REPO}[web]"], cwd=context,
                   timeout=600)
             check([*BUILDAH, "bud", "--format", "docker", "--isolation", "chroot",
                    "--pull=never", "--build-arg", f"VERSION={__version__}", "-t", name,
@@ -162,6 +164,15 @@ jobs:
 
 
 
+
+
+def kill_all(run: subprocess.Popen[str]) -> None:
+    """SIGKILL a container's run and everything under it (a test that failed)."""
+    for pid in [*descendants(run.pid), run.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def namespace_pid(pid: int) -> int:
@@ -246,11 +257,62 @@ def test_the_images_daemon_runs_a_job_on_postgresql_and_tini_reaps_orphans(
         assert "Traceback" not in log, log
     finally:
         if run.poll() is None:
-            for pid in [*descendants(run.pid), run.pid]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_all(run)
             log, _ = run.communicate(timeout=60)
             print(log)  # shown by pytest when the test failed
         subprocess.run([*BUILDAH, "rm", container], capture_output=True, timeout=300)
+
+
+def test_the_images_dashboard_answers_as_documented(
+        image: tuple[str, dict[str, Any]], postgres: TestDb, tmp_path: Path) -> None:
+    name, inspected = image
+    config = inspected["Docker"]["config"]
+    subprocess.run([sys.executable, "-m", "dblockrun", "--db", postgres.url, "--table-prefix",
+                    postgres.prefix, "disable", "nightly", "--create", "--reason", "from the host"],
+                   env=clean_env(), capture_output=True, text=True, timeout=60, check=True)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "jobs.yaml").write_text(
+        "jobs:\n  nightly:\n    cron: '0 3 * * *'\n    command: echo nightly\n")
+    port = free_port()
+    container = check([*BUILDAH, "from", "--pull=never", name], cwd=tmp_path, timeout=300)
+    container = container.strip().splitlines()[-1]
+    user = config["User"]
+    # docs/container.md: `docker run ... -v /etc/dblockrun:/etc/dblockrun:ro
+    # IMAGE web -f /etc/dblockrun/jobs.yaml --listen 0.0.0.0:8080`, here on
+    # 127.0.0.1 and a port of this test's own (the host's network).
+    command = [*config["Entrypoint"], "web", "-f", "/etc/dblockrun/jobs.yaml", "--listen",
+               f"127.0.0.1:{port}"]
+    run = track(subprocess.Popen(
+        [*BUILDAH, "run", "--isolation", "chroot", "--user", "root", "--cap-add",
+         "CAP_SYS_ADMIN", "-v", f"{tmp_path / 'etc'}:/etc/dblockrun:ro",
+         "-e", f"DBLOCKRUN_DB={postgres.url}",
+         "-e", f"DBLOCKRUN_TABLE_PREFIX={postgres.prefix}",
+         container, "--", "unshare", "--pid", "--fork", "--mount-proc",
+         "setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *command],
+        cwd=tmp_path, env=outside(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True))
+    try:
+        def fleet() -> tuple[int, str] | None:
+            if run.poll() is not None:
+                raise AssertionError(f"dblockrun web exited {run.returncode}")
+            answer = http_get(port, "/")
+            return answer if answer[0] == 200 else None
+
+        _status, page = wait_for(fleet, 120, interval=0.5, what="the dashboard in the image")
+        assert 'data-job="nightly"' in page and "Fleet" in page
+        # The definition from the mounted jobs file (commands hidden: no users).
+        job = http_get(port, "/jobs/nightly")
+        assert job[0] == 200 and "/etc/dblockrun/jobs.yaml" in job[1] and "0 3 * * *" in job[1]
+    finally:
+        for pid in [*descendants(run.pid), run.pid]:
+            if comm(pid) == "tini":
+                os.kill(pid, signal.SIGTERM)  # a runtime's stop
+        try:
+            log, _ = run.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            kill_all(run)
+            log, _ = run.communicate(timeout=60)
+        subprocess.run([*BUILDAH, "rm", container], capture_output=True, timeout=300)
+    assert f"serving {postgres.url} (table prefix {postgres.prefix})" in log, log
+    assert "Traceback" not in log, log
+    assert "GET / HTTP" not in log  # no access log without --access-log

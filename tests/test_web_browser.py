@@ -7,7 +7,9 @@ DBLOCKRUN_SCREENSHOTS=1."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -271,17 +273,17 @@ def test_a_running_runs_output_shows_live_within_a_heartbeat(browser: object,
     run = wait_for(lambda: (r := run_of(fleet.store, "chatty")) and r.result == m.RUNNING and r,
                    60, what="chatty's run")
     page.goto(f"{fleet.url}/runs/{run.id}")
-    assert page.is_visible("#live")  # said to be partial
+    assert page.is_visible("#partial")  # said to be partial
     wait_for(lambda: "first line" in page.inner_text("#output"), LIVE_SHOWN,
              what="the first line on the page")
     assert page.inner_text("#result") == "running" and "second" not in page.inner_text("#output")
     (fleet.dir / "chatty.go").touch()  # the command prints its second line
     wait_for(lambda: "second line" in page.inner_text("#output"), LIVE_SHOWN,
              what="the second line on the page, without a reload")
-    assert page.inner_text("#result") == "running" and page.is_visible("#live")
+    assert page.inner_text("#result") == "running" and page.is_visible("#partial")
     (fleet.dir / "chatty.end").touch()
     wait_for(lambda: page.inner_text("#result") == "ok", SHOWN, what="the run's end on the page")
-    assert not page.is_visible("#live")  # the stored output now, no longer partial
+    assert not page.is_visible("#partial")  # the stored output now, no longer partial
     assert page.inner_text("#output").split("\n")[:2] == ["first line", "second line"]
     page.context.close()
 
@@ -337,7 +339,7 @@ def test_every_page_fits_the_screen_and_breaks_no_word(browser: object, fleet: D
     page = at_width(browser, fleet, width)
     pages = {"fleet": "/", "fleet-filtered": "/?state=running&sort=duration&desc=1",
              "job": "/jobs/tick", "run": f"/runs/{run.id}", "hosts": "/hosts",
-             "audit": "/audit", "confirm": "/confirm/kill?job=long"}
+             "audit": "/audit", "confirm": "/confirm/kill?job=long", "timeline": "/timeline"}
     for name, path in pages.items():
         page.goto(fleet.url + path)
         page.wait_for_selector("main")
@@ -391,4 +393,85 @@ def test_the_counts_filter_and_the_filters_live_in_the_url(browser: object,
     page.click("#confirm")
     wait_for(lambda: (r := run_of(fleet.store, "long")) and r.result == m.KILLED, 60,
              what="long killed")
+# -- issue 31 items 4, 5, 7: the Job and Run pages live, the timeline --------------------
+
+
+def test_the_job_page_brings_new_runs_without_a_reload(browser: object,
+                                                       fleet: Dashboard) -> None:
+    page = page_as(browser, fleet, "vera")
+    page.goto(f"{fleet.url}/jobs/tick")
+    newest = page.locator("#history tbody tr").first.locator("td").first
+    first = wait_for(lambda: (text := newest.inner_text()).isdigit() and text, SHOWN,
+                     what="a run of tick in the history")
+    # tick runs every 3 s: the page's script brings the next one, chart and table.
+    wait_for(lambda: newest.inner_text() != first, SHOWN, what="tick's next run on the page")
+    assert page.locator(f"#chart rect[data-run='{newest.inner_text()}']").count() == 1
+    ticks = page.locator("#chart text.tick").all_text_contents()
+    assert ticks[0] == "0.0s" and ticks[-1].endswith("ago")  # axes with units
+    assert (page.locator("#chart text.legend").first.text_content() or "").startswith("ok ")
+    for width in (390, 1440):
+        page.set_viewport_size({"width": width, "height": 900})
+        frame = page.locator("#chart").locator("xpath=..").bounding_box()
+        assert frame is not None and frame["x"] + frame["width"] <= width  # scrolls in it
+        chart = page.locator("#chart").bounding_box()
+        assert chart is not None and chart["width"] >= 560  # its words readable
+    page.context.close()
+
+
+def test_a_run_page_polls_its_own_run_and_stops_once_it_ended(browser: object,
+                                                              fleet: Dashboard) -> None:
+    page = page_as(browser, fleet, "vera")
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
+    run = wait_for(lambda: (r := run_of(fleet.store, "tick")) and r.result == m.OK and r,
+                   SHOWN, what="an ended run of tick")
+    page.goto(f"{fleet.url}/runs/{run.id}")
+    assert page.inner_text("#result") == "ok"
+    # An ended run's page has nothing to poll: two poll periods and more, and
+    # not one request (the bug: GET /runs/undefined every 2 s, forever).
+    with page.expect_request(lambda r: r.url.endswith("/jobs/tick/live"),
+                             timeout=SHOWN * 1000):
+        page.goto(f"{fleet.url}/jobs/tick")  # (a page that does poll, for contrast)
+    asked.clear()
+    page.goto(f"{fleet.url}/runs/{run.id}")
+    page.wait_for_timeout(5000)  # absence can only be seen over time
+    assert [u for u in asked if "/live" in u or "undefined" in u] == []
+    page.context.close()
+
+
+def test_the_timeline_shows_what_ran_on_each_host(browser: object, fleet: Dashboard) -> None:
+    page = page_as(browser, fleet, "vera")
+    page.goto(f"{fleet.url}/")
+    page.click("nav a[href='/timeline']")
+    page.wait_for_selector("#timeline path.bar.r-ok")
+    hosts = page.locator("#timeline g.host").evaluate_all(
+        "rows => rows.map(r => r.dataset.host)")
+    assert hosts == ["host1", "host2"]  # the daemons' hostname labels
+    # Hovering a bar says what ran; a click opens the run.
+    runs = json.loads(page.locator("#timeline-runs").text_content() or "[]")
+    run_id, x, width, y, said = next(r for r in runs if ", ok, " in r[4])
+    assert re.fullmatch(r"\w+: run \d+, ok, \d+\.\d\ds, from \d\d:\d\d:\d\dZ", said), said
+    at = page.evaluate(
+        """([x, y]) => { const m = document.getElementById("timeline").getScreenCTM();
+                        const p = new DOMPoint(x, y).matrixTransform(m);
+                        return [p.x, p.y]; }""", [x + width / 2, y + 4])
+    page.mouse.move(at[0], at[1])
+    page.wait_for_selector("#tip:not([hidden])")
+    assert page.inner_text("#tip") == said
+    page.mouse.click(at[0], at[1])
+    page.wait_for_url(f"**/runs/{run_id}")
+    page.go_back()
+    page.wait_for_selector("#timeline path.bar")
+    page.click("#window a:text('15m')")
+    page.wait_for_selector("#window strong:text('15m')")
+    assert "window=15m" in page.url
+    for width in (390, 1440):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.reload()  # (its frame shows the right end, now, from the start)
+        page.wait_for_selector("#timeline path.bar")
+        frame = page.locator("#timeline").locator("xpath=..")
+        box = frame.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= width
+        assert frame.evaluate("f => f.scrollWidth - f.scrollLeft - f.clientWidth") <= 1
+        page.screenshot(path=str(IMAGES / f"web-timeline-{width}.png"), full_page=True)
     page.context.close()

@@ -23,11 +23,10 @@ from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.inbox import HeardInbox, Inbox, inbox_for
 from dblockrun.daemon.registry import Runs
-from dblockrun.daemon.reload import FileWatch, job_changes
+from dblockrun.daemon.reload import FileWatch, reloaded, reread
 from dblockrun.daemon.sdnotify import SystemdNotifier
 from dblockrun.daemon.wakeup import Signals
 from dblockrun.errors import (
-    ConfigError,
     DatabaseError,
     DatabaseRefused,
     SchemaTooNew,
@@ -395,14 +394,10 @@ class Daemon:
     # -- reload and shutdown --------------------------------------------------
 
     def _reload(self) -> None:
-        path = self.local.jobs.path
-        try:
-            new = resolve_secrets(load_jobs(path))
-        except ConfigError as exc:
-            log.error("reload failed, keeping the %d jobs loaded before: %s",
-                      len(self.local.file.jobs), exc.message)
+        new = reread(self.local.file, lambda path: resolve_secrets(load_jobs(path)))
+        if new is None:
             return
-        before, changes = self.local.jobs, job_changes(self.local.file, new)
+        before, file_before = self.local.jobs, self.local.file
         self.local.load(new)
         self._limits(spawn.start().pid)
         try:
@@ -416,8 +411,7 @@ class Daemon:
             self.local.publish_next_due(self.store, self.clock.now())
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
-        log.info("reloaded %s: %d %s (%s)", new.path, len(new.jobs),
-                 "job" if len(new.jobs) == 1 else "jobs", changes)
+        reloaded(file_before, new)
 
     def _shutdown(self) -> None:
         runs = self.firing.runs.all()

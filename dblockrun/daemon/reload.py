@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable
 
 from dblockrun.config.jobs import JobsFile
+from dblockrun.errors import ConfigError
 from dblockrun.supervise import Loop, Policy, Threads
 
 log = logging.getLogger("dblockrun")
@@ -38,6 +39,25 @@ def job_changes(before: JobsFile, after: JobsFile) -> str:
              ("changed", [n for n in new if n in old and new[n] != old[n]]))
     parts = [f"{kind}: {_names(names)}" for kind, names in kinds if names]
     return "; ".join(parts) if parts else "no job changed"
+
+
+def reread(before: JobsFile, read: Callable[[str], JobsFile]) -> JobsFile | None:
+    """The jobs file at ``before.path`` read and validated again (``read``:
+    the daemon's resolves its secret URLs too), or None when it has an
+    error: logged, and ``before`` stays in use (a reload never leaves a
+    process with no jobs, or half of a file)."""
+    try:
+        return read(before.path)
+    except ConfigError as exc:
+        log.error("reload failed, keeping the %d jobs loaded before: %s",
+                  len(before.jobs), exc.message)
+        return None
+
+
+def reloaded(before: JobsFile, after: JobsFile) -> None:
+    """Log a reload that worked, and what it changed."""
+    log.info("reloaded %s: %d %s (%s)", after.path, len(after.jobs),
+             "job" if len(after.jobs) == 1 else "jobs", job_changes(before, after))
 
 
 def _names(names: list[str]) -> str:

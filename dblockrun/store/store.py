@@ -591,6 +591,22 @@ class Store:
             stmt = stmt.where(runs.c.item == item)
         return self._run(lambda c: [m.from_row(m.RunRecord, r._mapping) for r in c.execute(stmt)])
 
+    def runs_between(self, start: float, end: float, limit: int) -> list[m.Span]:
+        """The fleet's runs in [``start``, ``end``) as the dashboard's timeline
+        draws them, oldest first, at most ``limit``: each run that was
+        running at some time of it (begun before ``end``, not ended before
+        ``start``), and each passed slot (missed, skipped) of it; their
+        results as :meth:`shown_runs` shows them (a dead holder's: lost)."""
+        runs = self.t.runs
+        shown = self.shown_runs(output=False).selected_columns
+        passed = runs.c.result.in_(m.PASSED)
+        ran = sa.and_(~passed, runs.c.started < end,
+                      sa.or_(runs.c.finished.is_(None), runs.c.finished >= start))
+        slots = sa.and_(passed, runs.c.slot >= start, runs.c.slot < end)
+        stmt = (sa.select(*(shown[name] for name in m.Span._fields))
+                .where(sa.or_(ran, slots)).order_by(runs.c.id).limit(limit))
+        return self._run(lambda c: [m.Span._make(row) for row in c.execute(stmt)])
+
     def run(self, run_id: int) -> m.RunRecord | None:
         if not m.run_id_possible(run_id):
             return None

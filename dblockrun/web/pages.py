@@ -113,7 +113,6 @@ def fleet_live(request: Request) -> Response:
 
 def job(request: Request) -> Response:
     from dblockrun.ops.actions import require_job
-    from dblockrun.web.chart import HEIGHT, WIDTH, bars
 
     if (login := _sign_in_first(request)) is not None:
         return login
@@ -123,17 +122,37 @@ def job(request: Request) -> Response:
         require_job(store, name)
     except UsageError as exc:
         return render(request, "error.html", status=404, message=public(store, exc.message))
+    data = _job_data(request, name)
+    return render(request, "job.html", **data, **_definition(request, name, data["job"]))
+
+
+def job_live(request: Request) -> Response:
+    """The live part of the Job page (facts, actions, chart, history), which
+    its script fetches every 2 s."""
+    if current_user(request) is None:
+        return HTMLResponse("sign in", status_code=401)
+    from dblockrun.ops.actions import require_job
+
+    name = request.path_params["job"]
+    try:
+        require_job(config(request).store, name)
+    except UsageError:
+        return HTMLResponse("no such job", status_code=404)
+    return render(request, "job_live.html", **_job_data(request, name))
+
+
+def _job_data(request: Request, name: str) -> dict[str, Any]:
+    from dblockrun.ops.output import audit_entry_json
+    from dblockrun.web.chart import duration_chart
+
+    store = config(request).store
     doc = _status_doc(request, store.with_every_host([name]))
     runs = store.history(name, HISTORY, output=False)
-    from dblockrun.ops.output import audit_entry_json, run_json
-
+    now = store.db_now()  # after the history: no run reads "in 0.0s"
     shown = next((j for j in doc["jobs"] if j["name"] == name), None)
-    return render(request, "job.html", name=name, doc=doc, job=shown, actions=offered(shown),
-                  now=doc["db_time"],
-                  **_definition(request, name, shown),
-                  runs=[run_json(r) for r in runs], bars=bars(runs), width=WIDTH,
-                  height=HEIGHT,
-                  audit=[audit_entry_json(e) for e in store.control.entries(name, 10)])
+    return {"name": name, "doc": doc, "job": shown, "actions": offered(shown), "runs": runs,
+            "now": now, "chart": duration_chart(runs, now),
+            "audit": [audit_entry_json(e) for e in store.control.entries(name, 10)]}
 
 
 def _definition(request: Request, name: str, job: dict[str, Any] | None) -> dict[str, Any]:
@@ -167,20 +186,73 @@ def _definition(request: Request, name: str, job: dict[str, Any] | None) -> dict
 
 
 def run_page(request: Request) -> Response:
-    from dblockrun.ops.output import output_text, run_json
-
     if (login := _sign_in_first(request)) is not None:
         return login
+    data = _run_data(request)
+    if data is None:
+        return render(request, "error.html", status=404,
+                      message=f"no run {request.path_params['run_id']}")
+    return render(request, "run.html", **data)
+
+
+def run_live(request: Request) -> Response:
+    """The live part of the Run page (its facts and output), which its
+    script fetches every 2 s while the run runs (``data-final``: it ended)."""
+    if current_user(request) is None:
+        return HTMLResponse("sign in", status_code=401)
+    data = _run_data(request)
+    if data is None:
+        return HTMLResponse("no such run", status_code=404)
+    return render(request, "run_live.html", **data)
+
+
+def _run_data(request: Request) -> dict[str, Any] | None:
+    from dblockrun.ops.output import output_text
+
     try:
         run_id = int(request.path_params["run_id"])
     except ValueError:
         run_id = 0
-    found = config(request).store.run(run_id) if run_id > 0 else None
+    store = config(request).store
+    found = store.run(run_id) if run_id > 0 else None
     if found is None:
-        return render(request, "error.html", status=404,
-                      message=f"no run {request.path_params['run_id']}")
-    return render(request, "run.html", run=run_json(found), live=found.live,
-                  output=output_text(found.output or ""))
+        return None
+    return {"run": found, "live": found.live, "now": store.db_now(),
+            "output": output_text(found.output or "")}
+
+
+def timeline(request: Request) -> Response:
+    """The fleet timeline (timeline.py): ``?window=`` a duration (1h),
+    ``?end=`` an ISO time (now): what ran on each host in that window."""
+    from dblockrun.config.durations import format_duration, parse_duration
+    from dblockrun.timetext import parse_time
+    from dblockrun.web import timeline as tl
+
+    if (login := _sign_in_first(request)) is not None:
+        return login
+    store = config(request).store
+    asked = request.query_params.get("window", "").strip() or format_duration(tl.WINDOW)
+    end_text = request.query_params.get("end", "").strip()
+    try:
+        window = parse_duration(asked)
+        if not 0 < window <= tl.LONGEST:
+            raise ValueError(f"at most {format_duration(tl.LONGEST)}")
+    except ValueError as exc:
+        return render(request, "error.html", status=400, message=f"window {asked!r}: {exc}")
+    try:
+        end = parse_time(end_text, "end") if end_text else None
+    except UsageError as exc:
+        return render(request, "error.html", status=400, message=exc.message)
+    now = store.db_now()
+    end = now if end is None else end
+    start = end - window
+    records = store.runs_between(start, end, tl.MOST + 1)
+    names = tl.host_names(store.hosts())
+    drawn = tl.draw(records[:tl.MOST], start, end, now,
+                    [names[h.id] for h in store.live_hosts() if h.id in names], names)
+    return render(request, "timeline.html", drawn=drawn, window=format_duration(window),
+                  end=end_text, start=start, stop=end, now=now, choices=tl.CHOICES,
+                  cut=len(records) > tl.MOST, most=tl.MOST)
 
 
 def hosts(request: Request) -> Response:
@@ -342,7 +414,10 @@ def routes() -> list[Route]:
         Route("/", fleet),
         Route("/fleet/live", fleet_live),
         Route("/jobs/{job}", job),
+        Route("/jobs/{job}/live", job_live),
         Route("/runs/{run_id}", run_page),
+        Route("/runs/{run_id}/live", run_live),
+        Route("/timeline", timeline),
         Route("/hosts", hosts),
         Route("/audit", audit),
         Route("/confirm/{action}", confirm),

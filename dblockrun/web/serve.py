@@ -3,6 +3,7 @@ the limits of ``limits.py`` (connections: ``connections.py``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 from dataclasses import dataclass, replace
@@ -14,6 +15,8 @@ from dblockrun.store import Store
 from dblockrun.web.limits import Limits, connection_cap
 from dblockrun.web.users import User
 from dblockrun.withheld import WEB_SECRET
+
+log = logging.getLogger("dblockrun")
 
 #: The session cookie's signing key, when no --secret-file is given (no
 #: command inherits it: dblockrun/withheld.py).
@@ -32,6 +35,8 @@ class WebOptions:
     hide_commands: bool | None = None
     #: How long a session lasts (seconds); None: :attr:`Limits.session_lifetime`.
     session_lifetime: float | None = None
+    #: Log every request (``--access-log``; off: the pages poll every 2 s).
+    access_log: bool = False
 
 
 def listen_addr(text: str) -> tuple[str, int]:
@@ -112,12 +117,18 @@ def open_files() -> int:
 
 
 def serve(store: Store, checked: Checked, jobs: JobsFile | None = None) -> None:
-    """``jobs``: the jobs file, whose definitions the Job page shows."""
+    """``jobs``: the jobs file, whose definitions the Job page shows (read
+    again on SIGHUP and when it changes: jobsfile.py)."""
+    import signal
+
     import uvicorn
 
+    from dblockrun.signals import handling
+    from dblockrun.store.dburl import describe
     from dblockrun.web.app import create_app
     from dblockrun.web.connections import quiet_repeats, uvicorn_options
     from dblockrun.web.context import WebConfig
+    from dblockrun.web.jobsfile import JobsReload
 
     options, limits = checked.options, checked.limits
     cfg = WebConfig(store=store, users=checked.users,
@@ -127,11 +138,28 @@ def serve(store: Store, checked: Checked, jobs: JobsFile | None = None) -> None:
         cfg.secret = checked.secret
     quiet_repeats(limits)
     cap = connection_cap(limits, open_files())
-    # log_config=None: uvicorn's lines go through dblockrun's log (its
-    # format, its redaction), not handlers of its own.
-    uvicorn.run(create_app(cfg), host=checked.host, port=checked.port,
-                ssl_certfile=options.cert, ssl_keyfile=options.key,
-                proxy_headers=options.proxy_headers,
-                forwarded_allow_ips="127.0.0.1" if options.proxy_headers else None,
-                server_header=False, log_level="info", log_config=None,
-                **uvicorn_options(limits, cap))
+    scheme = "https" if options.cert is not None else "http"
+    host = f"[{checked.host}]" if ":" in checked.host else checked.host
+    log.info("serving %s on %s://%s:%d (%s%s)", describe(store.url, store.prefix), scheme, host,
+             checked.port, "read-only for anyone" if checked.users is None
+             else f"{len(checked.users)} user(s)",
+             f"; jobs file {jobs.path}" if jobs is not None else "")
+
+    def put(new: JobsFile) -> None:
+        cfg.jobs = new
+
+    reload = JobsReload(lambda: cfg.jobs, put)
+    reload.start()
+    try:
+        # log_config=None: uvicorn's lines go through dblockrun's log (its
+        # format, its redaction), not handlers of its own. SIGHUP reloads
+        # (uvicorn handles SIGINT and SIGTERM, and restores only those).
+        with handling({signal.SIGHUP: reload.on_sighup}):
+            uvicorn.run(create_app(cfg), host=checked.host, port=checked.port,
+                        ssl_certfile=options.cert, ssl_keyfile=options.key,
+                        proxy_headers=options.proxy_headers,
+                        forwarded_allow_ips="127.0.0.1" if options.proxy_headers else None,
+                        server_header=False, log_level="info", log_config=None,
+                        access_log=options.access_log, **uvicorn_options(limits, cap))
+    finally:
+        reload.stop()
