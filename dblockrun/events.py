@@ -13,8 +13,12 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dblockrun.config.jobs import Job
+
+if TYPE_CHECKING:
+    from dblockrun.store.models import Trigger
 
 log = logging.getLogger("dblockrun")
 
@@ -57,6 +61,8 @@ class RunEnded:
     item: str | None = None
     #: The run's fencing token (the log line's JSON carries it).
     token: int | None = None
+    #: The upstream run that started it (``after:``; None: a slot's run).
+    upstream: Trigger | None = None
 
 
 @dataclass(frozen=True)

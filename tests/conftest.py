@@ -34,6 +34,7 @@ import pymysql
 import pytest
 from harness import Fleet
 from helpers import REPO, TestDb, new_prefix
+from hooks import Hooks
 from pgbouncer import POOL_MODES, Bouncers
 from psycopg import sql
 
@@ -339,6 +340,14 @@ def fleet(db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
     daemons = Fleet(db, tmp_path)
     yield daemons
     daemons.close()
+
+
+@pytest.fixture
+def hooks() -> Iterator[Hooks]:
+    """An HTTP server recording what daemons send: notifications, pings (tests/hooks.py)."""
+    h = Hooks()
+    yield h
+    h.server.shutdown()
 
 
 @pytest.fixture

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from harness import Fleet
 from helpers import cli, wait_for
+from hooks import Hooks
 
+from dblockrun.notify.pings import run_uuid
 from dblockrun.store import models as m
 
 #: How long the fleet runs the chain (the upstream runs every 3 s).
@@ -276,3 +278,191 @@ def test_a_trigger_whose_group_is_full_is_recorded_skipped(
     assert (skipped.upstream_job, skipped.upstream_run) == ("extract", extract.id)
     assert fleet.stop() == [0]
     assert len(fleet.runs("load")) == 1
+
+
+TOLD = """\
+jobs:
+  extract:
+    rate: 1h
+    command: "true"
+  load:
+    after: extract
+    command: 'echo out-$DBLOCKRUN_UPSTREAM_RUN; exit 3'
+    notify:
+      urls: ['{hook}']
+    ping: '{ping}'
+"""
+
+
+def test_a_triggered_run_is_notified_and_pinged_as_a_slots_run(
+        fleet: Fleet, hooks: Hooks) -> None:
+    """Its failure notification names the job, the run, its host and the
+    upstream run that started it; its pings carry its run id and output."""
+    d = fleet.start(TOLD.format(hook=hooks.url("json", "/hook"), ping=hooks.url("http", "/ping")))
+    d.wait(lambda: len(hooks.under("/hook")) == 1 and len(hooks.under("/ping")) == 2, 20,
+           "load's notification and pings")
+    assert d.stop() == 0
+    extract, = fleet.runs("extract")
+    load, = fleet.runs("load")
+    assert (load.result, load.upstream_run) == (m.FAILED, extract.id)
+    hit, = hooks.under("/hook")
+    assert hit.json()["title"] == f"dblockrun: job load failed on {load.host.split(':')[0]}"
+    assert [(name, hit.field(name)) for name in ("job", "event", "exit status", "host", "run",
+                                                 "after")] == [
+        ("job", "load"), ("event", "failure"), ("exit status", "3"), ("host", load.host),
+        ("run", str(load.id)), ("after", f"extract {extract.id} (ok)")]
+    assert hit.json()["message"].endswith(f"out-{extract.id}")
+    rid = run_uuid("load", load.id)
+    assert [(h.path, h.query, h.body) for h in hooks.under("/ping")] == [
+        ("/ping/start", {"rid": [rid]}, b""),
+        ("/ping/fail", {"rid": [rid]}, f"out-{extract.id}\n".encode())]
+
+
+FULL = """\
+jobs:
+  hog:
+    rate: 1h
+    run-on: {{role: full}}
+    env: {{GO: {go}}}
+    command: while [ ! -e "$GO" ]; do sleep 0.1; done
+  extract:
+    rate: 1s
+    run-on: {{role: upstream}}
+    command: "true"
+{load}"""
+FULL_LOAD = """\
+  load:
+    after: extract
+    run-on: {role: [full, free]}
+    command: "true"
+"""
+
+
+def start_full_host(fleet: Fleet, go: Path) -> None:
+    """A host at its --max-running 1 (hog runs until ``go``) that runs load."""
+    fleet.start(fleet.jobs_file(FULL.format(go=go, load=FULL_LOAD), "full.yaml"),
+                "--max-running", "1", "--label", "role=full", name="full")
+    wait_for(lambda: fleet.runs("hog", m.RUNNING) or None, 20, what="hog running")
+
+
+def start_upstream_host(fleet: Fleet, go: Path) -> None:
+    """The host that runs extract; its file has no load, so it makes no
+    trigger: the downstream hosts' looks make them."""
+    fleet.start(fleet.jobs_file(FULL.format(go=go, load=""), "extract.yaml"),
+                "--label", "role=upstream", name="upstream")
+
+
+def test_a_host_at_max_running_leaves_a_trigger_to_a_host_with_room(
+        fleet: Fleet, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    start_full_host(fleet, go)
+    fleet.start(fleet.jobs_file(FULL.format(go=go, load=FULL_LOAD), "full.yaml"),
+                "--label", "role=free", name="free")
+    wait_for(lambda: len(fleet.store.hosts(seen_within=30)) == 2, 30, what="2 daemons up")
+    start_upstream_host(fleet, go)
+    wait_for(lambda: len(fleet.runs("extract", m.OK)) >= 4, 20, what="4 runs of extract")
+    assert fleet[2].stop() == 0  # no more upstream runs
+    ended = {r.id for r in fleet.runs("extract", m.OK)}
+    wait_for(lambda: set(upstream_of(fleet.runs("load"))) >= ended, 15, interval=0.2,
+             what="load after each of extract's runs")
+    go.touch()
+    assert fleet.stop() == [0, 0, 0]
+    loads = fleet.runs("load")
+    # Each once, all by the host with room: the full one left every trigger
+    # pending (no skipped record), whichever host looked first.
+    assert sorted(upstream_of(loads)) == sorted(ended)
+    assert {(fleet.of(r.host) is fleet[1], r.result) for r in loads} == {(True, m.OK)}, [
+        (r.host, record.output) for r in loads if (record := fleet.store.run(r.id)) is not None
+        and r.result != m.OK]
+
+
+def test_a_host_at_max_running_takes_a_trigger_once_its_run_ends(
+        fleet: Fleet, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    start_full_host(fleet, go)
+    start_upstream_host(fleet, go)
+    wait_for(lambda: len(fleet.runs("extract", m.OK)) >= 3, 20, what="3 runs of extract")
+    assert fleet[1].stop() == 0  # no more upstream runs
+    ended = {r.id for r in fleet.runs("extract", m.OK)}
+
+    def pending() -> set[int]:
+        return {t.upstream_run for t in fleet.store.pending_triggers(["load"])}
+
+    # The full host's look makes the triggers (the upstream host makes none)...
+    wait_for(lambda: pending() == ended, 15, interval=0.2, what="load's triggers made")
+    time.sleep(1.5)  # ...and its next look (1.2 s) leaves them pending, with no record.
+    assert pending() == ended and fleet.runs("load") == []
+    go.touch()  # hog ends: the host has room, one run at a time
+    wait_for(lambda: set(upstream_of(fleet.runs("load"))) >= ended, 15, interval=0.2,
+             what="load after each of extract's runs")
+    assert fleet.stop()[0] == 0
+    loads = fleet.runs("load")
+    assert sorted(upstream_of(loads)) == sorted(ended)
+    assert {r.result for r in loads} == {m.OK}
+    hog, = fleet.runs("hog")
+    assert hog.finished is not None and min(r.started for r in loads) >= hog.finished
+
+
+TOGETHER = """\
+jobs:
+  a: {{rate: 1h, run-on: {{role: upstream}}, command: "true"}}
+  b: {{rate: 1h, run-on: {{role: upstream}}, command: "true"}}
+{load}"""
+TOGETHER_LOAD = """\
+  load:
+    after: {jobs: [a, b]}
+    command: sleep 0.5
+"""
+
+
+def test_triggers_found_together_run_one_after_the_other(fleet: Fleet) -> None:
+    """Two upstream runs end at once; the downstream host's look finds both
+    triggers: the first starts, the second waits for it (overlap: forbid
+    skips a trigger only for a run that was going on when its upstream run
+    ended, as a slot due then would be)."""
+    fleet.start(fleet.jobs_file(TOGETHER.format(load=TOGETHER_LOAD), "load.yaml"), name="load")
+    wait_for(lambda: len(fleet.store.hosts(seen_within=30)) == 1, 30, what="the daemon up")
+    fleet.start(fleet.jobs_file(TOGETHER.format(load=""), "upstream.yaml"),
+                "--label", "role=upstream", name="upstream")
+
+    def two_ended() -> list[m.RunRecord] | None:
+        runs = fleet.runs("load")
+        return runs if len(runs) == 2 and all(r.finished for r in runs) else None
+
+    loads = wait_for(two_ended, 20, interval=0.2, what="two runs of load")
+    (a,), (b,) = fleet.runs("a", m.OK), fleet.runs("b", m.OK)
+    assert fleet.stop() == [0, 0]
+    assert [r.result for r in loads] == [m.OK, m.OK]
+    assert sorted(upstream_of(loads)) == sorted([a.id, b.id])
+    first, second = loads
+    assert first.finished is not None and second.started >= first.finished
+
+
+BUSY = """\
+jobs:
+  extract:
+    rate: 1s
+    command: "true"
+  load:
+    after: extract
+    command: sleep 2.5
+"""
+
+
+def test_a_trigger_whose_upstream_ended_while_its_job_ran_is_skipped(fleet: Fleet) -> None:
+    """overlap: forbid, as for a slot due while the run goes on: one
+    record per upstream run, ran or skipped with the reason."""
+    fleet.start(BUSY)
+
+    def ran_and_skipped() -> list[m.RunRecord] | None:
+        runs = fleet.runs("load")
+        return runs if {m.OK, m.SKIPPED} <= {r.result for r in runs} else None
+
+    wait_for(ran_and_skipped, 20, interval=0.2, what="load ran and skipped")
+    assert fleet.stop() == [0]
+    runs = fleet.runs("load")
+    ran = next(r for r in runs if r.result == m.OK)
+    skipped = [fleet.store.run(r.id) for r in runs if r.result == m.SKIPPED]
+    assert {r.output for r in skipped if r is not None} == {
+        f"skipped: load was still running on {ran.host} (overlap: forbid)\n"}
+    assert len(upstream_of(runs)) == len(set(upstream_of(runs))) == len(runs)

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,13 +34,6 @@ from dblockrun.store import models as m
 pytestmark = pytest.mark.slow
 
 EVERY_SECOND = '"* * * * * *"'
-
-
-@pytest.fixture
-def hooks() -> Iterator[Hooks]:
-    h = Hooks()
-    yield h
-    h.server.shutdown()
 
 
 def iso(ts: float | None) -> str:

@@ -191,16 +191,19 @@ class Chains:
             return
         if trigger not in self.store.pending_triggers([job.name]):
             return  # another host took it
-        why = self._why_not(job)
+        why = self._why_not(job, trigger)
         if why is None:
             self._again = True
         else:
             self._passed(job, trigger, *why)
 
-    def _why_not(self, job: Job) -> tuple[Cause, str] | None:
-        """Why the claim of ``job`` for a trigger lost: a cause and reason
-        to record; None: try again later (the lock held without a run, or
-        by a run that its overlap waits for)."""
+    def _why_not(self, job: Job, trigger: Trigger) -> tuple[Cause, str] | None:
+        """Why the claim of ``job`` for ``trigger`` lost: a cause and reason
+        to record; None: try again later (the lock held without a run, by a
+        run that its overlap waits for, or by a run started after the
+        upstream run ended: the trigger was due when nothing ran, as a slot
+        due then would have run; it waits its turn, not skipped because
+        this look found it behind another trigger)."""
         lock = self.store.lock_state(job.name)
         now = self.clock.now()
         if lock is not None and (lock.token < 0 or (lock.disabled_until is not None
@@ -208,7 +211,8 @@ class Chains:
             return Cause.UNCLAIMABLE, f"{job.name} is disabled"
         if self.store.control.paused() is not None:
             return Cause.UNCLAIMABLE, "the fleet is paused"
-        running = self.store.control.running(job.name)
+        running = [run for run in self.store.control.running(job.name)
+                   if run.started < trigger.ended]
         if running and job.overlap == "forbid":
             hosts = ", ".join(sorted({run.host for run in running}))
             return Cause.BUSY, f"{job.name} was still running on {hosts} (overlap: forbid)"

@@ -74,6 +74,8 @@ class RunEnd:
     detail: str = ""
     #: A fan-out run's item (a batch's first).
     item: str | None = None
+    #: The upstream run that started it (``after:``; None: a slot's run).
+    upstream: m.Trigger | None = None
 
 
 def _utc(ts: float | None) -> str:
@@ -101,6 +103,8 @@ def run_message(end: RunEnd, event: str, previous: str | None = None,
         f"exit status: {'-' if end.exit_code is None else end.exit_code}",
         f"host: {end.host}",
         f"slot: {_utc(end.slot)}",
+        *([f"after: {end.upstream.upstream_job} {end.upstream.upstream_run} "
+           f"({end.upstream.result})"] if end.upstream is not None else []),
         f"run: {end.run_id}",
         f"duration: {end.duration:.2f}s",
     ]
@@ -213,7 +217,7 @@ class Notifier:
                     job=event.job, host=event.host, first_run_id=event.first_run_id,
                     run_id=event.run_id, slot=event.slot, result=event.result,
                     exit_code=event.exit_code, duration=event.duration, output=output,
-                    detail=event.detail, item=event.item))
+                    detail=event.detail, item=event.item, upstream=event.upstream))
         elif isinstance(event, SlotPassed):
             if event.result == m.MISSED:
                 self.missed(event.job, event.slot, event.late, _missed_rule(event))

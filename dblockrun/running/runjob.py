@@ -414,7 +414,7 @@ class JobRun:
             self._emit(RunEnded(
                 job=job, host=ctx.holder, run_id=run_id, first_run_id=run_id, slot=self.slot,
                 attempt=1, result=result, exit_code=None, duration=0.0, output=reason + "\n",
-                detail=reason, final=True, token=token))
+                detail=reason, final=True, token=token, upstream=self.upstream))
         self._end()
 
     def run(self) -> None:
@@ -544,7 +544,7 @@ class JobRun:
             slot=self.slot, attempt=attempt, result=result,
             exit_code=exit_status(outcome.exit_code), duration=took, output=output,
             detail=outcome.detail, final=not retry, token=self.token,
-            item=self.item.item if self.item is not None else None))
+            item=self.item.item if self.item is not None else None, upstream=self.upstream))
         if retry:
             ctx.loop.call_later(retry_wait(job, attempt),
                                 lambda: self._step(lambda: self._retry(attempt)))
