@@ -411,7 +411,7 @@ def test_status_and_the_web_pages_show_a_waiting_slot(store: Store, tmp_path: Pa
     client.post("/login", data={"name": "vera", "password": PASSWORD, "next": "/",
                                 "csrf": csrf_of(client.get("/login").text)})
     page = client.get("/").text
-    assert '<table id="waiting">' in page and f"<td>{why}</td>" in page
+    assert '<table id="waiting"' in page and f'<td data-label="for">{why}</td>' in page
     # Its command starts: running from now, its slot kept.
     assert store.run_admitted(older.run_id)
     run = store.run(older.run_id)
