@@ -207,7 +207,7 @@ def test_a_running_runs_output_is_its_live_tail_marked_live(db: TestDb, store: S
     go = tmp_path / "go"
     proc = exec_cli(db, "chatty", "sh", "-c",
                     f"echo first; while [ ! -e {go} ]; do sleep 0.1; done; echo second",
-                    lease="3s")
+                    lease="9s")  # a renewal (the live tail) every 3 s; 3 s ran out on a busy CI
     try:
         client = TestClient(app_for(store, users))
         (run,) = wait_for(lambda: store.control.running("chatty") or None, 30, what="the run")
@@ -221,7 +221,7 @@ def test_a_running_runs_output_is_its_live_tail_marked_live(db: TestDb, store: S
         # The holder's heartbeat brings the first line while the command waits.
         doc = wait_for(lambda: "first" in str((d := output())["output"]) and d, 30,
                        what="the first line, live")
-        assert doc["live"] is True and doc["run"]["result"] == m.RUNNING  # type: ignore[index]
+        assert doc["live"] is True and doc["run"]["result"] == m.RUNNING, doc  # type: ignore[index]
         assert "second" not in str(doc["output"])
         go.touch()
         assert proc.wait(timeout=30) == 0
