@@ -102,10 +102,16 @@ class RunRecord:
     @property
     def duration(self) -> float | None:
         """None while running, or when a time was edited into NaN or infinity."""
-        if self.finished is None:
-            return None
-        took = self.finished - self.started
-        return took if math.isfinite(took) else None
+        return run_seconds(self.started, self.finished)
+
+
+def run_seconds(started: float, finished: float | None) -> float | None:
+    """A run's duration: None while it runs, or when a time is not finite
+    (a row edited to NaN or infinity)."""
+    if finished is None:
+        return None
+    seconds = finished - started
+    return seconds if math.isfinite(seconds) else None
 
 
 class Span(NamedTuple):
@@ -124,10 +130,7 @@ class Span(NamedTuple):
     @property
     def duration(self) -> float | None:
         """None while running, or when a time is not finite."""
-        if self.finished is None:
-            return None
-        took = self.finished - self.started
-        return took if math.isfinite(took) else None
+        return run_seconds(self.started, self.finished)
 
 
 @dataclass(frozen=True)
