@@ -706,6 +706,66 @@ def resume() -> None:
 
 
 @cli.command()
+@click.argument("host")
+@click.option("--for", "for_", metavar="DURATION", help="How long, e.g. 2h (default: until "
+              "`undrain`).")
+@click.option("--reason", metavar="TEXT", help="Shown in status and the audit trail.")
+@click.option("--wait", is_flag=True, help="Return once the runs going on HOST have finished, "
+              "saying which it waits for.")
+@click.option("--timeout", metavar="DURATION", help="With --wait: give up after this long "
+              "(exit 1; the host stays drained).")
+@click.option("--force", is_flag=True, help="Drain HOST though no live daemon has that name "
+              "(a host that is down or not started yet).")
+@global_options()
+@handle_errors
+def drain(host: str, for_: str | None, reason: str | None, wait: bool, timeout: str | None,
+          force: bool) -> None:
+    """Take HOST out of rotation: its daemon starts nothing new (its running
+    runs finish; its every-host jobs' slots are recorded skipped) and the
+    other hosts take its slots, until `undrain` or for a while. HOST is the
+    daemon's hostname label (its machine's name unless --label hostname=)."""
+    from dblockrun.errors import DblockrunError
+    from dblockrun.ops import drain as ops
+    from dblockrun.ops.actions import Access
+
+    seconds = None if for_ is None else _duration(for_, "--for")
+    limit = None if timeout is None else _duration(timeout, "--timeout")
+    entry = _audit("drain", reason=_reason(reason),
+                   detail=f"host {host}" + (f" for {for_}" if for_ else ""))
+    with _open(Access.WRITE, _jobs_for_db()) as store:
+        drained = ops.drain(store, host, entry, seconds, force=force)
+        going = ops.host_runs(store, host)
+        click.echo(_shown(ops.drained_line(drained, _where(store), len(going))))
+        if wait and going:
+            try:
+                waited = ops.wait_for_runs(store, host, lambda line: click.echo(_shown(line)),
+                                           limit)
+            except TimeoutError as exc:
+                raise DblockrunError(str(exc)) from exc
+            click.echo(f"host {host}: no run going any more (waited {waited.seconds:.1f}s "
+                       f"for {len(waited.runs)})")
+
+
+@cli.command()
+@click.argument("host")
+@global_options()
+@handle_errors
+def undrain(host: str) -> None:
+    """End HOST's drain: its daemon claims slots again."""
+    from dblockrun.ops import drain as ops
+    from dblockrun.ops.actions import Access
+
+    with _open(Access.WRITE, _jobs_for_db()) as store:
+        was = ops.undrain(store, host, _audit("undrain", detail=f"host {host}"))
+        where = _where(store)
+    if was is None:
+        click.echo(f"host {host} was not drained in {where}")
+    else:
+        click.echo(_shown(f"host {host} undrained in {where} (drained by {was.who}): "
+                          "it claims slots again"))
+
+
+@cli.command()
 @click.argument("job", required=False, shell_complete=_complete_job)
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100000),
               metavar="N", help="How many entries, newest first.")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.daemon.chains import Chains
+from dblockrun.daemon.drain import DRAINED_REASON, DrainWatch
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.registry import Runs
 from dblockrun.errors import DatabaseError
@@ -64,7 +65,8 @@ class Firing:
                  metrics: Metrics, planner: Planner, runs: Runs, book: SlotBook,
                  ctx: RunContext, books: FleetBooks, jobs: Callable[[], JobsFile],
                  stopping: Callable[[], bool], pause: Callable[[float], None],
-                 queues: Queues | None = None, chains: Chains | None = None) -> None:
+                 queues: Queues | None = None, chains: Chains | None = None,
+                 drain: DrainWatch | None = None) -> None:
         self.store = store
         self.s = settings
         self.clock = clock
@@ -88,6 +90,8 @@ class Firing:
         self._replacing: set[str] = set()
         #: Job chains (after:): the triggers this host makes and takes.
         self.chains = chains
+        #: This host's drain (dblockrun drain): no claim is tried while it lasts.
+        self.drain = drain
 
     @property
     def margin(self) -> float:
@@ -116,7 +120,7 @@ class Firing:
             if decision.act is Act.RESYNC:
                 assert decision.cause is not None
                 resync.append((job, decision.cause, decision.slot))
-            elif decision.act is Act.CLAIM and decision.batch:
+            elif decision.act is Act.CLAIM and decision.batch and not self._drained():
                 assert decision.slot is not None and decision.due_next is not None
                 batch.append((job, decision.slot, decision.due_next))
             else:
@@ -140,6 +144,8 @@ class Firing:
             outcome, delay = self._record(job, decision)
         elif decision.act is Act.QUEUE:
             outcome, delay = self._queue(job, decision)
+        elif self._drained():
+            outcome, delay = self._left(job, slot)
         elif job.fan_out:
             outcome = self._fan_out(job, slot, decision.due_next)
         elif slot is None and self.runs.full():
@@ -218,9 +224,31 @@ class Firing:
         except DatabaseError as exc:
             return self._failed(job, exc, f"claim {job.name}")
         self.metrics.claimed(job.name, "won" if won is not None else "lost")
+        if won is None and job.every_host and self.drain is not None:
+            # Only this host claims an every-host row: drained since it last
+            # read? (The claim predicate knew first.)
+            self.drain.told()
+            self.drain.refresh()
+            if self._drained():
+                return self._left(job, slot)
         if won is None:
             return Outcome.LOST, 0.0
         return self._start(job, won.token, slot, sent, won.run_id), 0.0
+
+    def _drained(self) -> bool:
+        return self.drain is not None and self.drain.drained() is not None
+
+    def _left(self, job: Job, slot: float | None) -> tuple[Outcome, float]:
+        """This host is drained: a slot of an every-host job (run nowhere
+        else) is recorded ``skipped: host drained`` through the slot book;
+        any other is left to the other hosts (a rate job's turn looked at
+        again in a second, when the drain may be over)."""
+        if slot is None:
+            return Outcome.AT_LIMIT, 1.0
+        if not job.every_host:
+            return Outcome.RECORDED, 0.0  # the other hosts claim it
+        return self._record(job, Decision(Act.RECORD, slot, None,
+                                          plan=single(slot, Cause.DRAINED, DRAINED_REASON)))
 
     def _failed(self, job: Job, exc: DatabaseError, what: str) -> tuple[Outcome, float]:
         """An attempt the database failed: counted; after the outage's
@@ -348,8 +376,8 @@ class Firing:
 
     def chained(self) -> None:
         """Make and take the triggers of job chains (dblockrun/daemon/chains.py)."""
-        if self.chains is None or self._stopping():
-            return
+        if self.chains is None or self._stopping() or self._drained():
+            return  # (drained: the other hosts take the triggers)
         self.chains.look(self._triggered, self.runs.busy, self.runs.full)
 
     def _triggered(self, job: Job, trigger: Trigger, won: Claimed) -> Outcome:
@@ -362,6 +390,8 @@ class Firing:
     def requested(self, names: list[str]) -> None:
         """Run the jobs an operator asked for with `dblockrun run JOB`
         (enabled jobs of the local file; fan-out jobs follow their items)."""
+        if self._drained():
+            return  # the request stays for another host
         for name in names:
             job = self._jobs().job(name)
             if job is None or not job.enabled or job.fan_out or (

@@ -104,7 +104,8 @@ class FleetBooks:
                  book: SlotBook | None = None,
                  threads: Threads | None = None,
                  events: Events | None = None,
-                 settled: Callable[[], None] | None = None) -> None:
+                 settled: Callable[[], None] | None = None,
+                 drain_told: Callable[[], None] | None = None) -> None:
         self.store = store
         self.holder = holder
         self.heartbeat = heartbeat
@@ -125,6 +126,9 @@ class FleetBooks:
         self.events = events
         #: Called once, after :data:`SETTLE_ROUNDS` rounds (the run-on check).
         self._settled = settled
+        #: Told of each drain and undrain read from the audit trail (its host
+        #: reads its own again: dblockrun/daemon/drain.py).
+        self._drain_told = drain_told
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
         #: Rounds since the held slots were last looked at.
@@ -238,6 +242,11 @@ class FleetBooks:
         reason = f": {told.reason}" if told.reason else ""
         # A pause or disable stops starts: a warning; their end, news.
         level = logging.WARNING if told.action in ("pause", "disable") else logging.INFO
+        if told.action in ("drain", "undrain"):
+            if self._drain_told is not None:
+                self._drain_told()
+            log.info("%s%s by %s%s", told.action, detail, told.who, reason)
+            return
         if told.job is None:
             if told.action in ("pause", "resume"):
                 log.log(level, "fleet %sd by %s%s%s", told.action, told.who, detail, reason)

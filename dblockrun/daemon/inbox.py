@@ -21,6 +21,7 @@ from typing import Protocol
 
 from dblockrun.daemon.listen import RequestListener
 from dblockrun.store import Store
+from dblockrun.store.drain import DRAIN_NOTE
 from dblockrun.supervise import Threads
 
 
@@ -75,6 +76,9 @@ class HeardInbox:
             self._heard, self._all = set(), False
         if read_all:
             heard.update(self.store.requested())
+            # Woken without names (MySQL's doorbell, a listener's connect):
+            # a drain may have been announced too (dblockrun/daemon/drain.py).
+            heard.add(DRAIN_NOTE)
         return sorted(heard) if heard else None
 
     def due_in(self) -> float:

@@ -19,6 +19,7 @@ from dblockrun.config.jobs import JobsFile
 from dblockrun.config.load import load_jobs
 from dblockrun.config.secreturl import resolve_secrets
 from dblockrun.daemon.chains import Chains
+from dblockrun.daemon.drain import DrainWatch
 from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.inbox import HeardInbox, Inbox, inbox_for
@@ -52,6 +53,7 @@ from dblockrun.scheduling.targeting import (
 )
 from dblockrun.store import Store
 from dblockrun.store.dburl import describe as describe_db
+from dblockrun.store.drain import DRAIN_NOTE
 from dblockrun.store.engine import CLAIM_TOLERANCE
 from dblockrun.store.outage import Outage
 from dblockrun.store.outage import describe as describe_outage
@@ -130,7 +132,7 @@ class Daemon:
         self.options = options
         self.local = LocalJobs(jobs, dict(options.labels))
         self.stop = stop or threading.Event()
-        self.holder = holder or new_holder_id()
+        self.holder = holder or new_holder_id(self.local.labels[HOSTNAME])
         #: systemd's notify socket, if started by it (before the environment
         #: commands start from is read: they don't inherit its variables).
         self.systemd = SystemdNotifier(alive=lambda: self.parts.threads.problem() is None)
@@ -139,6 +141,9 @@ class Daemon:
         #: Prometheus with --metrics only: prometheus_client is not imported without it.
         self.metrics = self._metrics()
         self.signals = Signals()
+        #: This host's drain (``dblockrun drain``), as the main loop applies it.
+        self.drain = DrainWatch(store, self.local.labels[HOSTNAME], self.clock.now,
+                                self.signals.wake.set)
         self.parts = self._parts(Threads())
         self.firing = self._firing()
         self.metrics.watch(self._live_metrics)
@@ -162,7 +167,8 @@ class Daemon:
             self.metrics, lambda: self.local.jobs, lambda: self.firing.runs.count(),
             inbox.hear if isinstance(inbox, HeardInbox) else None,
             labels=self.local.labels_json, targets=lambda: self.local.targets,
-            book=book, threads=threads, events=events, settled=self._warn_unmatched)
+            book=book, threads=threads, events=events, settled=self._warn_unmatched,
+            drain_told=self.drain.told)
         notifier = Notifier(self.store, self.holder, self.metrics, threads=threads,
                             hostname=self.local.labels[HOSTNAME])
         # The log, metrics, notifications and pings hear of runs and slots.
@@ -192,7 +198,7 @@ class Daemon:
             self.outage, self.metrics,
             Planner(opts.heartbeat, CLAIM_TOLERANCE, host_queue=opts.host_queue is not None),
             runs, parts.book, ctx, parts.books,
-            lambda: self.local.jobs, self._stopping, self._pause, queues, chains)
+            lambda: self.local.jobs, self._stopping, self._pause, queues, chains, self.drain)
 
     # -- control from signal handlers ---------------------------------------
 
@@ -312,6 +318,7 @@ class Daemon:
                 if self.signals.reload:
                     self.signals.reload = False
                     self._reload()
+                self.drain.refresh()
                 self.firing.fire_due()
                 self._take_requests()
                 self.firing.finished()
@@ -327,6 +334,7 @@ class Daemon:
                 self.local.ensure_rows(self.store)
                 self.parts.books.report_bad_rows()
                 self.parts.books.round()
+                self.drain.refresh()
                 self.local.publish_next_due(self.store, self.clock.now())
                 self.outage.ok()
                 return True
@@ -375,6 +383,10 @@ class Daemon:
             names = self.parts.inbox.take()
             if names is None:
                 return  # nothing was read: says nothing of the database
+            if DRAIN_NOTE in names:  # a drain or undrain announced: read it now
+                names.remove(DRAIN_NOTE)
+                self.drain.told()
+                self.drain.refresh()
             self.firing.requested(names)
             self.outage.ok()
         except DatabaseError as exc:

@@ -38,6 +38,7 @@ from dblockrun.scheduling.targeting import (
 from dblockrun.store import FOREVER
 from dblockrun.store.models import (
     WAITING,
+    Drain,
     HostStatus,
     JobStatus,
     RunRecord,
@@ -292,7 +293,28 @@ def host_json(h: HostStatus) -> dict[str, Any]:
         "labels": loads_labels(h.labels) if h.labels is not None else None,
         "heartbeat": h.heartbeat,
         "live_within": live_window(h.heartbeat),
+        "drained": drain_json(h.drain),
     }
+
+
+def drain_json(drain: Drain | None) -> dict[str, Any] | None:
+    """A host's drain (``dblockrun drain``) in ``status --json``."""
+    if drain is None:
+        return None
+    return {"host": drain.host, "since": iso(drain.since), "until": iso(drain.ends),
+            "by": drain.who, "reason": drain.reason}
+
+
+def _host_cell(h: HostStatus) -> str:
+    return f"{h.id} (drained)" if h.drain is not None else h.id
+
+
+def drain_line(drain: Drain, now: float) -> str:
+    """What ``status`` says of a drained host, after the pause."""
+    until = "until undrained" if drain.ends >= FOREVER else f"until {short(drain.ends, now)}"
+    reason = f": {drain.reason}" if drain.reason else ""
+    return (f"DRAINED {drain.host} {until}, by {drain.who} since {short(drain.since, now)}"
+            f"{reason}; it starts nothing new (`dblockrun undrain {drain.host}` ends it)")
 
 
 def live_text(live_within: float | None, hosts: Sequence[HostStatus] = ()) -> str:
@@ -804,6 +826,10 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
     if paused is not None:
         page.paragraphs([pause_line(paused, db_now)])
         page.line()
+    drained = {h.drain.host: h.drain for h in hosts if h.drain is not None}
+    if drained:
+        page.paragraphs([drain_line(d, db_now) for _, d in sorted(drained.items())])
+        page.line()
     page.line("jobs")
     if wide:
         page.table(("job", "state", "holder", "token", "last run", "next run")
@@ -815,7 +841,7 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
     if hosts and not wide:
         page.line(f"live hosts ({within})")
         page.table(("host", "last seen", "clock offset", "running"),
-                   [[h.id, relative(h.last_seen, db_now), clock_offset(h.clock_offset),
+                   [[_host_cell(h), relative(h.last_seen, db_now), clock_offset(h.clock_offset),
                      str(h.running)] for h in hosts], ("host", "clock offset", "running"))
     elif hosts:
         page.line(f"live hosts ({within})")
@@ -823,7 +849,7 @@ def status_text(jobs: Sequence[JobStatus], hosts: Sequence[HostStatus], db_now: 
         labelled = any(h.labels is not None for h in hosts)
         page.table(("host", "pid", "version", "last seen", "clock offset", "running")
                    + (("labels",) if labelled else ()),
-                   [[h.id, str(h.pid), h.version, short(h.last_seen, db_now),
+                   [[_host_cell(h), str(h.pid), h.version, short(h.last_seen, db_now),
                      clock_offset(h.clock_offset), str(h.running)]
                     + ([_labels_cell(fleet.labels[h.id])] if labelled else []) for h in hosts],
                    ("host", "pid", "version", "clock offset", "running"))
@@ -870,7 +896,7 @@ REDRAW = "\x1b[H\x1b[J"
 #: Words coloured on a terminal: what needs the operator's eye.
 _RED, _YELLOW, _RESET = "\x1b[31m", "\x1b[33m", "\x1b[0m"
 _COLOURED = {"failed": _RED, "lost": _RED, "timeout": _RED, "disabled": _YELLOW,
-             "paused": _YELLOW, "PAUSED": _YELLOW}
+             "paused": _YELLOW, "PAUSED": _YELLOW, "DRAINED": _YELLOW, "drained": _YELLOW}
 _COLOURED_WORD = re.compile(r"(?<![\w.:@-])(" + "|".join(_COLOURED) + r")(?![\w:@-])")
 
 

@@ -78,12 +78,13 @@ class Cause(StrEnum):
     QUEUE_FULL = "queue-full"  # overlap: queue/replace: a newer slot took its place
     STOPPED = "stopped"  # the daemon stopped while the claimed slot waited for a seat or room
     LANES_FULL = "lanes-full"  # overlap: allow N: N runs of the job already going
+    DRAINED = "drained"  # an every-host job's slot on a drained host (dblockrun drain)
 
 
 #: Causes whose slots run none and are recorded ``skipped``.
 SKIPPING = frozenset({Cause.BUSY, Cause.HOST_FULL, Cause.GROUP_FULL, Cause.DEAD_HOLDER,
                       Cause.LOCK_AT_LEAST, Cause.LOCK_HELD, Cause.UNCLAIMABLE,
-                      Cause.QUEUE_FULL, Cause.STOPPED, Cause.LANES_FULL})
+                      Cause.QUEUE_FULL, Cause.STOPPED, Cause.LANES_FULL, Cause.DRAINED})
 #: The reason stored with catch-up slots whose claim was refused.
 UNCLAIMABLE_REASON = ("catch-up stopped: the slot could not be claimed (the fleet paused, the "
                       "job disabled, its rate, or a lock row edited by hand)")

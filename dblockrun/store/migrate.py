@@ -60,6 +60,11 @@ hosts' definitions show as different.
 Version 10: job chains (``after:``): the table ``triggers`` (one row per
 downstream job and upstream run, made by ``create_all``) and the runs'
 ``upstream_job`` and ``upstream_run`` (nullable: the runs before have none).
+
+Version 11: the table ``drain`` (``dblockrun drain HOST``: a row per host
+name, made by ``create_all``), which the one claim predicate consults. A
+daemon of version 10 does not read it: drain a host only once its daemon
+is upgraded (``status`` shows each host's version).
 """
 
 from __future__ import annotations

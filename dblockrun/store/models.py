@@ -205,6 +205,19 @@ class JobStatus:
 
 
 @dataclass(frozen=True)
+class Drain:
+    """A host drained (``dblockrun drain HOST``): by its name (a daemon's
+    ``hostname`` label), from ``since`` until ``ends`` (database clock;
+    ``store.FOREVER``: until undrained), by whom and why."""
+
+    host: str
+    ends: float
+    since: float
+    who: str
+    reason: str | None
+
+
+@dataclass(frozen=True)
 class HostStatus:
     id: str
     hostname: str
@@ -223,6 +236,8 @@ class HostStatus:
     #: Per job, a digest of each field its file sets (schema 8, JSON;
     #: dblockrun/config/jobs.py field_digests); None: not written (yet).
     fields: str | None = None
+    #: Its host's drain in effect (``dblockrun drain``; store/drain.py), if any.
+    drain: Drain | None = None
 
     def job_hashes(self) -> dict[str, str] | None:
         """Its file's jobs, each with its definition hash (``jobs``, JSON);

@@ -23,7 +23,7 @@ from functools import cached_property
 
 from dblockrun.store.models import LANE_PREFIX, RUNNING, TOKEN_MAX, WAITING
 
-SCHEMA_VERSION = 10  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 11  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
 #                       nullable columns and tables, added by store/migrate.py;
 #                    5: locks.prev_slot and prev_until (a claim's jump over held slots);
@@ -32,10 +32,11 @@ SCHEMA_VERSION = 10  # 2: items (fan-out jobs); 3: names compared byte for byte 
 #                    8: hosts.fields (drift names the fields that differ)
 #                    9: sessions (dblockrun web's), meta fleet_key (keyed definition hashes)
 #                   10: triggers, runs.upstream_job and upstream_run (after:, job chains)
+#                   11: drain (dblockrun drain HOST: a host's claims refused)
 
 #: The operator actions each daemon logs as its bookkeeping reads them from
 #: the audit trail (dblockrun/daemon/fleet.py).
-TOLD_ACTIONS = ("pause", "resume", "disable", "enable")
+TOLD_ACTIONS = ("pause", "resume", "disable", "enable", "drain", "undrain")
 
 #: The database clock in epoch seconds, read per statement.
 NOW = {
@@ -106,6 +107,8 @@ class Queries:
         self.now = NOW[self.dialect]
         #: The fleet-wide pause (``dblockrun pause``): no claim wins while it lasts.
         self.pause = self.quote(f"{prefix}pause")
+        #: Drained hosts (``dblockrun drain HOST``): their holders' claims lose.
+        self.drain = self.quote(f"{prefix}drain")
         #: Operator actions (read by the bookkeeping round: :data:`TOLD_ACTIONS`).
         self.audit = self.quote(f"{prefix}audit")
         #: Where ``dblockrun run`` announces a request (PostgreSQL; payload: the job).
@@ -196,6 +199,10 @@ class Queries:
         # Not while the fleet is paused (another table: MySQL cannot read the
         # UPDATE's own in a subquery).
         conds.append(f"NOT EXISTS (SELECT 1 FROM {self.pause} WHERE {self.pause}.ends > {now})")
+        if not shape.seat:
+            # Nor by a holder on a drained host (``HOST:pid:random``; a seat
+            # is taken for a slot already claimed, which runs).
+            conds.append(self.not_drained)
         if table == locks:
             conds.append(f"({locks}.disabled_until IS NULL OR {locks}.disabled_until <= {now})")
         else:  # an item: its job must not be disabled
@@ -212,6 +219,14 @@ class Queries:
         if shape.requested:
             conds.append(f"{table}.run_requested IS NOT NULL")
         return " AND ".join(conds)
+
+    @cached_property
+    def not_drained(self) -> str:
+        """The claiming holder's host (its id up to the first ``:``) is not drained."""
+        drain, holder = self.drain, f"CAST({self.p('holder')} AS {self.name_type})"
+        return (f"NOT EXISTS (SELECT 1 FROM {drain} WHERE {drain}.ends > {self.now} "
+                f"AND {drain}.host = substr({holder}, 1, length({drain}.host)) "
+                f"AND substr({holder}, length({drain}.host) + 1, 1) = ':')")
 
     def claim_write(self, table: str, shape: ClaimShape, rows: str, *, token: str = "",
                     join: str = "") -> str:

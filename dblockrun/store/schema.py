@@ -100,6 +100,7 @@ class Tables:
     audit: sa.Table
     sessions: sa.Table
     triggers: sa.Table
+    drain: sa.Table
 
 
 def _lease_columns() -> list[sa.Column[Any]]:
@@ -265,4 +266,17 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("ended", sa.Double(), nullable=False),
         sa.Column("taken", sa.Double()),
     )
-    return Tables(md, meta, locks, runs, hosts, items, pause, audit, sessions, triggers)
+    # `dblockrun drain HOST` (schema 11): a row per host name (a daemon's
+    # ``hostname`` label); while its end is ahead of the database clock no
+    # claim of a holder on that host wins (Queries.claimable). Undrained, the
+    # row stays, ending then (``status`` and the audit trail say who and why).
+    drain = sa.Table(
+        f"{prefix}drain",
+        md,
+        sa.Column("host", Name(64), primary_key=True),
+        sa.Column("ends", sa.Double(), nullable=False),
+        sa.Column("since", sa.Double(), nullable=False),
+        sa.Column("who", sa.String(255), nullable=False),
+        sa.Column("reason", sa.String(1000)),
+    )
+    return Tables(md, meta, locks, runs, hosts, items, pause, audit, sessions, triggers, drain)

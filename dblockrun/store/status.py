@@ -94,7 +94,7 @@ def report(store: Store, names: Sequence[str] | None = None,
            live_within: float | None = None) -> StatusReport:
     """Jobs (all, or ``names``), live hosts (seen within ``live_within``;
     None: each by its own heartbeat), the groups' seats (read with the
-    jobs) and the pause: five statements (six when live hosts define a job
+    jobs), the pause and the drained hosts: six statements (seven when live hosts define a job
     differently: their keys' digests, to name the keys that differ)."""
     jobs, seats, db_now = _read(store, names)
     hosts = store.live_hosts(live_within)
@@ -103,12 +103,34 @@ def report(store: Store, names: Sequence[str] | None = None,
     if drifting:  # the keys that differ: those hosts' field digests (one more statement)
         fields = store.host_fields(sorted(drifting))
         hosts = [replace(h, fields=fields.get(h.id)) if h.id in drifting else h for h in hosts]
+    hosts = with_drains(hosts, store.drains.current())
     pause = store.control.last_pause()
     if pause is not None and pause.ends <= db_now:
         jobs = [_dropped(s, pause) for s in jobs]
         pause = None
     return StatusReport(jobs=jobs, hosts=hosts, db_now=db_now, live_within=live_within,
                         paused=pause, groups=_group_usage(seats, db_now))
+
+
+def host_name(h: m.HostStatus) -> str:
+    """A daemon's host name, as ``dblockrun drain`` names it: its
+    ``hostname`` label (dblockrun/scheduling/targeting.py), else its row's."""
+    import json
+
+    try:
+        labels = json.loads(h.labels or "{}")
+    except ValueError:
+        labels = {}
+    name = labels.get("hostname") if isinstance(labels, dict) else None
+    return name if isinstance(name, str) and name else h.hostname
+
+
+def with_drains(hosts: list[m.HostStatus], drains: Sequence[m.Drain]) -> list[m.HostStatus]:
+    """``hosts``, each with its host's drain in effect (``dblockrun drain``)."""
+    by_host = {d.host: d for d in drains}
+    if not by_host:
+        return hosts
+    return [replace(h, drain=by_host.get(host_name(h))) for h in hosts]
 
 
 def _dropped(s: m.JobStatus, pause: Pause) -> m.JobStatus:

@@ -23,6 +23,7 @@ from dblockrun.redact import url as redact
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit, ControlStore
 from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file
+from dblockrun.store.drain import DrainStore
 from dblockrun.store.drivers import (
     DEFAULT_LOCK_WAIT,
     Driver,
@@ -135,6 +136,7 @@ class Store:
         self._create = create
         self._items: ItemStore | None = None
         self._control: ControlStore | None = None
+        self._drains: DrainStore | None = None
         self._sessions: SessionStore | None = None
         self._fleet_key: bytes | None = None
 
@@ -215,6 +217,13 @@ class Store:
         if self._control is None:
             self._control = ControlStore(self)
         return self._control
+
+    @property
+    def drains(self) -> DrainStore:
+        """Drained hosts (store/drain.py)."""
+        if self._drains is None:
+            self._drains = DrainStore(self)
+        return self._drains
 
     @property
     def sessions(self) -> SessionStore:
