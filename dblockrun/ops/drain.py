@@ -64,7 +64,7 @@ def until_text(drain: m.Drain) -> str:
 
 def drained_line(drain: m.Drain, where: str, running: int) -> str:
     """What ``drain`` says once done."""
-    going = (f"; {running} run{'s' if running != 1 else ''} still going there finish"
+    going = (f"; {running} run{'s' if running != 1 else ''} still going there will finish"
              if running else "; nothing runs there now")
     return (f"host {drain.host} drained {until_text(drain)} in {where}: it starts nothing "
             f"new, the other hosts take its slots{going}")

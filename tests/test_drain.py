@@ -1,0 +1,186 @@
+"""`dblockrun drain HOST` and `undrain HOST` (issue 37 item 6), on every
+backend: a drained host wins no claim on any path and its daemon starts
+nothing new, while the other hosts run every slot once; its running run
+finishes and `drain --wait` returns after it; its every-host slots are
+recorded `skipped: host drained` through the slot book; `undrain` and
+`--for` end it by the database clock; status and the audit trail say so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+
+import pytest
+from harness import Fleet
+from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
+
+from dblockrun.ops.who import operator_id
+from dblockrun.store import Store
+from dblockrun.store import models as m
+from dblockrun.store.control import Audit
+from dblockrun.store.engine import Claim
+
+JOBS = """\
+jobs:
+  tick:
+    cron: '* * * * * *'
+    command: 'true'
+  long:
+    rate: 1h
+    command: sleep 12
+  each:
+    cron: '*/2 * * * * *'
+    on: every-host
+    command: 'true'
+"""
+
+
+def on(host: str, runs: list[m.RunRecord]) -> list[m.RunRecord]:
+    return [r for r in runs if r.host.startswith(f"{host}:")]
+
+
+@pytest.mark.slow
+def test_a_drained_host_starts_nothing_while_the_others_run_every_slot(
+        db: TestDb, store: Store, fleet: Fleet) -> None:
+    jobs = fleet.jobs_file(JOBS)
+    alpha = fleet.start(jobs, "--label", "hostname=alpha", name="alpha", lease="6s")
+    # alpha alone takes `long` first: the run the drain lets finish.
+    (long_run,) = wait_for(lambda: on("alpha", store.control.running("long")) or None, 30,
+                           what="long running on alpha")
+    for name in ("beta", "gamma"):
+        fleet.start(jobs, "--label", f"hostname={name}", name=name, lease="6s")
+    wait_for(lambda: len(store.live_hosts()) == 3 or None, 30, what="3 live daemons")
+    drain = subprocess.Popen(
+        [*dblockrun_cmd(), *fleet.database(), "drain", "alpha", "--reason", "kernel update",
+         "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+        cwd=fleet.workdir)
+    out, err = drain.communicate(timeout=60)
+    assert (drain.returncode, err) == (0, ""), out
+    # It returned once the run was over: the run ended ok, not killed.
+    done = store.run(long_run.id)
+    assert done is not None and done.result == m.OK, done
+    lines = out.splitlines()
+    assert lines[0].startswith("host alpha drained until undrained in ")
+    assert lines[0].endswith(": it starts nothing new, the other hosts take its slots; "
+                             "1 run still going there will finish")
+    assert lines[1].startswith(f"waiting for 1 run on alpha: long: run {long_run.id}, "
+                               "running for ")
+    assert lines[2].startswith("host alpha: no run going any more (waited ")
+    drained = store.drains.drained("alpha")
+    assert drained is not None and drained.who == operator_id()
+    since = drained.since
+    # The daemon heard of it (NOTIFY, the doorbell, or its bookkeeping round).
+    alpha.wait_log("host alpha drained by", 15)
+    # Four seconds of slots pass on the database clock.
+    wait_for(lambda: store.db_now() > since + 5, 20, interval=0.2)
+    end = store.db_now() - 1.5  # the slots whose runs have surely begun
+    ticks = [r for r in store.history("tick", 1000)
+             if r.slot is not None and since + 1 <= r.slot <= end]
+    # Nothing started on alpha: its only records since are its every-host skips.
+    mine = on("alpha", [r for r in store.history(None, 1000) if r.started > since])
+    assert {(r.job, r.result) for r in mine} <= {("each@alpha", m.SKIPPED)}, mine
+    assert all(r.host.split(":")[0] in ("beta", "gamma") for r in ticks), ticks
+    per_slot = Counter(r.slot for r in ticks)
+    assert len(per_slot) >= 3 and set(per_slot.values()) == {1}, per_slot
+    assert {r.result for r in ticks} == {m.OK}, ticks
+    # alpha's every-host slots: recorded skipped, each once, by alpha.
+    skipped = [r for r in store.history("each@alpha", 1000) if r.started > since]
+    assert skipped and all(r.result == m.SKIPPED for r in skipped), skipped
+    assert {r.output for r in skipped} == {"skipped: host drained\n"}
+    assert len({r.slot for r in skipped}) == len(skipped)
+    assert any(r.result == m.OK for r in store.history("each@beta", 1000) if r.started > since)
+    # status says so first and marks the host; the audit trail has it.
+    status = fleet.cli("status", "--wide")
+    assert status.returncode == 0, status.stderr
+    assert (f"DRAINED alpha until undrained, by {operator_id()} since "
+            in status.stdout), status.stdout
+    assert "kernel update; it starts nothing new (`dblockrun undrain alpha` ends it)" in (
+        " ".join(status.stdout.split()))
+    assert "(drained)" in status.stdout
+    doc = json.loads(fleet.cli("status", "--json").stdout)
+    (host,) = [h for h in doc["hosts"] if h["labels"]["hostname"] == "alpha"]
+    assert host["drained"]["by"] == operator_id()
+    assert host["drained"]["reason"] == "kernel update"
+    assert host["drained"]["until"] == "forever"
+    audit = fleet.cli("audit", "--json")
+    entry = json.loads(audit.stdout)[0]
+    assert (entry["action"], entry["detail"], entry["reason"]) == (
+        "drain", "host alpha", "kernel update")
+    # undrain: alpha claims again (its every-host job runs there).
+    undone = fleet.cli("undrain", "alpha")
+    assert undone.stdout.startswith("host alpha undrained in "), undone
+    back = store.db_now()
+    wait_for(lambda: any(r.result == m.OK and r.started > back
+                         for r in store.history("each@alpha", 100)), 20,
+             what="each@alpha run again after undrain")
+    alpha.wait_log("host alpha no longer drained (undrained): claiming again", 10)
+    assert fleet.stop() == [0, 0, 0]
+
+
+def test_every_claim_path_refuses_a_drained_host(store: Store) -> None:
+    """Single, batch, run-now, exec's claim, fan-out items: all built from
+    Queries.claimable, all refused to a holder on a drained host, and to no
+    other host (not even one whose name begins with the drained one's)."""
+    store.ensure_jobs(["single", "b1", "b2", "asked", "ex", "fan"])
+    store.items.sync("fan", ["x"])
+    store.request_run("asked")
+
+    def claims(holder: str) -> list[object]:
+        slot = store.db_now() - 0.5
+        engine = store.lock_engine()
+        return [
+            store.claim("single", holder, 30),
+            store.claim_batch(["b1", "b2"], holder, 30, slot=slot, next_due=slot + 60,
+                              limit=2) or None,
+            store.claim_requested("asked", holder, 30),
+            engine.claim("ex", holder, 30, Claim(record=True, check=True), ensure=True),
+            store.items.claim("fan", holder, 30, slot=slot, rate=None, limit=1) or None,
+        ]
+
+    store.drains.drain("web1", Audit("alice@ops-1", "drain", detail="host web1"), None)
+    assert claims("web1:77:0b1d2e") == [None] * 5
+    assert None not in claims("web10:77:0b1d2e")
+
+
+def test_drain_for_a_while_ends_by_the_database_clock(store: Store) -> None:
+    store.ensure_jobs(["j"])
+    drain = store.drains.drain("web1", Audit("alice@ops-1", "drain"), 1.5)
+    assert drain.ends == pytest.approx(drain.since + 1.5)
+    assert store.claim("j", "web1:1:aa", 30) is None
+    assert [d.host for d in store.drains.current()] == ["web1"]
+    wait_for(lambda: store.claim("j", "web1:1:aa", 30), 10, what="the claim after the drain")
+    lock = store.lock_state("j")
+    assert lock is not None and lock.locked_at is not None and lock.locked_at >= drain.ends
+    assert store.drains.drained("web1") is None and store.drains.current() == []
+    # An undrain now finds none, and audits nothing.
+    before = len(store.control.entries())
+    assert store.drains.undrain("web1", Audit("alice@ops-1", "undrain")) is None
+    assert len(store.control.entries()) == before
+
+
+def test_draining_an_unknown_host_names_the_live_ones(sqlite_db: TestDb) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*dblockrun_cmd(), "--db", sqlite_db.url, "--table-prefix",
+                               sqlite_db.prefix, *args], capture_output=True, text=True,
+                              env=clean_env(), timeout=60)
+
+    with Store(sqlite_db.url, sqlite_db.prefix) as store:
+        store.ensure_schema()
+        for holder, name in (("alpha:1:a", "alpha"), ("beta:2:b", "beta")):
+            store.books_round(holder, hostname="vm", pid=1, version="0.1.0", clock_offset=0.0,
+                              running=0, jobs="{}", within=3.0,
+                              labels=json.dumps({"hostname": name}), targets=None)
+        typo = cli("drain", "alpah")
+        assert (typo.returncode, typo.stdout) == (2, "")
+        assert typo.stderr == ("dblockrun: no live host is named 'alpah' (live hosts: alpha, "
+                               "beta); --force drains it anyway (a host that is down or not "
+                               "started)\n")
+        assert store.drains.current() == []
+        forced = cli("drain", "gamma", "--force", "--for", "2h")
+        assert forced.returncode == 0, forced.stderr
+        assert forced.stdout.startswith("host gamma drained until ")
+        assert [d.host for d in store.drains.current()] == ["gamma"]
+        bad = cli("drain", "no such host")
+        assert bad.returncode == 2 and "host name 'no such host'" in bad.stderr
+        assert cli("undrain", "alpha").stdout.startswith("host alpha was not drained in ")
