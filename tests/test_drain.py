@@ -8,6 +8,7 @@ recorded `skipped: host drained` through the slot book; `undrain` and
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections import Counter
 
@@ -62,11 +63,13 @@ def test_a_drained_host_starts_nothing_while_the_others_run_every_slot(
     assert done is not None and done.result == m.OK, done
     lines = out.splitlines()
     assert lines[0].startswith("host alpha drained until undrained in ")
-    assert lines[0].endswith(": it starts nothing new, the other hosts take its slots; "
-                             "1 run still going there will finish")
-    assert lines[1].startswith(f"waiting for 1 run on alpha: long: run {long_run.id}, "
-                               "running for ")
-    assert lines[2].startswith("host alpha: no run going any more (waited ")
+    # (a tick or an every-host run of alpha's may be ending too)
+    assert re.search(r": it starts nothing new, the other hosts take its slots; "
+                     r"\d+ runs? still going there will finish$", lines[0]), lines
+    waits = lines[1:-1]
+    assert waits and all(w.startswith("waiting for ") for w in waits), lines
+    assert f"long: run {long_run.id}, running for " in waits[-1], lines
+    assert lines[-1].startswith("host alpha: no run going any more (waited "), lines
     drained = store.drains.drained("alpha")
     assert drained is not None and drained.who == operator_id()
     since = drained.since
@@ -104,7 +107,7 @@ def test_a_drained_host_starts_nothing_while_the_others_run_every_slot(
     assert host["drained"]["reason"] == "kernel update"
     assert host["drained"]["until"] == "forever"
     audit = fleet.cli("audit", "--json")
-    entry = json.loads(audit.stdout)[0]
+    entry = json.loads(audit.stdout)["entries"][0]
     assert (entry["action"], entry["detail"], entry["reason"]) == (
         "drain", "host alpha", "kernel update")
     # undrain: alpha claims again (its every-host job runs there).
