@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from harness import Fleet
@@ -187,3 +188,56 @@ def test_draining_an_unknown_host_names_the_live_ones(sqlite_db: TestDb) -> None
         bad = cli("drain", "no such host")
         assert bad.returncode == 2 and "host name 'no such host'" in bad.stderr
         assert cli("undrain", "alpha").stdout.startswith("host alpha was not drained in ")
+
+
+def test_the_hosts_page_shows_a_drain_and_drains_behind_the_confirmation(
+        store: Store, tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+    from webtools import PASSWORD, app_for, bearer, csrf_of, users_file
+
+    for holder, name in (("alpha:1:a", "alpha"), ("beta:2:b", "beta")):
+        store.books_round(holder, hostname="vm", pid=1, version="0.1.0", clock_offset=0.0,
+                          running=0, jobs="{}", within=3.0,
+                          labels=json.dumps({"hostname": name}), targets=None)
+    client = TestClient(app_for(store, users_file(tmp_path / "users.yaml")))
+
+    def sign_in(name: str) -> None:
+        client.post("/login", data={"name": name, "password": PASSWORD, "next": "/",
+                                    "csrf": csrf_of(client.get("/login").text)})
+
+    sign_in("olga")  # an operator: drain needs an admin
+    assert 'id="denied"' in client.get("/confirm/drain?host=alpha").text
+    assert "/confirm/drain" not in client.get("/hosts").text
+    client.cookies.clear()
+    sign_in("adam")
+    page = client.get("/hosts").text
+    assert '<a class="action danger" href="/confirm/drain?host=alpha">Drain</a>' in page
+    confirm = client.get("/confirm/drain?host=alpha").text
+    assert "Confirm: drain host alpha" in confirm
+    assert '<input type="hidden" name="host" value="alpha">' in confirm
+    # The form's CSRF token is required.
+    refused = client.post("/act/drain", data={"host": "alpha", "csrf": "forged"},
+                          follow_redirects=False)
+    assert refused.status_code == 403 and store.drains.current() == []
+    done = client.post("/act/drain", data={"host": "alpha", "for": "2h", "reason": "disk",
+                                           "csrf": csrf_of(confirm)}, follow_redirects=False)
+    assert (done.status_code, done.headers["location"]) == (303, "/hosts")
+    drained = store.drains.drained("alpha")
+    assert drained is not None and (drained.who, drained.reason) == ("web:adam", "disk")
+    assert drained.ends == pytest.approx(drained.since + 7200)
+    page = client.get("/hosts").text
+    assert re.search(r'<p class="banner" id="drained-alpha">DRAINED alpha for <time [^>]+>'
+                     r'(2h|1h59m\d+s)</time>, by web:adam since <time [^>]+>[^<]+</time>: disk\.',
+                     page), page
+    assert '<a class="action" href="/confirm/undrain?host=alpha">Undrain</a>' in page
+    assert "drain host alpha for 2h" in " ".join(
+        f"{e.action} {e.detail}" for e in store.control.entries())
+    # A name no live daemon has is refused, as by the command (no --force here).
+    typo = client.post("/act/drain", data={"host": "alpah", "csrf": csrf_of(confirm)})
+    assert "no live host is named &#39;alpah&#39; (live hosts: alpha, beta)" in typo.text
+    # The API: undrain with an admin's token.
+    api = client.post("/api/v1/hosts/alpha/undrain", headers=bearer("adam"))
+    assert api.json() == {"ok": True, "message": "host alpha undrained: it claims slots again",
+                          "host": "alpha", "undrained": True}
+    assert store.drains.current() == []
+    assert "/confirm/drain?host=alpha" in client.get("/hosts").text

@@ -211,6 +211,8 @@ class Chains:
             return Cause.UNCLAIMABLE, f"{job.name} is disabled"
         if self.store.control.paused() is not None:
             return Cause.UNCLAIMABLE, "the fleet is paused"
+        if self.store.drains.drained(self.holder.partition(":")[0]) is not None:
+            return None  # this host is drained (dblockrun drain): the others take it
         running = [run for run in self.store.control.running(job.name)
                    if run.started < trigger.ended]
         if running and job.overlap == "forbid":

@@ -16,12 +16,15 @@ from dblockrun.store.control import Audit
 
 #: Every action, and the least role each needs.
 ROLE_OF = {"run": "operator", "disable": "operator", "enable": "operator",
-           "kill": "operator", "unlock": "admin", "pause": "admin", "resume": "admin"}
+           "kill": "operator", "unlock": "admin", "pause": "admin", "resume": "admin",
+           "drain": "admin", "undrain": "admin"}
 ACTIONS = tuple(ROLE_OF)
 #: Those that act on one job (pause and resume: on the fleet).
 JOB_ACTIONS = ("run", "disable", "enable", "kill", "unlock")
+#: Those that act on one host (dblockrun drain, undrain).
+HOST_ACTIONS = ("drain", "undrain")
 #: Those that stop or take away something (styled so; each behind its confirmation).
-DESTRUCTIVE = ("kill", "unlock", "pause")
+DESTRUCTIVE = ("kill", "unlock", "pause", "drain")
 #: The reason column's size (store/schema.py).
 MAX_REASON = 1000
 
@@ -38,6 +41,8 @@ class Act:
     until: str | None = None
     #: kill: this run instead of the job's.
     run_id: int | None = None
+    #: drain and undrain: the host (its ``hostname`` label).
+    host: str | None = None
 
 
 def offered(job: dict[str, Any] | None) -> list[str]:
@@ -70,7 +75,7 @@ def perform(store: Store, user: str, act: Act) -> tuple[str, dict[str, Any]]:
     if act.action not in ACTIONS:
         raise UsageError(f"no action {act.action!r}")
     for what, value in (("job", act.job), ("reason", act.reason), ("for", act.for_),
-                        ("until", act.until)):
+                        ("until", act.until), ("host", act.host)):
         check_text(what, value)
     reason = (act.reason or "").strip() or None
     if reason is not None and len(reason) > MAX_REASON:
@@ -123,6 +128,8 @@ def perform(store: Store, user: str, act: Act) -> tuple[str, dict[str, Any]]:
         ids = ", ".join(str(r.id) for r in runs)
         return (f"kill requested for run {ids}; its holder stops it at its next heartbeat",
                 {"killing": [run_json(r) for r in runs]})
+    if act.action in HOST_ACTIONS:
+        return _host_action(store, by, act, reason, seconds)
     if act.action == "pause":
         entry = Audit(by, "pause", None, f"for {act.for_}" if act.for_ else None, reason)
         paused = store.control.pause(entry, seconds)
@@ -130,6 +137,27 @@ def perform(store: Store, user: str, act: Act) -> tuple[str, dict[str, Any]]:
     was = store.control.resume(Audit(by, "resume", None, None, reason))
     return ("fleet resumed" if was else "the fleet was not paused",
             {"resumed": was is not None})
+
+
+def _host_action(store: Store, by: str, act: Act, reason: str | None,
+                 seconds: float | None) -> tuple[str, dict[str, Any]]:
+    """drain and undrain, as ``dblockrun drain HOST`` (a host no live
+    daemon has is refused: there is no --force here)."""
+    from dblockrun.ops import drain as ops
+    from dblockrun.ops.output import drain_json
+
+    host = act.host
+    if not host or act.job:
+        raise UsageError(f"{act.action}: which host?")
+    if act.action == "drain":
+        detail = f"host {host}" + (f" for {act.for_}" if act.for_ else "")
+        done = ops.drain(store, host, Audit(by, "drain", None, detail, reason), seconds)
+        going = len(ops.host_runs(store, host))
+        return (f"host {host} drained {ops.until_text(done)}: it starts nothing new; "
+                f"{going} run(s) going there finish", {"drained": drain_json(done)})
+    was = ops.undrain(store, host, Audit(by, "undrain", None, f"host {host}", reason))
+    return (f"host {host} undrained: it claims slots again" if was
+            else f"host {host} was not drained", {"host": host, "undrained": was is not None})
 
 
 def check_text(what: str, value: str | None) -> None:

@@ -155,7 +155,8 @@ def audit(request: Request) -> Response:
 
 async def act(request: Request) -> Response:
     """POST an action: ``/jobs/{job}/{action}``, ``/runs/{id}/kill``,
-    ``/pause``, ``/resume``; a JSON body may give ``reason``, ``for``, ``until``."""
+    ``/pause``, ``/resume``, ``/hosts/{host}/drain`` and ``undrain``; a JSON
+    body may give ``reason``, ``for``, ``until``."""
     from starlette.concurrency import run_in_threadpool
 
     from dblockrun.ops.output import strict_json
@@ -183,7 +184,7 @@ async def act(request: Request) -> Response:
     if "run_id" in request.path_params and run_id is None:
         return error(404, f"no run {request.path_params['run_id']}")
     asked = Act(action, request.path_params.get("job"), body.get("reason"), body.get("for"),
-                body.get("until"), run_id)
+                body.get("until"), run_id, request.path_params.get("host"))
     try:
         said, doc = await run_in_threadpool(perform, cfg.store, user.name, asked)
         cfg.status.forget()
@@ -212,5 +213,7 @@ def routes() -> list[Route]:
         Route("/api/v1/jobs/{job}/{action}", act, methods=["POST"]),
         Route("/api/v1/pause", act, methods=["POST"]),
         Route("/api/v1/resume", act, methods=["POST"]),
+        Route("/api/v1/hosts/{host}/drain", act, methods=["POST"]),
+        Route("/api/v1/hosts/{host}/undrain", act, methods=["POST"]),
         Route("/api/v1/openapi.json", openapi),
     ]

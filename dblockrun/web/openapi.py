@@ -66,6 +66,10 @@ OPENAPI: dict[str, Any] = {
         "/api/v1/jobs/{job}/unlock": _post("Free its lock (admin)", [_JOB]),
         "/api/v1/pause": _post("Pause the fleet (admin)", []),
         "/api/v1/resume": _post("Resume the fleet (admin)", []),
+        "/api/v1/hosts/{host}/drain": _post(
+            "Drain a live host, for a while or until undrained, with a reason (admin)",
+            [_param("host", "path")]),
+        "/api/v1/hosts/{host}/undrain": _post("Undrain a host (admin)", [_param("host", "path")]),
     },
     "components": {
         "schemas": {"ActionBody": {"type": "object", "additionalProperties": False,

@@ -16,8 +16,19 @@ from starlette.routing import Route
 from dblockrun.errors import DatabaseError, DblockrunError, UsageError
 from dblockrun.ops.output import host_name
 from dblockrun.store.models import HostStatus
+from dblockrun.store.status import host_name as name_of
+from dblockrun.store.status import with_drains
 from dblockrun.web import sessions
-from dblockrun.web.acts import ACTIONS, DESTRUCTIVE, JOB_ACTIONS, ROLE_OF, Act, offered, perform
+from dblockrun.web.acts import (
+    ACTIONS,
+    DESTRUCTIVE,
+    HOST_ACTIONS,
+    JOB_ACTIONS,
+    ROLE_OF,
+    Act,
+    offered,
+    perform,
+)
 from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user, refusal
 from dblockrun.web.errors import public
 from dblockrun.web.timehtml import duration, left, when
@@ -262,8 +273,11 @@ def hosts(request: Request) -> Response:
         return login
     store = config(request).store
     live = {h.id for h in store.live_hosts()}
+    # Each host with its drain in effect (dblockrun drain), and the name it goes by.
+    known = with_drains(store.hosts(), store.drains.current())
     return render(request, "hosts.html",
-                  hosts=[{**host_json(h), "live": h.id in live} for h in store.hosts()])
+                  hosts=[{**host_json(h), "live": h.id in live, "name": name_of(h)}
+                         for h in known])
 
 
 def audit(request: Request) -> Response:
@@ -301,8 +315,11 @@ def confirm(request: Request) -> Response:
         job_name, run_id = _target(request.query_params)
     except UsageError as exc:
         return render(request, "error.html", status=404, message=exc.message)
+    host = request.query_params.get("host") if action in HOST_ACTIONS else None
+    if action in HOST_ACTIONS and not host:
+        return render(request, "error.html", status=404, message=f"{action}: which host?")
     return render(request, "confirm.html", action=action, job=job_name, run_id=run_id,
-                  role=ROLE_OF[action])
+                  role=ROLE_OF[action], host=host)
 
 
 async def act(request: Request) -> Response:
@@ -335,7 +352,8 @@ async def act(request: Request) -> Response:
     try:
         said, _doc = await run_in_threadpool(
             perform, cfg.store, user.name,
-            Act(action, job_name, field("reason"), field("for"), field("until"), run_id))
+            Act(action, job_name, field("reason"), field("for"), field("until"), run_id,
+                field("host") if action in HOST_ACTIONS else None))
         cfg.status.forget()
         request.session["flash"] = {"ok": True, "text": said}
     except DatabaseError:
@@ -343,7 +361,7 @@ async def act(request: Request) -> Response:
     except DblockrunError as exc:
         request.session["flash"] = {"ok": False, "text": public(cfg.store, exc.message)}
     back = f"/jobs/{quote(job_name, safe='')}" if job_name and action in JOB_ACTIONS else (
-        f"/runs/{run_id}" if run_id else "/")
+        f"/runs/{run_id}" if run_id else "/hosts" if action in HOST_ACTIONS else "/")
     return RedirectResponse(back, status_code=303)
 
 
