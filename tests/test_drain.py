@@ -241,3 +241,25 @@ def test_the_hosts_page_shows_a_drain_and_drains_behind_the_confirmation(
                           "host": "alpha", "undrained": True}
     assert store.drains.current() == []
     assert "/confirm/drain?host=alpha" in client.get("/hosts").text
+
+
+def test_exec_on_a_drained_host_exits_as_for_a_busy_lock(db: TestDb, store: Store) -> None:
+    import os
+
+    host = os.uname().nodename  # exec's holder: this machine's name
+    store.drains.drain(host, Audit("alice@ops-1", "drain", reason="disk"), None)
+
+    def exec_(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
+                               "exec", "--name", "ex", *args, "--", "echo", "ran"],
+                              capture_output=True, text=True, env=clean_env(), timeout=60)
+
+    quiet = exec_()
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+    loud = exec_("-v", "--busy-exit-code", "75")
+    assert (loud.returncode, loud.stdout) == (75, "")
+    assert (f"lock ex: this host ({host}) is drained (by alice@ops-1: disk); not running"
+            in loud.stderr)
+    assert store.history("ex") == []
+    store.drains.undrain(host, Audit("alice@ops-1", "undrain"))
+    assert exec_().stdout == "ran\n"

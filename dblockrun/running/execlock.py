@@ -150,6 +150,12 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
                 log.warning("lock %s: the fleet is paused (by %s%s); not running", opts.name,
                             paused.who, f": {paused.reason}" if paused.reason else "")
                 return opts.busy_exit_code
+            drained = target.store().drains.drained(holder.partition(":")[0])
+            if drained is not None:
+                log.warning("lock %s: this host (%s) is drained (by %s%s); not running",
+                            opts.name, drained.host, drained.who,
+                            f": {drained.reason}" if drained.reason else "")
+                return opts.busy_exit_code
             lock = target.store().lock_state(opts.name)
             if lock is not None and not token_usable(lock.token):
                 log.warning("lock %s is unusable: its fencing token is %s (a row edited "
