@@ -21,7 +21,7 @@ from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
 from dblockrun.store.models import Drain
 from dblockrun.store.store import FOREVER
-from dblockrun.timetext import utc
+from dblockrun.timetext import stamp
 
 log = logging.getLogger("dblockrun")
 
@@ -70,7 +70,7 @@ class DrainWatch:
         if now == self._said:
             return
         if now is not None:
-            until = "until undrained" if now.ends >= FOREVER else f"until {utc(now.ends)}"
+            until = "until undrained" if now.ends >= FOREVER else f"until {stamp(now.ends)}"
             why = f": {now.reason}" if now.reason else ""
             log.warning("host %s drained by %s %s%s; starting nothing new here (running "
                         "runs finish; every-host slots are recorded skipped)", self.host,

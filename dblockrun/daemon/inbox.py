@@ -75,10 +75,14 @@ class HeardInbox:
             heard, read_all = self._heard, self._all
             self._heard, self._all = set(), False
         if read_all:
-            heard.update(self.store.requested())
-            # Woken without names (MySQL's doorbell, a listener's connect):
-            # a drain may have been announced too (dblockrun/daemon/drain.py).
-            heard.add(DRAIN_NOTE)
+            found = self.store.requested()
+            heard.update(found)
+            if not found:
+                # Woken with no request filed (MySQL's doorbell, rung by a
+                # drain or a kill; a listener's connect): a drain may have
+                # been announced (dblockrun/daemon/drain.py). A run request's
+                # wake costs no statement more.
+                heard.add(DRAIN_NOTE)
         return sorted(heard) if heard else None
 
     def due_in(self) -> float:
