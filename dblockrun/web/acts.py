@@ -30,7 +30,7 @@ MAX_REASON = 1000
 
 
 @dataclass(frozen=True)
-class Act:
+class ActionRequest:
     """An action asked for on the dashboard or through the API."""
 
     action: str
@@ -66,7 +66,7 @@ def who(user: str) -> str:
     return f"web:{user}"
 
 
-def perform(store: Store, user: str, act: Act) -> tuple[str, dict[str, Any]]:
+def perform(store: Store, user: str, act: ActionRequest) -> tuple[str, dict[str, Any]]:
     """Do ``act`` as ``user``: (what was done, in a sentence; the same as JSON).
     UsageError (bad input, no such job) or DblockrunError (it cannot be done)."""
     from dblockrun.ops import actions as ops
@@ -139,7 +139,7 @@ def perform(store: Store, user: str, act: Act) -> tuple[str, dict[str, Any]]:
             {"resumed": was is not None})
 
 
-def _host_action(store: Store, by: str, act: Act, reason: str | None,
+def _host_action(store: Store, by: str, act: ActionRequest, reason: str | None,
                  seconds: float | None) -> tuple[str, dict[str, Any]]:
     """drain and undrain, as ``dblockrun drain HOST`` (a host no live
     daemon has is refused: there is no --force here)."""
@@ -174,7 +174,7 @@ def check_text(what: str, value: str | None) -> None:
 
 
 def _seconds(text: str | None) -> float | None:
-    from dblockrun.config.durations import parse_option_duration
+    from dblockrun.durations import parse_option_duration
 
     if not text:
         return None
