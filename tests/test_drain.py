@@ -122,6 +122,29 @@ def test_a_drained_host_starts_nothing_while_the_others_run_every_slot(
     assert fleet.stop() == [0, 0, 0]
 
 
+@pytest.mark.slow
+def test_a_drain_for_a_while_ends_by_itself_and_the_daemon_claims_again(
+        store: Store, fleet: Fleet) -> None:
+    jobs = fleet.jobs_file("jobs:\n  each:\n    cron: '* * * * * *'\n    on: every-host\n"
+                           "    command: 'true'\n")
+    alpha = fleet.start(jobs, "--label", "hostname=alpha", name="alpha", lease="6s")
+    wait_for(lambda: store.history("each@alpha", 1) or None, 30, what="each@alpha ran")
+    drained = fleet.cli("drain", "alpha", "--for", "3s")
+    assert drained.returncode == 0, drained.stderr
+    drain = store.drains.drained("alpha")
+    assert drain is not None and drain.ends == pytest.approx(drain.since + 3)
+    alpha.wait_log("host alpha no longer drained (its time ran out): claiming again", 20)
+    wait_for(lambda: any(r.result == m.OK and r.slot is not None and r.slot >= drain.ends
+                         for r in store.history("each@alpha", 100)), 10,
+             what="each@alpha run again after the drain's end")
+    during = [r for r in store.history("each@alpha", 100)
+              if r.slot is not None and drain.since + 1 <= r.slot < drain.ends]
+    assert during and {(r.result, r.output) for r in during} == {
+        (m.SKIPPED, "skipped: host drained\n")}, during
+    assert store.drains.current() == []
+    assert alpha.stop() == 0
+
+
 def test_every_claim_path_refuses_a_drained_host(store: Store) -> None:
     """Single, batch, run-now, exec's claim, fan-out items: all built from
     Queries.claimable, all refused to a holder on a drained host, and to no

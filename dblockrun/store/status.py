@@ -94,7 +94,8 @@ def report(store: Store, names: Sequence[str] | None = None,
            live_within: float | None = None) -> StatusReport:
     """Jobs (all, or ``names``), live hosts (seen within ``live_within``;
     None: each by its own heartbeat), the groups' seats (read with the
-    jobs), the pause and the drained hosts: six statements (seven when live hosts define a job
+    jobs), the pause and, with live hosts, their drains: five statements,
+    six with live hosts (seven when live hosts define a job
     differently: their keys' digests, to name the keys that differ)."""
     jobs, seats, db_now = _read(store, names)
     hosts = store.live_hosts(live_within)
@@ -103,7 +104,8 @@ def report(store: Store, names: Sequence[str] | None = None,
     if drifting:  # the keys that differ: those hosts' field digests (one more statement)
         fields = store.host_fields(sorted(drifting))
         hosts = [replace(h, fields=fields.get(h.id)) if h.id in drifting else h for h in hosts]
-    hosts = with_drains(hosts, store.drains.current())
+    if hosts:  # (a drain is shown on its live host's row: none, no statement)
+        hosts = with_drains(hosts, store.drains.current())
     pause = store.control.last_pause()
     if pause is not None and pause.ends <= db_now:
         jobs = [_dropped(s, pause) for s in jobs]
