@@ -6,9 +6,10 @@ The database refuses a drained host's claims whatever the daemon knows
 and to record its every-host slots ``skipped: host drained`` through the
 slot book (no other host may run them). It reads its row at start-up and
 again when told: a drain or undrain announced on the run-now channel
-(PostgreSQL's NOTIFY, MySQL's doorbell: dblockrun/daemon/inbox.py), or
-read from the audit trail by the bookkeeping round (dblockrun/daemon/fleet.py),
-whichever comes first; no new poll. A drain's end by its own time needs no
+(PostgreSQL's NOTIFY, MySQL's doorbell), or seen by SQLite's polled read
+of run requests, which reads the host's drain row in the same statement
+(store/inbox.py), or read from the audit trail by the bookkeeping round
+(dblockrun/daemon/fleet.py), whichever comes first; no new poll. A drain's end by its own time needs no
 read: the database clock passes it.
 """
 

@@ -161,7 +161,8 @@ class Daemon:
         book = SlotBook(self.store, self.holder, events)
         renewer = Renewer(self.store, self.options.heartbeat, self.outage, threads)
         inbox = inbox_for(self.store, self.signals.wake.set, self.options.heartbeat,
-                          self.options.request_poll, killed=renewer.renew_now, threads=threads)
+                          self.options.request_poll, killed=renewer.renew_now, threads=threads,
+                          host=self.drain.host)
         books = FleetBooks(
             self.store, self.holder, self.options.heartbeat, self.clock, self.outage,
             self.metrics, lambda: self.local.jobs, lambda: self.firing.runs.count(),

@@ -98,12 +98,16 @@ class HeardInbox:
 
 
 class PolledInbox:
-    """SQLite: the requests are read every ``every`` seconds."""
+    """SQLite: the requests are read every ``every`` seconds, and with them
+    the drain row of the host ``host`` (dblockrun drain): a drain or undrain
+    since the last read is handed on as :data:`DRAIN_NOTE`."""
 
-    def __init__(self, store: Store, every: float) -> None:
+    def __init__(self, store: Store, every: float, host: str | None = None) -> None:
         self.store = store
         self.every = every
+        self.host = host
         self._next = 0.0
+        self._drain: set[str] | None = None  # the drain row as last read (None: not yet)
 
     def hear(self, names: list[str] | None) -> None:
         self._next = 0.0
@@ -112,7 +116,13 @@ class PolledInbox:
         if time.monotonic() < self._next:
             return None
         self._next = time.monotonic() + self.every
-        return self.store.requested()
+        names = self.store.requested(self.host)
+        drain = {n for n in names if n.startswith(DRAIN_NOTE)}
+        names = [n for n in names if n not in drain]
+        if self._drain is not None and drain != self._drain:
+            names.append(DRAIN_NOTE)
+        self._drain = drain
+        return names
 
     def due_in(self) -> float:
         return self._next - time.monotonic()
@@ -125,9 +135,11 @@ class PolledInbox:
 
 
 def inbox_for(store: Store, wake: Callable[[], None], heartbeat: float, poll: float,
-              killed: Callable[[float | None], None], threads: Threads) -> Inbox:
+              killed: Callable[[float | None], None], threads: Threads,
+              host: str | None = None) -> Inbox:
     """``killed(gap)``: renew the leases now, at most once per ``gap``
-    seconds (None: per heartbeat); a kill may have been asked for."""
+    seconds (None: per heartbeat); a kill may have been asked for.
+    ``host``: this daemon's host name, whose drain a polled inbox reads."""
     if store.lock.q.one_round:
         if store.pooler == "transaction":
             return HeardInbox(store, wake, heartbeat, None)
@@ -138,4 +150,4 @@ def inbox_for(store: Store, wake: Callable[[], None], heartbeat: float, poll: fl
 
         return HeardInbox(store, wake, heartbeat, lambda inbox: Doorbell(
             store, inbox.hear, heartbeat, killed=killed, threads=threads))
-    return PolledInbox(store, poll)
+    return PolledInbox(store, poll, host)

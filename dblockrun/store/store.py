@@ -740,10 +740,21 @@ class Store:
 
         return self.control.audited(go, audit)
 
-    def requested(self) -> list[str]:
-        """Jobs an operator asked to run now (one statement, whatever the job count)."""
+    def requested(self, drain_of: str | None = None) -> list[str]:
+        """Jobs an operator asked to run now (one statement, whatever the job
+        count); ``drain_of``: with the drain row of that host, if any, as
+        ``@drain SINCE ENDS`` (a polled daemon sees a drain or undrain come
+        with the same statement: store/inbox.py ``PolledInbox``)."""
         locks = self.t.locks
-        stmt = sa.select(locks.c.name).where(locks.c.run_requested.is_not(None))
+        stmt: sa.Select[Any] | sa.CompoundSelect[Any] = (
+            sa.select(locks.c.name).where(locks.c.run_requested.is_not(None)))
+        if drain_of is not None:
+            from dblockrun.store.drain import DRAIN_NOTE
+
+            drain = self.t.drain
+            note = (sa.literal(f"{DRAIN_NOTE} ", sa.String) + sa.cast(drain.c.since, sa.String)
+                    + " " + sa.cast(drain.c.ends, sa.String))
+            stmt = sa.union_all(stmt, sa.select(note).where(drain.c.host == drain_of))
         return self._run(lambda c: [str(r[0]) for r in c.execute(stmt)])
 
     # -- hosts --------------------------------------------------------------
