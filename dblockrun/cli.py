@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import click
 
 from dblockrun import __version__
+from dblockrun.durations import FOREVER
 from dblockrun.errors import EXIT_INTERRUPTED, ConfigError, DblockrunError, UsageError
 from dblockrun.jobs import DEFAULT_QUEUE, WHEN_FULL
 
@@ -525,7 +526,7 @@ def disable(job: str, for_: str | None, until: str | None, reason: str | None,
             create: bool) -> None:
     """Pause JOB on every host (no duration: until `enable`)."""
     from dblockrun.ops.actions import Access, disable_job
-    from dblockrun.ops.output import iso
+    from dblockrun.timetext import iso
 
     if for_ and until:
         raise UsageError("give --for or --until, not both")
@@ -678,14 +679,14 @@ def pause(for_: str | None, reason: str | None) -> None:
     """Pause the whole fleet: no new run starts on any host (running ones
     finish) until `resume`, or for a while."""
     from dblockrun.ops.actions import Access
-    from dblockrun.ops.output import iso
+    from dblockrun.timetext import iso
 
     seconds = None if for_ is None else _duration(for_, "--for")
     entry = _audit("pause", reason=_reason(reason), detail=f"for {for_}" if for_ else None)
     with _open(Access.WRITE, _jobs_for_db()) as store:
         paused = store.control.pause(entry, seconds)
         where = _where(store)
-    until = "until resumed" if paused.ends >= _forever() else f"until {iso(paused.ends)}"
+    until = "until resumed" if paused.ends >= FOREVER else f"until {iso(paused.ends)}"
     click.echo(f"fleet paused {until} in {where}: no new run starts; running ones finish")
 
 
@@ -802,12 +803,6 @@ def web_hash_password(token: bool) -> None:
     if not password:
         raise UsageError("an empty password")
     click.echo(hash_password(password))
-
-
-def _forever() -> float:
-    from dblockrun.store import FOREVER
-
-    return FOREVER
 
 
 # Options end at the command's first word: in `exec -n x grep -v foo`, `-v` is grep's.

@@ -9,6 +9,14 @@ from typing import Any
 
 from dblockrun.durations import format_duration
 
+#: The seat rows of a limit group (dblockrun/scheduling/limits.py) in the locks table
+#: are named ``group:NAME:N``; no job can be (a job name has no ``:``).
+SEAT_PREFIX = "group:"
+#: The lane rows of an ``overlap: allow N`` job (dblockrun/scheduling/limits.py),
+#: ``lane:JOB:1`` ... ``lane:JOB:N``: each running run holds one, with the
+#: job's fencing token of its claim. Neither kind of row is a job.
+LANE_PREFIX = "lane:"
+
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from dblockrun.durations import format_duration
-from dblockrun.ops.output import iso, live_text
+from dblockrun.durations import FOREVER, format_duration
+from dblockrun.ops.output import live_text
 from dblockrun.store.models import FAILED, LOST, MISSED, SKIPPED, TIMEOUT, JobStatus
 from dblockrun.store.status import PassedSince, StatusReport
+from dblockrun.timetext import iso
 
 #: Last-run results a check reports.
 BAD_RESULTS = (FAILED, TIMEOUT, LOST)
@@ -48,7 +49,7 @@ def problems(got: StatusReport, allow: Collection[str] = (),
                    "(end that session's transaction; docs: security.md)")
     pause = got.paused
     if pause is not None and "paused" not in allow:
-        until = "until resumed" if pause.ends >= _forever() else f"until {iso(pause.ends)}"
+        until = "until resumed" if pause.ends >= FOREVER else f"until {iso(pause.ends)}"
         why = f": {pause.reason}" if pause.reason else ""
         out.append(f"fleet paused by {pause.who} since {iso(pause.since)} "
                    f"({_ago(got.db_now - pause.since)} ago), {until}{why}; no job starts "
@@ -98,9 +99,3 @@ def overdue(s: JobStatus) -> str | None:
 
 def _ago(seconds: float) -> str:
     return format_duration(max(0, round(seconds)))
-
-
-def _forever() -> float:
-    from dblockrun.store import FOREVER
-
-    return FOREVER

@@ -36,9 +36,10 @@ from dblockrun.store.outage import Outage
 from dblockrun.withheld import withheld
 
 if TYPE_CHECKING:
-    from dblockrun.scheduling.limits import Queues, Seat
+    from dblockrun.running.seats import Queues
+    from dblockrun.running.slotbook import SlotBook
+    from dblockrun.scheduling.limits import Seat
     from dblockrun.scheduling.planner import Cause
-    from dblockrun.scheduling.slotbook import SlotBook
     from dblockrun.store.models import Trigger
 
 log = logging.getLogger("dblockrun")

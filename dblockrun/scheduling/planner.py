@@ -24,7 +24,7 @@ cause, they go through one policy, configured by the job's ``catch-up`` and
 The daemon reads a job's last slot from the database whenever its plan is
 in doubt (at start, after a database error, after a late wake-up) and asks
 :meth:`Planner.resynced`; it records the plan through the slot book
-(dblockrun/scheduling/slotbook.py), whose conditional write makes one host the
+(dblockrun/running/slotbook.py), whose conditional write makes one host the
 recorder, then claims the slots to run with the normal slot claim.
 """
 

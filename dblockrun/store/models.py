@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from dblockrun.jobs import LANE_PREFIX as LANE_PREFIX
+from dblockrun.jobs import SEAT_PREFIX as SEAT_PREFIX
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -243,13 +246,6 @@ _FIELDS: dict[type, tuple[tuple[str, type[int] | type[float] | None], ...]] = {}
 _NUMBER = {"int": int, "int | None": int, "float": float, "float | None": float}
 
 
-#: The seat rows of a limit group (dblockrun/scheduling/limits.py) in the locks table
-#: are named ``group:NAME:N``; no job can be (a job name has no ``:``).
-SEAT_PREFIX = "group:"
-#: The lane rows of an ``overlap: allow N`` job (dblockrun/scheduling/limits.py),
-#: ``lane:JOB:1`` ... ``lane:JOB:N``: each running run holds one, with the
-#: job's fencing token of its claim. Neither kind of row is a job.
-LANE_PREFIX = "lane:"
 NOT_JOB_PREFIXES = (SEAT_PREFIX, LANE_PREFIX)
 
 

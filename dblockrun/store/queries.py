@@ -137,7 +137,7 @@ class Queries:
     @staticmethod
     def iso(seconds: str) -> str:
         """Epoch ``seconds`` as ``2026-11-22T21:53:17.123Z`` (as
-        ``dblockrun.ops.output.iso`` writes them)."""
+        ``dblockrun.timetext.iso`` writes them)."""
         return (f"to_char(to_timestamp({seconds}) AT TIME ZONE 'UTC', "
                 "'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")
 
@@ -713,7 +713,7 @@ class Queries:
         """Advance the job's last slot to ``slot`` without running the slots
         from ``first`` up to it: only while none of them is handled yet (the
         last slot still before ``first``), so one host records them
-        (dblockrun/scheduling/slotbook.py)."""
+        (dblockrun/running/slotbook.py)."""
         locks, p = self.locks, self.p
         # ``next``: the job's next slot after them, for ``status`` (None:
         # left as it is; the claim of a slot the plan runs publishes it).

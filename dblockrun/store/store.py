@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from dblockrun.durations import FOREVER as FOREVER
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.redact import url as redact
@@ -42,9 +43,6 @@ from dblockrun.store.sessions import SessionStore
 
 T = TypeVar("T")
 log = logging.getLogger("dblockrun")
-
-#: ``disable`` with no duration: until 9999-12-31.
-FOREVER = 253402300799.0
 
 DEFAULT_PREFIX = "dblockrun_"
 #: The ``meta`` row of the fleet's secret (:meth:`Store.fleet_key`).
