@@ -219,6 +219,8 @@ def make_plan(new: JobsFile, current: JobsFile | None, fleet: FleetFacts, *,
     for name in sorted(cur_jobs.keys() | new_jobs.keys() | published):
         plan = _job_plan(name, cur_jobs.get(name), new_jobs.get(name), publishing, fleet,
                          now, count, until)
+        if plan is None:
+            continue
         if plan.change == UNCHANGED:
             unchanged.append(name)
         else:
@@ -231,7 +233,10 @@ def make_plan(new: JobsFile, current: JobsFile | None, fleet: FleetFacts, *,
 
 
 def _job_plan(name: str, cur: Job | None, new: Job | None, publishing: list[HostStatus],
-              fleet: FleetFacts, now: float, count: int, until: float | None) -> JobPlan:
+              fleet: FleetFacts, now: float, count: int,
+              until: float | None) -> JobPlan | None:
+    """The job's plan; None: a job only the current file has, which no
+    live daemon runs (already removed from the fleet)."""
     hosts = tuple(d for h in publishing for d in _host_definitions(name, cur, new, h, fleet.key))
     running = [d for d in hosts if d.runs != RUNS_NONE]
     same = cur is not None and new is not None and _same(cur, new)
@@ -243,6 +248,8 @@ def _job_plan(name: str, cur: Job | None, new: Job | None, publishing: list[Host
             change = CHANGED if any(d.changes for d in hosts) else UNCHANGED
     elif publishing and hosts:  # no host runs it yet; NEW's run-on selects some
         change = ADDED
+    elif publishing and new is None:
+        return None  # no live host runs it, nor will: nothing to deploy
     elif new is None:
         change = REMOVED if cur is not None else UNCHANGED
     elif cur is None:
