@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,15 @@ from dblockrun.ops.plan import (
     CHANGED,
     REMOVED,
     RUNS_CURRENT,
+    RUNS_NONE,
+    RUNS_OTHER,
     FleetFacts,
     job_slots,
     key_changes,
     make_plan,
 )
 from dblockrun.store import Store
+from dblockrun.store.models import HostStatus
 
 OLD = """\
 jobs:
@@ -309,3 +312,64 @@ def test_with_no_live_daemon_and_no_current_file_every_job_is_added() -> None:
     assert all(j.hosts == () for j in plan.jobs)
     assert plan.notes == ("no live daemon: the before side is empty (no current jobs file): "
                           "every job of NEW is added",)
+
+
+# -- the hosts' published definitions (pure) ----------------------------------------------
+
+KEY = b"k" * 32
+
+
+def host(name: str, jobs: dict[str, Any], labels: dict[str, str] | None = None) -> HostStatus:
+    """A live host as its row reads: ``jobs`` each a Job it runs."""
+    return HostStatus(
+        id=f"{name}:1:ab", hostname=name, pid=1, version="x", started=0.0, last_seen=0.0,
+        clock_offset=0.0, running=0,
+        jobs=json.dumps({row: job.definition_hash(KEY) for row, job in jobs.items()}),
+        labels=json.dumps(labels or {"hostname": name}),
+        fields=json.dumps({row: job.field_digests(KEY) for row, job in jobs.items()}))
+
+
+def test_hosts_are_named_with_the_definition_each_runs() -> None:
+    old, new = load_jobs_text(OLD, "old.yaml"), load_jobs_text(NEW, "new.yaml")
+    third = load_jobs_text(OLD.replace("./report --all", "./report --third"), "third.yaml")
+    runs_old = {j.name: j for j in old.jobs}
+    hosts = (host("web-1", runs_old), host("web-2", {**runs_old, "report": third.jobs[0]}))
+    plan = make_plan(new, old, FleetFacts(at("2026-12-01T00:00:00+00:00"), hosts, {}, KEY))
+    report = next(j for j in plan.jobs if j.name == "report")
+    assert [(d.hostname, d.runs, d.keeps) for d in report.hosts] == [
+        ("web-1", RUNS_CURRENT, True), ("web-2", RUNS_OTHER, True)]
+    assert report.keys[0].known  # web-1 runs the current file's: its values are known
+    assert ("job report: web-2 run a definition that is neither the current file's nor NEW's"
+            in plan.notes)
+    gone = next(j for j in plan.jobs if j.name == "gone")
+    assert (gone.change, [d.keeps for d in gone.hosts]) == (REMOVED, [False, False])
+    fresh = next(j for j in plan.jobs if j.name == "fresh")
+    assert (fresh.change, [d.runs for d in fresh.hosts]) == (ADDED, [RUNS_NONE, RUNS_NONE])
+
+    # Only the third definition runs: the keys come from its digests, values unknown.
+    only = make_plan(new, old, FleetFacts(0.0, hosts[1:], {}, KEY))
+    report = next(j for j in only.jobs if j.name == "report")
+    assert report.before is None
+    assert [(k.key, k.known) for k in report.keys] == [
+        ("command", False), ("cron", False), ("env", False), ("starting-deadline", False)]
+
+    # Every host runs NEW already: nothing changes, whatever the current file says.
+    done = make_plan(new, old, FleetFacts(0.0, (host("web-1", {j.name: j for j in new.jobs}),),
+                                          {}, KEY))
+    assert (done.changed, done.unchanged) == (False, ("cleanup", "fresh", "report"))
+
+
+def test_a_host_that_new_run_on_leaves_out_drops_the_job() -> None:
+    old = load_jobs_text(OLD, "old.yaml")
+    new = load_jobs_text(OLD.replace('    command: "true"\n',
+                                     '    command: "true"\n    run-on: {role: batch}\n'),
+                         "new.yaml")
+    hosts = (host("web-1", {j.name: j for j in old.jobs}, {"hostname": "web-1", "role": "web"}),
+             host("batch-1", {j.name: j for j in old.jobs},
+                  {"hostname": "batch-1", "role": "batch"}))
+    plan = make_plan(new, old, FleetFacts(0.0, hosts, {}, KEY))
+    (gone,) = plan.jobs
+    assert gone.change == CHANGED
+    assert [(d.hostname, d.runs, d.keeps) for d in gone.hosts] == [
+        ("web-1", RUNS_CURRENT, False), ("batch-1", RUNS_CURRENT, True)]
+    assert [k.key for k in gone.keys] == ["run-on"]
