@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from dblockrun.config.durations import format_duration
-from dblockrun.config.jobs import EVERY_HOST_SEP, Job, JobsFile
+from dblockrun.config.jobs import EVERY_HOST_SEP, Job, JobsFile, loads_fields
 from dblockrun.config.load import differing_keys, job_key
 from dblockrun.ops.definition import shown_value
 from dblockrun.scheduling.cron import upcoming
@@ -196,7 +196,7 @@ def make_plan(new: JobsFile, current: JobsFile | None, fleet: FleetFacts, *,
     would do; ``count`` slots a side, none further than ``days`` away."""
     now = fleet.now
     until = None if days is None else now + days * 86400
-    publishing = [h for h in fleet.hosts if h.job_hashes() is not None]
+    publishing = [_Published.of(h) for h in fleet.hosts if h.job_hashes() is not None]
     notes: list[str] = []
     if not fleet.hosts:
         notes.append("no live daemon: the before side is "
@@ -212,8 +212,7 @@ def make_plan(new: JobsFile, current: JobsFile | None, fleet: FleetFacts, *,
                          "(an older daemon): not compared")
     cur_jobs = {j.name: j for j in current.jobs} if current is not None else {}
     new_jobs = {j.name: j for j in new.jobs}
-    published = {row.split(EVERY_HOST_SEP, 1)[0] for h in publishing
-                 for row in (h.job_hashes() or {})}
+    published = {name for p in publishing for name in p.rows}
     plans: list[JobPlan] = []
     unchanged: list[str] = []
     for name in sorted(cur_jobs.keys() | new_jobs.keys() | published):
@@ -232,14 +231,15 @@ def make_plan(new: JobsFile, current: JobsFile | None, fleet: FleetFacts, *,
     return DeployPlan(now, tuple(plans), tuple(unchanged), fleet.hosts, warnings, tuple(notes))
 
 
-def _job_plan(name: str, cur: Job | None, new: Job | None, publishing: list[HostStatus],
+def _job_plan(name: str, cur: Job | None, new: Job | None, publishing: list[_Published],
               fleet: FleetFacts, now: float, count: int,
               until: float | None) -> JobPlan | None:
     """The job's plan; None: a job only the current file has, which no
     live daemon runs (already removed from the fleet)."""
-    hosts = tuple(d for h in publishing for d in _host_definitions(name, cur, new, h, fleet.key))
+    hashes: dict[tuple[int, str], str] = {}  # (which side, row): each hashed once
+    hosts = tuple(d for h in publishing
+                  for d in _host_definitions(name, cur, new, h, fleet.key, hashes))
     running = [d for d in hosts if d.runs != RUNS_NONE]
-    same = cur is not None and new is not None and _same(cur, new)
     if publishing and running:
         # The fleet says what runs now.
         if new is None:
@@ -255,7 +255,7 @@ def _job_plan(name: str, cur: Job | None, new: Job | None, publishing: list[Host
     elif cur is None:
         change = ADDED
     else:
-        change = UNCHANGED if same else CHANGED
+        change = UNCHANGED if _same(cur, new) else CHANGED
     # The current file's definition is the before side where the fleet runs
     # it (or says nothing of the job).
     trusted = cur is not None and (not running or any(d.runs == RUNS_CURRENT for d in running))
@@ -265,7 +265,7 @@ def _job_plan(name: str, cur: Job | None, new: Job | None, publishing: list[Host
     if cur is not None and new is not None and trusted:
         keys = key_changes(cur, new)
     elif new is not None and running:
-        keys = _digest_keys(new, running, fleet)
+        keys = _digest_keys(new, running, {p.host.id: p for p in publishing}, fleet.key)
     before = job_slots(cur, now, count, until) if cur is not None and trusted else None
     after = job_slots(new, now, count, until) if new is not None else None
     passed_slots, notes = _passed(new, fleet, now) if new is not None else (None, ())
@@ -276,19 +276,36 @@ def _same(a: Job, b: Job) -> bool:
     return a.definition_hash() == b.definition_hash()
 
 
-def _host_definitions(name: str, cur: Job | None, new: Job | None, host: HostStatus,
-                      key: bytes) -> list[HostDefinition]:
-    """What ``host`` runs of the job ``name`` (its rows: ``JOB`` or
+@dataclass(frozen=True)
+class _Published:
+    """A live host's published definitions, read once: per job of its file,
+    its rows (``JOB``, or ``JOB@HOST``) and their hashes."""
+
+    host: HostStatus
+    labels: dict[str, str]
+    rows: dict[str, list[tuple[str, str]]]
+    #: Per row, its keys' digests (None: the host did not write them).
+    fields: dict[str, dict[str, str]] | None
+
+    @classmethod
+    def of(cls, host: HostStatus) -> _Published:
+        rows: dict[str, list[tuple[str, str]]] = {}
+        for row, digest in (host.job_hashes() or {}).items():
+            rows.setdefault(row.split(EVERY_HOST_SEP, 1)[0], []).append((row, digest))
+        return cls(host, loads_labels(host.labels), rows, loads_fields(host.fields))
+
+
+def _host_definitions(name: str, cur: Job | None, new: Job | None, published: _Published,
+                      key: bytes, hashes: dict[tuple[int, str], str]) -> list[HostDefinition]:
+    """What a host runs of the job ``name`` (its rows: ``JOB`` or
     ``JOB@HOST``), and whether it would under NEW."""
-    hashes = host.job_hashes() or {}
-    labels = loads_labels(host.labels)
+    host, labels = published.host, published.labels
     keeps = new is not None and (not labels or matches(labels, new.run_on))
-    rows = [row for row in hashes if row.split(EVERY_HOST_SEP, 1)[0] == name]
+    rows = published.rows.get(name, [])
     out: list[HostDefinition] = []
-    for row in rows:
-        digest = hashes[row]
-        runs = (RUNS_NEW if new is not None and _keyed(new, row, key) == digest else
-                RUNS_CURRENT if cur is not None and _keyed(cur, row, key) == digest else
+    for row, digest in rows:
+        runs = (RUNS_NEW if new is not None and _keyed(new, row, key, hashes) == digest else
+                RUNS_CURRENT if cur is not None and _keyed(cur, row, key, hashes) == digest else
                 RUNS_OTHER)
         out.append(HostDefinition(host.id, host.hostname, row, runs, digest, keeps))
     if not rows and keeps and new is not None:
@@ -298,9 +315,14 @@ def _host_definitions(name: str, cur: Job | None, new: Job | None, host: HostSta
     return out
 
 
-def _keyed(job: Job, row: str, key: bytes) -> str:
-    """The job's definition hash as a daemon publishes it for ``row``."""
-    return _renamed(job, row).definition_hash(key)
+def _keyed(job: Job, row: str, key: bytes, hashes: dict[tuple[int, str], str]) -> str:
+    """The job's definition hash as a daemon publishes it for ``row``
+    (remembered in ``hashes``: every host has the same rows but for
+    every-host jobs')."""
+    known = hashes.get((id(job), row))
+    if known is None:
+        known = hashes[(id(job), row)] = _renamed(job, row).definition_hash(key)
+    return known
 
 
 def _renamed(job: Job, row: str) -> Job:
@@ -325,20 +347,16 @@ def key_changes(before: Job, after: Job) -> tuple[KeyChange, ...]:
     return tuple(out)
 
 
-def _digest_keys(new: Job, running: list[HostDefinition],
-                 fleet: FleetFacts) -> tuple[KeyChange, ...]:
+def _digest_keys(new: Job, running: list[HostDefinition], published: dict[str, _Published],
+                 key: bytes) -> tuple[KeyChange, ...]:
     """The keys in which NEW differs from what hosts run that the current
     file does not hold: from the hosts' keys' digests (values not known)."""
-    from dblockrun.config.jobs import loads_fields
-
-    by_id = {h.id: h for h in fleet.hosts}
     names: set[str] = set()
     for d in running:
-        if d.runs == RUNS_NEW:
-            continue
-        theirs = loads_fields(by_id[d.host].fields)
-        mine = _renamed(new, d.row).field_digests(fleet.key)
-        names.update(differing_keys(mine, (theirs or {}).get(d.row)))
+        if d.runs != RUNS_NEW:
+            theirs = published[d.host].fields
+            mine = _renamed(new, d.row).field_digests(key)
+            names.update(differing_keys(mine, (theirs or {}).get(d.row)))
     set_new = {job_key(f): (f, v) for f, v in new.set_fields().items()}
     return tuple(KeyChange(k, None, shown_value(new, *set_new[k]) if k in set_new else None,
                            known=False) for k in sorted(names))
