@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from dblockrun.config.durations import format_duration
-from dblockrun.config.jobs import EVERY_HOST_SEP, Job, JobsFile, loads_fields
 from dblockrun.config.load import differing_keys, job_key
+from dblockrun.durations import format_duration
+from dblockrun.jobs import EVERY_HOST_SEP, Job, JobsFile, loads_fields
 from dblockrun.ops.definition import shown_value
 from dblockrun.scheduling.cron import upcoming
 from dblockrun.scheduling.limits import starving
