@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -373,3 +374,18 @@ def test_a_host_that_new_run_on_leaves_out_drops_the_job() -> None:
     assert [(d.hostname, d.runs, d.keeps) for d in gone.hosts] == [
         ("web-1", RUNS_CURRENT, False), ("batch-1", RUNS_CURRENT, True)]
     assert [k.key for k in gone.keys] == ["run-on"]
+
+
+def test_an_every_host_job_is_compared_row_by_row() -> None:
+    text = 'jobs:\n  sweep:\n    cron: "0 * * * *"\n    command: ./sweep\n    on: every-host\n'
+    old = load_jobs_text(text, "old.yaml")
+    (sweep,) = old.jobs
+    rows = {name: replace(sweep, name=f"sweep@{name}") for name in ("web-1", "web-2")}
+    hosts = tuple(host(name, {job.name: job}) for name, job in rows.items())
+    assert not make_plan(old, old, FleetFacts(0.0, hosts, {}, KEY)).changed
+    new = load_jobs_text(text.replace("./sweep", "./sweep --all"), "new.yaml")
+    (changed,) = make_plan(new, old, FleetFacts(0.0, hosts, {}, KEY)).jobs
+    assert [(d.row, d.runs) for d in changed.hosts] == [("sweep@web-1", RUNS_CURRENT),
+                                                        ("sweep@web-2", RUNS_CURRENT)]
+    assert changed.notes == ("an every-host job: each host's row JOB@HOST has its own last "
+                             "slot",)

@@ -366,6 +366,8 @@ def _passed(job: Job, fleet: FleetFacts, now: float) -> tuple[Passed | None, tup
     """The slots after the job's last recorded slot that a daemon started
     with ``job``'s definition would run or record (its resync at start,
     cause ``down``: dblockrun/scheduling/planner.py)."""
+    if not job.enabled:
+        return None, ("enabled: false: no daemon runs it",)
     if job.every_host:
         return None, ("an every-host job: each host's row JOB@HOST has its own last slot",)
     lock = fleet.locks.get(job.name)
