@@ -881,24 +881,76 @@ def validate(jobs_file: str | None, max_running: int | None) -> None:
 @handle_errors
 def next_(jobs_file: str | None, count: int) -> None:
     """Show the next fire times of each job, in the job's timezone."""
-    from datetime import UTC, datetime
-    from zoneinfo import ZoneInfo
+    import time
 
-    from dblockrun.durations import format_duration
-    from dblockrun.scheduling.cron import upcoming
+    from dblockrun.ops.plan import job_slots
 
     jobs = _load(_jobs_path(jobs_file))
-    now = datetime.now(UTC)
+    now = time.time()
     for job in jobs.jobs:
         # after: a chain's job runs after another's runs, besides any schedule.
-        after = "" if job.after is None else job.after.text()
+        slots = job_slots(job, now, count)
         if job.cron is None:
-            rate = f"every {format_duration(job.rate)} (rate)" if job.rate is not None else ""
-            click.echo(f"{job.name}: {', '.join(t for t in (rate, after) if t)}")
+            click.echo(f"{job.name}: {slots.also}")
             continue
-        tz = ZoneInfo(job.timezone)
-        times = [t.astimezone(tz).isoformat() for t in upcoming(job.schedule, now, count)]
-        click.echo(f"{job.name}: {', '.join(times)}{'; ' + after if after else ''}")
+        click.echo(f"{job.name}: {', '.join(slots.shown())}"
+                   f"{'; ' + slots.also if slots.also else ''}")
+
+
+@cli.command()
+@click.argument("new_file", metavar="NEW")
+@click.option("--current", metavar="FILE",
+              help="The jobs file the fleet runs now (default: -f, DBLOCKRUN_JOBS, then "
+                   "/etc/dblockrun/jobs.yaml if it exists); checked against the hashes the "
+                   "live daemons publish.")
+@click.option("--count", "-c", type=click.IntRange(1, 1000), metavar="N",
+              help="How many slots before and after per job (default 10; with --days: at "
+                   "most N).")
+@click.option("--days", type=click.FloatRange(min=0, min_open=True), metavar="D",
+              help="The slots within the next D days (at most 1000, or --count).")
+@click.option("--max-running", type=click.IntRange(min=1), metavar="N",
+              help="Also warn of jobs due together beyond a daemon's --max-running N.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@global_options()
+@handle_errors
+def plan(new_file: str, current: str | None, count: int | None, days: float | None,
+         max_running: int | None, as_json: bool) -> None:
+    """Show what deploying the jobs file NEW would do, against the database
+    the fleet uses: each job added, removed or changed (the keys, old ->
+    new), its next slots before and after, the passed slots a daemon
+    started with NEW would run or record missed, the limits NEW makes full,
+    and which live hosts run which definition now.
+
+    Exit status 0: nothing changes; 1: something does; 2: an error (a bad
+    file, the database unreachable)."""
+    from dblockrun.ops import plantext
+    from dblockrun.ops.actions import Access
+    from dblockrun.ops.plan import DEFAULT_COUNT, MOST_SLOTS, make_plan, read_fleet
+    from dblockrun.store.dburl import jobs_file
+
+    new = _load(new_file)
+    current_path = current if current is not None else jobs_file(_globals().file)[0]
+    now_file = _load(current_path) if current_path is not None else None
+    try:
+        with _open(Access.READ, now_file if now_file is not None else new) as store:
+            facts = read_fleet(store)
+            where = _where(store)
+    except (ConfigError, UsageError):
+        raise
+    except DblockrunError as exc:  # exit 1 says "changes": an error is 2 here
+        if _globals().debug:
+            raise
+        click.echo(f"dblockrun: {_shown(exc.message)}", err=True)
+        sys.exit(EXIT_USAGE)
+    shown = count if count is not None else MOST_SLOTS if days is not None else DEFAULT_COUNT
+    got = make_plan(new, now_file, facts, count=shown, days=days, max_running=max_running)
+    if as_json:
+        click.echo(plantext.plan_json(got, new.path, current_path, where))
+    else:
+        for line in plantext.plan_text(got, new.path, where):
+            click.echo(line)
+    if got.changed:
+        sys.exit(EXIT_RUNTIME)
 
 
 @cli.command(name="init-db")

@@ -22,6 +22,14 @@ def utc(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
+def zoned(moment: datetime, timezone: str) -> str:
+    """An instant in a job's time zone, ISO 8601 with its offset
+    (``2027-03-28T03:00:00+02:00``): how `next` and `plan` show slots."""
+    from zoneinfo import ZoneInfo
+
+    return moment.astimezone(ZoneInfo(timezone)).isoformat()
+
+
 def clock(ts: float, with_date: bool = False) -> str:
     """``14:05Z`` (``2026-11-28 14:05Z``): a time axis' label, in UTC."""
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%MZ" if with_date else "%H:%MZ")
