@@ -879,31 +879,43 @@ def validate(jobs_file: str | None, max_running: int | None) -> None:
 
 
 @cli.command(name="next")
-@click.argument("jobs_file", metavar="[FILE]", required=False)
-@click.option("--count", "-c", default=3, show_default=True, type=click.IntRange(1, 1000),
+@click.argument("arguments", nargs=-1, metavar="[FILE] [JOB]...")
+@click.option("--count", "-c", default=5, show_default=True, type=click.IntRange(1, 1000),
               metavar="N", help="How many fire times per job.")
 @global_options()
 @handle_errors
-def next_(jobs_file: str | None, count: int) -> None:
-    """Show the next fire times of each job, in the job's timezone."""
-    from datetime import UTC, datetime
-    from zoneinfo import ZoneInfo
+def next_(arguments: tuple[str, ...], count: int) -> None:
+    """Show the next fire times of each job (or of the JOBs named), in the
+    job's timezone; the slots a calendar, blackout window or the active
+    range excludes are shown among them, marked skipped with the reason."""
+    import time
 
-    from dblockrun.config.durations import format_duration
-    from dblockrun.scheduling.cron import upcoming
+    from dblockrun.ops.output import next_lines
 
-    jobs = _load(_jobs_path(jobs_file))
-    now = datetime.now(UTC)
-    for job in jobs.jobs:
-        # after: a chain's job runs after another's runs, besides any schedule.
-        after = "" if job.after is None else job.after.text()
-        if job.cron is None:
-            rate = f"every {format_duration(job.rate)} (rate)" if job.rate is not None else ""
-            click.echo(f"{job.name}: {', '.join(t for t in (rate, after) if t)}")
-            continue
-        tz = ZoneInfo(job.timezone)
-        times = [t.astimezone(tz).isoformat() for t in upcoming(job.schedule, now, count)]
-        click.echo(f"{job.name}: {', '.join(times)}{'; ' + after if after else ''}")
+    path, names = _file_and_jobs(arguments)
+    jobs = _load(_jobs_path(path))
+    chosen = list(jobs.jobs)
+    if names:
+        missing = [name for name in names if jobs.job(name) is None]
+        if missing:
+            raise UsageError(f"no job {missing[0]!r} in {_shown(jobs.path)}")
+        chosen = [job for name in dict.fromkeys(names) if (job := jobs.job(name)) is not None]
+    for line in next_lines(chosen, time.time(), count):
+        click.echo(line)
+
+
+def _file_and_jobs(arguments: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
+    """``next [FILE] [JOB]...``: the first argument is the jobs file when it
+    names a path that exists, has a ``/`` or ends in ``.yaml``/``.yml``;
+    the others (all of them, else) are jobs of the file (-f, DBLOCKRUN_JOBS...)."""
+    import os
+
+    if not arguments:
+        return None, ()
+    first = arguments[0]
+    if os.path.lexists(first) or "/" in first or first.endswith((".yaml", ".yml")):
+        return first, arguments[1:]
+    return None, arguments
 
 
 @cli.command(name="init-db")

@@ -32,6 +32,14 @@ def utc(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
+def zoned(ts: float, timezone: str) -> str:
+    """Epoch seconds as ISO 8601 in ``timezone`` (``2026-12-24T06:00:00+01:00``):
+    a job's slot as `next` shows it."""
+    from zoneinfo import ZoneInfo
+
+    return datetime.fromtimestamp(ts, ZoneInfo(timezone)).isoformat()
+
+
 def clock(ts: float, with_date: bool = False) -> str:
     """``14:05Z`` (``2026-11-28 14:05Z``): a time axis' label, in UTC."""
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%MZ" if with_date else "%H:%MZ")

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from dblockrun.config.jobs import EVERY_HOST_SEP, Job, JobsFile, RunOn
-from dblockrun.scheduling.cron import next_slot_at
+from dblockrun.scheduling.calendars import next_real_slot
 from dblockrun.scheduling.limits import all_seats
 
 if TYPE_CHECKING:
@@ -238,8 +238,9 @@ class LocalJobs:
 
     def publish_next_due(self, store: Store, now: float) -> None:
         """Each enabled cron job's next slot, for `status`."""
-        store.set_next_due({job.name: next_slot_at(job.schedule, now)
-                            for job in self.jobs.jobs if job.cron is not None and job.enabled})
+        store.set_next_due({job.name: due for job in self.jobs.jobs
+                            if job.cron is not None and job.enabled
+                            and (due := next_real_slot(job, now)) is not None})
 
     @property
     def targeted(self) -> bool:
