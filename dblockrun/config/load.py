@@ -1049,7 +1049,10 @@ class _Parser:
 
     def parse_calendar(self, name: Any, body: Any, line: int) -> Calendar:
         key = f"calendars.{name}"
-        if not isinstance(name, str) or not JOB_NAME.fullmatch(name):
+        if not isinstance(name, str):
+            raise self.error(f"calendar names must be strings, got {_kind(name)} (quote it)",
+                             line, key="calendars")
+        if not JOB_NAME.fullmatch(name):
             raise self.error("bad calendar name: use letters, digits, '.', '_' and '-'", line,
                              key=key)
         if not isinstance(body, _Mapping):
