@@ -24,6 +24,7 @@ from jobfiles import load
 
 from dblockrun.cli import cli
 from dblockrun.config.jobs import Active, Calendar, Job
+from dblockrun.ops.check import problems
 from dblockrun.ops.output import next_lines
 from dblockrun.scheduling.calendars import (
     excluded,
@@ -35,6 +36,7 @@ from dblockrun.scheduling.calendars import (
 from dblockrun.scheduling.planner import Act, Cause, Due, Planner, next_due, passed
 from dblockrun.store import Store
 from dblockrun.store import models as m
+from dblockrun.store.status import passed_since, report
 
 AMS = "Europe/Amsterdam"
 
@@ -412,6 +414,22 @@ def test_next_for_one_job_of_the_file(tmp_path: Path) -> None:
     # The file named first, as before.
     both = invoke("next", str(path), "--count", "1")
     assert both.exit_code == 0 and "other: " in both.stdout
+
+
+def test_status_check_does_not_page_about_excluded_slots(store: Store) -> None:
+    """A holiday's skipped slot is what the file asks for; a full group's is
+    a problem (``status --check``)."""
+    store.ensure_jobs(["payroll", "report"])
+    assert store.lock.record_slots("payroll", "web-1:7:ab", m.SKIPPED,
+                                   [(100.0, "skipped: calendar nl-holidays\n", None)],
+                                   first=None)
+    assert store.lock.record_slots("report", "web-1:7:ab", m.SKIPPED,
+                                   [(100.0, "skipped: group nightly full\n", None)], first=None)
+    got = report(store, ["payroll", "report"])
+    found = problems(got, passed=passed_since(store, got.jobs))
+    assert [p for p in found if p.startswith("job ")] == [
+        p for p in found if p.startswith("job report: its slots are recorded skipped")]
+    assert any(p.startswith("job report: ") for p in found)
 
 
 # --- real daemons ---------------------------------------------------------------------

@@ -51,6 +51,17 @@ _WINDOW = re.compile(r"(?:(?P<day>[A-Za-z]+)|(?P<date>\d{4}-\d{2}-\d{2}))\s+"
                      r"\s*/\s*(?P<length>\S+)")
 
 
+#: How the reason of an excluded slot begins (:func:`excluded`).
+REASONS = ("calendar ", "blackout ", "not active ")
+
+
+def excluded_record(output: str | None) -> bool:
+    """Whether a record's stored output says its slot was excluded (a
+    calendar's day, a blackout window, outside the active range): what
+    the file asks for, which ``status --check`` does not page about."""
+    return (output or "").startswith(tuple(f"skipped: {reason}" for reason in REASONS))
+
+
 @dataclass(frozen=True)
 class Exclusion:
     """Why a slot is excluded, and the first instant that reason no longer
