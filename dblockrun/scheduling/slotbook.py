@@ -49,8 +49,9 @@ class SlotBook:
         next_due = (next_real_slot(job, last) if job.cron is not None and not plan.run
                     and last is not None else None)
         # Each record's result, reason and cause (a calendar's slots: their own).
-        fates = [plan.of(slot) if count == 1 else (plan.result, plan.reason, plan.cause)
-                 for slot, _text, count in rows]
+        fates = ([plan.of(slot) if count == 1 else (plan.result, plan.reason, plan.cause)
+                  for slot, _text, count in rows] if plan.excluded
+                 else [(plan.result, plan.reason, plan.cause)] * len(rows))
         if not self.store.record_slots(job.name, self.holder, plan.result,
                                        [(slot, text, summary_from if count > 1 else None)
                                         for slot, text, count in rows], first=first,
