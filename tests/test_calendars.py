@@ -23,7 +23,7 @@ from helpers import TestDb, output_of, wait_for
 from jobfiles import load
 
 from dblockrun.cli import cli
-from dblockrun.config.jobs import Active, Calendar, Job
+from dblockrun.jobs import Active, Calendar, Job
 from dblockrun.ops.check import problems
 from dblockrun.ops.output import next_lines
 from dblockrun.scheduling.calendars import (

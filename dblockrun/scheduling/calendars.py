@@ -30,8 +30,8 @@ import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
-from dblockrun.config.durations import parse_duration
-from dblockrun.config.jobs import Job, Window
+from dblockrun.durations import parse_duration
+from dblockrun.jobs import Job, Window
 from dblockrun.scheduling.cron import next_slot_at, zone
 
 #: Weekday names a window may start with (three letters or whole, any case).
