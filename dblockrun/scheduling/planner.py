@@ -267,7 +267,7 @@ def passed(job: Job, last_slot: float | None, now: float, cause: Cause, *,
     if summary is None and not records and not run:
         return None
     return Plan(cause, tuple(run), records, summary, reason or why(job, cause),
-                tuple(marks.items()))
+                tuple(marks.items()) if marks else ())
 
 
 def record_texts(plan: Plan) -> list[tuple[float, str, int]]:

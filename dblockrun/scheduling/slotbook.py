@@ -17,6 +17,7 @@ import logging
 from dblockrun.events import Events, SlotPassed
 from dblockrun.jobs import Job
 from dblockrun.scheduling.calendars import next_real_slot
+from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, Plan, record_texts, single
 from dblockrun.store.base import RunStore
 from dblockrun.store.models import Trigger
@@ -46,8 +47,10 @@ class SlotBook:
         summary_from = plan.summary.first if plan.summary is not None else None
         # The job's next slot, for `status` (a slot the plan runs: its claim says it).
         last = plan.last
-        next_due = (next_real_slot(job, last) if job.cron is not None and not plan.run
-                    and last is not None else None)
+        next_due = None
+        if job.cron is not None and not plan.run and last is not None:
+            next_due = (next_real_slot(job, last) if job.calendared
+                        else next_slot_at(job.schedule, last))
         # Each record's result, reason and cause (a calendar's slots: their own).
         fates = ([plan.of(slot) if count == 1 else (plan.result, plan.reason, plan.cause)
                   for slot, _text, count in rows] if plan.excluded

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from dblockrun.jobs import EVERY_HOST_SEP, Job, JobsFile, RunOn
 from dblockrun.scheduling.calendars import next_real_slot
+from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.limits import all_seats
 
 if TYPE_CHECKING:
@@ -240,7 +241,8 @@ class LocalJobs:
         """Each enabled cron job's next slot, for `status`."""
         store.set_next_due({job.name: due for job in self.jobs.jobs
                             if job.cron is not None and job.enabled
-                            and (due := next_real_slot(job, now)) is not None})
+                            and (due := next_real_slot(job, now) if job.calendared
+                                 else next_slot_at(job.schedule, now)) is not None})
 
     @property
     def targeted(self) -> bool:
