@@ -10,6 +10,8 @@ slots among the real ones, with their reason."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from datetime import UTC, date, datetime, timedelta
@@ -19,7 +21,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from click.testing import CliRunner, Result
 from harness import Fleet
-from helpers import TestDb, output_of, wait_for
+from helpers import TestDb, clean_env, output_of, wait_for
 from jobfiles import load
 
 from dblockrun.cli import cli
@@ -300,6 +302,23 @@ def test_the_issues_example_loads(tmp_path: Path) -> None:
     fields = job.set_fields()
     assert fields["active"] == "from 2026-12-01 until 2027-06-30"
     assert fields["exclude"][0].startswith("nl-holidays: 5 days, 2026-12-25 to 2029-04-27 (#")
+
+
+def test_icalendar_is_imported_only_for_a_file_that_names_a_calendar_file(
+        tmp_path: Path) -> None:
+    """The daemon's imports (tests/test_budget.py) gain nothing from calendars
+    of dates; a calendar file brings the iCalendar parser in."""
+    (tmp_path / "h.ics").write_text(ICS)
+    probe = ("import sys; from dblockrun.config.load import load_jobs; "
+             "load_jobs(sys.argv[1]); print('icalendar' in sys.modules)")
+    for calendar, imported in (("{dates: [2026-12-25]}", "False"),
+                               ("{file: h.ics}", "True")):
+        path = tmp_path / "jobs.yaml"
+        path.write_text(f"calendars: {{c: {calendar}}}\n"
+                        'jobs: {j: {cron: "@daily", command: x, exclude: [c]}}\n')
+        proc = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True,
+                              text=True, timeout=60, env=clean_env())
+        assert (proc.returncode, proc.stdout.strip()) == (0, imported), proc.stderr
 
 
 def invoke(*args: str) -> Result:
