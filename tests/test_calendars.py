@@ -347,7 +347,14 @@ def invoke(*args: str) -> Result:
      calendars:
        c: {file: missing.ics}
      jobs: {}
-     """, "jobs.yaml:2: calendars.c.file: cannot read missing.ics: "),
+     """, "jobs.yaml:2: calendars.c.file: missing.ics: cannot read: No such file or "
+          "directory"),
+    ("""\
+     calendars:
+       c: {dates: [2026-02-30]}
+     jobs: {}
+     """, "jobs.yaml:2: invalid YAML: cannot read '2026-02-30': day is out of range for "
+          "month"),
     ("""\
      calendars:
        c: {file: timed.ics}

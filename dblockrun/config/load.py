@@ -1094,7 +1094,7 @@ class _Parser:
             # A regular file only, bounded: the reader of the jobs file itself.
             text = whole_text(path)
         except ValueError as exc:
-            raise self.error(f"cannot read {written}: {exc}", line, key=key) from None
+            raise self.error(f"{written}: {exc}", line, key=key) from None
         try:
             return calendars.read_ics(text)
         except ValueError as exc:
