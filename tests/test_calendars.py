@@ -21,10 +21,11 @@ from zoneinfo import ZoneInfo
 import pytest
 from click.testing import CliRunner, Result
 from harness import Fleet
-from helpers import TestDb, clean_env, output_of, wait_for
+from helpers import TestDb, clean_env, output_of, runs_of, wait_for
 from jobfiles import load
 
 from dblockrun.cli import cli
+from dblockrun.events import Events, SlotPassed
 from dblockrun.jobs import Active, Calendar, Job
 from dblockrun.ops.check import problems
 from dblockrun.ops.output import next_lines
@@ -36,6 +37,7 @@ from dblockrun.scheduling.calendars import (
     upcoming,
 )
 from dblockrun.scheduling.planner import Act, Cause, Due, Planner, next_due, passed
+from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.status import passed_since, report
@@ -221,6 +223,33 @@ def test_passed_slots_in_an_exclusion_are_recorded_skipped_and_never_run() -> No
     fates = {slot: plan.of(slot)[:2] for slot in plan.records}
     assert fates[base + 5] == ("missed", plan.reason)
     assert fates[base + 7] == fates[base + 9] == ("skipped", "blackout 2026-12-05 10:00:07/3s")
+
+
+def test_a_recorded_excluded_slot_says_why_once_and_status_shows_the_next_real_slot(
+        store: Store) -> None:
+    """Through the slot book, as a daemon records it: ``skipped`` with the
+    reason, the job's last slot moved past it (a second host's write is
+    refused), and ``status``'s next run after the window, not in it."""
+    store.ensure_jobs(["tick"])
+    slot = float(int(store.db_now()))
+    text = f"{datetime.fromtimestamp(slot, UTC):%Y-%m-%d %H:%M:%S}/30s"
+    job = Job("tick", "true", cron="* * * * * *", blackout=(parse_window(text),))
+    plan = Planner(1.0, 0.5).decide(job, Due(slot, 1, "tick", slot), slot + 0.01, busy=False,
+                                    full=False).plan
+    assert plan is not None
+    heard: list[object] = []
+    events = Events()
+    events.subscribe(heard.append)
+    assert SlotBook(store, "h1", events).record(job, plan, slot + 0.2)
+    assert not SlotBook(store, "h2", Events()).record(job, plan, slot + 0.3)
+    (record,) = runs_of(store, "tick")
+    assert (record.result, record.host, record.slot) == (m.SKIPPED, "h1", slot)
+    assert output_of(store, record) == f"skipped: blackout {text}\n"
+    locks, _now = store.lock_states()
+    assert locks["tick"].last_slot == slot and locks["tick"].next_due == slot + 30
+    (passed_event,) = heard
+    assert isinstance(passed_event, SlotPassed)
+    assert (passed_event.result, passed_event.cause) == (m.SKIPPED, "excluded")
 
 
 # --- the jobs file --------------------------------------------------------------------
