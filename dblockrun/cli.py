@@ -874,27 +874,43 @@ def validate(jobs_file: str | None, max_running: int | None) -> None:
 
 
 @cli.command(name="next")
-@click.argument("jobs_file", metavar="[FILE]", required=False)
-@click.option("--count", "-c", default=3, show_default=True, type=click.IntRange(1, 1000),
+@click.argument("arguments", nargs=-1, metavar="[FILE] [JOB]...")
+@click.option("--count", "-c", default=5, show_default=True, type=click.IntRange(1, 1000),
               metavar="N", help="How many fire times per job.")
 @global_options()
 @handle_errors
-def next_(jobs_file: str | None, count: int) -> None:
-    """Show the next fire times of each job, in the job's timezone."""
+def next_(arguments: tuple[str, ...], count: int) -> None:
+    """Show the next fire times of each job (or of the JOBs named), in the
+    job's timezone; the slots a calendar, blackout window or the active
+    range excludes are shown among them, marked skipped with the reason."""
     import time
 
-    from dblockrun.ops.plan import job_slots
+    from dblockrun.ops.output import next_lines
 
-    jobs = _load(_jobs_path(jobs_file))
-    now = time.time()
-    for job in jobs.jobs:
-        # after: a chain's job runs after another's runs, besides any schedule.
-        slots = job_slots(job, now, count)
-        if job.cron is None:
-            click.echo(f"{job.name}: {slots.also}")
-            continue
-        click.echo(f"{job.name}: {', '.join(slots.shown())}"
-                   f"{'; ' + slots.also if slots.also else ''}")
+    path, names = _file_and_jobs(arguments)
+    jobs = _load(_jobs_path(path))
+    chosen = list(jobs.jobs)
+    if names:
+        missing = [name for name in names if jobs.job(name) is None]
+        if missing:
+            raise UsageError(f"no job {missing[0]!r} in {_shown(jobs.path)}")
+        chosen = [job for name in dict.fromkeys(names) if (job := jobs.job(name)) is not None]
+    for line in next_lines(chosen, time.time(), count):
+        click.echo(line)
+
+
+def _file_and_jobs(arguments: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
+    """``next [FILE] [JOB]...``: the first argument is the jobs file when it
+    names a path that exists, has a ``/`` or ends in ``.yaml``/``.yml``;
+    the others (all of them, else) are jobs of the file (-f, DBLOCKRUN_JOBS...)."""
+    import os
+
+    if not arguments:
+        return None, ()
+    first = arguments[0]
+    if os.path.lexists(first) or "/" in first or first.endswith((".yaml", ".yml")):
+        return first, arguments[1:]
+    return None, arguments
 
 
 @cli.command()

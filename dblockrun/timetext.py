@@ -22,12 +22,12 @@ def utc(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
-def zoned(moment: datetime, timezone: str) -> str:
-    """An instant in a job's time zone, ISO 8601 with its offset
-    (``2027-03-28T03:00:00+02:00``): how `next` and `plan` show slots."""
+def zoned(ts: float, timezone: str) -> str:
+    """Epoch seconds as ISO 8601 in ``timezone`` (``2026-12-24T06:00:00+01:00``):
+    a job's slot as `next` shows it."""
     from zoneinfo import ZoneInfo
 
-    return moment.astimezone(ZoneInfo(timezone)).isoformat()
+    return datetime.fromtimestamp(ts, ZoneInfo(timezone)).isoformat()
 
 
 def clock(ts: float, with_date: bool = False) -> str:

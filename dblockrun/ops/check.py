@@ -10,7 +10,9 @@ recorded ``missed`` or ``skipped`` (since when, which host recorded the
 last and why); a job that has not started for twice its period (the time
 from its last start to the next one its daemons planned), while the fleet
 is not paused and counted from the pause's end when one dropped its slot.
-Disabled jobs are left out: an operator chose that. ``--allow paused``
+Disabled jobs are left out: an operator chose that; so are slots a
+calendar, a blackout window or the active range excluded: the file chose
+that. ``--allow paused``
 (``missed``, ``skipped``) accepts what an operator chose or expects.
 """
 
@@ -20,6 +22,7 @@ from collections.abc import Collection, Mapping
 
 from dblockrun.durations import FOREVER, format_duration
 from dblockrun.ops.output import live_text
+from dblockrun.scheduling.calendars import excluded_record
 from dblockrun.store.models import FAILED, LOST, MISSED, SKIPPED, TIMEOUT, JobStatus
 from dblockrun.store.status import PassedSince, StatusReport
 from dblockrun.timetext import iso
@@ -63,7 +66,8 @@ def problems(got: StatusReport, allow: Collection[str] = (),
             out.append(f"job {s.lock.name}: last run {last.id} {last.result}{code} on "
                        f"{last.host}, {_ago(s.db_now - last.started)} ago")
         streak = (passed or {}).get(s.lock.name)
-        if streak is not None and streak.newest.result not in allow:
+        if (streak is not None and streak.newest.result not in allow
+                and not excluded_record(streak.newest.output)):
             out.append(f"job {s.lock.name}: {_passed(streak, s.db_now)}")
         if got.paused is None and (late := overdue(s)) is not None:
             out.append(f"job {s.lock.name}: {late}")

@@ -31,6 +31,7 @@ from dblockrun.config.load import differing_keys, job_key
 from dblockrun.durations import format_duration
 from dblockrun.jobs import EVERY_HOST_SEP, Job, JobsFile, loads_fields
 from dblockrun.ops.definition import shown_value
+from dblockrun.scheduling.calendars import next_real_slot
 from dblockrun.scheduling.cron import upcoming
 from dblockrun.scheduling.limits import starving
 from dblockrun.scheduling.planner import Cause, Summary, passed
@@ -67,7 +68,7 @@ class Slots:
         """Each slot in the job's time zone, with its offset (DST shows)."""
         from dblockrun.timetext import zoned
 
-        return [zoned(datetime.fromtimestamp(t, UTC), self.timezone) for t in self.times]
+        return [zoned(t, self.timezone) for t in self.times]
 
 
 def job_slots(job: Job, now: float, count: int, until: float | None = None) -> Slots:
@@ -78,6 +79,15 @@ def job_slots(job: Job, now: float, count: int, until: float | None = None) -> S
     also = ", ".join(t for t in (rate if job.cron is None else "", after) if t)
     if job.cron is None:
         return Slots(job.timezone, (), also)
+    if job.calendared:  # the slots that run: none a calendar or window excludes
+        real: list[float] = []
+        moment: float | None = now
+        while moment is not None and len(real) < count + (until is not None):
+            moment = next_real_slot(job, moment)
+            if moment is None or (until is not None and moment > until):
+                break
+            real.append(moment)
+        return Slots(job.timezone, tuple(real[:count]), also, more=len(real) > count)
     start = datetime.fromtimestamp(now, UTC)
     end = None if until is None else datetime.fromtimestamp(until, UTC)
     # With a window, one more tells whether the count cut it short.

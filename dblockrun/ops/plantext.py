@@ -8,7 +8,7 @@ from __future__ import annotations
 from itertools import zip_longest
 from typing import Any
 
-from dblockrun.ops.output import JSON_VERSION, dumps, iso
+from dblockrun.ops.output import JSON_VERSION, dumps
 from dblockrun.ops.plan import (
     RUNS_CURRENT,
     RUNS_NEW,
@@ -21,7 +21,7 @@ from dblockrun.ops.plan import (
     Slots,
 )
 from dblockrun.printable import printable
-from dblockrun.timetext import stamp, utc
+from dblockrun.timetext import iso, stamp, utc
 
 #: How each host's definition of a job reads.
 RUNS_TEXT = {RUNS_NEW: "NEW's definition already", RUNS_CURRENT: "the current definition",

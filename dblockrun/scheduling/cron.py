@@ -75,6 +75,7 @@ __all__ = [
     "upcoming",
     "validate_cron",
     "validate_timezone",
+    "zone",
 ]
 
 MACROS = {
@@ -486,6 +487,11 @@ def _number(spec: _Spec, field: str, text: str) -> int:
 
 
 # --- time zones --------------------------------------------------------------------------
+
+
+def zone(name: str) -> ZoneInfo:
+    """The time zone ``name`` (remembered); raises ValueError if unknown."""
+    return _zone(name)
 
 
 def _zone(name: str) -> ZoneInfo:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dblockrun.jobs import LANE_PREFIX, SEAT_PREFIX, Job, JobsFile
+from dblockrun.scheduling.calendars import excluded
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import SKIPPING, Cause
 from dblockrun.timetext import utc
@@ -177,6 +178,8 @@ def crowded(jobs: list[Job], limit: int, now: float) -> tuple[int, float, list[s
             slot = next_slot_at(job.schedule, slot)
             if slot > now + CROWD_HORIZON:
                 break
+            if job.calendared and excluded(job, slot) is not None:
+                continue  # no run then
             due.setdefault(slot, []).append(job.name)
     over = sorted(at for at, names in due.items() if len(names) > limit)
     if not over:

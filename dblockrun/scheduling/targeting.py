@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from dblockrun.jobs import EVERY_HOST_SEP, Job, JobsFile, RunOn
+from dblockrun.scheduling.calendars import next_real_slot
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.limits import all_seats
 
@@ -233,9 +234,12 @@ class LocalJobs:
                 for job in unmatched(self.file, [*live, self.labels])]
 
     def next_due(self, now: float) -> dict[str, float]:
-        """Each enabled cron job's next slot after ``now``, for `status`."""
-        return {job.name: next_slot_at(job.schedule, now)
-                for job in self.jobs.jobs if job.cron is not None and job.enabled}
+        """Each enabled cron job's next slot after ``now`` that runs (not one
+        a calendar, blackout window or its active range excludes), for `status`."""
+        return {job.name: due for job in self.jobs.jobs
+                if job.cron is not None and job.enabled
+                and (due := next_real_slot(job, now) if job.calendared
+                     else next_slot_at(job.schedule, now)) is not None}
 
     @property
     def targeted(self) -> bool:

@@ -715,7 +715,8 @@ class LockEngine:
 
     def record_slots(self, name: str, host: str, result: str,
                      rows: Sequence[tuple[float, str, float | None]], *, first: float | None,
-                     gap_of: int | None = None, next_due: float | None = None) -> bool:
+                     gap_of: int | None = None, next_due: float | None = None,
+                     results: Sequence[str] | None = None) -> bool:
         """Record slots that ran nowhere (``rows``: slot, output, and for a
         summary record the first slot it stands for): with
         ``first``, only while the job's last slot is still before it,
@@ -726,11 +727,14 @@ class LockEngine:
         holder's blocked slots, whose loss this host alone recorded). Two
         statements at most, whatever the number of rows, in one transaction.
         ``next_due``: with ``first``, the job's next slot after them, which
-        ``status`` shows (it would show the passed one until the next claim)."""
+        ``status`` shows (it would show the passed one until the next claim).
+        ``results``: each row's result, when they differ (a calendar's
+        slots are ``skipped`` among ``missed`` ones); else ``result``."""
         insert = self._text("passed_runs", len(rows))
-        params: dict[str, Any] = {"job": name, "host": host, "result": result}
+        params: dict[str, Any] = {"job": name, "host": host}
         for i, (slot, text, covers_from) in enumerate(rows):
             params[f"slot{i}"], params[f"out{i}"], params[f"from{i}"] = slot, text, covers_from
+            params[f"result{i}"] = result if results is None else results[i]
         advance = {"name": name, "first": first, "slot": max(slot for slot, _, _ in rows),
                    "next": next_due}
 

@@ -742,12 +742,12 @@ class Queries:
 
     def passed_runs(self, count: int) -> str:
         """The records of ``count`` passed slots in one statement (``slotN``,
-        ``outN``, ``fromN``: a summary's first slot; they ran nowhere: no
-        token, started and finished now)."""
+        ``resultN``, ``outN``, ``fromN``: a summary's first slot; they ran
+        nowhere: no token, started and finished now)."""
         p, now = self.p, self.now
         rows = ", ".join(
             f"({p('job')}, NULL, {p('host')}, {p(f'slot{i}')}, NULL, 1, {now}, {now}, "
-            f"{p('result')}, {p(f'out{i}')}, {p(f'from{i}')})" for i in range(count))
+            f"{p(f'result{i}')}, {p(f'out{i}')}, {p(f'from{i}')})" for i in range(count))
         return f"INSERT INTO {self.runs} ({RUN_COLUMNS}, output, covers_from) VALUES {rows}"
 
     @staticmethod
