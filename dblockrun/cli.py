@@ -1167,7 +1167,7 @@ def backfill(job: str, from_: str, to: str, only: tuple[str, ...], dry_run: bool
             click.echo(f"{job}: would backfill {len(chosen.pending)} slot(s) {span} "
                        f"({chosen.counts()}){also}; nothing run (--dry-run)")
             for pending in chosen.pending:
-                click.echo(f"{stamp(pending.slot)}  {pending.kind}: {pending.why}")
+                click.echo(f"{stamp(pending.slot)}  {pending.kind:<10}  {pending.detail}")
             return
         _say(f"{job}: backfilling {len(chosen.pending)} slot(s) {span} ({chosen.counts()})"
              f"{also}")

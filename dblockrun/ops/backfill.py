@@ -67,12 +67,18 @@ class Refused(DblockrunError):
 @dataclass(frozen=True)
 class Pending:
     """A slot a backfill runs: when, which kind of slot (:data:`KINDS`),
-    why (its newest record's result, or none) and that record."""
+    its newest record (``record 3``, ``run 41 ended timeout``, ``no
+    record``) and that record's id."""
 
     slot: float
     kind: str
-    why: str
+    detail: str
     record: int | None
+
+    @property
+    def why(self) -> str:
+        """``missed, record 3``."""
+        return f"{self.kind}, {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -132,10 +138,6 @@ def slots_between(job: Job, first: float, last: float) -> list[float]:
     return slots
 
 
-def _kind(result: str) -> str:
-    return result if result in m.PASSED else "failed"
-
-
 def plan(store: Store, job: Job, first: float, last: float,
          only: Sequence[str] = ()) -> Plan:
     """The slots of ``job`` in [``first``, ``last``] with no run that ended
@@ -175,10 +177,10 @@ def plan(store: Store, job: Job, first: float, last: float,
              and r.covers_from <= slot <= r.slot), None)
         if found is None:
             item = Pending(slot, "unrecorded", "no record", None)
+        elif found.result in m.PASSED:
+            item = Pending(slot, found.result, f"record {found.id}", found.id)
         else:
-            kind = _kind(found.result)
-            why = found.result if kind == found.result else f"failed: {found.result}"
-            item = Pending(slot, kind, f"{why} (record {found.id})", found.id)
+            item = Pending(slot, "failed", f"run {found.id} ended {found.result}", found.id)
         if only and item.kind not in only:
             left_out += 1
             continue
