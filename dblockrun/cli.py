@@ -1153,7 +1153,11 @@ def backfill(job: str, from_: str, to: str, only: tuple[str, ...], dry_run: bool
     last = parse_time(to, "--to", defined.timezone)
     _setup_logging(logging.DEBUG if _globals().debug else logging.ERROR)
     with _open(Access.WRITE, jobs) as store:
-        chosen = plan(store, defined, first, min(last, store.db_now()), kinds)
+        now = store.db_now()
+        if first > now:
+            raise UsageError(f"--from {stamp(first)} has not come yet (the database's clock "
+                             f"reads {stamp(now)}): only passed slots are backfilled")
+        chosen = plan(store, defined, first, min(last, now), kinds)
         span = f"from {stamp(first)} to {stamp(chosen.last)}"
         notes = [f"{n} {what}" for n, what in (
             (chosen.done, "ran ok"), (chosen.running, "running now"),
@@ -1174,13 +1178,11 @@ def backfill(job: str, from_: str, to: str, only: tuple[str, ...], dry_run: bool
         detail = (f"{len(chosen.pending)} slot(s) {span}"
                   + (f", only {','.join(kinds)}" if kinds else "")
                   + (", keep going" if keep_going else ""))
-        ok, bad = run_backfill(store, jobs, chosen, lease=lease_s, keep_going=keep_going,
-                               audit=_audit("backfill", job, reason=reason, detail=detail),
-                               say=_say)
-    left = len(chosen.pending) - ok - bad
-    _say(f"{job}: backfill done: {ok} ok" + (f", {bad} not ok" if bad else "")
-         + (f", {left} not run" if left else ""))
-    if bad:
+        tally = run_backfill(store, jobs, chosen, lease=lease_s, keep_going=keep_going,
+                             audit=_audit("backfill", job, reason=reason, detail=detail),
+                             say=_say)
+    _say(f"{job}: backfill done: {tally.text()}")
+    if tally.bad:
         sys.exit(EXIT_RUNTIME)
 
 

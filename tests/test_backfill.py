@@ -7,6 +7,7 @@ a rerun is a new run of the same slot, refused while that slot runs."""
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import time
 from datetime import UTC, datetime
@@ -138,6 +139,15 @@ def test_two_backfills_at_once_run_each_slot_once(db: TestDb, store: Store,
     # Each said which it ran; together, every slot once.
     ran = sum(stdout.count(" ended ok ") for stdout, _err in ends)
     assert ran == len(slots)
+    for stdout, _err in ends:  # each ran or saw run elsewhere every slot it planned
+        said = stdout.splitlines()
+        if said[0].startswith("tick: no slot to backfill"):
+            continue  # it looked after the other had run them all
+        planned = int(said[0].split()[2])
+        done = re.fullmatch(r"tick: backfill done: (\d+) ok(?:, (\d+) ran ok elsewhere)?",
+                            said[-1])
+        assert done is not None, said[-1]
+        assert int(done[1]) + int(done[2] or 0) == planned
 
 
 def test_dry_run_lists_and_only_picks(db: TestDb, store: Store, tmp_path: Path) -> None:
@@ -209,8 +219,8 @@ def test_backfill_honours_pause_and_disable(db: TestDb, store: Store, tmp_path: 
     paused = cli(db, jobs, "backfill", "tick", *span)
     assert paused.returncode == 1
     assert paused.stderr == ("dblockrun: tick: backfill stopped: the fleet is paused (by "
-                             "alice@ops: upgrade); 0 slot(s) ran ok, 3 not run (the same "
-                             "backfill runs them later)\n")
+                             "alice@ops: upgrade); 0 ok, 3 not run (the same backfill runs "
+                             "what is left later)\n")
     store.control.resume(Audit("alice@ops", "resume"))
     store.disable("tick", reason="broken")
     disabled = cli(db, jobs, "backfill", "tick", *span)

@@ -279,7 +279,7 @@ class Here:
         told: str | None = None
         while True:
             if self.interrupted:
-                raise Stopped("interrupted")
+                raise KeyboardInterrupt
             if (why := self.why_not()) is not None:
                 raise Stopped(why)
             engine.supersede(job.name, self.holder)  # a dead run of the slot holds nothing
@@ -339,15 +339,35 @@ def _ended(run: m.RunRecord) -> str:
     return f"run {run.id} ended {run.result}{code} in {took(run.duration)}"
 
 
+@dataclass
+class Tally:
+    """What a backfill did with its slots."""
+
+    slots: int
+    ok: int = 0
+    bad: int = 0  # ran, not ok
+    elsewhere: int = 0  # ran ok meanwhile elsewhere (another backfill)
+
+    @property
+    def left(self) -> int:
+        return self.slots - self.ok - self.bad - self.elsewhere
+
+    def text(self) -> str:
+        """``9 ok, 1 not ok, 2 not run``."""
+        return ", ".join([f"{self.ok} ok"] + [f"{n} {what}" for n, what in (
+            (self.bad, "not ok"), (self.elsewhere, "ran ok elsewhere"),
+            (self.left, "not run")) if n])
+
+
 def backfill(store: Store, jobs: JobsFile, chosen: Plan, *, lease: float, keep_going: bool,
-             audit: Audit, say: Callable[[str], None]) -> tuple[int, int]:
-    """Run the plan's slots here, oldest first, one at a time: (ok, not ok).
-    Stops at the first that does not end ok, unless ``keep_going``; raises
-    :class:`Stopped` when the fleet is paused, the job disabled, or on
-    Ctrl-C (what ran is said first)."""
+             audit: Audit, say: Callable[[str], None]) -> Tally:
+    """Run the plan's slots here, oldest first, one at a time. Stops at the
+    first that does not end ok, unless ``keep_going``; raises
+    :class:`Stopped` when the fleet is paused or the job disabled, and
+    KeyboardInterrupt on Ctrl-C (what ran is said first)."""
     job = chosen.job
     store.control.note(audit)
-    ok = bad = 0
+    tally = Tally(len(chosen.pending))
     with Here(store, jobs, job, lease, say) as here:
         for pending in chosen.pending:
             origin = (BACKFILL, pending.record)
@@ -367,26 +387,27 @@ def backfill(store: Store, jobs: JobsFile, chosen: Plan, *, lease: float, keep_g
                 got = here.claim(pending.slot, undone=True, origin=origin, gone=gone)
                 if isinstance(got, str):
                     say(f"{job.name}: slot {stamp(pending.slot)}: not run: {got}")
+                    tally.elsewhere += 1
                     continue
                 run = here.run(pending.slot, got[0], got[1], origin, started)
             except Stopped as exc:
-                left = len(chosen.pending) - ok - bad
-                raise Stopped(f"{job.name}: backfill stopped: {exc.message}; {ok} slot(s) "
-                              f"ran ok, {left} not run (the same backfill runs them "
+                raise Stopped(f"{job.name}: backfill stopped: {exc.message}; "
+                              f"{tally.text()} (the same backfill runs what is left "
                               "later)") from None
             say(f"{job.name}: slot {stamp(pending.slot)}: {_ended(run)}")
             if run.result == m.OK:
-                ok += 1
-                continue
-            bad += 1
-            if here.interrupted:
-                raise Stopped(f"{job.name}: backfill interrupted; {ok} slot(s) ran ok")
-            if not keep_going:
-                left = len(chosen.pending) - ok - bad
-                say(f"{job.name}: stopped at the first slot that did not run ok ({left} "
-                    f"not run; --keep-going runs on): `dblockrun history --output {run.id}`")
+                tally.ok += 1
+            else:
+                tally.bad += 1
+            if here.interrupted:  # Ctrl-C: exit status 130, after what ran is said
+                say(f"{job.name}: backfill interrupted: {tally.text()}")
+                raise KeyboardInterrupt
+            if run.result != m.OK and not keep_going:
+                say(f"{job.name}: stopped at the first slot that did not run ok "
+                    f"({tally.left} not run; --keep-going runs on): "
+                    f"`dblockrun history --output {run.id}`")
                 break
-    return ok, bad
+    return tally
 
 
 def rerun(store: Store, jobs: JobsFile | None, run_id: int, *, lease: float,
