@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import click
 
 from dblockrun import __version__
-from dblockrun.config.jobs import DEFAULT_QUEUE, WHEN_FULL
 from dblockrun.errors import EXIT_INTERRUPTED, ConfigError, DblockrunError, UsageError
+from dblockrun.jobs import DEFAULT_QUEUE, WHEN_FULL
 
 if TYPE_CHECKING:
-    from dblockrun.config.jobs import JobsFile
+    from dblockrun.jobs import JobsFile
     from dblockrun.ops.actions import Access
     from dblockrun.store import Store
     from dblockrun.store.control import Audit
@@ -66,7 +66,7 @@ def _duration(value: str, name: str, *, zero_ok: bool = False) -> float:
     """The seconds of a duration option; one line and exit 2 naming the
     option when it is not a duration (a number needs its unit), or zero
     where zero makes no sense."""
-    from dblockrun.config.durations import parse_option_duration
+    from dblockrun.durations import parse_option_duration
 
     try:
         seconds = parse_option_duration(value)
@@ -121,7 +121,7 @@ MAX_REASON = 1000
 def _check_name(name: str, what: str = "job name", *, host_row: bool = False) -> str:
     """``host_row``: an every-host job's row on one host, ``JOB@HOST``, is
     also a name (operator commands; not ``exec``)."""
-    from dblockrun.config.jobs import EVERY_HOST_SEP, JOB_NAME
+    from dblockrun.jobs import EVERY_HOST_SEP, JOB_NAME
 
     job, sep, host = name.partition(EVERY_HOST_SEP)
     checked = job if host_row and sep and JOB_NAME.fullmatch(host) else name
@@ -392,7 +392,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
             parse_addr(metrics_addr)
         if options.heartbeat * 2 > options.lease:
             raise UsageError("--lease must be at least twice --heartbeat")
-        from dblockrun.config.durations import lease_too_short, too_short_message
+        from dblockrun.durations import lease_too_short, too_short_message
 
         stop = lease_too_short(options.lease, options.heartbeat, options.kill_grace)
         if stop is not None:  # every run would be stopped as unrenewed (--lease 2s --heartbeat 1s)
@@ -843,7 +843,7 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
     if least > most:
         raise UsageError("--lock-at-least is longer than --lock-at-most")
     lease_s = _duration(lease, "--lease")
-    from dblockrun.config.durations import format_duration, lease_too_short, too_short_message
+    from dblockrun.durations import format_duration, lease_too_short, too_short_message
 
     stop = lease_too_short(lease_s, lease_s / 3)
     if stop is not None:  # the command would be stopped before the lease's first renewal
@@ -889,7 +889,7 @@ def next_(jobs_file: str | None, count: int) -> None:
     from datetime import UTC, datetime
     from zoneinfo import ZoneInfo
 
-    from dblockrun.config.durations import format_duration
+    from dblockrun.durations import format_duration
     from dblockrun.scheduling.cron import upcoming
 
     jobs = _load(_jobs_path(jobs_file))
@@ -1094,7 +1094,7 @@ def run_(job: str, timeout: str | None, no_wait: bool, wait_end: bool, cancel: b
 
 def _lease_option(lease: str) -> float:
     """``--lease`` of backfill and rerun, checked as exec's."""
-    from dblockrun.config.durations import format_duration, lease_too_short, too_short_message
+    from dblockrun.durations import format_duration, lease_too_short, too_short_message
 
     seconds = _duration(lease, "--lease")
     stop = lease_too_short(seconds, seconds / 3)

@@ -13,7 +13,7 @@ import functools
 import time
 from datetime import UTC, datetime
 
-from dblockrun.config.durations import format_duration
+from dblockrun.durations import format_duration
 
 _FOREVER: list[float] = []
 

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jobfiles import FILE, error, load, one_job
 
-from dblockrun.config.jobs import Job, JobsFile, OnFailure
 from dblockrun.config.load import JOB_KEYS, load_jobs, load_jobs_text
 from dblockrun.errors import ConfigError
+from dblockrun.jobs import Job, JobsFile, OnFailure
 
 # --- a good file ---------------------------------------------------------------------
 

@@ -23,8 +23,8 @@ INSIDE_STORE = {"dblockrun.store.control", "dblockrun.store.items", "dblockrun.s
                 "dblockrun.store.sessions", "dblockrun.store.store"}
 
 #: What a store module may import from outside the store package.
-STORE_MAY_IMPORT = {"dblockrun.errors", "dblockrun.config.jobs", "dblockrun.secretfile",
-                    "dblockrun.redact"}
+STORE_MAY_IMPORT = {"dblockrun.errors", "dblockrun.jobs", "dblockrun.secretfile",
+                    "dblockrun.redact", "dblockrun.supervise"}
 
 
 def imports() -> dict[str, set[str]]:
@@ -77,6 +77,31 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_no_import_circle_but_the_store_helpers() -> None:
     assert circles(imports()) == [INSIDE_STORE]
+
+
+def layer(module: str) -> str:
+    """A module's package inside dblockrun (``store``, ``daemon`` ...), or
+    the module itself for one at the top (``jobs``, ``errors`` ...)."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def test_no_circle_between_packages() -> None:
+    """Issue 34 item 6: the packages import one another one way (the job
+    model, ``jobs.py``, sits below ``config`` and ``scheduling`` both)."""
+    graph: dict[str, set[str]] = {}
+    for name, targets in imports().items():
+        graph.setdefault(layer(name), set()).update(
+            layer(t) for t in targets if layer(t) != layer(name))
+    assert circles(graph) == []
+
+
+def test_the_daemon_uses_no_store_internals() -> None:
+    """The daemon goes through the store's public modules: not its
+    statements (``queries``), the lock engine's module or the executor."""
+    internals = {"dblockrun.store.queries", "dblockrun.store.engine", "dblockrun.store.executor"}
+    reached = {(name, target) for name, targets in imports().items()
+               if name.startswith("dblockrun.daemon") for target in targets & internals}
+    assert reached == set()
 
 
 def test_store_modules_import_no_feature_module() -> None:

@@ -1,4 +1,4 @@
-"""Load a jobs file (YAML) into frozen :class:`~dblockrun.config.jobs.Job` objects.
+"""Load a jobs file (YAML) into frozen :class:`~dblockrun.jobs.Job` objects.
 
 Every problem is a :class:`~dblockrun.errors.ConfigError` rendered as
 ``file:line: job 'x': key: why``; no other exception leaves
@@ -29,8 +29,10 @@ from typing import Any
 import yaml
 
 from dblockrun.config import resources
-from dblockrun.config.durations import format_duration, parse_duration
-from dblockrun.config.jobs import (
+from dblockrun.config.secreturl import check_url
+from dblockrun.durations import format_duration, parse_duration
+from dblockrun.errors import ConfigError, ConfigErrors
+from dblockrun.jobs import (
     AFTER_ON,
     CATCH_UP,
     DEFAULT_QUEUE,
@@ -57,8 +59,6 @@ from dblockrun.config.jobs import (
     differing_fields,
     item_too_long,
 )
-from dblockrun.config.secreturl import check_url
-from dblockrun.errors import ConfigError, ConfigErrors
 from dblockrun.scheduling.cron import validate_cron, validate_timezone
 from dblockrun.scheduling.targeting import check_word
 from dblockrun.secretfile import whole_text
@@ -676,7 +676,7 @@ WrittenLimits = tuple[tuple[str, Any], ...]
 def _limits(value: Any) -> WrittenLimits | None:
     """``limits:`` as written (None: ``limits: null``); the job's own are
     merged over its defaults' limit by limit, then frozen into
-    :class:`~dblockrun.config.jobs.Limits` (:meth:`_Parser.parse_job`)."""
+    :class:`~dblockrun.jobs.Limits` (:meth:`_Parser.parse_job`)."""
     if value is None:
         return None
     mapping = _mapping(value)

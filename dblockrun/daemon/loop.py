@@ -1,7 +1,7 @@
 """The daemon: its main loop and lifecycle. It sleeps until the planner's
 next attempt by the database clock (dblockrun/scheduling/planner.py), has the attempts
 made (dblockrun/daemon/firing.py), hands run-now requests from its inbox
-(dblockrun/daemon/inbox.py) to them, and starts, reloads and stops the parts that
+(dblockrun/store/inbox.py) to them, and starts, reloads and stops the parts that
 work beside it: lease renewals, bookkeeping, the request listener,
 notifications, metrics (ARCHITECTURE.md names each thread and its owner)."""
 
@@ -15,13 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dblockrun.config.jobs import JobsFile
 from dblockrun.config.load import load_jobs
 from dblockrun.config.secreturl import resolve_secrets
 from dblockrun.daemon.chains import Chains
 from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks
-from dblockrun.daemon.inbox import HeardInbox, Inbox, inbox_for
+from dblockrun.store.inbox import HeardInbox, Inbox, inbox_for
 from dblockrun.daemon.registry import Runs
 from dblockrun.daemon.reload import FileWatch, reloaded, reread
 from dblockrun.daemon.sdnotify import SystemdNotifier
@@ -33,6 +32,7 @@ from dblockrun.errors import (
     ThreadCrashed,
 )
 from dblockrun.events import Events
+from dblockrun.jobs import JobsFile
 from dblockrun.metrics import Metrics
 from dblockrun.notify.notifier import Notifier
 from dblockrun.running import spawn
@@ -52,7 +52,7 @@ from dblockrun.scheduling.targeting import (
 )
 from dblockrun.store import Store
 from dblockrun.store.dburl import describe as describe_db
-from dblockrun.store.engine import CLAIM_TOLERANCE
+from dblockrun.store.models import CLAIM_TOLERANCE
 from dblockrun.store.outage import Outage
 from dblockrun.store.outage import describe as describe_outage
 from dblockrun.supervise import Threads
@@ -70,7 +70,7 @@ class DaemonOptions:
     grace: float = 30.0
     kill_grace: float = 5.0
     #: How often the daemon looks for `dblockrun run` requests (one statement)
-    #: on MySQL and SQLite; on PostgreSQL it hears them (dblockrun/daemon/listen.py).
+    #: on MySQL and SQLite; on PostgreSQL it hears them (dblockrun/store/listen.py).
     request_poll: float = 1.0
     #: Serve Prometheus metrics and /healthz on [HOST:]PORT.
     metrics_addr: str | None = None
@@ -180,7 +180,7 @@ class Daemon:
             stop_grace=lambda: self.signals.deadline,
             stop_why=lambda: SECOND_INTERRUPT if self.signals.stop_now else GRACE_RAN_OUT,
             loop=RunLoop(self.stop, threads=parts.threads),
-            metrics=self.metrics, events=parts.events, book=parts.book, now=self.clock.now)
+            events=parts.events, book=parts.book, now=self.clock.now)
         runs = Runs(opts.max_running, self.signals.wake.set)
         queues = Queues(self.store, lambda: self.local.jobs, runs, self.holder, opts.lease,
                         self.clock.now, opts.host_queue, lambda: self.local.file)

@@ -128,7 +128,7 @@ def forget_job(store: Store, job: str, audit: Audit) -> tuple[int, int]:
     rows ``job@HOST``; or the one row ``JOB@HOST``), its items and its runs,
     when no live daemon defines it: an ``exec`` one-off, a job deleted from
     the file, a renamed host's every-host row. (lock rows, runs) deleted."""
-    from dblockrun.config.jobs import EVERY_HOST_SEP
+    from dblockrun.jobs import EVERY_HOST_SEP
     from dblockrun.scheduling.targeting import HOSTNAME, loads_labels
 
     require_job(store, job)
@@ -178,7 +178,7 @@ def not_now(store: Store, job: str, hosts: list[HostStatus]) -> str | None:
     """Why no daemon starts ``job`` now, known without waiting: the fleet is
     paused, no daemon is live (``hosts``: the live ones), or no live daemon's
     file has the job."""
-    from dblockrun.config.jobs import EVERY_HOST_SEP
+    from dblockrun.jobs import EVERY_HOST_SEP
     from dblockrun.ops.output import live_text
 
     paused = store.control.paused()

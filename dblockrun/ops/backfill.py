@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.errors import DblockrunError, UsageError
+from dblockrun.jobs import Job, JobsFile
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit
 from dblockrun.timetext import stamp, took

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from dblockrun.config.durations import format_duration
+from dblockrun.durations import format_duration
 from dblockrun.ops.output import iso, live_text
 from dblockrun.store.models import FAILED, LOST, MISSED, SKIPPED, TIMEOUT, JobStatus
 from dblockrun.store.status import PassedSince, StatusReport

@@ -23,9 +23,9 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from dblockrun.config.durations import format_duration
-from dblockrun.config.jobs import EVERY_HOST_SEP, RunOn, loads_fields
 from dblockrun.config.load import differing_keys
+from dblockrun.durations import format_duration
+from dblockrun.jobs import EVERY_HOST_SEP, RunOn, loads_fields
 from dblockrun.printable import printable
 from dblockrun.scheduling.targeting import (
     describe,

@@ -64,7 +64,7 @@ from zoneinfo import ZoneInfo, available_timezones
 
 from croniter import CroniterBadDateError, croniter
 
-from dblockrun.config.jobs import Schedule
+from dblockrun.jobs import Schedule
 
 __all__ = [
     "MACROS",

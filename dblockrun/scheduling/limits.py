@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.jobs import Job, JobsFile
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, deadline_reason, too_late
 from dblockrun.store import models as m

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
-from dblockrun.config.jobs import Job
+from dblockrun.jobs import Job
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.timetext import utc
 

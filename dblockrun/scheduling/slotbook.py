@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from dblockrun.config.jobs import Job
 from dblockrun.events import Events, SlotPassed
+from dblockrun.jobs import Job
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, Plan, record_texts, single
 from dblockrun.store.base import RunStore

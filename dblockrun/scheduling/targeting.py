@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from dblockrun.config.jobs import EVERY_HOST_SEP, Job, JobsFile, RunOn
+from dblockrun.jobs import EVERY_HOST_SEP, Job, JobsFile, RunOn
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.limits import all_seats
 

@@ -922,7 +922,7 @@ class MysqlQueries(Queries):
         return f"{text} COLLATE utf8mb4_bin"
 
 
-    # -- the request doorbell (dblockrun/daemon/doorbell.py) ----------------------------
+    # -- the request doorbell (dblockrun/store/doorbell.py) ----------------------------
 
     @cached_property
     def wait_mark(self) -> str:

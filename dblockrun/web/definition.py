@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from dblockrun import redact
-from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.config.load import job_key
+from dblockrun.jobs import Job, JobsFile
 from dblockrun.printable import printable
 
 #: The fields that hold a command.
@@ -50,7 +50,7 @@ def _shown(job: Job, field: str, value: Any, commands: bool) -> str:
     if not commands and field in COMMANDS:
         return HIDDEN
     if field in DURATIONS and isinstance(value, (int, float)):
-        from dblockrun.config.durations import format_duration
+        from dblockrun.durations import format_duration
 
         return format_duration(value)
     if not commands and field == "on_failure" and isinstance(value, dict) \

@@ -7,7 +7,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
-from dblockrun.config.durations import format_duration
+from dblockrun.durations import format_duration
 
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
