@@ -1137,7 +1137,7 @@ def backfill(job: str, from_: str, to: str, only: tuple[str, ...], dry_run: bool
     or the fleet's pause or the job's disable stopped it."""
     from dblockrun.ops.actions import Access
     from dblockrun.ops.backfill import KINDS, local_job, plan
-    from dblockrun.ops.backfill import backfill as run_backfill
+    from dblockrun.running.again import backfill as run_backfill
     from dblockrun.timetext import parse_time, stamp
 
     _check_name(job)
@@ -1199,7 +1199,7 @@ def rerun(run_id: int, lease: str, reason: str | None) -> None:
     Refused (exit 1) while a run of that slot is going on. Exit status as
     `run --wait`: 0 ok, the command's exit status if it failed, else 1."""
     from dblockrun.ops.actions import Access, exit_status
-    from dblockrun.ops.backfill import rerun as run_again
+    from dblockrun.running.again import rerun as run_again
 
     _reason(reason)
     lease_s = _lease_option(lease)
