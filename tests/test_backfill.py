@@ -292,3 +292,32 @@ def test_each_slot_of_a_summary_record_is_backfilled(db: TestDb, store: Store) -
     assert chosen.not_passed == 11
     assert [p.slot for p in plan(store, job, first - 5, first + 20, ["missed"]).pending] == [
         first + i for i in range(10)]
+
+
+def test_a_grouped_job_waits_for_a_seat_of_its_group(db: TestDb, store: Store,
+                                                     tmp_path: Path) -> None:
+    out, said = tmp_path / "slots.txt", tmp_path / "said.txt"
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("groups:\n  backups: 1\n"
+                    + TICK.format(out=out, more="") + "    group: backups\n")
+    slots = missed_slots(store, math.floor(time.time()) - 40, 2)
+    seat_row = "group:backups:1"
+    store.ensure_jobs([seat_row])
+    seat = store.claim_seat([seat_row], "other:1:x", 60.0, "dump")  # another job's run
+    assert seat is not None
+    with said.open("w") as sink:
+        proc = subprocess.Popen([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
+                                 "-f", str(jobs), "backfill", "tick", "--from",
+                                 env_slot(slots[0]), "--to", env_slot(slots[-1])],
+                                stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                env=clean_env(), cwd=REPO)
+        try:
+            wait_for(lambda: "tick: waiting: group backups at its limit (1): held by dump on "
+                     "other:1:x" in said.read_text(), 30, what="the wait for a seat")
+            assert not out.exists()  # nothing ran without its seat
+            store.release_seat(seat, "other:1:x")
+            assert proc.wait(timeout=60) == 0, said.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert lines(out) == [env_slot(s) for s in slots]
