@@ -60,6 +60,16 @@ class Refused(DblockrunError):
     """The rerun was refused: its slot is running now."""
 
 
+@dataclass(frozen=True)
+class Won:
+    """A claim of the job won: its token, its group's seat (if grouped),
+    and when it was sent (monotonic: where its lease counts from)."""
+
+    token: int
+    seat: tuple[str, int] | None
+    sent: float
+
+
 class Here:
     """Runs a job's passed slots in this process, one at a time: the one
     claim (``again``), a group seat, the run's record with its origin,
@@ -122,13 +132,13 @@ class Here:
             return f"{self.job.name} is disabled{why}"
         return None
 
-    def claim(self, slot: float | None, *, undone: bool, origin: tuple[str, int | None],
-              gone: Callable[[], str | None]) -> tuple[int, tuple[str, int] | None] | str:
-        """The job's lock for ``slot`` (None: a run with no slot): the token
-        and the group seat, waiting while the job is busy or its group full;
-        or why it is not run (``gone``: the slot ran meanwhile, or runs
-        now). Raises :class:`Stopped` when the fleet is paused, the job
-        disabled, or on Ctrl-C."""
+    def claim(self, slot: float | None, *, undone: bool,
+              gone: Callable[[], str | None]) -> Won | str:
+        """The job's lock for ``slot`` (None: a run with no slot) and its
+        group's seat, waiting while the job is busy or its group full; or
+        why it is not run (``gone``: the slot ran meanwhile, or runs now).
+        Raises :class:`Stopped` when the fleet is paused or the job
+        disabled, KeyboardInterrupt after a Ctrl-C."""
         from dblockrun.ops.actions import held_why
         from dblockrun.scheduling.limits import take_seat
         from dblockrun.store.engine import Claim
@@ -142,6 +152,7 @@ class Here:
             if (why := self.why_not()) is not None:
                 raise Stopped(why)
             engine.supersede(job.name, self.holder)  # a dead run of the slot holds nothing
+            sent = time.monotonic()  # the lease counts from the claim's request
             won = engine.claim(job.name, self.holder, self.ctx.lease, claim)
             if won is None:
                 if (why := gone()) is not None:
@@ -149,11 +160,11 @@ class Here:
                 wait = held_why(store, job.name) or "busy"
                 wait = f"{job.name} is {wait}"
             elif job.group is None:
-                return won.token, None
+                return Won(won.token, None, sent)
             else:
                 seat = take_seat(store, self.jobs, job, self.holder, self.ctx.lease)
                 if not isinstance(seat, str):
-                    return won.token, seat
+                    return Won(won.token, seat, sent)
                 store.release(job.name, self.holder, won.token)
                 wait = seat
             if wait != told:
@@ -161,15 +172,15 @@ class Here:
                 told = wait
             time.sleep(WAIT_POLL)
 
-    def run(self, slot: float | None, token: int, seat: tuple[str, int] | None,
-            origin: tuple[str, int | None], started: Callable[[int], None]) -> m.RunRecord:
+    def run(self, slot: float | None, won: Won, origin: tuple[str, int | None],
+            started: Callable[[int], None]) -> m.RunRecord:
         """Record the run and run it to its end (retries and on-failure
         included); its last attempt's record."""
         from dblockrun.running.runjob import JobRun
         from dblockrun.signals import handling
 
         job, store = self.job, self.store
-        sent = time.monotonic()
+        token, seat = won.token, won.seat
         try:
             run_id = store.start_run(job.name, self.holder, token=token, slot=slot,
                                      origin=origin)
@@ -183,7 +194,7 @@ class Here:
         def quiet(_line: bytes) -> None:
             """The command's output is its record's (``history --output``)."""
 
-        run = JobRun(self.ctx, job, token, slot, sent, run_id=run_id, seat=seat, origin=origin,
+        run = JobRun(self.ctx, job, token, slot, won.sent, run_id=run_id, seat=seat, origin=origin,
                      line_sink=quiet, on_start=self._pgid.append)
         with handling({signal.SIGINT: self._signalled, signal.SIGTERM: self._signalled}):
             run.run()
@@ -243,12 +254,12 @@ def backfill(store: Store, jobs: JobsFile, chosen: Plan, *, lease: float, keep_g
                     f"on {here.holder}")
 
             try:
-                got = here.claim(pending.slot, undone=True, origin=origin, gone=gone)
+                got = here.claim(pending.slot, undone=True, gone=gone)
                 if isinstance(got, str):
                     say(f"{job.name}: slot {stamp(pending.slot)}: not run: {got}")
                     tally.elsewhere += 1
                     continue
-                run = here.run(pending.slot, got[0], got[1], origin, started)
+                run = here.run(pending.slot, got, origin, started)
             except Stopped as exc:
                 raise Stopped(f"{job.name}: backfill stopped: {exc.message}; "
                               f"{tally.text()} (the same backfill runs what is left "
@@ -301,7 +312,7 @@ def rerun(store: Store, jobs: JobsFile | None, run_id: int, *, lease: float,
     origin = (RERUN, run_id)
     with Here(store, jobs, job, lease, say) as here:
         try:
-            got = here.claim(slot, undone=False, origin=origin, gone=going)
+            got = here.claim(slot, undone=False, gone=going)
         except Stopped as exc:
             raise Stopped(f"rerun of run {run_id} not started: {exc.message}") from None
         if isinstance(got, str):
@@ -313,6 +324,6 @@ def rerun(store: Store, jobs: JobsFile | None, run_id: int, *, lease: float,
             say(f"{job.name}: rerun of run {run_id} ({what}): run {new_id} started on "
                 f"{here.holder}")
 
-        run = here.run(slot, got[0], got[1], origin, started)
+        run = here.run(slot, got, origin, started)
     say(f"{job.name}: {_ended(run)}")
     return run
