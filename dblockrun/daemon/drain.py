@@ -9,8 +9,8 @@ again when told: a drain or undrain announced on the run-now channel
 (PostgreSQL's NOTIFY, MySQL's doorbell), or seen by SQLite's polled read
 of run requests, which reads the host's drain row in the same statement
 (store/inbox.py), or read from the audit trail by the bookkeeping round
-(dblockrun/daemon/fleet.py), whichever comes first; no new poll. A drain's end by its own time needs no
-read: the database clock passes it.
+(dblockrun/daemon/fleet.py), whichever comes first; no new poll. A
+drain's end by its own time needs no read: the database clock passes it.
 """
 
 from __future__ import annotations

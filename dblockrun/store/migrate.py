@@ -61,10 +61,14 @@ Version 10: job chains (``after:``): the table ``triggers`` (one row per
 downstream job and upstream run, made by ``create_all``) and the runs'
 ``upstream_job`` and ``upstream_run`` (nullable: the runs before have none).
 
-Version 11: the table ``drain`` (``dblockrun drain HOST``: a row per host
+Version 11: ``runs.origin`` and ``origin_run``: a run of a passed slot run
+again (``dblockrun backfill``, ``dblockrun rerun``) and the run it runs
+again, which ``history`` shows (nullable: the runs before have none).
+
+Version 12: the table ``drain`` (``dblockrun drain HOST``: a row per host
 name, made by ``create_all``), which the one claim predicate consults. A
-daemon of version 10 does not read it: drain a host only once its daemon
-is upgraded (``status`` shows each host's version).
+daemon of an older version still running does not read it: drain a host
+only once its daemon is upgraded (``status`` shows each host's version).
 """
 
 from __future__ import annotations
