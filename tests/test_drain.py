@@ -8,6 +8,7 @@ recorded `skipped: host drained` through the slot book; `undrain` and
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 from collections import Counter
@@ -30,7 +31,7 @@ jobs:
     command: 'true'
   long:
     rate: 1h
-    command: sleep 12
+    command: 'while [ ! -e {flag} ]; do sleep 0.1; done'
   each:
     cron: '*/2 * * * * *'
     on: every-host
@@ -45,55 +46,71 @@ def on(host: str, runs: list[m.RunRecord]) -> list[m.RunRecord]:
 @pytest.mark.slow
 def test_a_drained_host_starts_nothing_while_the_others_run_every_slot(
         db: TestDb, store: Store, fleet: Fleet) -> None:
-    jobs = fleet.jobs_file(JOBS)
-    alpha = fleet.start(jobs, "--label", "hostname=alpha", name="alpha", lease="6s")
+    flag = fleet.workdir / "finish-long"  # the long run ends when it appears
+    jobs = fleet.jobs_file(JOBS.format(flag=flag))
+    # 10 s leases: nothing here measures failover, and the long run must not
+    # lose its lease to a starved renewal under load.
+    alpha = fleet.start(jobs, "--label", "hostname=alpha", name="alpha", lease="10s")
     # alpha alone takes `long` first: the run the drain lets finish.
     (long_run,) = wait_for(lambda: on("alpha", store.control.running("long")) or None, 30,
                            what="long running on alpha")
     for name in ("beta", "gamma"):
-        fleet.start(jobs, "--label", f"hostname={name}", name=name, lease="6s")
+        fleet.start(jobs, "--label", f"hostname={name}", name=name, lease="10s")
     wait_for(lambda: len(store.live_hosts()) == 3 or None, 30, what="3 live daemons")
-    drain = subprocess.Popen(
-        [*dblockrun_cmd(), *fleet.database(), "drain", "alpha", "--reason", "kernel update",
-         "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
-        cwd=fleet.workdir)
-    out, err = drain.communicate(timeout=60)
-    assert (drain.returncode, err) == (0, ""), out
-    # It returned once the run was over: the run ended ok, not killed.
-    done = store.run(long_run.id)
-    assert done is not None and done.result == m.OK, done
-    lines = out.splitlines()
-    assert lines[0].startswith("host alpha drained until undrained in ")
-    # (a tick or an every-host run of alpha's may be ending too)
-    assert re.search(r": it starts nothing new, the other hosts take its slots; "
-                     r"\d+ runs? still going there will finish$", lines[0]), lines
-    waits = lines[1:-1]
-    assert waits and all(w.startswith("waiting for ") for w in waits), lines
-    assert f"long: run {long_run.id}, running for " in waits[-1], lines
-    assert lines[-1].startswith("host alpha: no run going any more (waited "), lines
+    said = fleet.workdir / "drain.out"
+    with said.open("w") as out:
+        drain = subprocess.Popen(
+            [*dblockrun_cmd(), *fleet.database(), "drain", "alpha", "--reason",
+             "kernel update", "--wait"], stdout=out, stderr=subprocess.STDOUT, text=True,
+            env=clean_env(), cwd=fleet.workdir)
+    waiting = f"long: run {long_run.id}, running for "
+    wait_for(lambda: waiting in said.read_text(), 30, what="drain --wait naming the long run")
     drained = store.drains.drained("alpha")
     assert drained is not None and drained.who == operator_id()
     since = drained.since
     # The daemon heard of it (NOTIFY, the doorbell, or its bookkeeping round).
     alpha.wait_log("host alpha drained by", 15)
-    # Four seconds of slots pass on the database clock.
-    wait_for(lambda: store.db_now() > since + 5, 20, interval=0.2)
-    end = store.db_now() - 1.5  # the slots whose runs have surely begun
-    ticks = [r for r in store.history("tick", 1000)
-             if r.slot is not None and since + 1 <= r.slot <= end]
+    # Four slots of tick after the drain: each has its record.
+    first = math.floor(since) + 1
+    slots = [float(first + i) for i in range(4)]
+
+    def ticks() -> list[m.RunRecord]:
+        return [r for r in store.history("tick", 1000) if r.slot in slots]
+
+    wait_for(lambda: {r.slot for r in ticks()} == set(slots) or None, 30, interval=0.2,
+             what="a record of each of four tick slots")
     # Nothing started on alpha: its only records since are its every-host skips.
     mine = on("alpha", [r for r in store.history(None, 1000) if r.started > since])
     assert {(r.job, r.result) for r in mine} <= {("each@alpha", m.SKIPPED)}, mine
-    assert all(r.host.split(":")[0] in ("beta", "gamma") for r in ticks), ticks
-    per_slot = Counter(r.slot for r in ticks)
-    assert len(per_slot) >= 3 and set(per_slot.values()) == {1}, per_slot
-    assert {r.result for r in ticks} == {m.OK}, ticks
+    recorded = ticks()
+    assert all(r.host.split(":")[0] in ("beta", "gamma") for r in recorded), recorded
+    per_slot = Counter(r.slot for r in recorded)
+    assert set(per_slot.values()) == {1}, per_slot
+    assert {r.result for r in recorded} == {m.OK}, recorded
     # alpha's every-host slots: recorded skipped, each once, by alpha.
     skipped = [r for r in store.history("each@alpha", 1000) if r.started > since]
     assert skipped and all(r.result == m.SKIPPED for r in skipped), skipped
     assert {r.output for r in skipped} == {"skipped: host drained\n"}
     assert len({r.slot for r in skipped}) == len(skipped)
     assert any(r.result == m.OK for r in store.history("each@beta", 1000) if r.started > since)
+    # --wait still waits for the run, which the drain leaves alone; it
+    # returns once the run has ended ok (not killed).
+    assert drain.poll() is None, said.read_text()
+    going = store.run(long_run.id)
+    assert going is not None and going.result == m.RUNNING, going
+    flag.touch()
+    assert drain.wait(timeout=60) == 0, said.read_text()
+    done = store.run(long_run.id)
+    assert done is not None and done.result == m.OK, done
+    lines = said.read_text().splitlines()
+    assert lines[0].startswith("host alpha drained until undrained in ")
+    # (a tick or an every-host run of alpha's may be ending too)
+    assert re.search(r": it starts nothing new, the other hosts take its slots; "
+                     r"\d+ runs? still going there will finish$", lines[0]), lines
+    waits = lines[1:-1]
+    assert waits and all(w.startswith("waiting for ") for w in waits), lines
+    assert waiting in waits[-1], lines
+    assert lines[-1].startswith("host alpha: no run going any more (waited "), lines
     # status says so first and marks the host; the audit trail has it.
     status = fleet.cli("status", "--wide")
     assert status.returncode == 0, status.stderr
