@@ -20,7 +20,6 @@ from dblockrun.config.secreturl import resolve_secrets
 from dblockrun.daemon.chains import Chains
 from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks
-from dblockrun.store.inbox import HeardInbox, Inbox, inbox_for
 from dblockrun.daemon.registry import Runs
 from dblockrun.daemon.reload import FileWatch, reloaded, reread
 from dblockrun.daemon.sdnotify import SystemdNotifier
@@ -52,6 +51,7 @@ from dblockrun.scheduling.targeting import (
 )
 from dblockrun.store import Store
 from dblockrun.store.dburl import describe as describe_db
+from dblockrun.store.inbox import HeardInbox, Inbox, inbox_for
 from dblockrun.store.models import CLAIM_TOLERANCE
 from dblockrun.store.outage import Outage
 from dblockrun.store.outage import describe as describe_outage

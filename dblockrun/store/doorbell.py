@@ -27,10 +27,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from dblockrun.store.requestwait import RequestWait
 from dblockrun.errors import DatabaseError
-from dblockrun.store.store import Store
 from dblockrun.store.drivers import is_interrupted
+from dblockrun.store.requestwait import RequestWait
+from dblockrun.store.store import Store
 from dblockrun.supervise import Threads
 
 log = logging.getLogger("dblockrun")
