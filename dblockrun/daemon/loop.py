@@ -302,10 +302,7 @@ class Daemon:
         self._plan_all()
         # What the start-up made (modules, jobs, plans) lives as long as the
         # daemon: out of the collector's way, which from here on collects
-        # (the daemon command held collections back until now). Its garbage
-        # goes first (a full collection also empties the free lists the
-        # start-up filled), so that its room serves what comes after.
-        gc.collect()
+        # (the daemon command held collections back until now).
         gc.freeze()
         gc.enable()
         self.systemd.ready(self._describe())
