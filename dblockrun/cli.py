@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import click
 
 from dblockrun import __version__
+from dblockrun.durations import FOREVER
 from dblockrun.errors import EXIT_INTERRUPTED, ConfigError, DblockrunError, UsageError
 from dblockrun.jobs import DEFAULT_QUEUE, WHEN_FULL
 
@@ -525,7 +526,7 @@ def disable(job: str, for_: str | None, until: str | None, reason: str | None,
             create: bool) -> None:
     """Pause JOB on every host (no duration: until `enable`)."""
     from dblockrun.ops.actions import Access, disable_job
-    from dblockrun.ops.output import iso
+    from dblockrun.timetext import iso
 
     if for_ and until:
         raise UsageError("give --for or --until, not both")
@@ -678,14 +679,14 @@ def pause(for_: str | None, reason: str | None) -> None:
     """Pause the whole fleet: no new run starts on any host (running ones
     finish) until `resume`, or for a while."""
     from dblockrun.ops.actions import Access
-    from dblockrun.ops.output import iso
+    from dblockrun.timetext import iso
 
     seconds = None if for_ is None else _duration(for_, "--for")
     entry = _audit("pause", reason=_reason(reason), detail=f"for {for_}" if for_ else None)
     with _open(Access.WRITE, _jobs_for_db()) as store:
         paused = store.control.pause(entry, seconds)
         where = _where(store)
-    until = "until resumed" if paused.ends >= _forever() else f"until {iso(paused.ends)}"
+    until = "until resumed" if paused.ends >= FOREVER else f"until {iso(paused.ends)}"
     click.echo(f"fleet paused {until} in {where}: no new run starts; running ones finish")
 
 
@@ -804,12 +805,6 @@ def web_hash_password(token: bool) -> None:
     click.echo(hash_password(password))
 
 
-def _forever() -> float:
-    from dblockrun.store import FOREVER
-
-    return FOREVER
-
-
 # Options end at the command's first word: in `exec -n x grep -v foo`, `-v` is grep's.
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True,
                                            "allow_interspersed_args": False})
@@ -879,31 +874,99 @@ def validate(jobs_file: str | None, max_running: int | None) -> None:
 
 
 @cli.command(name="next")
-@click.argument("jobs_file", metavar="[FILE]", required=False)
-@click.option("--count", "-c", default=3, show_default=True, type=click.IntRange(1, 1000),
+@click.argument("arguments", nargs=-1, metavar="[FILE] [JOB]...")
+@click.option("--count", "-c", default=5, show_default=True, type=click.IntRange(1, 1000),
               metavar="N", help="How many fire times per job.")
 @global_options()
 @handle_errors
-def next_(jobs_file: str | None, count: int) -> None:
-    """Show the next fire times of each job, in the job's timezone."""
-    from datetime import UTC, datetime
-    from zoneinfo import ZoneInfo
+def next_(arguments: tuple[str, ...], count: int) -> None:
+    """Show the next fire times of each job (or of the JOBs named), in the
+    job's timezone; the slots a calendar, blackout window or the active
+    range excludes are shown among them, marked skipped with the reason."""
+    import time
 
-    from dblockrun.durations import format_duration
-    from dblockrun.scheduling.cron import upcoming
+    from dblockrun.ops.output import next_lines
 
-    jobs = _load(_jobs_path(jobs_file))
-    now = datetime.now(UTC)
-    for job in jobs.jobs:
-        # after: a chain's job runs after another's runs, besides any schedule.
-        after = "" if job.after is None else job.after.text()
-        if job.cron is None:
-            rate = f"every {format_duration(job.rate)} (rate)" if job.rate is not None else ""
-            click.echo(f"{job.name}: {', '.join(t for t in (rate, after) if t)}")
-            continue
-        tz = ZoneInfo(job.timezone)
-        times = [t.astimezone(tz).isoformat() for t in upcoming(job.schedule, now, count)]
-        click.echo(f"{job.name}: {', '.join(times)}{'; ' + after if after else ''}")
+    path, names = _file_and_jobs(arguments)
+    jobs = _load(_jobs_path(path))
+    chosen = list(jobs.jobs)
+    if names:
+        missing = [name for name in names if jobs.job(name) is None]
+        if missing:
+            raise UsageError(f"no job {missing[0]!r} in {_shown(jobs.path)}")
+        chosen = [job for name in dict.fromkeys(names) if (job := jobs.job(name)) is not None]
+    for line in next_lines(chosen, time.time(), count):
+        click.echo(line)
+
+
+def _file_and_jobs(arguments: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
+    """``next [FILE] [JOB]...``: the first argument is the jobs file when it
+    names a path that exists, has a ``/`` or ends in ``.yaml``/``.yml``;
+    the others (all of them, else) are jobs of the file (-f, DBLOCKRUN_JOBS...)."""
+    import os
+
+    if not arguments:
+        return None, ()
+    first = arguments[0]
+    if os.path.lexists(first) or "/" in first or first.endswith((".yaml", ".yml")):
+        return first, arguments[1:]
+    return None, arguments
+
+
+@cli.command()
+@click.argument("new_file", metavar="NEW")
+@click.option("--current", metavar="FILE",
+              help="The jobs file the fleet runs now (default: -f, DBLOCKRUN_JOBS, then "
+                   "/etc/dblockrun/jobs.yaml if it exists); checked against the hashes the "
+                   "live daemons publish.")
+@click.option("--count", "-c", type=click.IntRange(1, 1000), metavar="N",
+              help="How many slots before and after per job (default 10; with --days: at "
+                   "most N).")
+@click.option("--days", type=click.FloatRange(min=0, min_open=True), metavar="D",
+              help="The slots within the next D days (at most 1000, or --count).")
+@click.option("--max-running", type=click.IntRange(min=1), metavar="N",
+              help="Also warn of jobs due together beyond a daemon's --max-running N.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@global_options()
+@handle_errors
+def plan(new_file: str, current: str | None, count: int | None, days: float | None,
+         max_running: int | None, as_json: bool) -> None:
+    """Show what deploying the jobs file NEW would do, against the database
+    the fleet uses: each job added, removed or changed (the keys, old ->
+    new), its next slots before and after, the passed slots a daemon
+    started with NEW would run or record missed, the limits NEW makes full,
+    and which live hosts run which definition now.
+
+    Exit status 0: nothing changes; 1: something does; 2: an error (a bad
+    file, the database unreachable)."""
+    from dblockrun.ops import plantext
+    from dblockrun.ops.actions import Access
+    from dblockrun.ops.plan import DEFAULT_COUNT, MOST_SLOTS, make_plan, read_fleet
+    from dblockrun.store.dburl import jobs_file
+
+    new = _load(new_file)
+    current_path = current if current is not None else jobs_file(_globals().file)[0]
+    now_file = _load(current_path) if current_path is not None else None
+    try:
+        with _open(Access.READ, now_file if now_file is not None else new) as store:
+            facts = read_fleet(store)
+            where = _where(store)
+    except (ConfigError, UsageError):
+        raise
+    except DblockrunError as exc:  # exit 1 says "changes": an error is 2 here
+        if _globals().debug:
+            raise
+        click.echo(f"dblockrun: {_shown(exc.message)}", err=True)
+        sys.exit(EXIT_USAGE)
+    shown = count if count is not None else MOST_SLOTS if days is not None else DEFAULT_COUNT
+    got = make_plan(new, now_file, facts, count=shown, days=days, max_running=max_running)
+    if as_json:
+        click.echo(plantext.plan_json(got, new.path, current_path, where))
+    else:
+        for line in plantext.plan_text(got, new.path, where):
+            click.echo(line)
+    if got.changed:
+        sys.exit(EXIT_RUNTIME)
 
 
 @cli.command(name="init-db")
@@ -1088,6 +1151,130 @@ def run_(job: str, timeout: str | None, no_wait: bool, wait_end: bool, cancel: b
                 click.echo(_shown(f"{run.job}: run {run.id} on {run.host} ended "
                                   f"{run.result}{code}{took}"))
                 status = status or exit_status(run)
+    if status:
+        sys.exit(status)
+
+
+def _lease_option(lease: str) -> float:
+    """``--lease`` of backfill and rerun, checked as exec's."""
+    from dblockrun.durations import format_duration, lease_too_short, too_short_message
+
+    seconds = _duration(lease, "--lease")
+    stop = lease_too_short(seconds, seconds / 3)
+    if stop is not None:
+        every = f"{format_duration(seconds / 3)} (a third of it)"
+        raise UsageError(f"{too_short_message(lease, every, stop)}; give a longer --lease")
+    return seconds
+
+
+def _say(line: str) -> None:
+    click.echo(_shown(line))
+    sys.stdout.flush()
+
+
+@cli.command()
+@click.argument("job", shell_complete=_complete_job)
+@click.option("--from", "from_", required=True, metavar="TIME",
+              help="The first slot's time: ISO 8601; without a zone, in the job's timezone "
+                   "(e.g. 2026-11-28T02:00, or 2026-11-28T01:00:00Z).")
+@click.option("--to", "to", required=True, metavar="TIME",
+              help="The last slot's time (included), as --from; later than now is now.")
+@click.option("--only", "only", multiple=True, metavar="KINDS",
+              help="Only slots recorded missed, skipped, whose last run failed (failed, "
+                   "timeout, killed, lost), or with no record: missed, skipped, failed, "
+                   "unrecorded; comma-separated or repeated (default: all of them).")
+@click.option("--dry-run", is_flag=True, help="List the slots it would run, and why; run none.")
+@click.option("--keep-going", is_flag=True,
+              help="Run the other slots after one that did not end ok (default: stop there).")
+@click.option("--lease", default="30s", show_default=True, metavar="DURATION",
+              help="Lease of each run, renewed every third of it.")
+@click.option("--reason", metavar="TEXT", help="Recorded in the audit trail.")
+@global_options()
+@handle_errors
+def backfill(job: str, from_: str, to: str, only: tuple[str, ...], dry_run: bool,
+             keep_going: bool, lease: str, reason: str | None) -> None:
+    """Run JOB's passed slots from --from to --to that have no run that ended
+    ok, here, oldest first, one at a time across the fleet, each as its own
+    slot (DBLOCKRUN_SLOT). The command comes from the local jobs file.
+    Exit status 0 if every slot ran ok (or none was left), 1 if one did not,
+    or the fleet's pause or the job's disable stopped it."""
+    from dblockrun.ops.actions import Access
+    from dblockrun.ops.again import backfill as run_backfill
+    from dblockrun.ops.backfill import KINDS, local_job, plan
+    from dblockrun.timetext import parse_time, stamp
+
+    _check_name(job)
+    _reason(reason)
+    kinds = [k.strip() for given in only for k in given.split(",") if k.strip()]
+    if unknown := sorted(set(kinds) - set(KINDS)):
+        raise UsageError(f"--only {', '.join(unknown)}: want {', '.join(KINDS)}")
+    lease_s = _lease_option(lease)
+    jobs = _jobs_for_db(always=True)
+    defined = local_job(jobs, job)
+    assert jobs is not None
+    first = parse_time(from_, "--from", defined.timezone)
+    last = parse_time(to, "--to", defined.timezone)
+    _setup_logging(logging.DEBUG if _globals().debug else logging.ERROR)
+    with _open(Access.WRITE, jobs) as store:
+        now = store.db_now()
+        if first > now:
+            raise UsageError(f"--from {stamp(first)} has not come yet (the database's clock "
+                             f"reads {stamp(now)}): only passed slots are backfilled")
+        chosen = plan(store, defined, first, min(last, now), kinds)
+        span = f"from {stamp(first)} to {stamp(chosen.last)}"
+        notes = [f"{n} {what}" for n, what in (
+            (chosen.done, "ran ok"), (chosen.running, "running now"),
+            (chosen.left_out, "left out by --only"),
+            (chosen.not_passed, "not passed yet (the daemons')")) if n]
+        also = f"; other slots: {', '.join(notes)}" if notes else ""
+        if not chosen.pending:
+            click.echo(f"{job}: no slot to backfill {span}{also}")
+            return
+        if dry_run:
+            click.echo(f"{job}: would backfill {len(chosen.pending)} slot(s) {span} "
+                       f"({chosen.counts()}){also}; nothing run (--dry-run)")
+            for pending in chosen.pending:
+                click.echo(f"{stamp(pending.slot)}  {pending.kind:<10}  {pending.detail}")
+            return
+        _say(f"{job}: backfilling {len(chosen.pending)} slot(s) {span} ({chosen.counts()})"
+             f"{also}")
+        detail = (f"{len(chosen.pending)} slot(s) {span}"
+                  + (f", only {','.join(kinds)}" if kinds else "")
+                  + (", keep going" if keep_going else ""))
+        tally = run_backfill(store, jobs, chosen, lease=lease_s, keep_going=keep_going,
+                             audit=_audit("backfill", job, reason=reason, detail=detail),
+                             say=_say)
+    _say(f"{job}: backfill done: {tally.text()}")
+    if tally.bad:
+        sys.exit(EXIT_RUNTIME)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN_ID", type=click.IntRange(1))
+@click.option("--lease", default="30s", show_default=True, metavar="DURATION",
+              help="Lease of the run, renewed every third of it.")
+@click.option("--reason", metavar="TEXT", help="Recorded in the audit trail.")
+@global_options()
+@handle_errors
+def rerun(run_id: int, lease: str, reason: str | None) -> None:
+    """Run the slot of run RUN_ID (an id from `history`) again, here, as a
+    new run under a new token, with the command of the local jobs file.
+    Refused (exit 1) while a run of that slot is going on. Exit status as
+    `run --wait`: 0 ok, the command's exit status if it failed, else 1."""
+    from dblockrun.ops.actions import Access, exit_status
+    from dblockrun.ops.again import rerun as run_again
+
+    _reason(reason)
+    lease_s = _lease_option(lease)
+    jobs = _jobs_for_db(always=True)
+    _setup_logging(logging.DEBUG if _globals().debug else logging.ERROR)
+    with _open(Access.WRITE, jobs) as store:
+        def audit(detail: str) -> Audit:
+            run = store.run(run_id)
+            return _audit("rerun", run.job if run else None, reason=reason, detail=detail)
+
+        run = run_again(store, jobs, run_id, lease=lease_s, audit=audit, say=_say)
+    status = exit_status(run)
     if status:
         sys.exit(status)
 

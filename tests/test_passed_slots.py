@@ -25,8 +25,8 @@ from dblockrun.events import Events
 from dblockrun.jobs import Job, JobsFile
 from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock
+from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Act, Cause, Due, Outcome, Planner, Row, passed, single
-from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.engine import in_transaction

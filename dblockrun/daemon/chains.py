@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import Job, JobsFile
+from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Cause
-from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store.models import Claimed, Trigger
 from dblockrun.store.outage import Outage

@@ -22,15 +22,9 @@ from dblockrun.metrics import Metrics
 from dblockrun.running.fanout import FanOut
 from dblockrun.running.heartbeat import DbClock
 from dblockrun.running.runjob import JobRun, RunContext
-from dblockrun.scheduling.limits import (
-    Go,
-    Queues,
-    Refused,
-    Seat,
-    full_reason,
-    take_lane,
-    take_seat,
-)
+from dblockrun.running.seats import Queues, take_lane, take_seat
+from dblockrun.running.slotbook import SlotBook
+from dblockrun.scheduling.limits import Go, Refused, Seat, full_reason
 from dblockrun.scheduling.planner import (
     SHARE_WAIT,
     Act,
@@ -41,7 +35,6 @@ from dblockrun.scheduling.planner import (
     Row,
     single,
 )
-from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.models import Claimed, Trigger

@@ -42,7 +42,7 @@ from dblockrun.supervise import Loop, Policy, Threads
 from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
-    from dblockrun.scheduling.slotbook import SlotBook
+    from dblockrun.running.slotbook import SlotBook
 
 log = logging.getLogger("dblockrun")
 
@@ -119,7 +119,7 @@ class FleetBooks:
         #: targeting (JSON; dblockrun/scheduling/targeting.py).
         self._labels = labels
         self._targets = targets
-        #: Records the slots a dead holder blocked (dblockrun/scheduling/slotbook.py).
+        #: Records the slots a dead holder blocked (dblockrun/running/slotbook.py).
         self._book = book
         #: Told of each run this host records lost (notifications, pings).
         self.events = events

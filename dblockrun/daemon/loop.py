@@ -41,13 +41,14 @@ from dblockrun.running.runjob import RunContext
 from dblockrun.running.runlog import log_run
 from dblockrun.running.runloop import RunLoop
 from dblockrun.running.runner import GRACE_RAN_OUT, SECOND_INTERRUPT
-from dblockrun.scheduling.limits import Queues
+from dblockrun.running.seats import Queues
+from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Planner
-from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.scheduling.targeting import (
     HOSTNAME,
     LocalJobs,
     label_text,
+    loads_labels,
 )
 from dblockrun.store import Store
 from dblockrun.store.dburl import describe as describe_db
@@ -324,10 +325,10 @@ class Daemon:
         while not self._stopping():
             try:
                 self.store.ensure_schema()
-                self.local.ensure_rows(self.store)
+                self._ensure_rows()
                 self.parts.books.report_bad_rows()
                 self.parts.books.round()
-                self.local.publish_next_due(self.store, self.clock.now())
+                self._publish_next_due()
                 self.outage.ok()
                 return True
             except (DatabaseRefused, SchemaTooNew):
@@ -350,7 +351,23 @@ class Daemon:
     def _warn_unmatched(self) -> None:
         """Warn of the jobs no live host's labels match: after a reload, and
         a few rounds after start-up (dblockrun/daemon/fleet.py ``SETTLE_ROUNDS``)."""
-        self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
+        if not any(j.run_on for j in self.local.file.jobs):
+            return  # no statement for files without run-on
+        live = [loads_labels(h.labels) for h in self.store.hosts(3 * self.options.heartbeat)
+                if h.id != self.holder]
+        for warning in self.local.unmatched_warnings(live):
+            log.warning("%s", warning)
+
+    def _ensure_rows(self) -> None:
+        """The lock rows of the jobs file, its seats and lanes, and this
+        host's every-host rows (two statements)."""
+        jobs, every_host = self.local.rows()
+        self.store.ensure_jobs(jobs)
+        self.store.ensure_every_host(every_host)
+
+    def _publish_next_due(self) -> None:
+        """Each enabled cron job's next slot, for `status` (one statement)."""
+        self.store.set_next_due(self.local.next_due(self.clock.now()))
 
     def _describe(self) -> str:
         """What the daemon runs, for systemd's STATUS= (no secret in it)."""
@@ -401,14 +418,14 @@ class Daemon:
         self.local.load(new)
         self._limits(spawn.start().pid)
         try:
-            self.local.ensure_rows(self.store)
+            self._ensure_rows()
             self.parts.books.report_bad_rows()
             self._warn_unmatched()
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
         self._plan_all(before=before)
         try:
-            self.local.publish_next_due(self.store, self.clock.now())
+            self._publish_next_due()
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
         reloaded(file_before, new)

@@ -157,8 +157,8 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
                             "by hand); not running (repair: dblockrun unlock %s)",
                             opts.name, bad_token_why(lock.token), opts.name)
                 return opts.busy_exit_code
-            from dblockrun.ops.actions import held_why
-            from dblockrun.ops.output import iso
+            from dblockrun.running.holder import held_why
+            from dblockrun.timetext import iso
 
             full = target.store()
             if lock is not None and lock.disabled_until is not None and (

@@ -60,6 +60,10 @@ hosts' definitions show as different.
 Version 10: job chains (``after:``): the table ``triggers`` (one row per
 downstream job and upstream run, made by ``create_all``) and the runs'
 ``upstream_job`` and ``upstream_run`` (nullable: the runs before have none).
+
+Version 11: ``runs.origin`` and ``origin_run``: a run of a passed slot run
+again (``dblockrun backfill``, ``dblockrun rerun``) and the run it runs
+again, which ``history`` shows (nullable: the runs before have none).
 """
 
 from __future__ import annotations

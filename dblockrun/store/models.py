@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from dblockrun.jobs import LANE_PREFIX as LANE_PREFIX
+from dblockrun.jobs import SEAT_PREFIX as SEAT_PREFIX
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -92,6 +95,10 @@ class RunRecord:
     #: A run an upstream run started (``after:``): that job and its run's record.
     upstream_job: str | None = None
     upstream_run: int | None = None
+    #: A passed slot run again: ``backfill`` or ``rerun``, and the run it
+    #: runs again (dblockrun/ops/backfill.py).
+    origin: str | None = None
+    origin_run: int | None = None
 
     @property
     def live(self) -> bool:
@@ -103,6 +110,16 @@ class RunRecord:
     def duration(self) -> float | None:
         """None while running, or when a time was edited into NaN or infinity."""
         return run_seconds(self.started, self.finished)
+
+
+class SlotRecord(NamedTuple):
+    """A record of a job's slot (``Store.slot_records``): a run, or a
+    passed slot (a summary record: the slots from ``covers_from`` to ``slot``)."""
+
+    id: int
+    slot: float
+    covers_from: float | None
+    result: str
 
 
 def run_seconds(started: float, finished: float | None) -> float | None:
@@ -243,13 +260,6 @@ _FIELDS: dict[type, tuple[tuple[str, type[int] | type[float] | None], ...]] = {}
 _NUMBER = {"int": int, "int | None": int, "float": float, "float | None": float}
 
 
-#: The seat rows of a limit group (dblockrun/scheduling/limits.py) in the locks table
-#: are named ``group:NAME:N``; no job can be (a job name has no ``:``).
-SEAT_PREFIX = "group:"
-#: The lane rows of an ``overlap: allow N`` job (dblockrun/scheduling/limits.py),
-#: ``lane:JOB:1`` ... ``lane:JOB:N``: each running run holds one, with the
-#: job's fencing token of its claim. Neither kind of row is a job.
-LANE_PREFIX = "lane:"
 NOT_JOB_PREFIXES = (SEAT_PREFIX, LANE_PREFIX)
 
 

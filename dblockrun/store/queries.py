@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from dblockrun.store.models import LANE_PREFIX, RUNNING, TOKEN_MAX, WAITING
+from dblockrun.store.models import LANE_PREFIX, OK, RUNNING, TOKEN_MAX, WAITING
 
-SCHEMA_VERSION = 10  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 11  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
 #                       nullable columns and tables, added by store/migrate.py;
 #                    5: locks.prev_slot and prev_until (a claim's jump over held slots);
@@ -32,6 +32,7 @@ SCHEMA_VERSION = 10  # 2: items (fan-out jobs); 3: names compared byte for byte 
 #                    8: hosts.fields (drift names the fields that differ)
 #                    9: sessions (dblockrun web's), meta fleet_key (keyed definition hashes)
 #                   10: triggers, runs.upstream_job and upstream_run (after:, job chains)
+#                   11: runs.origin and origin_run (backfill and rerun runs)
 
 #: The operator actions each daemon logs as its bookkeeping reads them from
 #: the audit trail (dblockrun/daemon/fleet.py).
@@ -65,6 +66,11 @@ class ClaimShape:
     #: A batch's second look (what no other host took): wait for the rows
     #: other hosts are claiming instead of skipping them (no SKIP LOCKED).
     wait: bool = False
+    #: A passed slot run again (``backfill``, ``rerun``; dblockrun/ops/backfill.py):
+    #: the job's last slot is at or past it and no run of it is going on.
+    again: bool = False
+    #: With ``again`` (``backfill``): and no run of it ended ``ok``.
+    undone: bool = False
 
     @property
     def cleans(self) -> bool:
@@ -137,7 +143,7 @@ class Queries:
     @staticmethod
     def iso(seconds: str) -> str:
         """Epoch ``seconds`` as ``2026-11-22T21:53:17.123Z`` (as
-        ``dblockrun.ops.output.iso`` writes them)."""
+        ``dblockrun.timetext.iso`` writes them)."""
         return (f"to_char(to_timestamp({seconds}) AT TIME ZONE 'UTC', "
                 "'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")
 
@@ -211,6 +217,18 @@ class Queries:
                          f"{table}.last_start <= {now} - {p('rate')} + {p('rate_tol')})")
         if shape.requested:
             conds.append(f"{table}.run_requested IS NOT NULL")
+        if shape.again:
+            # A slot the fleet has passed (its claims are over: no daemon
+            # claims it any more), not running now; for a backfill, not run
+            # ok either. The lease serializes the claims of one job, so a
+            # slot's run record is written (and its result, before the
+            # release) by the time the next claim of the job can win.
+            runs = self.runs
+            done = f"'{RUNNING}', '{WAITING}'" + (f", '{OK}'" if shape.undone else "")
+            conds.append(f"{table}.last_slot >= {p('again')}")
+            conds.append(f"NOT EXISTS (SELECT 1 FROM {runs} WHERE {runs}.job = {table}.name "
+                         f"AND {runs}.item IS NULL AND {runs}.slot = {p('again')} "
+                         f"AND {runs}.result IN ({done}))")
         return " AND ".join(conds)
 
     def claim_write(self, table: str, shape: ClaimShape, rows: str, *, token: str = "",
@@ -694,6 +712,14 @@ class Queries:
                 f"upstream_run = {p('upstream_run')} WHERE {runs}.id = {p('run_id')}")
 
     @cached_property
+    def run_origin(self) -> str:
+        """A run record's origin (``backfill``, ``rerun``) and the run it
+        runs again (written in the transaction that records it)."""
+        runs, p = self.runs, self.p
+        return (f"UPDATE {runs} SET origin = {p('origin')}, origin_run = {p('origin_run')} "
+                f"WHERE {runs}.id = {p('run_id')}")
+
+    @cached_property
     def prune_triggers(self) -> str:
         """Forget the taken triggers of upstream runs that ended before
         ``before`` (older than any run the bookkeeping looks at)."""
@@ -713,7 +739,7 @@ class Queries:
         """Advance the job's last slot to ``slot`` without running the slots
         from ``first`` up to it: only while none of them is handled yet (the
         last slot still before ``first``), so one host records them
-        (dblockrun/scheduling/slotbook.py)."""
+        (dblockrun/running/slotbook.py)."""
         locks, p = self.locks, self.p
         # ``next``: the job's next slot after them, for ``status`` (None:
         # left as it is; the claim of a slot the plan runs publishes it).
@@ -742,12 +768,12 @@ class Queries:
 
     def passed_runs(self, count: int) -> str:
         """The records of ``count`` passed slots in one statement (``slotN``,
-        ``outN``, ``fromN``: a summary's first slot; they ran nowhere: no
-        token, started and finished now)."""
+        ``resultN``, ``outN``, ``fromN``: a summary's first slot; they ran
+        nowhere: no token, started and finished now)."""
         p, now = self.p, self.now
         rows = ", ".join(
             f"({p('job')}, NULL, {p('host')}, {p(f'slot{i}')}, NULL, 1, {now}, {now}, "
-            f"{p('result')}, {p(f'out{i}')}, {p(f'from{i}')})" for i in range(count))
+            f"{p(f'result{i}')}, {p(f'out{i}')}, {p(f'from{i}')})" for i in range(count))
         return f"INSERT INTO {self.runs} ({RUN_COLUMNS}, output, covers_from) VALUES {rows}"
 
     @staticmethod

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from dblockrun.durations import FOREVER as FOREVER
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.redact import url as redact
@@ -42,9 +43,6 @@ from dblockrun.store.sessions import SessionStore
 
 T = TypeVar("T")
 log = logging.getLogger("dblockrun")
-
-#: ``disable`` with no duration: until 9999-12-31.
-FOREVER = 253402300799.0
 
 DEFAULT_PREFIX = "dblockrun_"
 #: The ``meta`` row of the fleet's secret (:meth:`Store.fleet_key`).
@@ -550,6 +548,21 @@ class Store:
             if slot <= upto:
                 slots.add(float(slot))
         return slots, ranges
+
+    def slot_records(self, job: str, first: float, last: float) -> list[m.SlotRecord]:
+        """The job's records of its slots in [``first``, ``last``] (and the
+        summary records that reach into it), oldest first, their results as
+        :meth:`shown_runs` shows them (a dead holder's: lost): what
+        ``backfill`` reads to find the slots with no run that ended ok."""
+        runs = self.t.runs
+        shown = self.shown_runs(output=False).selected_columns
+        stmt = (sa.select(shown.id, shown.slot, shown.covers_from, shown.result)
+                .where(runs.c.job == job, runs.c.item.is_(None), runs.c.slot >= first,
+                       sa.func.coalesce(runs.c.covers_from, runs.c.slot) <= last)
+                .order_by(runs.c.id))
+        return self._run(lambda c: [m.SlotRecord(int(r[0]), float(r[1]),
+                                                 None if r[2] is None else float(r[2]), str(r[3]))
+                                    for r in c.execute(stmt)])
 
     def newest_record_slot(self, job: str, before: float) -> float | None:
         """The newest slot before ``before`` the job has a record of."""

@@ -65,7 +65,8 @@ def perform(store: Store, user: str, act: ActionRequest) -> tuple[str, dict[str,
     """Do ``act`` as ``user``: (what was done, in a sentence; the same as JSON).
     UsageError (bad input, no such job) or DblockrunError (it cannot be done)."""
     from dblockrun.ops import actions as ops
-    from dblockrun.ops.output import iso, pause_json, run_json
+    from dblockrun.ops.output import pause_json, run_json
+    from dblockrun.timetext import iso
 
     if act.action not in ACTIONS:
         raise UsageError(f"no action {act.action!r}")

@@ -167,7 +167,7 @@ def _definition(request: Request, name: str, job: dict[str, Any] | None) -> dict
     """The Job page's definition: this server's jobs file's (``-f``), and each
     live host's hash with, where it differs, the keys that do (``status
     --json``'s ``drift_keys``)."""
-    from dblockrun.web.definition import file_job, shown_definition
+    from dblockrun.ops.definition import file_job, shown_definition
 
     cfg = config(request)
     jobs = cfg.jobs
