@@ -48,13 +48,36 @@ class Listener(Protocol):
     def stop(self) -> None: ...
 
 
+class DrainRow:
+    """This host's drain row as the reads of run requests bring it (``@drain
+    SINCE ENDS``: :meth:`Store.requested <dblockrun.store.store.Store.requested>`),
+    in the same statement: a change since the last read (a drain or an
+    undrain) is handed on as :data:`DRAIN_NOTE` (dblockrun/daemon/drain.py)."""
+
+    def __init__(self, store: Store, host: str | None) -> None:
+        self.store = store
+        self.host = host
+        self._seen: set[str] | None = None  # None: not read yet
+
+    def requested(self) -> list[str]:
+        names = self.store.requested(self.host)
+        drain = {n for n in names if n.startswith(DRAIN_NOTE)}
+        names = [n for n in names if n not in drain]
+        if self._seen is not None and drain != self._seen:
+            names.append(DRAIN_NOTE)
+        self._seen = drain
+        return names
+
+
 class HeardInbox:
     """PostgreSQL and MySQL/MariaDB: requests are heard by a listener (or
     with none, read by the bookkeeping rounds alone)."""
 
     def __init__(self, store: Store, wake: Callable[[], None], heartbeat: float,
-                 listener: Callable[[HeardInbox], Listener] | None) -> None:
+                 listener: Callable[[HeardInbox], Listener] | None,
+                 host: str | None = None) -> None:
         self.store = store
+        self._drain = DrainRow(store, host)
         self.heartbeat = heartbeat
         self._wake = wake
         self._heard: set[str] = set()
@@ -75,14 +98,9 @@ class HeardInbox:
             heard, read_all = self._heard, self._all
             self._heard, self._all = set(), False
         if read_all:
-            found = self.store.requested()
-            heard.update(found)
-            if not found:
-                # Woken with no request filed (MySQL's doorbell, rung by a
-                # drain or a kill; a listener's connect): a drain may have
-                # been announced (dblockrun/daemon/drain.py). A run request's
-                # wake costs no statement more.
-                heard.add(DRAIN_NOTE)
+            # (MySQL's doorbell, rung by a request, a kill or a drain; a
+            # listener's connect): the drain row comes with the requests.
+            heard.update(self._drain.requested())
         return sorted(heard) if heard else None
 
     def due_in(self) -> float:
@@ -105,9 +123,8 @@ class PolledInbox:
     def __init__(self, store: Store, every: float, host: str | None = None) -> None:
         self.store = store
         self.every = every
-        self.host = host
+        self._drain = DrainRow(store, host)
         self._next = 0.0
-        self._drain: set[str] | None = None  # the drain row as last read (None: not yet)
 
     def hear(self, names: list[str] | None) -> None:
         self._next = 0.0
@@ -116,13 +133,7 @@ class PolledInbox:
         if time.monotonic() < self._next:
             return None
         self._next = time.monotonic() + self.every
-        names = self.store.requested(self.host)
-        drain = {n for n in names if n.startswith(DRAIN_NOTE)}
-        names = [n for n in names if n not in drain]
-        if self._drain is not None and drain != self._drain:
-            names.append(DRAIN_NOTE)
-        self._drain = drain
-        return names
+        return self._drain.requested()
 
     def due_in(self) -> float:
         return self._next - time.monotonic()
@@ -139,15 +150,16 @@ def inbox_for(store: Store, wake: Callable[[], None], heartbeat: float, poll: fl
               host: str | None = None) -> Inbox:
     """``killed(gap)``: renew the leases now, at most once per ``gap``
     seconds (None: per heartbeat); a kill may have been asked for.
-    ``host``: this daemon's host name, whose drain a polled inbox reads."""
+    ``host``: this daemon's host name, whose drain row comes with each read
+    of the requests (:class:`DrainRow`)."""
     if store.lock.q.one_round:
         if store.pooler == "transaction":
-            return HeardInbox(store, wake, heartbeat, None)
+            return HeardInbox(store, wake, heartbeat, None, host)
         return HeardInbox(store, wake, heartbeat, lambda inbox: RequestListener(
-            store, inbox.hear, heartbeat, killed=lambda: killed(None), threads=threads))
+            store, inbox.hear, heartbeat, killed=lambda: killed(None), threads=threads), host)
     if store.dialect.name == "mysql":
         from dblockrun.store.doorbell import Doorbell
 
         return HeardInbox(store, wake, heartbeat, lambda inbox: Doorbell(
-            store, inbox.hear, heartbeat, killed=killed, threads=threads))
+            store, inbox.hear, heartbeat, killed=killed, threads=threads), host)
     return PolledInbox(store, poll, host)
