@@ -6,9 +6,9 @@ The database refuses a drained host's claims whatever the daemon knows
 and to record its every-host slots ``skipped: host drained`` through the
 slot book (no other host may run them). It reads its row at start-up and
 again when told: a drain or undrain announced on the run-now channel
-(PostgreSQL's NOTIFY, MySQL's doorbell), or seen by SQLite's polled read
-of run requests, which reads the host's drain row in the same statement
-(store/inbox.py), or read from the audit trail by the bookkeeping round
+(PostgreSQL's NOTIFY), or seen by the read of run requests that MySQL's
+doorbell wakes and SQLite polls, which reads the host's drain row in the
+same statement (store/inbox.py ``DrainRow``), or read from the audit trail by the bookkeeping round
 (dblockrun/daemon/fleet.py), whichever comes first; no new poll. A
 drain's end by its own time needs no read: the database clock passes it.
 """
