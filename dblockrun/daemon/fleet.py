@@ -42,6 +42,7 @@ from dblockrun.supervise import Loop, Policy, Threads
 from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
+    from dblockrun.notify.alerts import Alerts
     from dblockrun.scheduling.slotbook import SlotBook
 
 log = logging.getLogger("dblockrun")
@@ -104,7 +105,8 @@ class FleetBooks:
                  book: SlotBook | None = None,
                  threads: Threads | None = None,
                  events: Events | None = None,
-                 settled: Callable[[], None] | None = None) -> None:
+                 settled: Callable[[], None] | None = None,
+                 alerts: Alerts | None = None) -> None:
         self.store = store
         self.holder = holder
         self.heartbeat = heartbeat
@@ -125,6 +127,9 @@ class FleetBooks:
         self.events = events
         #: Called once, after :data:`SETTLE_ROUNDS` rounds (the run-on check).
         self._settled = settled
+        #: The jobs' ``expect:`` alerts, looked at after each round
+        #: (dblockrun/notify/alerts.py: no statement without such jobs).
+        self._alerts = alerts
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
         #: Rounds since the held slots were last looked at.
@@ -177,6 +182,8 @@ class FleetBooks:
         rounds done then (bench/idle_hosts.py drives many hosts' steps).
         Raises :class:`~dblockrun.errors.DatabaseError`."""
         self.round()
+        if self._alerts is not None:
+            self._alerts.check()
         self.store.trim_pool()
         if rounds + 1 == SETTLE_ROUNDS and self._settled is not None:
             self._settled()  # (a database error: again after the next round)

@@ -60,6 +60,11 @@ hosts' definitions show as different.
 Version 10: job chains (``after:``): the table ``triggers`` (one row per
 downstream job and upstream run, made by ``create_all``) and the runs'
 ``upstream_job`` and ``upstream_run`` (nullable: the runs before have none).
+
+Version 11: the alerts ledger, the table ``alerts`` (made by ``create_all``):
+a job's ``expect:`` alerts (late, slow, fast) and notification storms, each
+a row inserted once across the fleet. Nothing is converted: a daemon of
+version 10 knows no ``expect:`` and sends no storm.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from dblockrun.config.jobs import EVERY_HOST_SEP
 from dblockrun.errors import DatabaseError
 from dblockrun.redact import url as redact
 from dblockrun.store import models as m
+from dblockrun.store.alerts import AlertStore
 from dblockrun.store.control import Audit, ControlStore
 from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file
 from dblockrun.store.drivers import (
@@ -136,6 +137,7 @@ class Store:
         self._items: ItemStore | None = None
         self._control: ControlStore | None = None
         self._sessions: SessionStore | None = None
+        self._alerts: AlertStore | None = None
         self._fleet_key: bytes | None = None
 
     # -- plumbing ---------------------------------------------------------
@@ -222,6 +224,13 @@ class Store:
         if self._sessions is None:
             self._sessions = SessionStore(self)
         return self._sessions
+
+    @property
+    def alerts(self) -> AlertStore:
+        """The alerts ledger: ``expect:`` alerts and storms (store/alerts.py)."""
+        if self._alerts is None:
+            self._alerts = AlertStore(self)
+        return self._alerts
 
     # -- schema -------------------------------------------------------------
 
