@@ -115,7 +115,15 @@ class AlertStore:
         stmt = self.s.dialect.insert_ignore(t.alerts).values(
             job=job, kind=kind, ref=ref, opened=now, cleared=now if cleared else None,
             host=host, cause=cause, detail=detail[:1000] or None)
-        return bool(self.s._run(lambda c: c.execute(stmt).rowcount == 1))
+        return bool(self.s._run(lambda c: self._inserted(c, stmt)))
+
+    def _inserted(self, conn: Connection, stmt: Any) -> bool:
+        """Whether an insert that ignores a row already there made its row
+        (PostgreSQL's ON CONFLICT DO NOTHING reports no row count through
+        SQLAlchemy: it returns the row it made)."""
+        if self.s.dialect.name == "postgresql":
+            return conn.execute(stmt.returning(self.s.t.alerts.c.job)).first() is not None
+        return bool(conn.execute(stmt).rowcount == 1)
 
     def clear(self, job: str, kind: str, ref: str) -> bool:
         """Mark the alert cleared; whether this host's update did (it sends
@@ -180,10 +188,9 @@ class AlertStore:
         key = sa.and_(t.c.job == "", t.c.kind == STORM, t.c.ref == cause)
 
         def go(conn: Connection) -> bool:
-            made = conn.execute(self.s.dialect.insert_ignore(t).values(
-                job="", kind=STORM, ref=cause, opened=now, cleared=now, host=host,
-                cause=cause, detail=detail[:1000]))
-            if made.rowcount == 1:
+            if self._inserted(conn, self.s.dialect.insert_ignore(t).values(
+                    job="", kind=STORM, ref=cause, opened=now, cleared=now, host=host,
+                    cause=cause, detail=detail[:1000])):
                 return True
             taken = conn.execute(t.update().where(key, t.c.cleared < now - window).values(
                 opened=now, cleared=now, host=host, detail=detail[:1000]))
