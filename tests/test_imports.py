@@ -18,9 +18,9 @@ from helpers import REPO, TestDb, clean_env, free_port, imported_modules, wait_f
 PACKAGE = REPO / "dblockrun"
 
 #: The one circle left, inside the store package: Store hands itself to its
-#: SQL helpers (control, items, sessions, status), which name its type back.
-INSIDE_STORE = {"dblockrun.store.control", "dblockrun.store.items", "dblockrun.store.status",
-                "dblockrun.store.sessions", "dblockrun.store.store"}
+#: SQL helpers (alerts, control, items, sessions, status), which name its type back.
+INSIDE_STORE = {"dblockrun.store.alerts", "dblockrun.store.control", "dblockrun.store.items",
+                "dblockrun.store.status", "dblockrun.store.sessions", "dblockrun.store.store"}
 
 #: What a store module may import from outside the store package.
 STORE_MAY_IMPORT = {"dblockrun.errors", "dblockrun.config.jobs", "dblockrun.secretfile",

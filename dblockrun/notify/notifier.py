@@ -412,9 +412,11 @@ class Notifier:
             by_cause.setdefault(passed.cause, []).append(passed)
         for cause, events in by_cause.items():
             if not self._stormed(cause, events, settings):
-                for p in events:
+                for p in events:  # sent here: a stop's close queued this last
                     if p.result == m.MISSED:
-                        self.missed(p.job, p.slot, p.late, _missed_rule(p))
+                        title, body = missed_message(p.job, self.holder, p.slot, p.late,
+                                                     _missed_rule(p), self.hostname)
+                        self._notify(p.job, MISSED, title, body, "warning")
 
     def _stormed(self, cause: str, events: list[SlotPassed], settings: Storm) -> bool:
         """Whether ``events`` are part of a storm (sent here, or by another host)."""
@@ -467,8 +469,15 @@ class Notifier:
         """Send what is queued, for up to ``timeout`` seconds (a shutdown)."""
         with self._lock:
             thread = self._thread
+            timer, self._timer = self._timer, None
         if thread is None:
             return
+        if timer is not None:  # the passed slots waiting for their storm: decided now
+            timer.cancel()
+            try:
+                self._queue.put(self._decide_storm, timeout=timeout)
+            except queue.Full:
+                return
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:
