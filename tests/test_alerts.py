@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 EVERY_SECOND = '"* * * * * *"'
 #: Daemons that do not measure failover hold leases of 6 s; their
 #: bookkeeping (where alerts are looked for) runs every 2.4 s.
-TIMING = {"heartbeat": "2s", "lease": "6s"}
+HEARTBEAT, LEASE = "2s", "6s"
 
 
 def events(hooks: Hooks) -> list[str]:
@@ -44,7 +44,7 @@ def test_a_slow_run_is_alerted_while_it_runs_once_across_three_daemons_then_reco
             "    command: 'until [ -e done ]; do sleep 0.2; done'\n"
             "    expect: {max: 3s}\n"
             f"    notify: {{urls: ['{hooks.url('json', '/hook')}'], on: [slow, recovery]}}\n")
-    daemons = [fleet.start(jobs, name=name, **TIMING) for name in "abc"]
+    daemons = [fleet.start(jobs, name=name, heartbeat=HEARTBEAT, lease=LEASE) for name in "abc"]
     slow = daemons[0].wait(lambda: hook(hooks, "slow"), 30, "the slow alert")
     (run,) = runs_of(store, "long")
     assert run.result == m.RUNNING  # sent while it runs, not after
@@ -72,7 +72,7 @@ def test_late_fires_while_the_run_is_still_going_past_finish_by_once_across_thre
             "    command: 'until [ -e done ]; do sleep 0.2; done'\n"
             f"    expect: {{finish-by: \"{deadline:%H:%M:%S}\"}}\n"
             f"    notify: {{urls: ['{hooks.url('json', '/hook')}'], on: [late, recovery]}}\n")
-    daemons = [fleet.start(jobs, name=name, **TIMING) for name in "abc"]
+    daemons = [fleet.start(jobs, name=name, heartbeat=HEARTBEAT, lease=LEASE) for name in "abc"]
     first = daemons[0].wait(lambda: next(iter(runs_of(store, "nightly")), None), 20,
                             "the first run")
     assert first.slot is not None and first.slot < deadline.timestamp()
@@ -96,7 +96,7 @@ def test_late_fires_when_a_slot_has_not_started_within_start_within_and_recovers
     jobs = (f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n    command: 'true'\n"
             "    expect: {start-within: 2s}\n"
             f"    notify: {{urls: ['{hooks.url('json', '/hook')}'], on: [late, recovery]}}\n")
-    daemons = [fleet.start(jobs, name=name, **TIMING) for name in "abc"]
+    daemons = [fleet.start(jobs, name=name, heartbeat=HEARTBEAT, lease=LEASE) for name in "abc"]
     daemons[0].wait(lambda: len(runs_of(store, "tick", m.OK)) >= 1, 30, "a first run")
     assert fleet.cli("pause", "--reason", "test").returncode == 0
     late = daemons[0].wait(lambda: hook(hooks, "late"), 30, "the late alert")
@@ -111,7 +111,8 @@ def test_late_fires_when_a_slot_has_not_started_within_start_within_and_recovers
 def test_a_run_that_ends_under_min_is_fast(store: Store, fleet: Fleet, hooks: Hooks) -> None:
     d = fleet.start("jobs:\n  quick:\n    rate: 1h\n    command: 'echo done'\n"
                     "    expect: {min: 30s}\n"
-                    f"    notify: {{urls: ['{hooks.url('json', '/hook')}']}}\n", **TIMING)
+                    f"    notify: {{urls: ['{hooks.url('json', '/hook')}']}}\n",
+                    heartbeat=HEARTBEAT, lease=LEASE)
     fast = d.wait(lambda: hook(hooks, "fast"), 30, "the fast alert")
     (run,) = runs_of(store, "quick")
     assert run.result == m.OK and fast.field("run") == str(run.id)
@@ -125,7 +126,7 @@ def test_after_3_holds_the_first_two_failures_in_a_row(
 ) -> None:
     d = fleet.start(f"jobs:\n  broken:\n    cron: {EVERY_SECOND}\n    command: 'exit 4'\n"
                     f"    notify: {{urls: ['{hooks.url('json', '/hook')}'], on: [failure], "
-                    "after: 3}\n", **TIMING)
+                    "after: 3}\n", heartbeat=HEARTBEAT, lease=LEASE)
     d.wait(lambda: len(hooks.under("/hook")) >= 2, 30, "two failure notifications")
     assert d.stop() == 0
     failed = runs_of(store, "broken", m.FAILED)
@@ -143,13 +144,13 @@ def test_fifty_jobs_missed_in_one_outage_give_one_storm_notification(
     jobs = "jobs:\n" + "".join(
         f"  job-{i:02d}:\n    cron: '*/4 * * * * *'\n    command: 'true'\n    catch-up: none\n"
         f"    notify: {{urls: ['{url}'], on: [missed]}}\n" for i in range(50))
-    first = fleet.start(jobs, name="first", **TIMING)
+    first = fleet.start(jobs, name="first", heartbeat=HEARTBEAT, lease=LEASE)
     names = [f"job-{i:02d}" for i in range(50)]
     first.wait(lambda: all(runs_of(store, n, m.OK) for n in names), 60, "a run of each job")
     assert first.stop() == 0
     stopped = store.db_now()
     wait_for(lambda: store.db_now() > stopped + 9, 20, what="two slots passed while down")
-    daemons = [fleet.start(jobs, name=name, **TIMING) for name in "abc"]
+    daemons = [fleet.start(jobs, name=name, heartbeat=HEARTBEAT, lease=LEASE) for name in "abc"]
     storm = daemons[0].wait(lambda: hook(hooks, "storm"), 40, "the storm notification")
     # Every job's passed slots are recorded as before ...
     wait_for(lambda: all(runs_of(store, n, m.MISSED) for n in names), 20,
