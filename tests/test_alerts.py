@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from harness import Fleet
@@ -18,6 +19,8 @@ from hooks import Hit, Hooks
 
 from dblockrun.config.load import load_jobs_text
 from dblockrun.errors import ConfigError
+from dblockrun.events import Events
+from dblockrun.notify.alerts import Alerts, finish_deadline
 from dblockrun.store import Store
 from dblockrun.store import models as m
 
@@ -217,3 +220,36 @@ def test_storm_and_expect_errors_exit_2_and_defaults_may_hold_expect(tmp_path: P
         f"dblockrun: {bad}:6: job 'a': expect.finish-by: only for a cron job (a slot is "
         "what starts within it or finishes by it)",
     ]
+
+
+def test_a_file_without_expect_costs_a_round_no_statement_and_one_with_it_one(
+    store: Store
+) -> None:
+    store.ensure_jobs(["a", "b"])
+    plain = load_jobs_text("jobs:\n  a: {cron: '* * * * *', command: 'true'}\n"
+                           "  b: {rate: 1h, command: 'true', expect: {min: 1s}}\n", "jobs.yaml")
+    before = store.statements
+    Alerts(store, "host", lambda: plain, Events()).check()
+    assert store.statements == before  # min alone is looked at when a run ends
+    watched = load_jobs_text(
+        "jobs:\n  a: {cron: '* * * * *', command: 'true', expect: {max: 1h}}\n"
+        "  b: {rate: 1h, command: 'true', expect: {max: 1h}}\n", "jobs.yaml")
+    before = store.statements
+    Alerts(store, "host", lambda: watched, Events()).check()
+    assert store.statements == before + 1  # one read for every watched job
+
+
+def test_finish_by_is_the_first_such_time_after_the_slot_in_the_jobs_zone() -> None:
+    (job,) = load_jobs_text("jobs:\n  nightly:\n    cron: '0 2 * * *'\n    command: 'true'\n"
+                            "    timezone: Europe/Amsterdam\n"
+                            "    expect: {finish-by: \"06:00\"}\n", "jobs.yaml").jobs
+    zone = ZoneInfo("Europe/Amsterdam")
+
+    def at(text: str) -> float:
+        return datetime.fromisoformat(text).replace(tzinfo=zone).timestamp()
+
+    assert finish_deadline(job, at("2026-11-28T02:00")) == at("2026-11-28T06:00")
+    assert finish_deadline(job, at("2026-11-28T06:00")) == at("2026-11-29T06:00")
+    assert finish_deadline(job, at("2026-11-28T23:30")) == at("2026-11-29T06:00")
+    # The night summer time ends: 06:00 comes an hour later in UTC.
+    assert finish_deadline(job, at("2026-10-25T02:30")) == at("2026-10-25T06:00")
