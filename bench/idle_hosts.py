@@ -60,7 +60,7 @@ from dblockrun.errors import DatabaseError
 from dblockrun.events import Events
 from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock
-from dblockrun.scheduling.slotbook import SlotBook
+from dblockrun.running.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store.outage import Outage
 from dblockrun.store.status import ROUND_EVERY

@@ -45,7 +45,7 @@ from dataclasses import replace
 from common import Table
 
 import dblockrun.daemon.loop  # noqa: F401  (the daemon's modules: a daemon-sized process)
-from dblockrun.config.jobs import Limits
+from dblockrun.jobs import Limits
 from dblockrun.running import spawn
 from dblockrun.running.runner import LeaseWatch, run_process
 

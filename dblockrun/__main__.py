@@ -96,9 +96,9 @@ def _text(options: Options, key: str) -> str | None:
 def fast_exec(group: Options, options: Options, command: tuple[str, ...]) -> int | None:
     """Check and run it as dblockrun.cli.exec_ does; its exit status, or None
     (nothing done) when click should take it."""
-    from dblockrun.config.durations import lease_too_short
-    from dblockrun.config.durations import parse_option_duration as parse_duration
-    from dblockrun.config.jobs import JOB_NAME
+    from dblockrun.durations import lease_too_short
+    from dblockrun.durations import parse_option_duration as parse_duration
+    from dblockrun.jobs import JOB_NAME
     from dblockrun.running.execlock import ExecOptions, exec_command
 
     name = _text(options, "name") or ""

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Literal, ParamSpec, TypeVar, overload
 
-from dblockrun.config.durations import parse_duration
+from dblockrun.durations import parse_duration
 from dblockrun.errors import DatabaseError, DblockrunError
 from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.holder import new_holder_id

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import click
 
 from dblockrun import __version__
-from dblockrun.config.jobs import DEFAULT_QUEUE, WHEN_FULL
+from dblockrun.durations import FOREVER
 from dblockrun.errors import EXIT_INTERRUPTED, ConfigError, DblockrunError, UsageError
+from dblockrun.jobs import DEFAULT_QUEUE, WHEN_FULL
 
 if TYPE_CHECKING:
-    from dblockrun.config.jobs import JobsFile
+    from dblockrun.jobs import JobsFile
     from dblockrun.ops.actions import Access
     from dblockrun.store import Store
     from dblockrun.store.control import Audit
@@ -66,7 +67,7 @@ def _duration(value: str, name: str, *, zero_ok: bool = False) -> float:
     """The seconds of a duration option; one line and exit 2 naming the
     option when it is not a duration (a number needs its unit), or zero
     where zero makes no sense."""
-    from dblockrun.config.durations import parse_option_duration
+    from dblockrun.durations import parse_option_duration
 
     try:
         seconds = parse_option_duration(value)
@@ -121,7 +122,7 @@ MAX_REASON = 1000
 def _check_name(name: str, what: str = "job name", *, host_row: bool = False) -> str:
     """``host_row``: an every-host job's row on one host, ``JOB@HOST``, is
     also a name (operator commands; not ``exec``)."""
-    from dblockrun.config.jobs import EVERY_HOST_SEP, JOB_NAME
+    from dblockrun.jobs import EVERY_HOST_SEP, JOB_NAME
 
     job, sep, host = name.partition(EVERY_HOST_SEP)
     checked = job if host_row and sep and JOB_NAME.fullmatch(host) else name
@@ -392,7 +393,7 @@ def daemon(jobs_file: str | None, heartbeat: str, lease: str, grace: str,
             parse_addr(metrics_addr)
         if options.heartbeat * 2 > options.lease:
             raise UsageError("--lease must be at least twice --heartbeat")
-        from dblockrun.config.durations import lease_too_short, too_short_message
+        from dblockrun.durations import lease_too_short, too_short_message
 
         stop = lease_too_short(options.lease, options.heartbeat, options.kill_grace)
         if stop is not None:  # every run would be stopped as unrenewed (--lease 2s --heartbeat 1s)
@@ -525,7 +526,7 @@ def disable(job: str, for_: str | None, until: str | None, reason: str | None,
             create: bool) -> None:
     """Pause JOB on every host (no duration: until `enable`)."""
     from dblockrun.ops.actions import Access, disable_job
-    from dblockrun.ops.output import iso
+    from dblockrun.timetext import iso
 
     if for_ and until:
         raise UsageError("give --for or --until, not both")
@@ -678,14 +679,14 @@ def pause(for_: str | None, reason: str | None) -> None:
     """Pause the whole fleet: no new run starts on any host (running ones
     finish) until `resume`, or for a while."""
     from dblockrun.ops.actions import Access
-    from dblockrun.ops.output import iso
+    from dblockrun.timetext import iso
 
     seconds = None if for_ is None else _duration(for_, "--for")
     entry = _audit("pause", reason=_reason(reason), detail=f"for {for_}" if for_ else None)
     with _open(Access.WRITE, _jobs_for_db()) as store:
         paused = store.control.pause(entry, seconds)
         where = _where(store)
-    until = "until resumed" if paused.ends >= _forever() else f"until {iso(paused.ends)}"
+    until = "until resumed" if paused.ends >= FOREVER else f"until {iso(paused.ends)}"
     click.echo(f"fleet paused {until} in {where}: no new run starts; running ones finish")
 
 
@@ -804,12 +805,6 @@ def web_hash_password(token: bool) -> None:
     click.echo(hash_password(password))
 
 
-def _forever() -> float:
-    from dblockrun.store import FOREVER
-
-    return FOREVER
-
-
 # Options end at the command's first word: in `exec -n x grep -v foo`, `-v` is grep's.
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True,
                                            "allow_interspersed_args": False})
@@ -843,7 +838,7 @@ def exec_(name: str, lock_at_most: str, lock_at_least: str, lease: str, busy_exi
     if least > most:
         raise UsageError("--lock-at-least is longer than --lock-at-most")
     lease_s = _duration(lease, "--lease")
-    from dblockrun.config.durations import format_duration, lease_too_short, too_short_message
+    from dblockrun.durations import format_duration, lease_too_short, too_short_message
 
     stop = lease_too_short(lease_s, lease_s / 3)
     if stop is not None:  # the command would be stopped before the lease's first renewal
@@ -879,31 +874,99 @@ def validate(jobs_file: str | None, max_running: int | None) -> None:
 
 
 @cli.command(name="next")
-@click.argument("jobs_file", metavar="[FILE]", required=False)
-@click.option("--count", "-c", default=3, show_default=True, type=click.IntRange(1, 1000),
+@click.argument("arguments", nargs=-1, metavar="[FILE] [JOB]...")
+@click.option("--count", "-c", default=5, show_default=True, type=click.IntRange(1, 1000),
               metavar="N", help="How many fire times per job.")
 @global_options()
 @handle_errors
-def next_(jobs_file: str | None, count: int) -> None:
-    """Show the next fire times of each job, in the job's timezone."""
-    from datetime import UTC, datetime
-    from zoneinfo import ZoneInfo
+def next_(arguments: tuple[str, ...], count: int) -> None:
+    """Show the next fire times of each job (or of the JOBs named), in the
+    job's timezone; the slots a calendar, blackout window or the active
+    range excludes are shown among them, marked skipped with the reason."""
+    import time
 
-    from dblockrun.config.durations import format_duration
-    from dblockrun.scheduling.cron import upcoming
+    from dblockrun.ops.output import next_lines
 
-    jobs = _load(_jobs_path(jobs_file))
-    now = datetime.now(UTC)
-    for job in jobs.jobs:
-        # after: a chain's job runs after another's runs, besides any schedule.
-        after = "" if job.after is None else job.after.text()
-        if job.cron is None:
-            rate = f"every {format_duration(job.rate)} (rate)" if job.rate is not None else ""
-            click.echo(f"{job.name}: {', '.join(t for t in (rate, after) if t)}")
-            continue
-        tz = ZoneInfo(job.timezone)
-        times = [t.astimezone(tz).isoformat() for t in upcoming(job.schedule, now, count)]
-        click.echo(f"{job.name}: {', '.join(times)}{'; ' + after if after else ''}")
+    path, names = _file_and_jobs(arguments)
+    jobs = _load(_jobs_path(path))
+    chosen = list(jobs.jobs)
+    if names:
+        missing = [name for name in names if jobs.job(name) is None]
+        if missing:
+            raise UsageError(f"no job {missing[0]!r} in {_shown(jobs.path)}")
+        chosen = [job for name in dict.fromkeys(names) if (job := jobs.job(name)) is not None]
+    for line in next_lines(chosen, time.time(), count):
+        click.echo(line)
+
+
+def _file_and_jobs(arguments: tuple[str, ...]) -> tuple[str | None, tuple[str, ...]]:
+    """``next [FILE] [JOB]...``: the first argument is the jobs file when it
+    names a path that exists, has a ``/`` or ends in ``.yaml``/``.yml``;
+    the others (all of them, else) are jobs of the file (-f, DBLOCKRUN_JOBS...)."""
+    import os
+
+    if not arguments:
+        return None, ()
+    first = arguments[0]
+    if os.path.lexists(first) or "/" in first or first.endswith((".yaml", ".yml")):
+        return first, arguments[1:]
+    return None, arguments
+
+
+@cli.command()
+@click.argument("new_file", metavar="NEW")
+@click.option("--current", metavar="FILE",
+              help="The jobs file the fleet runs now (default: -f, DBLOCKRUN_JOBS, then "
+                   "/etc/dblockrun/jobs.yaml if it exists); checked against the hashes the "
+                   "live daemons publish.")
+@click.option("--count", "-c", type=click.IntRange(1, 1000), metavar="N",
+              help="How many slots before and after per job (default 10; with --days: at "
+                   "most N).")
+@click.option("--days", type=click.FloatRange(min=0, min_open=True), metavar="D",
+              help="The slots within the next D days (at most 1000, or --count).")
+@click.option("--max-running", type=click.IntRange(min=1), metavar="N",
+              help="Also warn of jobs due together beyond a daemon's --max-running N.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@global_options()
+@handle_errors
+def plan(new_file: str, current: str | None, count: int | None, days: float | None,
+         max_running: int | None, as_json: bool) -> None:
+    """Show what deploying the jobs file NEW would do, against the database
+    the fleet uses: each job added, removed or changed (the keys, old ->
+    new), its next slots before and after, the passed slots a daemon
+    started with NEW would run or record missed, the limits NEW makes full,
+    and which live hosts run which definition now.
+
+    Exit status 0: nothing changes; 1: something does; 2: an error (a bad
+    file, the database unreachable)."""
+    from dblockrun.ops import plantext
+    from dblockrun.ops.actions import Access
+    from dblockrun.ops.plan import DEFAULT_COUNT, MOST_SLOTS, make_plan, read_fleet
+    from dblockrun.store.dburl import jobs_file
+
+    new = _load(new_file)
+    current_path = current if current is not None else jobs_file(_globals().file)[0]
+    now_file = _load(current_path) if current_path is not None else None
+    try:
+        with _open(Access.READ, now_file if now_file is not None else new) as store:
+            facts = read_fleet(store)
+            where = _where(store)
+    except (ConfigError, UsageError):
+        raise
+    except DblockrunError as exc:  # exit 1 says "changes": an error is 2 here
+        if _globals().debug:
+            raise
+        click.echo(f"dblockrun: {_shown(exc.message)}", err=True)
+        sys.exit(EXIT_USAGE)
+    shown = count if count is not None else MOST_SLOTS if days is not None else DEFAULT_COUNT
+    got = make_plan(new, now_file, facts, count=shown, days=days, max_running=max_running)
+    if as_json:
+        click.echo(plantext.plan_json(got, new.path, current_path, where))
+    else:
+        for line in plantext.plan_text(got, new.path, where):
+            click.echo(line)
+    if got.changed:
+        sys.exit(EXIT_RUNTIME)
 
 
 @cli.command(name="init-db")

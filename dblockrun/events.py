@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dblockrun.config.jobs import Job
+from dblockrun.jobs import Job
 
 if TYPE_CHECKING:
     from dblockrun.store.models import Trigger

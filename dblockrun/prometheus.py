@@ -25,7 +25,10 @@ from dblockrun.supervise import Policy, Supervised, Threads
 DURATION_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600)
 #: ``dblockrun_missed_slots_total{reason}`` of a passed slot, by its cause
 #: (others: its result, ``missed`` or ``skipped``).
-_PASSED_KIND = {"host-full": "max-running", "group-full": "group"}
+_PASSED_KIND = {"host-full": "max-running", "group-full": "group",
+                # A calendar's day, a blackout window, outside the active range:
+                # what the file asks for, apart from the skips an alert watches.
+                "excluded": "excluded"}
 
 #: Connections served at once; more are closed as soon as accepted, so a
 #: flood of idle sockets holds at most this many of the daemon's descriptors

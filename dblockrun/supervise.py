@@ -194,7 +194,7 @@ class Loop:
         #: Set with the stop, so that a loop waiting on it too ends at once.
         self._wake = wake
         #: Called after the stop is set, for a loop blocked where no event
-        #: reaches (a wait in the database: dblockrun/daemon/doorbell.py).
+        #: reaches (a wait in the database: dblockrun/store/doorbell.py).
         self._interrupt = interrupt
         self._join_timeout = join_timeout
         self._thread = self.supervised.thread(target, self._stop)

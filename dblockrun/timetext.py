@@ -10,26 +10,24 @@ dashboard's pages (web/timehtml.py) alike.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from datetime import UTC, datetime
 
-from dblockrun.config.durations import format_duration
-
-_FOREVER: list[float] = []
-
-
-def _forever() -> float:
-    """The store's "forever" (dblockrun.store imports this module: read once, late)."""
-    if not _FOREVER:
-        from dblockrun.store import FOREVER
-
-        _FOREVER.append(FOREVER)
-    return _FOREVER[0]
+from dblockrun.durations import FOREVER, format_duration
 
 
 def utc(ts: float) -> str:
     """Epoch seconds as ISO 8601 in UTC (``2026-11-25T10:00:00+00:00``)."""
     return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def zoned(ts: float, timezone: str) -> str:
+    """Epoch seconds as ISO 8601 in ``timezone`` (``2026-12-24T06:00:00+01:00``):
+    a job's slot as `next` shows it."""
+    from zoneinfo import ZoneInfo
+
+    return datetime.fromtimestamp(ts, ZoneInfo(timezone)).isoformat()
 
 
 def clock(ts: float, with_date: bool = False) -> str:
@@ -79,7 +77,7 @@ def relative(ts: float | None, now: float) -> str:
     """``in 5m``, ``2d ago`` (``-``: no time; ``never``: forever)."""
     if ts is None:
         return "-"
-    if ts >= _forever():
+    if ts >= FOREVER:
         return "never"
     delta = ts - now
     return f"in {ago(delta)}" if delta >= 0 else f"{ago(-delta)} ago"
@@ -104,7 +102,7 @@ def stamp(ts: float | None) -> str:
     """``2026-11-22 21:53:17Z``: an exact time (history's; the pages' hover)."""
     if ts is None:
         return "-"
-    at = when(ts) if ts < _forever() else None
+    at = when(ts) if ts < FOREVER else None
     return repr(ts) if at is None else at.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
@@ -112,7 +110,7 @@ def short(ts: float | None, now: float) -> str:
     """``21:53:17Z (in 5.0s)``, ``2026-11-23 06:00Z (in 8h6m)``."""
     if ts is None:
         return "-"
-    if ts >= _forever():
+    if ts >= FOREVER:
         return "until enabled"
     at = when(ts)
     if at is None:
@@ -121,3 +119,27 @@ def short(ts: float | None, now: float) -> str:
     fmt = "%H:%M:%SZ" if abs(delta) < 86400 else "%Y-%m-%d %H:%MZ"
     rel = ago(abs(delta))
     return f"{at.strftime(fmt)} ({'in ' + rel if delta >= 0 else rel + ' ago'})"
+
+
+def iso(ts: float | None) -> str | None:
+    """``2026-11-22T21:53:17.123Z`` (what ``datetime.isoformat`` gives, at a
+    third of its cost: ``status --json`` writes 30,000 for 10,000 jobs)."""
+    if ts is None:
+        return None
+    if ts >= FOREVER:
+        return "forever"
+    try:
+        whole = math.floor(ts)
+        micros = round((ts - whole) * 1_000_000)  # as datetime rounds, then cuts to ms
+        if micros == 1_000_000:
+            whole, micros = whole + 1, 0
+        return f"{_iso_second(whole)}.{micros // 1000:03d}Z"
+    except (OverflowError, OSError, ValueError):  # a timestamp edited into nonsense
+        return repr(ts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _iso_second(whole: int) -> str:
+    t = time.gmtime(whole)
+    return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}"
+            f"T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}")

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from dblockrun.config.jobs import JobsFile
 from dblockrun.config.load import load_jobs_text
 from dblockrun.errors import ConfigError
+from dblockrun.jobs import JobsFile
 
 #: The name the loaded text gets in messages (``jobs.yaml:3: job 'j': ...``).
 FILE = "jobs.yaml"

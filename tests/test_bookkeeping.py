@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from helpers import wait_for
 
-from dblockrun.config.jobs import JobsFile
 from dblockrun.daemon.fleet import FleetBooks
+from dblockrun.jobs import JobsFile
 from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock, Renewer
 from dblockrun.running.runner import LeaseWatch

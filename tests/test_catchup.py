@@ -28,8 +28,8 @@ from helpers import (
 from jobfiles import error, load, one_job
 from proxy import Proxy
 
-from dblockrun.config.jobs import Job
 from dblockrun.daemon.sdnotify import SystemdNotifier
+from dblockrun.jobs import Job
 from dblockrun.scheduling.planner import FRESH, RECORDED
 from dblockrun.store import Store
 from dblockrun.store import models as m

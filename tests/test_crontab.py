@@ -22,8 +22,8 @@ from dblockrun.config.crontab import (
     is_system_path,
     translate_crontab,
 )
-from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.config.load import load_jobs_text
+from dblockrun.jobs import Job, JobsFile
 
 PATH = "crontab"
 HEADER = (

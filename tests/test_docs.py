@@ -149,6 +149,8 @@ def test_there_are_example_jobs_files() -> None:
 @pytest.mark.parametrize("where,text", example_jobs_files(),
                          ids=[w for w, _ in example_jobs_files()])
 def test_every_example_validates(where: str, text: str, tmp_path: Path) -> None:
+    for calendar in EXAMPLES.glob("*.ics"):  # the calendar files an example names
+        (tmp_path / calendar.name).write_bytes(calendar.read_bytes())
     validate(text, f"examples/{where}", tmp_path)
 
 
@@ -213,6 +215,8 @@ def test_every_reference_example_validates(tmp_path: Path) -> None:
             lines = ["jobs:", f"  report: {{{', '.join([*job, inner])}}}"]
             if key == "group":
                 lines.append("groups: {backups: 1}")
+            if key == "exclude":  # the calendar it names
+                lines.append("calendars: {nl-holidays: {dates: [2026-12-25]}}")
             if key == "after":  # the job it runs after
                 lines.insert(1, '  extract: {rate: 1h, command: "true"}')
         validate("\n".join(lines) + "\n", f"docs/jobs-file.md: {key}: {example}", tmp_path)

@@ -1,5 +1,5 @@
 """MySQL/MariaDB: `run` and `kill` wake the daemons' request waits
-(dblockrun/daemon/doorbell.py), so a request is picked up within a second
+(dblockrun/store/doorbell.py), so a request is picked up within a second
 or two although the daemon's bookkeeping round and renewals come far less
 often; a requester that may not wake them leaves the request to the round."""
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dblockrun.config.durations import format_duration, lease_too_short, parse_duration
+from dblockrun.durations import format_duration, lease_too_short, parse_duration
 
 FORMS = "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)"
 

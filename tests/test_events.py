@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from dblockrun.config.jobs import Job
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Event, Events, RunEnded, RunLost, RunStarted, SlotPassed
+from dblockrun.jobs import Job
 from dblockrun.notify.notifier import Notifier
 from dblockrun.prometheus import Prometheus
 from dblockrun.running.heartbeat import Renewer
@@ -190,7 +190,7 @@ class Sent:
 def test_the_notifier_hears_starts_final_ends_missed_slots_and_lost_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from dblockrun.config.jobs import LITERAL, Notify, SecretUrl
+    from dblockrun.jobs import LITERAL, Notify, SecretUrl
 
     notifier = Notifier(None, HOLDER)
     sent = Sent(notifier, monkeypatch)

@@ -321,7 +321,7 @@ def test_verbose_says_a_finished_run_s_lock_at_least_holds_the_lock_and_until_wh
     the run that ended and until when the lock stays held."""
     import re
 
-    from dblockrun.ops.output import iso
+    from dblockrun.timetext import iso
 
     proc = run_exec(db, "--lock-at-least", "1h", "--name", "once", "--", "echo", "ran")
     assert (proc.returncode, proc.stdout) == (0, "ran\n")

@@ -23,8 +23,8 @@ INSIDE_STORE = {"dblockrun.store.alerts", "dblockrun.store.control", "dblockrun.
                 "dblockrun.store.status", "dblockrun.store.sessions", "dblockrun.store.store"}
 
 #: What a store module may import from outside the store package.
-STORE_MAY_IMPORT = {"dblockrun.errors", "dblockrun.config.jobs", "dblockrun.secretfile",
-                    "dblockrun.redact"}
+STORE_MAY_IMPORT = {"dblockrun.errors", "dblockrun.jobs", "dblockrun.durations",
+                    "dblockrun.secretfile", "dblockrun.redact", "dblockrun.supervise"}
 
 
 def imports() -> dict[str, set[str]]:
@@ -77,6 +77,58 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_no_import_circle_but_the_store_helpers() -> None:
     assert circles(imports()) == [INSIDE_STORE]
+
+
+def layer(module: str) -> str:
+    """A module's package inside dblockrun (``store``, ``daemon`` ...), or
+    the module itself for one at the top (``jobs``, ``errors`` ...)."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def test_no_circle_between_packages() -> None:
+    """Issue 34 item 6: the packages import one another one way (the job
+    model, ``jobs.py``, sits below ``config`` and ``scheduling`` both)."""
+    graph: dict[str, set[str]] = {}
+    for name, targets in imports().items():
+        graph.setdefault(layer(name), set()).update(
+            layer(t) for t in targets if layer(t) != layer(name))
+    assert circles(graph) == []
+
+
+#: The layers, lowest first (ARCHITECTURE.md): a module imports its own
+#: layer's and lower ones' only. The root package (``dblockrun``, for
+#: ``__version__``) counts as the lowest; it names the API (``api``) lazily,
+#: as the facade it is, and that arrow alone is not counted.
+LAYERS = [
+    {"dblockrun", "durations", "errors", "printable", "redact", "secretfile", "withheld",
+     "signals", "supervise"},
+    {"jobs", "timetext", "logs"},
+    {"scheduling"},
+    {"config"},
+    {"store"},
+    {"events", "metrics", "prometheus"},
+    {"running"},
+    {"notify"},
+    {"ops", "daemon"},
+    {"web"},
+    {"cli", "api", "__main__"},
+]
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one() -> None:
+    rank = {name: i for i, names in enumerate(LAYERS) for name in names}
+    upward = {(name, target) for name, targets in imports().items() if name != "dblockrun"
+              for target in targets if rank[layer(target)] > rank[layer(name)]}
+    assert upward == set()  # e.g. scheduling/ (it decides) imports no store module
+
+
+def test_the_daemon_uses_no_store_internals() -> None:
+    """The daemon goes through the store's public modules: not its
+    statements (``queries``), the lock engine's module or the executor."""
+    internals = {"dblockrun.store.queries", "dblockrun.store.engine", "dblockrun.store.executor"}
+    reached = {(name, target) for name, targets in imports().items()
+               if name.startswith("dblockrun.daemon") for target in targets & internals}
+    assert reached == set()
 
 
 def test_store_modules_import_no_feature_module() -> None:

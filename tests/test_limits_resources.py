@@ -28,11 +28,11 @@ from click.testing import CliRunner
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.cli import cli
-from dblockrun.config.jobs import JobsFile, Limits
 from dblockrun.config.load import load_jobs_text
 from dblockrun.errors import ConfigError
+from dblockrun.jobs import JobsFile, Limits
 from dblockrun.running import cgroups, resources, spawn
-from dblockrun.running.runner import LeaseWatch, Outcome, run_process
+from dblockrun.running.runner import LeaseWatch, ProcessEnd, run_process
 from dblockrun.store import Store
 from dblockrun.store import models as m
 
@@ -170,7 +170,7 @@ def test_validate_exits_2_on_a_bad_limit(tmp_path: Path) -> None:
 # --- the command's process ---------------------------------------------------------
 
 
-def run(command: str, limits: Limits, *, user: str | None = None) -> tuple[Outcome, str]:
+def run(command: str, limits: Limits, *, user: str | None = None) -> tuple[ProcessEnd, str]:
     """``command`` through the spawn service under a lease, as a daemon runs it."""
     lines: list[bytes] = []
     outcome = run_process(["sh", "-c", command], env=dict(os.environ), cwd="/",

@@ -23,8 +23,6 @@ from clitree import commands, option_names
 
 from dblockrun import __version__
 from dblockrun.cli import cli
-from dblockrun.config.durations import parse_duration
-from dblockrun.config.jobs import LIMIT_KEYS
 from dblockrun.config.load import (
     AFTER_KEYS,
     EXPECT_KEYS,
@@ -35,6 +33,8 @@ from dblockrun.config.load import (
     load_jobs,
     load_jobs_text,
 )
+from dblockrun.durations import parse_duration
+from dblockrun.jobs import LIMIT_KEYS
 from dblockrun.scheduling.cron import describe_next
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from helpers import clean_env, dblockrun_cmd, wait_for
 
-from dblockrun.config.jobs import ENV, FILE, LITERAL, NOTIFY_EVENTS, Job, Notify
 from dblockrun.config.load import load_jobs_text
 from dblockrun.config.secreturl import resolve_secrets, scrub, shown
 from dblockrun.errors import ConfigError
+from dblockrun.jobs import ENV, FILE, LITERAL, NOTIFY_EVENTS, Job, Notify
 from dblockrun.notify.pings import FAIL, START, SUCCESS, ping_url, run_uuid
 from dblockrun.prometheus import Prometheus
 
@@ -224,7 +224,7 @@ def test_a_full_queue_drops_the_event_and_counts_it(caplog: pytest.LogCaptureFix
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from dblockrun.config.jobs import Job, SecretUrl
+    from dblockrun.jobs import Job, SecretUrl
     from dblockrun.notify.notifier import Notifier
 
     release, paths = threading.Event(), []
@@ -268,7 +268,7 @@ def pings_counted(metrics: Prometheus, outcome: str) -> float | None:
 
 
 def test_on_change_sends_a_run_end_only_when_the_result_changed() -> None:
-    from dblockrun.config.jobs import SecretUrl
+    from dblockrun.jobs import SecretUrl
     from dblockrun.notify.notifier import Notifier, RunEnd
     from dblockrun.store import models as m
 

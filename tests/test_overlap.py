@@ -16,9 +16,9 @@ from helpers import TestDb, dblockrun_cmd, overlaps, wait_for
 from jobfiles import FILE, error, jobs_file
 
 from dblockrun.cli import cli
-from dblockrun.config.jobs import Job
 from dblockrun.config.load import load_jobs_text
 from dblockrun.daemon.registry import Runs
+from dblockrun.jobs import Job
 from dblockrun.ops import output
 from dblockrun.scheduling.limits import lane_names
 from dblockrun.store import Store

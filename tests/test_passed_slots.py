@@ -18,15 +18,15 @@ from harness import Fleet
 from helpers import TestDb, coverage, output_of, runs_of, wait_for
 from proxy import Proxy
 
-from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks, unrecorded_runs
 from dblockrun.daemon.registry import Runs
 from dblockrun.events import Events
+from dblockrun.jobs import Job, JobsFile
 from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock
+from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Act, Cause, Due, Outcome, Planner, Row, passed, single
-from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.engine import in_transaction

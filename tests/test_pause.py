@@ -13,13 +13,13 @@ from harness import Fleet
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
 import dblockrun
-from dblockrun.ops.output import iso
 from dblockrun.ops.who import operator_id
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit
 from dblockrun.store.dburl import describe
 from dblockrun.store.engine import Claim
+from dblockrun.timetext import iso
 
 
 def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from dblockrun.config.jobs import Job
+from dblockrun.jobs import Job
 from dblockrun.scheduling.planner import (
     COUNTED,
     DEFAULT_LIMIT,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dblockrun.config.jobs import Job
+from dblockrun.jobs import Job
 from dblockrun.running.runjob import retry_wait
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dblockrun.cli import cli
-from dblockrun.config.jobs import Schedule
+from dblockrun.jobs import Schedule
 from dblockrun.scheduling.cron import (
     describe_next,
     is_wildcard,

@@ -25,7 +25,7 @@ from harness import group_alive
 from helpers import TestDb, clean_env, dblockrun_cmd, wait_for
 
 from dblockrun.running import spawn
-from dblockrun.running.runner import LeaseWatch, Outcome, run_process
+from dblockrun.running.runner import LeaseWatch, ProcessEnd, run_process
 from dblockrun.store import Store
 
 
@@ -38,7 +38,7 @@ class Run:
         self.stop = threading.Event()
         self.lines: list[bytes] = []
         self.pgids: list[int] = []
-        self.outcome: Outcome | None = None
+        self.outcome: ProcessEnd | None = None
         self._thread = threading.Thread(target=self._run, args=(list(argv), cwd, env),
                                         daemon=True)
         self._thread.start()
@@ -57,10 +57,10 @@ class Run:
     def wait_started(self, marker: Path) -> None:
         wait_for(marker.exists, 10, what=f"{marker.name} from the command")
 
-    def finished(self, timeout: float = 10) -> Outcome:
+    def finished(self, timeout: float = 10) -> ProcessEnd:
         return wait_for(lambda: self.outcome, timeout, what="run_process to return")
 
-    def stop_now(self) -> Outcome:
+    def stop_now(self) -> ProcessEnd:
         self.stop.set()
         return self.finished()
 
@@ -189,10 +189,10 @@ def test_cannot_start(tmp_path: Path, runs: list[Run]) -> None:
     runs += [guarded, direct, bad_cwd]
     assert guarded.finished().exit_code == 127
     assert guarded.output == f"dblockrun: cannot run {missing}: No such file or directory\n"
-    assert direct.finished() == Outcome(
+    assert direct.finished() == ProcessEnd(
         None, "error", b"",
         f"cannot start command: [Errno 2] No such file or directory: '{missing}'")
-    assert bad_cwd.finished() == Outcome(
+    assert bad_cwd.finished() == ProcessEnd(
         None, "error", b"",
         f"cannot start command: [Errno 2] No such file or directory: '{missing}'")
 
@@ -226,7 +226,7 @@ def test_a_broken_file_earlier_on_the_path_is_passed_over(tmp_path: Path,
     # Nowhere but there: the error is that entry's, as execvp's.
     alone = Run(["mytool"], guarded=False, env={"PATH": str(broken.parent)})
     runs.append(alone)
-    assert alone.finished() == Outcome(
+    assert alone.finished() == ProcessEnd(
         None, "error", b"", "cannot start command: [Errno 8] Exec format error: 'mytool'")
 
 
@@ -338,7 +338,7 @@ def test_a_command_that_ignores_sigterm_is_still_stopped(tmp_path: Path,
     if stopper.is_alive():
         os.killpg(run.pgid, signal.SIGKILL)
         pytest.fail("stopping a command that ignores SIGTERM hung")
-    assert run.finished() == Outcome(-signal.SIGKILL, "stopped", b"", "shutdown grace ran out")
+    assert run.finished() == ProcessEnd(-signal.SIGKILL, "stopped", b"", "shutdown grace ran out")
     wait_for(lambda: not group_alive(run.pgid), 10, what="the group to go")
 
 

@@ -12,7 +12,7 @@ from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit
-from dblockrun.store.engine import BooksRound, LostRun
+from dblockrun.store.models import BooksRound, LostRun
 from dblockrun.store.status import report
 
 

@@ -16,8 +16,8 @@ from starlette.testclient import TestClient
 from webtools import PASSWORD, app_for, bearer, csrf_of, users_file
 
 from dblockrun.cli import cli
-from dblockrun.config.jobs import JobsFile
 from dblockrun.config.load import load_jobs
+from dblockrun.jobs import JobsFile
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.web.app import create_app

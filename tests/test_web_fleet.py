@@ -184,9 +184,8 @@ def test_actions_follow_the_jobs_state(console: tuple[TestClient, WebApp]) -> No
 
 
 def test_a_time_on_a_page_is_worded_as_the_cli_words_it() -> None:
-    from dblockrun.ops.output import iso
     from dblockrun.store import FOREVER
-    from dblockrun.timetext import relative
+    from dblockrun.timetext import iso, relative
     from dblockrun.web.timehtml import duration, when
 
     now = 1_795_000_000.0  # 2026-11-18 11:06:40 UTC

@@ -1,4 +1,4 @@
-"""Load a jobs file (YAML) into frozen :class:`~dblockrun.config.jobs.Job` objects.
+"""Load a jobs file (YAML) into frozen :class:`~dblockrun.jobs.Job` objects.
 
 Every problem is a :class:`~dblockrun.errors.ConfigError` rendered as
 ``file:line: job 'x': key: why``; no other exception leaves
@@ -24,13 +24,16 @@ import os
 import pwd
 import re
 from collections.abc import Callable, Iterator
+from datetime import date, datetime
 from typing import Any
 
 import yaml
 
 from dblockrun.config import resources
-from dblockrun.config.durations import format_duration, parse_duration
-from dblockrun.config.jobs import (
+from dblockrun.config.secreturl import check_url
+from dblockrun.durations import format_duration, parse_duration
+from dblockrun.errors import ConfigError, ConfigErrors
+from dblockrun.jobs import (
     AFTER_ON,
     CATCH_UP,
     DEFAULT_QUEUE,
@@ -45,7 +48,9 @@ from dblockrun.config.jobs import (
     NOTIFY_ON,
     OVERLAP,
     WHEN_FULL,
+    Active,
     After,
+    Calendar,
     Command,
     Expect,
     Job,
@@ -56,17 +61,18 @@ from dblockrun.config.jobs import (
     RunOn,
     SecretUrl,
     Storm,
+    Window,
     differing_fields,
     item_too_long,
 )
-from dblockrun.config.secreturl import check_url
-from dblockrun.errors import ConfigError, ConfigErrors
+from dblockrun.scheduling import calendars
 from dblockrun.scheduling.cron import validate_cron, validate_timezone
 from dblockrun.scheduling.targeting import check_word
 from dblockrun.secretfile import whole_text
 from dblockrun.withheld import DATABASE_VARS
 
-TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups", "notify-storm")
+TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups", "calendars",
+                  "notify-storm")
 MAX_JOB_NAME = 200
 MAX_INT = 2**31 - 1
 #: A group's seats are lock rows named ``group:NAME:N`` (dblockrun/scheduling/limits.py).
@@ -86,6 +92,12 @@ STORM_KEYS = ("threshold", "window", "max-names", "wait")
 TIME_OF_DAY = re.compile(r"([01]?[0-9]|2[0-3]):([0-5][0-9])(?::([0-5][0-9]))?")
 #: ``after:``'s long form: ``{jobs: [a, b], on: success|failure|any}``.
 AFTER_KEYS = ("jobs", "on")
+#: A calendar's keys (``calendars: {NAME: {dates: [...], file: PATH}}``).
+CALENDAR_KEYS = ("dates", "file")
+#: ``active:``'s keys.
+ACTIVE_KEYS = ("from", "until")
+#: The job keys of calendars (only a cron job without items has them).
+CALENDAR_JOB_KEYS = ("exclude", "blackout", "active")
 SECRET_SOURCES = (ENV, FILE)
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -564,6 +576,72 @@ def _after(value: Any) -> After:
     return After(**parsed)
 
 
+def _day(value: Any) -> date:
+    """A day: ``2026-12-25`` (YAML reads it as a date; quoted, a string)."""
+    if isinstance(value, datetime):
+        raise _Invalid(f"must be a day like 2026-12-25, not a time ({value})")
+    if isinstance(value, date):
+        return value
+    if isinstance(value, str):
+        try:
+            return date.fromisoformat(value.strip())
+        except ValueError:
+            pass
+    raise _Invalid(f"must be a day like 2026-12-25, got {_kind(value)}")
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """``exclude:``: the names of calendars (``calendars:`` at the top),
+    checked against them by :meth:`_Parser.check_job`."""
+    names = value if isinstance(value, list) else [value]
+    if not names:
+        raise _Invalid("must name at least one calendar (calendars: at the top)")
+    out = tuple(_word(name, "each calendar") for name in names)
+    twice = sorted({name for name in out if out.count(name) > 1})
+    if twice:
+        raise _Invalid(f"names {twice[0]!r} twice")
+    return out
+
+
+def _blackout(value: Any) -> tuple[Window, ...]:
+    windows = value if isinstance(value, list) else [value]
+    if not windows:
+        raise _Invalid("must list at least one window (sat 22:00/6h)")
+    out: list[Window] = []
+    for i, text in enumerate(windows):
+        if not isinstance(text, str):
+            raise _Invalid(f"[{i}]: a window is a string like \"sat 22:00/6h\", got "
+                           f"{_kind(text)}")
+        try:
+            out.append(calendars.parse_window(text))
+        except ValueError as exc:
+            raise _Invalid(f"[{i}]: {exc}") from None
+    return tuple(out)
+
+
+def _active(value: Any) -> Active:
+    """``active: {from: DAY, until: DAY}`` (either may be left out); an
+    empty range (from after until) is refused."""
+    mapping = _mapping(value)
+    parsed: dict[str, date] = {}
+    for key, raw in mapping.items():
+        line = mapping.lines[key]
+        if key not in ACTIVE_KEYS:
+            raise _Invalid(_suggest(key, ACTIVE_KEYS), line=line, key=str(key))
+        try:
+            parsed[key] = _day(raw)
+        except _Invalid as exc:
+            raise _Invalid(exc.why, line=line, key=key) from None
+    if not parsed:
+        raise _Invalid("needs from:, until: or both (active: {from: 2026-12-01, "
+                       "until: 2027-06-30})")
+    first, last = parsed.get("from"), parsed.get("until")
+    if first is not None and last is not None and first > last:
+        raise _Invalid(f"an empty range: from {first} is after until {last} (no day has a "
+                       "slot)", line=mapping.lines["until"], key="until")
+    return Active(first, last)
+
+
 #: ``on:``: which hosts run each slot.
 ON_VALUES = ("one-host", "every-host")
 
@@ -727,7 +805,7 @@ WrittenLimits = tuple[tuple[str, Any], ...]
 def _limits(value: Any) -> WrittenLimits | None:
     """``limits:`` as written (None: ``limits: null``); the job's own are
     merged over its defaults' limit by limit, then frozen into
-    :class:`~dblockrun.config.jobs.Limits` (:meth:`_Parser.parse_job`)."""
+    :class:`~dblockrun.jobs.Limits` (:meth:`_Parser.parse_job`)."""
     if value is None:
         return None
     mapping = _mapping(value)
@@ -802,6 +880,9 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "limits": ("limits", _limits),
     "after": ("after", _optional(_after)),
     "expect": ("expect", _expect),
+    "exclude": ("exclude", lambda v: () if v is None else _names(v)),
+    "blackout": ("blackout", lambda v: () if v is None else _blackout(v)),
+    "active": ("active", _optional(_active)),
 }
 _KNOWN_JOB_KEYS = tuple(JOB_KEYS)
 _KEY_OF_FIELD = {field: key for key, (field, _parse) in JOB_KEYS.items()}
@@ -918,6 +999,10 @@ class _Parser:
         self.errors: list[ConfigError] = []
         #: The line of each job's ``after:`` (dblockrun/daemon/chains.py).
         self.after_lines: dict[str, int] = {}
+        #: ``calendars:``: each by its name; those with a problem (told
+        #: once, not again for each job that excludes them).
+        self.calendars: dict[str, Calendar] = {}
+        self.bad_calendars: set[str] = set()
 
     def error(
         self, why: str, line: int | None, job: str | None = None, key: str | None = None
@@ -968,8 +1053,14 @@ class _Parser:
                 database_file = os.path.join(os.path.dirname(self.path), database_file)
             except _Invalid as exc:
                 self.fail(exc.why, data.lines["database-file"], key="database-file")
+        self.calendars = self.parse_calendars(data)
         before = len(self.errors)
         defaults = self.parse_defaults(data)
+        if "exclude" in defaults:  # its calendars once, not again for each job
+            names, line = defaults["exclude"]
+            for calendar in names:
+                if calendar not in self.calendars and calendar not in self.bad_calendars:
+                    self.fail(self.unknown_calendar(calendar), line, key="defaults.exclude")
         #: A bad key under defaults: would show again in every job's checks.
         self.defaults_ok = len(self.errors) == before
         self.groups, queues = self.parse_groups(data)
@@ -1022,6 +1113,78 @@ class _Parser:
                       f"{format_duration(storm.window)}", raw.lines.get("wait", raw.line),
                       key="notify-storm.wait")
         return storm
+
+    def parse_calendars(self, data: _Mapping) -> dict[str, Calendar]:
+        """``calendars:``: each calendar's days, from its ``dates:`` and its
+        iCalendar ``file:`` (relative to the jobs file's folder)."""
+        raw = data.get("calendars")
+        if raw is None:
+            return {}
+        if not isinstance(raw, _Mapping):
+            why = f"must be a mapping of calendar names to calendars, got {_kind(raw)}"
+            self.fail(why, data.lines["calendars"], key="calendars")
+            return {}
+        out: dict[str, Calendar] = {}
+        for name, body in raw.items():
+            try:
+                out[name] = self.parse_calendar(name, body, raw.lines[name])
+            except ConfigError as exc:
+                self.errors.append(exc)
+                self.bad_calendars.add(str(name))
+        return out
+
+    def parse_calendar(self, name: Any, body: Any, line: int) -> Calendar:
+        key = f"calendars.{name}"
+        if not isinstance(name, str):
+            raise self.error(f"calendar names must be strings, got {_kind(name)} (quote it)",
+                             line, key="calendars")
+        if not JOB_NAME.fullmatch(name):
+            raise self.error("bad calendar name: use letters, digits, '.', '_' and '-'", line,
+                             key=key)
+        if not isinstance(body, _Mapping):
+            raise self.error(f"must be a mapping with dates: and/or file:, got {_kind(body)}",
+                             line, key=key)
+        for k in body:
+            if k not in CALENDAR_KEYS:
+                raise self.error(_suggest(k, CALENDAR_KEYS), body.lines[k], key=f"{key}.{k}")
+        if "dates" not in body and "file" not in body:
+            raise self.error("needs dates: (a list of days), file: (an iCalendar file) or "
+                             "both", line, key=key)
+        days: set[date] = set()
+        dates = body.get("dates")
+        if "dates" in body:
+            where = body.lines["dates"]
+            if not isinstance(dates, list):
+                raise self.error(f"must be a list of days like 2026-12-25, got {_kind(dates)}",
+                                 where, key=f"{key}.dates")
+            for i, value in enumerate(dates):
+                try:
+                    days.add(_day(value))
+                except _Invalid as exc:
+                    raise self.error(exc.why, where, key=f"{key}.dates[{i}]") from None
+        written = None
+        if "file" in body:
+            where = body.lines["file"]
+            try:
+                written = _string(body["file"], empty=False)
+            except _Invalid as exc:
+                raise self.error(exc.why, where, key=f"{key}.file") from None
+            days |= self.read_calendar_file(written, where, f"{key}.file")
+        return Calendar(name, frozenset(days), written)
+
+    def read_calendar_file(self, written: str, line: int, key: str) -> frozenset[date]:
+        """The days of the iCalendar file ``written`` names (relative to the
+        jobs file's folder): read again with the file on each reload."""
+        path = os.path.join(os.path.dirname(self.path), written)
+        try:
+            # A regular file only, bounded: the reader of the jobs file itself.
+            text = whole_text(path)
+        except ValueError as exc:
+            raise self.error(f"{written}: {exc}", line, key=key) from None
+        try:
+            return calendars.read_ics(text)
+        except ValueError as exc:
+            raise self.error(f"{written}: {exc}", line, key=key) from None
 
     def parse_groups(self, data: _Mapping) -> tuple[dict[str, int], dict[str, int]]:
         """``groups:``: each group's fleet-wide limit (jobs of it at once),
@@ -1251,6 +1414,7 @@ class _Parser:
                 _cron(list(cron) if isinstance(cron, tuple) else cron, name)
             except _Invalid as exc:
                 self.fail(exc.why, keys["cron"][1], name, "cron")
+        self.check_calendar_keys(name, keys, own, defaults)
         if len(self.errors) > before:
             return None
         job = Job(
@@ -1262,6 +1426,41 @@ class _Parser:
             self.fail(why, keys[key.split(".", 1)[0]][1] if key.split(".", 1)[0] in keys
                       else line, name, key)
         return job if len(self.errors) == before else None
+
+    def check_calendar_keys(self, name: str, keys: dict[str, tuple[Any, int]],
+                            own: dict[str, tuple[Any, int]],
+                            defaults: dict[str, tuple[Any, int]]) -> None:
+        """``exclude``, ``blackout``, ``active``: only for a cron job without
+        items (a rate job has no slots to exclude; a fan-out job's items
+        have their own); under ``defaults:`` they apply to the jobs that
+        can have them. ``exclude`` names calendars of ``calendars:``: its
+        names become them."""
+        slotted = keys.get("cron", (None, 0))[0] is not None and not any(
+            keys.get(k, (None, 0))[0] is not None for k in ("items", "items-command"))
+        for key in CALENDAR_JOB_KEYS:
+            if key not in keys or slotted:
+                continue
+            if key in own and keys[key][0] not in ((), None):
+                self.fail("only for a cron job without items (a rate job has no slots; a "
+                          "fan-out job's items have their own)", own[key][1], name, key)
+            del keys[key]  # from defaults: for the jobs it fits
+        if "exclude" not in keys:
+            return
+        names, line = keys["exclude"]
+        known: list[Calendar] = []
+        for calendar in names:
+            if calendar in self.calendars:
+                known.append(self.calendars[calendar])
+            elif calendar not in self.bad_calendars:  # (else: told already; nothing runs)
+                self.fail(self.unknown_calendar(calendar), line, name, "exclude")
+        keys["exclude"] = (tuple(known), line)
+
+    def unknown_calendar(self, calendar: str) -> str:
+        listed = ", ".join(sorted(self.calendars))
+        if listed:
+            return f"unknown calendar {calendar!r} (calendars: {listed})"
+        return (f"unknown calendar {calendar!r}: define it under calendars: at the top "
+                f"(calendars: {{{calendar}: {{dates: [2026-12-25]}}}})")
 
     def job_problems(self, job: Job, keys: dict[str, tuple[Any, int]]) -> Iterator[
             tuple[str, str]]:

@@ -1,5 +1,5 @@
 """The values of a job's ``limits:`` (``memory: 512M``, ``io: idle`` ...),
-read and checked: each parser returns the :class:`~dblockrun.config.jobs.Limits`
+read and checked: each parser returns the :class:`~dblockrun.jobs.Limits`
 field's value or raises ValueError saying why, which the loader
 (dblockrun/config/load.py) reports with the file, line, job and key."""
 
@@ -9,8 +9,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from dblockrun.config.durations import parse_duration
-from dblockrun.config.jobs import IO_CLASSES, SIZE_UNITS, format_size
+from dblockrun.durations import parse_duration
+from dblockrun.jobs import IO_CLASSES, SIZE_UNITS, format_size
 
 #: The least and most ``memory:``: 1M (no command starts in less), 1024T.
 MIN_MEMORY = 1 << 20

@@ -19,8 +19,8 @@ from dataclasses import replace
 from urllib.parse import urlsplit
 
 from dblockrun import withheld
-from dblockrun.config.jobs import ENV, LITERAL, Job, JobsFile, SecretUrl
 from dblockrun.errors import ConfigError
+from dblockrun.jobs import ENV, LITERAL, Job, JobsFile, SecretUrl
 from dblockrun.secretfile import first_line
 
 #: A URL's scheme, as apprise and urllib read it.

@@ -32,13 +32,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.errors import DatabaseError
+from dblockrun.jobs import Job, JobsFile
+from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Cause
-from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
-from dblockrun.store.engine import Claimed
-from dblockrun.store.models import Trigger
+from dblockrun.store.models import Claimed, Trigger
 from dblockrun.store.outage import Outage
 
 if TYPE_CHECKING:

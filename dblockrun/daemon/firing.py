@@ -13,24 +13,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.daemon.chains import Chains
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.registry import Runs
 from dblockrun.errors import DatabaseError
+from dblockrun.jobs import Job, JobsFile
 from dblockrun.metrics import Metrics
 from dblockrun.running.fanout import FanOut
 from dblockrun.running.heartbeat import DbClock
 from dblockrun.running.runjob import JobRun, RunContext
-from dblockrun.scheduling.limits import (
-    Go,
-    Queues,
-    Refused,
-    Seat,
-    full_reason,
-    take_lane,
-    take_seat,
-)
+from dblockrun.running.seats import Queues, take_lane, take_seat
+from dblockrun.running.slotbook import SlotBook
+from dblockrun.scheduling.limits import Go, Refused, Seat, full_reason
 from dblockrun.scheduling.planner import (
     SHARE_WAIT,
     Act,
@@ -41,11 +35,9 @@ from dblockrun.scheduling.planner import (
     Row,
     single,
 )
-from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.store import Store
 from dblockrun.store import models as m
-from dblockrun.store.engine import Claimed
-from dblockrun.store.models import Trigger
+from dblockrun.store.models import Claimed, Trigger
 from dblockrun.store.outage import Outage
 from dblockrun.timetext import utc
 

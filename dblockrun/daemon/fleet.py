@@ -9,8 +9,8 @@ slow sweep or host read never delays a renewal. On PostgreSQL an idle round
 is one statement (:meth:`Store.books_round`; on MySQL one round trip of
 statements), so an idle daemon sends 5 a minute at the default heartbeat;
 it also hands the round's run-now requests to the daemon, which hears them
-at once through LISTEN (:mod:`dblockrun.daemon.listen`) or a woken wait on
-MySQL (:mod:`dblockrun.daemon.doorbell`) unless that connection is down,
+at once through LISTEN (:mod:`dblockrun.store.listen`) or a woken wait on
+MySQL (:mod:`dblockrun.store.doorbell`) unless that connection is down,
 there is none (through a transaction pooler), or the requester could not
 wake it. After each round the pool's idle
 connections beyond one are closed (:meth:`Store.trim_pool`).
@@ -26,16 +26,16 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from dblockrun import __version__
-from dblockrun.config.jobs import Job, JobsFile, loads_fields
 from dblockrun.config.load import differing_keys
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Events, RunLost
+from dblockrun.jobs import Job, JobsFile, loads_fields
 from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, passed
 from dblockrun.store import Store
-from dblockrun.store.engine import LostRun, Told
+from dblockrun.store.models import LostRun, Told
 from dblockrun.store.outage import Outage
 from dblockrun.store.status import ROUND_EVERY
 from dblockrun.supervise import Loop, Policy, Threads
@@ -43,7 +43,7 @@ from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
     from dblockrun.notify.alerts import Alerts
-    from dblockrun.scheduling.slotbook import SlotBook
+    from dblockrun.running.slotbook import SlotBook
 
 log = logging.getLogger("dblockrun")
 
@@ -121,7 +121,7 @@ class FleetBooks:
         #: targeting (JSON; dblockrun/scheduling/targeting.py).
         self._labels = labels
         self._targets = targets
-        #: Records the slots a dead holder blocked (dblockrun/scheduling/slotbook.py).
+        #: Records the slots a dead holder blocked (dblockrun/running/slotbook.py).
         self._book = book
         #: Told of each run this host records lost (notifications, pings).
         self.events = events
@@ -140,7 +140,7 @@ class FleetBooks:
         self._audit_after: int | None = None
         self._defs_for: JobsFile | None = None
         self._defs: tuple[dict[str, str], str] = ({}, "{}")
-        #: Per job, its fields' digests (config/jobs.py field_digests), and
+        #: Per job, its fields' digests (jobs.py field_digests), and
         #: the jobs file they were last written to the host row for.
         self._fields: dict[str, dict[str, str]] = {}
         self._fields_written: JobsFile | None = None

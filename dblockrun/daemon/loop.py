@@ -1,7 +1,7 @@
 """The daemon: its main loop and lifecycle. It sleeps until the planner's
 next attempt by the database clock (dblockrun/scheduling/planner.py), has the attempts
 made (dblockrun/daemon/firing.py), hands run-now requests from its inbox
-(dblockrun/daemon/inbox.py) to them, and starts, reloads and stops the parts that
+(dblockrun/store/inbox.py) to them, and starts, reloads and stops the parts that
 work beside it: lease renewals, bookkeeping, the request listener,
 notifications, metrics (ARCHITECTURE.md names each thread and its owner)."""
 
@@ -15,13 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dblockrun.config.jobs import JobsFile
 from dblockrun.config.load import load_jobs
 from dblockrun.config.secreturl import resolve_secrets
 from dblockrun.daemon.chains import Chains
 from dblockrun.daemon.firing import Firing, Settings
 from dblockrun.daemon.fleet import FleetBooks
-from dblockrun.daemon.inbox import HeardInbox, Inbox, inbox_for
 from dblockrun.daemon.registry import Runs
 from dblockrun.daemon.reload import FileWatch, reloaded, reread
 from dblockrun.daemon.sdnotify import SystemdNotifier
@@ -33,6 +31,7 @@ from dblockrun.errors import (
     ThreadCrashed,
 )
 from dblockrun.events import Events
+from dblockrun.jobs import JobsFile
 from dblockrun.metrics import Metrics
 from dblockrun.notify.alerts import Alerts
 from dblockrun.notify.notifier import Notifier
@@ -43,17 +42,19 @@ from dblockrun.running.runjob import RunContext
 from dblockrun.running.runlog import log_run
 from dblockrun.running.runloop import RunLoop
 from dblockrun.running.runner import GRACE_RAN_OUT, SECOND_INTERRUPT
-from dblockrun.scheduling.limits import Queues
+from dblockrun.running.seats import Queues
+from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Planner
-from dblockrun.scheduling.slotbook import SlotBook
 from dblockrun.scheduling.targeting import (
     HOSTNAME,
     LocalJobs,
     label_text,
+    loads_labels,
 )
 from dblockrun.store import Store
 from dblockrun.store.dburl import describe as describe_db
-from dblockrun.store.engine import CLAIM_TOLERANCE
+from dblockrun.store.inbox import HeardInbox, Inbox, inbox_for
+from dblockrun.store.models import CLAIM_TOLERANCE
 from dblockrun.store.outage import Outage
 from dblockrun.store.outage import describe as describe_outage
 from dblockrun.supervise import Threads
@@ -71,7 +72,7 @@ class DaemonOptions:
     grace: float = 30.0
     kill_grace: float = 5.0
     #: How often the daemon looks for `dblockrun run` requests (one statement)
-    #: on MySQL and SQLite; on PostgreSQL it hears them (dblockrun/daemon/listen.py).
+    #: on MySQL and SQLite; on PostgreSQL it hears them (dblockrun/store/listen.py).
     request_poll: float = 1.0
     #: Serve Prometheus metrics and /healthz on [HOST:]PORT.
     metrics_addr: str | None = None
@@ -184,7 +185,7 @@ class Daemon:
             stop_grace=lambda: self.signals.deadline,
             stop_why=lambda: SECOND_INTERRUPT if self.signals.stop_now else GRACE_RAN_OUT,
             loop=RunLoop(self.stop, threads=parts.threads),
-            metrics=self.metrics, events=parts.events, book=parts.book, now=self.clock.now)
+            events=parts.events, book=parts.book, now=self.clock.now)
         runs = Runs(opts.max_running, self.signals.wake.set)
         queues = Queues(self.store, lambda: self.local.jobs, runs, self.holder, opts.lease,
                         self.clock.now, opts.host_queue, lambda: self.local.file)
@@ -328,10 +329,10 @@ class Daemon:
         while not self._stopping():
             try:
                 self.store.ensure_schema()
-                self.local.ensure_rows(self.store)
+                self._ensure_rows()
                 self.parts.books.report_bad_rows()
                 self.parts.books.round()
-                self.local.publish_next_due(self.store, self.clock.now())
+                self._publish_next_due()
                 self.outage.ok()
                 return True
             except (DatabaseRefused, SchemaTooNew):
@@ -354,7 +355,23 @@ class Daemon:
     def _warn_unmatched(self) -> None:
         """Warn of the jobs no live host's labels match: after a reload, and
         a few rounds after start-up (dblockrun/daemon/fleet.py ``SETTLE_ROUNDS``)."""
-        self.local.warn_unmatched(self.store, self.holder, 3 * self.options.heartbeat)
+        if not any(j.run_on for j in self.local.file.jobs):
+            return  # no statement for files without run-on
+        live = [loads_labels(h.labels) for h in self.store.hosts(3 * self.options.heartbeat)
+                if h.id != self.holder]
+        for warning in self.local.unmatched_warnings(live):
+            log.warning("%s", warning)
+
+    def _ensure_rows(self) -> None:
+        """The lock rows of the jobs file, its seats and lanes, and this
+        host's every-host rows (two statements)."""
+        jobs, every_host = self.local.rows()
+        self.store.ensure_jobs(jobs)
+        self.store.ensure_every_host(every_host)
+
+    def _publish_next_due(self) -> None:
+        """Each enabled cron job's next slot, for `status` (one statement)."""
+        self.store.set_next_due(self.local.next_due(self.clock.now()))
 
     def _describe(self) -> str:
         """What the daemon runs, for systemd's STATUS= (no secret in it)."""
@@ -405,14 +422,14 @@ class Daemon:
         self.local.load(new)
         self._limits(spawn.start().pid)
         try:
-            self.local.ensure_rows(self.store)
+            self._ensure_rows()
             self.parts.books.report_bad_rows()
             self._warn_unmatched()
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
         self._plan_all(before=before)
         try:
-            self.local.publish_next_due(self.store, self.clock.now())
+            self._publish_next_due()
         except DatabaseError as exc:
             self.outage.failed("reload", exc)
         reloaded(file_before, new)

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from dblockrun.config.jobs import Job
+from dblockrun.jobs import Job
 
 
 class Run(Protocol):

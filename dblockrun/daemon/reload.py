@@ -17,8 +17,8 @@ import logging
 import os
 from collections.abc import Callable
 
-from dblockrun.config.jobs import JobsFile
 from dblockrun.errors import ConfigError
+from dblockrun.jobs import JobsFile
 from dblockrun.supervise import Loop, Policy, Threads
 
 log = logging.getLogger("dblockrun")

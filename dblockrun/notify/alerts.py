@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from dblockrun.config.durations import format_duration
-from dblockrun.config.jobs import Job, JobsFile
+from dblockrun.jobs import Job, JobsFile
 from dblockrun.events import Alert, Event, Events, RunEnded
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.store import models as m

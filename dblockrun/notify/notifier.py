@@ -37,10 +37,10 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING
 
-from dblockrun.config.jobs import Job, JobsFile, SecretUrl, Storm
 from dblockrun.config.secreturl import quiet_apprise, scrub, shown
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Alert, Event, RunEnded, RunLost, RunStarted, SlotPassed
+from dblockrun.jobs import Job, JobsFile, SecretUrl, Storm
 from dblockrun.notify import pings, storm
 from dblockrun.scheduling.targeting import HOSTNAME, loads_labels
 from dblockrun.store import models as m

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dblockrun.config.durations import format_duration
-from dblockrun.config.jobs import Storm
+from dblockrun.jobs import Storm
 from dblockrun.events import SlotPassed
 
 STORM = "storm"

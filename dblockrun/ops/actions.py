@@ -107,7 +107,7 @@ def disable_job(store: Store, job: str, *, for_seconds: float | None,
     if until is not None:
         now = store.db_now()
         if until <= now:
-            from dblockrun.ops.output import iso
+            from dblockrun.timetext import iso
 
             raise UsageError(f"--until {iso(until)} has passed (the database's clock reads "
                              f"{iso(now)}): nothing would be disabled")
@@ -128,7 +128,7 @@ def forget_job(store: Store, job: str, audit: Audit) -> tuple[int, int]:
     rows ``job@HOST``; or the one row ``JOB@HOST``), its items and its runs,
     when no live daemon defines it: an ``exec`` one-off, a job deleted from
     the file, a renamed host's every-host row. (lock rows, runs) deleted."""
-    from dblockrun.config.jobs import EVERY_HOST_SEP
+    from dblockrun.jobs import EVERY_HOST_SEP
     from dblockrun.scheduling.targeting import HOSTNAME, loads_labels
 
     require_job(store, job)
@@ -178,7 +178,7 @@ def not_now(store: Store, job: str, hosts: list[HostStatus]) -> str | None:
     """Why no daemon starts ``job`` now, known without waiting: the fleet is
     paused, no daemon is live (``hosts``: the live ones), or no live daemon's
     file has the job."""
-    from dblockrun.config.jobs import EVERY_HOST_SEP
+    from dblockrun.jobs import EVERY_HOST_SEP
     from dblockrun.ops.output import live_text
 
     paused = store.control.paused()
@@ -197,32 +197,10 @@ def not_now(store: Store, job: str, hosts: list[HostStatus]) -> str | None:
     return None
 
 
-def held_why(store: Store, row: str) -> str | None:
-    """What holds the lock of ``row`` now, to follow ``ROW is`` (``run``,
-    ``exec -v``): a run still going; its holder's run that has ended, its
-    lock kept by ``lock-at-least`` (or a failed attempt's retry delay) until
-    when; a holder with no run. None when the lock is free."""
-    from dblockrun.ops.output import iso
-
-    running = store.control.running(row)
-    if running:
-        run = running[-1]
-        return f"busy: run {run.id} on {run.host} has run since {iso(run.started)}"
-    state = store.lock_state(row)
-    if state is None or state.holder is None or state.lock_until is None or (
-            state.lock_until <= store.db_now()):
-        return None
-    ended = next((r for r in store.history(row, 1, output=False)
-                  if r.token == state.token and r.finished is not None), None)
-    if ended is None:
-        return f"busy (its lock is held by {state.holder} until {iso(state.lock_until)})"
-    by = "lock-at-least" if ended.result == OK else "lock-at-least or its retry's delay"
-    return (f"held until {iso(state.lock_until)} by {by}: run {ended.id} on {ended.host} "
-            f"ended {ended.result} at {iso(ended.finished)}")
-
-
 def _busy(store: Store, row: str) -> str | None:
     """Why ``row`` has not started yet when its lock is held: the run holding it."""
+    from dblockrun.running.holder import held_why
+
     why = held_why(store, row)
     if why is None:
         return None

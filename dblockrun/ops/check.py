@@ -10,7 +10,9 @@ recorded ``missed`` or ``skipped`` (since when, which host recorded the
 last and why); a job that has not started for twice its period (the time
 from its last start to the next one its daemons planned), while the fleet
 is not paused and counted from the pause's end when one dropped its slot.
-Disabled jobs are left out: an operator chose that. ``--allow paused``
+Disabled jobs are left out: an operator chose that; so are slots a
+calendar, a blackout window or the active range excluded: the file chose
+that. ``--allow paused``
 (``missed``, ``skipped``) accepts what an operator chose or expects.
 """
 
@@ -18,10 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from dblockrun.config.durations import format_duration
-from dblockrun.ops.output import iso, live_text
+from dblockrun.durations import FOREVER, format_duration
+from dblockrun.ops.output import live_text
+from dblockrun.scheduling.calendars import excluded_record
 from dblockrun.store.models import FAILED, LOST, MISSED, SKIPPED, TIMEOUT, JobStatus
 from dblockrun.store.status import PassedSince, StatusReport
+from dblockrun.timetext import iso
 
 #: Last-run results a check reports.
 BAD_RESULTS = (FAILED, TIMEOUT, LOST)
@@ -48,7 +52,7 @@ def problems(got: StatusReport, allow: Collection[str] = (),
                    "(end that session's transaction; docs: security.md)")
     pause = got.paused
     if pause is not None and "paused" not in allow:
-        until = "until resumed" if pause.ends >= _forever() else f"until {iso(pause.ends)}"
+        until = "until resumed" if pause.ends >= FOREVER else f"until {iso(pause.ends)}"
         why = f": {pause.reason}" if pause.reason else ""
         out.append(f"fleet paused by {pause.who} since {iso(pause.since)} "
                    f"({_ago(got.db_now - pause.since)} ago), {until}{why}; no job starts "
@@ -62,7 +66,8 @@ def problems(got: StatusReport, allow: Collection[str] = (),
             out.append(f"job {s.lock.name}: last run {last.id} {last.result}{code} on "
                        f"{last.host}, {_ago(s.db_now - last.started)} ago")
         streak = (passed or {}).get(s.lock.name)
-        if streak is not None and streak.newest.result not in allow:
+        if (streak is not None and streak.newest.result not in allow
+                and not excluded_record(streak.newest.output)):
             out.append(f"job {s.lock.name}: {_passed(streak, s.db_now)}")
         if got.paused is None and (late := overdue(s)) is not None:
             out.append(f"job {s.lock.name}: {late}")
@@ -98,9 +103,3 @@ def overdue(s: JobStatus) -> str | None:
 
 def _ago(seconds: float) -> str:
     return format_duration(max(0, round(seconds)))
-
-
-def _forever() -> float:
-    from dblockrun.store import FOREVER
-
-    return FOREVER

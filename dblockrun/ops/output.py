@@ -18,14 +18,13 @@ import math
 import os
 import re
 import sys
-import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from dblockrun.config.durations import format_duration
-from dblockrun.config.jobs import EVERY_HOST_SEP, RunOn, loads_fields
 from dblockrun.config.load import differing_keys
+from dblockrun.durations import format_duration
+from dblockrun.jobs import EVERY_HOST_SEP, Job, RunOn, loads_fields
 from dblockrun.printable import printable
 from dblockrun.scheduling.targeting import (
     describe,
@@ -45,7 +44,7 @@ from dblockrun.store.models import (
     jobs_known,
 )
 from dblockrun.store.status import live_window
-from dblockrun.timetext import ago, relative, short, stamp, took
+from dblockrun.timetext import ago, iso, relative, short, stamp, took, zoned
 
 if TYPE_CHECKING:
     from rich.box import Box
@@ -94,30 +93,6 @@ def _uncollected(render: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 # -- times ------------------------------------------------------------------------
-
-
-def iso(ts: float | None) -> str | None:
-    """``2026-11-22T21:53:17.123Z`` (what ``datetime.isoformat`` gives, at a
-    third of its cost: ``status --json`` writes 30,000 for 10,000 jobs)."""
-    if ts is None:
-        return None
-    if ts >= FOREVER:
-        return "forever"
-    try:
-        whole = math.floor(ts)
-        micros = round((ts - whole) * 1_000_000)  # as datetime rounds, then cuts to ms
-        if micros == 1_000_000:
-            whole, micros = whole + 1, 0
-        return f"{_iso_second(whole)}.{micros // 1000:03d}Z"
-    except (OverflowError, OSError, ValueError):  # a timestamp edited into nonsense
-        return repr(ts)
-
-
-@functools.lru_cache(maxsize=4096)
-def _iso_second(whole: int) -> str:
-    t = time.gmtime(whole)
-    return (f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}"
-            f"T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}")
 
 
 def clock_offset(seconds: float | None) -> str:
@@ -946,3 +921,44 @@ def audit_text(entries: Sequence[AuditRecord], width: int | None = None) -> str:
 
 def print_audit(entries: Sequence[AuditRecord]) -> None:
     sys.stdout.write(audit_text(entries, terminal_width()))
+
+
+def next_lines(jobs: Iterable[Job], now: float, count: int) -> list[str]:
+    """`next`: each job's next ``count`` slots after ``now`` on one line, in
+    its time zone; a job with slots excluded among them (a calendar, a
+    blackout window, its active range) one slot a line, those marked
+    ``skipped:`` with the reason; a rate job's rate; a chain's upstream."""
+    from dblockrun.scheduling.calendars import next_real_slot, upcoming
+
+    out: list[str] = []
+    for job in jobs:
+        # after: a chain's job runs after another's runs, besides any schedule.
+        after = "" if job.after is None else job.after.text()
+        if job.cron is None:
+            rate = f"every {format_duration(job.rate)} (rate)" if job.rate is not None else ""
+            out.append(f"{job.name}: {', '.join(t for t in (rate, after) if t)}")
+            continue
+        slots = upcoming(job, now, count)
+        tail = f"; {after}" if after else ""
+        if all(s.reason is None for s in slots):
+            out.append(f"{job.name}: {', '.join(zoned(s.slot, job.timezone) for s in slots)}"
+                       f"{tail}")
+            continue
+        out.append(f"{job.name}:{tail}")
+        for s in slots:
+            when = zoned(s.slot, job.timezone)
+            if s.reason is None:
+                out.append(f"  {when}")
+            elif s.through is None:
+                out.append(f"  {when}  skipped: {s.reason}")
+            elif math.isinf(s.through):
+                out.append(f"  {when}  skipped: {s.reason} (and every slot after it)")
+            else:
+                out.append(f"  {when}  skipped: {s.reason} (and every slot until "
+                           f"{zoned(s.through, job.timezone)})")
+        if slots and sum(s.reason is None for s in slots) < count \
+                and slots[-1].through != math.inf:
+            more = next_real_slot(job, slots[-1].slot)
+            out.append("  (no more slots to run in the next 10 years)" if more is None else
+                       f"  (more skipped slots; the next to run: {zoned(more, job.timezone)})")
+    return out

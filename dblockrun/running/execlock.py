@@ -19,14 +19,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
-from dblockrun.config.jobs import Job
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Events
+from dblockrun.jobs import Job
 from dblockrun.printable import printable
 from dblockrun.running import spawn
 from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.holder import new_holder_id
-from dblockrun.running.runjob import JobRun, RunContext, exit_status
+from dblockrun.running.runjob import JobRun, RunContext, shell_status
 from dblockrun.running.runlog import log_run
 from dblockrun.running.runloop import RunLoop
 from dblockrun.signals import handling
@@ -34,7 +34,8 @@ from dblockrun.store.models import bad_token_why, token_usable
 from dblockrun.store.outage import Outage
 
 if TYPE_CHECKING:
-    from dblockrun.store.engine import Claimed, LockEngine
+    from dblockrun.store.engine import LockEngine
+    from dblockrun.store.models import Claimed
     from dblockrun.store.store import Store
 
 log = logging.getLogger("dblockrun")
@@ -156,8 +157,8 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
                             "by hand); not running (repair: dblockrun unlock %s)",
                             opts.name, bad_token_why(lock.token), opts.name)
                 return opts.busy_exit_code
-            from dblockrun.ops.actions import held_why
-            from dblockrun.ops.output import iso
+            from dblockrun.running.holder import held_why
+            from dblockrun.timetext import iso
 
             full = target.store()
             if lock is not None and lock.disabled_until is not None and (
@@ -211,13 +212,13 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
     outcome = run.last_outcome
     if outcome is None:
         return 1
-    status = exit_status(outcome.exit_code)
+    status = shell_status(outcome.exit_code)
     if outcome.reason == "error":
         log.error("%s", outcome.detail)
         return 127
     if outcome.reason != "exit":
         # Stopped by dblockrun, not ended by itself: its 143 (or 137) needs a word.
-        from dblockrun.config.durations import format_duration
+        from dblockrun.durations import format_duration
 
         why = (f"it reached --lock-at-most {format_duration(opts.lock_at_most)}"
                if outcome.reason == "timeout" else outcome.detail)

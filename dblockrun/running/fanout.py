@@ -23,8 +23,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from dblockrun.config.jobs import MAX_ITEM, Job, item_too_long
 from dblockrun.errors import DatabaseError
+from dblockrun.jobs import MAX_ITEM, Job, item_too_long
 from dblockrun.running.runjob import (
     JobRun,
     RunContext,
@@ -33,7 +33,7 @@ from dblockrun.running.runjob import (
     result_of,
     stored_output,
 )
-from dblockrun.running.runner import LeaseWatch, Outcome, Process, argv_for, stored_text
+from dblockrun.running.runner import LeaseWatch, Process, ProcessEnd, argv_for, stored_text
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.items import ClaimedItem
@@ -52,7 +52,7 @@ LIST_TIMEOUT = 300.0
 def item_lines(output: bytes) -> tuple[list[str], list[str]]:
     """The items ``items-command`` printed: one a line, stripped, blank
     lines dropped, the first of duplicates kept; and the lines too long to
-    be an item (:data:`~dblockrun.config.jobs.MAX_ITEM`), which fail alone."""
+    be an item (:data:`~dblockrun.jobs.MAX_ITEM`), which fail alone."""
     seen: dict[str, None] = {}
     for line in stored_text(output).splitlines():
         item = line.strip()
@@ -249,7 +249,7 @@ class FanOut:
         with self._lock:
             self._running += 1
 
-        def ended(outcome: Outcome | None = None) -> None:
+        def ended(outcome: ProcessEnd | None = None) -> None:
             ctx.loop.unwatch(process)
             try:
                 outcome = outcome or process.finish()
@@ -269,7 +269,7 @@ class FanOut:
         else:
             ctx.loop.watch(process)
 
-    def _list_failed(self, token: int, outcome: Outcome, timeout: float) -> None:
+    def _list_failed(self, token: int, outcome: ProcessEnd, timeout: float) -> None:
         """A failed ``items-command`` is a failed run of the job; the list
         stays as it was, and no item runs this time."""
         job, ctx, store = self.job, self.ctx, self.store

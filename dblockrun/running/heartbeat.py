@@ -115,7 +115,7 @@ class Renewer:
         (NOTIFY needs no table privilege): a flood of announcements costs
         one extra renewal per heartbeat, not one per announcement, and a
         kill announced meanwhile is still read within a heartbeat, by the
-        next regular renewal. MySQL's wake-ups (dblockrun/daemon/doorbell.py)
+        next regular renewal. MySQL's wake-ups (dblockrun/store/doorbell.py)
         come only from users who may end the daemon's statements, and say
         not whether a run or a kill was asked for: a shorter ``gap``, so
         that a kill soon after a run is still read at once. One asked for

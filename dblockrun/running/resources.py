@@ -38,8 +38,8 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dblockrun.config.durations import format_duration
-from dblockrun.config.jobs import IO_CLASSES, Job, Limits, format_size
+from dblockrun.durations import format_duration
+from dblockrun.jobs import IO_CLASSES, Job, Limits, format_size
 from dblockrun.running import cgroups
 from dblockrun.running.cgroups import Delegation, RunGroup
 

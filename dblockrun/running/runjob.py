@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
-from dblockrun.config.durations import fence_margin
-from dblockrun.config.jobs import Job
+from dblockrun.durations import fence_margin
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Events, RunEnded, RunStarted
+from dblockrun.jobs import Job
 from dblockrun.redact import Pieces
 from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.runloop import RunLoop
@@ -24,8 +24,8 @@ from dblockrun.running.runner import (
     GRACE_RAN_OUT,
     LeaseWatch,
     LiveOutput,
-    Outcome,
     Process,
+    ProcessEnd,
     argv_for,
     stored_text,
 )
@@ -36,10 +36,10 @@ from dblockrun.store.outage import Outage
 from dblockrun.withheld import withheld
 
 if TYPE_CHECKING:
-    from dblockrun.metrics import Metrics
-    from dblockrun.scheduling.limits import Queues, Seat
+    from dblockrun.running.seats import Queues
+    from dblockrun.running.slotbook import SlotBook
+    from dblockrun.scheduling.limits import Seat
     from dblockrun.scheduling.planner import Cause
-    from dblockrun.scheduling.slotbook import SlotBook
     from dblockrun.store.models import Trigger
 
 log = logging.getLogger("dblockrun")
@@ -61,7 +61,6 @@ class RunContext:
     stop_grace: Callable[[], float | None]
     #: Takes each step of the runs and watches their commands.
     loop: RunLoop
-    metrics: Metrics | None = None
     #: The environment commands start from, read once: dict(os.environ)
     #: decodes every variable again, 0.5 ms a start with a few dozen.
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -99,20 +98,20 @@ def retry_wait(job: Job, attempt: int, draw: Callable[[], float] = random.random
     return delay * (1 - RETRY_JITTER * draw())
 
 
-def result_of(outcome: Outcome) -> str:
+def result_of(outcome: ProcessEnd) -> str:
     if outcome.reason == "exit":
         return m.OK if outcome.exit_code == 0 else m.FAILED
     return _RESULT[outcome.reason]
 
 
-def exit_status(code: int | None) -> int | None:
+def shell_status(code: int | None) -> int | None:
     """A shell-style exit status: 128+N for a command killed by signal N."""
     if code is None:
         return None
     return 128 - code if code < 0 else code
 
 
-def stored_output(outcome: Outcome) -> str:
+def stored_output(outcome: ProcessEnd) -> str:
     """The output tail a run is recorded with; a command that could not
     start, or that was stopped (an operator's kill, lock-at-most, its lease,
     a shutdown), ends with why (``killed by alice@web-1: ...``,
@@ -295,7 +294,7 @@ class JobRun:
         self.line_sink = line_sink
         self.err_sink = err_sink
         self.on_start = on_start
-        self.last_outcome: Outcome | None = None
+        self.last_outcome: ProcessEnd | None = None
         self.last_run_id: int | None = None
         self.done = threading.Event()
         self._recorded = run_id
@@ -502,7 +501,7 @@ class JobRun:
                                        process.output.tail)
         started = time.monotonic()
 
-        def ended(outcome: Outcome | None = None) -> None:
+        def ended(outcome: ProcessEnd | None = None) -> None:
             ctx.loop.unwatch(process)
             self._ended(attempt, run_id, outcome or process.finish(), started)
 
@@ -520,7 +519,7 @@ class JobRun:
             env.update(self.item.env())
         return env
 
-    def _ended(self, attempt: int, run_id: int, outcome: Outcome, started: float) -> None:
+    def _ended(self, attempt: int, run_id: int, outcome: ProcessEnd, started: float) -> None:
         """An attempt's command ended: record it and tell it, then retry,
         apply on-failure or end the run."""
         job, ctx = self.job, self.ctx
@@ -542,7 +541,7 @@ class JobRun:
         self._emit(RunEnded(
             job=job, host=ctx.holder, run_id=run_id, first_run_id=self._first_run_id or run_id,
             slot=self.slot, attempt=attempt, result=result,
-            exit_code=exit_status(outcome.exit_code), duration=took, output=output,
+            exit_code=shell_status(outcome.exit_code), duration=took, output=output,
             detail=outcome.detail, final=not retry, token=self.token,
             item=self.item.item if self.item is not None else None, upstream=self.upstream))
         if retry:
@@ -603,7 +602,7 @@ class JobRun:
             if self.on_done is not None:
                 self.on_done(self)
 
-    def _record_result(self, run_id: int, outcome: Outcome, output: str, took: float, *,
+    def _record_result(self, run_id: int, outcome: ProcessEnd, output: str, took: float, *,
                        release: bool) -> None:
         """The run's result, its command's duration ``took`` (not until the
         write got through an outage); with ``release`` the lock's release in
@@ -611,7 +610,7 @@ class JobRun:
         stopped first."""
         job, ctx = self.job, self.ctx
         result = result_of(outcome)
-        code = exit_status(outcome.exit_code)
+        code = shell_status(outcome.exit_code)
         store, what, until = ctx.store, f"record result of {job.name}", time.monotonic() + 60
         written: bool | None
         item = self.item
@@ -658,7 +657,7 @@ class JobRun:
             except DatabaseError:
                 pass
 
-    def _on_failure(self, outcome: Outcome) -> None:
+    def _on_failure(self, outcome: ProcessEnd) -> None:
         """Disable the job and/or start its on-failure command; the run ends
         after that command (its lock stays held while it runs)."""
         job, ctx = self.job, self.ctx
@@ -666,7 +665,7 @@ class JobRun:
         store = ctx.store
         if disable_for and isinstance(store, Disables):
             reason = (f"on-failure: run {self.last_run_id} exited "
-                      f"{exit_status(outcome.exit_code)} on {ctx.holder}")
+                      f"{shell_status(outcome.exit_code)} on {ctx.holder}")
             if ctx.outage.retry(f"disable {job.name}",
                                 lambda: store.disable(job.name, for_seconds=disable_for,
                                                       reason=reason),
@@ -676,7 +675,7 @@ class JobRun:
             self._end()
             return
         env = self._env(self.last_run_id or 0)
-        env["DBLOCKRUN_EXIT_CODE"] = str(exit_status(outcome.exit_code))
+        env["DBLOCKRUN_EXIT_CODE"] = str(shell_status(outcome.exit_code))
         process = Process(
             argv_for(job.on_failure.command, job.shell), env=env, cwd=job.workdir,
             on_line=line_logger(f"[{job.name} on-failure] ", job=job.name,

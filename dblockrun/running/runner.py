@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dblockrun.config.durations import fence_margin
-from dblockrun.config.jobs import Command, Limits
+from dblockrun.durations import fence_margin
+from dblockrun.jobs import Command, Limits
 from dblockrun.redact import Pieces
 from dblockrun.running import spawn
 from dblockrun.running.spawn import MAX_LINE, Lifeline, LineSink
@@ -81,7 +81,7 @@ class LeaseWatch:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ProcessEnd:
     exit_code: int | None
     #: "exit", "timeout", "fenced", "stopped", "killed", "error", or "limit"
     #: (ended by one of the job's limits: ``detail`` says which).
@@ -355,7 +355,7 @@ class Process:
         self._stopping = False
         self._lock = threading.Lock()
 
-    def start(self, on_end: Callable[[], None] | None = None) -> Outcome | None:
+    def start(self, on_end: Callable[[], None] | None = None) -> ProcessEnd | None:
         """Start the command; None, or the outcome if it could not start.
         ``on_end`` is called (by the spawn reactor: it must not block) once
         the command ended."""
@@ -365,7 +365,7 @@ class Process:
             try:
                 run_as = RunAs.lookup(self.user)
             except OSError as exc:
-                return Outcome(None, "error", b"", f"cannot start command: {exc}")
+                return ProcessEnd(None, "error", b"", f"cannot start command: {exc}")
             env, cwd = run_as.env(env), run_as.cwd(cwd)
         if self.limits is not None and self.limits.any:
             from dblockrun.running import resources  # not for a job without (nor exec)
@@ -373,7 +373,7 @@ class Process:
             try:
                 self.applied = resources.apply(self.limits, self.name)
             except OSError as exc:
-                return Outcome(None, "error", b"", "cannot start command: limits: cannot make "
+                return ProcessEnd(None, "error", b"", "cannot start command: limits: cannot make "
                                f"its cgroup: {exc.strerror or exc}")
         watch = self.watch
         if watch is not None:
@@ -421,11 +421,11 @@ class Process:
                 if self.applied is not None:
                     self.applied.close()
                 if isinstance(exc, spawn.LeaseRanOut):
-                    return Outcome(None, "fenced", b"", str(exc.strerror))
+                    return ProcessEnd(None, "fenced", b"", str(exc.strerror))
                 if isinstance(exc, spawn.LimitRefused) and self.applied is not None:
-                    return Outcome(None, "error", b"", "cannot start command: limits: "
+                    return ProcessEnd(None, "error", b"", "cannot start command: limits: "
                                    + self.applied.refused(exc.key, exc))
-                return Outcome(None, "error", b"", f"cannot start command: {exc}")
+                return ProcessEnd(None, "error", b"", f"cannot start command: {exc}")
             finally:
                 for w in writers:
                     os.close(w)
@@ -478,7 +478,7 @@ class Process:
             self._kill_at = now + grace
             return grace
 
-    def finish(self) -> Outcome:
+    def finish(self) -> ProcessEnd:
         """The outcome, once the command ended (else it is killed now); what
         is left of its group goes, and its output is read to the end."""
         proc = self.proc
@@ -511,11 +511,11 @@ class Process:
                 if limit is not None:
                     self.reason, self.detail = "limit", limit
             applied.close()
-        return Outcome(proc.returncode, self.reason, tail, self.detail)
+        return ProcessEnd(proc.returncode, self.reason, tail, self.detail)
 
 
 
-def run_process(argv: Sequence[str], **options: Any) -> Outcome:
+def run_process(argv: Sequence[str], **options: Any) -> ProcessEnd:
     """Run ``argv`` in a new process group until it ends or must be stopped,
     on this thread (:class:`Process` says what the options mean)."""
     command = Process(argv, **options)

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dblockrun.config.jobs import MAX_ARG
+from dblockrun.jobs import MAX_ARG
 from dblockrun.running import spawner
 
 log = logging.getLogger("dblockrun")

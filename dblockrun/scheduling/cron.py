@@ -64,7 +64,7 @@ from zoneinfo import ZoneInfo, available_timezones
 
 from croniter import CroniterBadDateError, croniter
 
-from dblockrun.config.jobs import Schedule
+from dblockrun.jobs import Schedule
 
 __all__ = [
     "MACROS",
@@ -75,6 +75,7 @@ __all__ = [
     "upcoming",
     "validate_cron",
     "validate_timezone",
+    "zone",
 ]
 
 MACROS = {
@@ -214,12 +215,17 @@ def next_slot_at(schedule: Schedule, after: float) -> float:
                for cron in schedule.crons).timestamp()
 
 
-def upcoming(schedule: Schedule, after: datetime, count: int) -> list[datetime]:
-    """The next ``count`` slots of ``schedule`` after ``after`` (aware UTC datetimes)."""
+def upcoming(schedule: Schedule, after: datetime, count: int,
+             until: datetime | None = None) -> list[datetime]:
+    """The next ``count`` slots of ``schedule`` after ``after`` (aware UTC
+    datetimes), none after ``until`` (`next`, `plan`)."""
     slots: list[datetime] = []
     moment = after.timestamp()
+    end = None if until is None else until.timestamp()
     for _ in range(count):
         moment = next_slot_at(schedule, moment)
+        if end is not None and moment > end:
+            break
         slots.append(datetime.fromtimestamp(moment, UTC))
     return slots
 
@@ -481,6 +487,11 @@ def _number(spec: _Spec, field: str, text: str) -> int:
 
 
 # --- time zones --------------------------------------------------------------------------
+
+
+def zone(name: str) -> ZoneInfo:
+    """The time zone ``name`` (remembered); raises ValueError if unknown."""
+    return _zone(name)
 
 
 def _zone(name: str) -> ZoneInfo:

@@ -24,7 +24,7 @@ cause, they go through one policy, configured by the job's ``catch-up`` and
 The daemon reads a job's last slot from the database whenever its plan is
 in doubt (at start, after a database error, after a late wake-up) and asks
 :meth:`Planner.resynced`; it records the plan through the slot book
-(dblockrun/scheduling/slotbook.py), whose conditional write makes one host the
+(dblockrun/running/slotbook.py), whose conditional write makes one host the
 recorder, then claims the slots to run with the normal slot claim.
 """
 
@@ -38,7 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
-from dblockrun.config.jobs import Job
+from dblockrun.jobs import Job
+from dblockrun.scheduling.calendars import excluded, next_real_slot
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.timetext import utc
 
@@ -78,12 +79,13 @@ class Cause(StrEnum):
     QUEUE_FULL = "queue-full"  # overlap: queue/replace: a newer slot took its place
     STOPPED = "stopped"  # the daemon stopped while the claimed slot waited for a seat or room
     LANES_FULL = "lanes-full"  # overlap: allow N: N runs of the job already going
+    EXCLUDED = "excluded"  # a calendar's day, a blackout window, outside the active range
 
 
 #: Causes whose slots run none and are recorded ``skipped``.
 SKIPPING = frozenset({Cause.BUSY, Cause.HOST_FULL, Cause.GROUP_FULL, Cause.DEAD_HOLDER,
                       Cause.LOCK_AT_LEAST, Cause.LOCK_HELD, Cause.UNCLAIMABLE,
-                      Cause.QUEUE_FULL, Cause.STOPPED, Cause.LANES_FULL})
+                      Cause.QUEUE_FULL, Cause.STOPPED, Cause.LANES_FULL, Cause.EXCLUDED})
 #: The reason stored with catch-up slots whose claim was refused.
 UNCLAIMABLE_REASON = ("catch-up stopped: the slot could not be claimed (the fleet paused, the "
                       "job disabled, its rate, or a lock row edited by hand)")
@@ -103,17 +105,28 @@ class Summary:
 class Plan:
     """What becomes of a job's passed slots: those to run (oldest first),
     those recorded one by one (oldest first), and the older ones recorded
-    together; ``reason`` is stored with each record."""
+    together; ``reason`` is stored with each record, but those of
+    ``excluded``: slots of ``records`` a calendar, a blackout window or the
+    active range excludes (dblockrun/scheduling/calendars.py), each
+    recorded ``skipped`` with its own reason."""
 
     cause: Cause
     run: tuple[float, ...]
     records: tuple[float, ...]
     summary: Summary | None
     reason: str
+    excluded: tuple[tuple[float, str], ...] = ()
 
     @property
     def result(self) -> str:
         return "skipped" if self.cause in SKIPPING else "missed"
+
+    def of(self, slot: float) -> tuple[str, str, Cause]:
+        """(result, reason, cause) of the record of ``slot``."""
+        for excluded_slot, reason in self.excluded:
+            if excluded_slot == slot:
+                return "skipped", reason, Cause.EXCLUDED
+        return self.result, self.reason, self.cause
 
     @property
     def first(self) -> float | None:
@@ -238,16 +251,23 @@ def passed(job: Job, last_slot: float | None, now: float, cause: Cause, *,
             count += 1
             slot = next_slot_at(job.schedule, slot)
         summary = Summary(first, boundary, min(count, COUNTED), count > COUNTED)
-    if cause in SKIPPING:
+    marks: dict[float, str] = {}
+    real = slots
+    if job.calendared:  # an excluded slot never runs: recorded with its own reason
+        marks = {s: exclusion.reason for s in slots
+                 if (exclusion := excluded(job, s)) is not None}
+        real = [s for s in slots if s not in marks]
+    if cause in SKIPPING or not real:
         run: list[float] = []
     elif runs == 0:
-        run = slots[-1:] if now - slots[-1] < FRESH else []
+        run = real[-1:] if now - real[-1] < FRESH else []
     else:
-        run = [s for s in slots[-runs:] if not too_late(job, s, now)]
+        run = [s for s in real[-runs:] if not too_late(job, s, now)]
     records = tuple(s for s in slots if s not in run)
     if summary is None and not records and not run:
         return None
-    return Plan(cause, tuple(run), records, summary, reason or why(job, cause))
+    return Plan(cause, tuple(run), records, summary, reason or why(job, cause),
+                tuple(marks.items()) if marks else ())
 
 
 def record_texts(plan: Plan) -> list[tuple[float, str, int]]:
@@ -260,7 +280,12 @@ def record_texts(plan: Plan) -> list[tuple[float, str, int]]:
         count = f"{'more than ' if s.more else ''}{s.count}"
         out.append((s.last, f"{prefix}{count} slots from {utc(s.first)} to {utc(s.last)}: "
                             f"{plan.reason}\n", s.count))
-    out.extend((slot, f"{prefix}{plan.reason}\n", 1) for slot in plan.records)
+    if not plan.excluded:
+        out.extend((slot, f"{prefix}{plan.reason}\n", 1) for slot in plan.records)
+        return out
+    for slot in plan.records:
+        result, reason, _cause = plan.of(slot)
+        out.append((slot, f"{result}: {reason}\n", 1))
     return out
 
 
@@ -278,12 +303,15 @@ def next_attempt(job: Job, after: float, margin: float,
     return after + margin + jitter, None
 
 
-def next_due(job: Job, slot: float, tolerance: float) -> float:
+def next_due(job: Job, slot: float, tolerance: float) -> float | None:
     """The next slot a run claimed for ``slot`` leaves due (what `status`
     shows): the next one, or for a cron + rate job the first one at least
-    ``rate`` later (less the claim's ``tolerance``)."""
+    ``rate`` later (less the claim's ``tolerance``); of a job with
+    calendars, the next one not excluded (None: none)."""
     assert job.cron is not None
     after = slot if job.rate is None else slot + job.rate - tolerance - 0.001
+    if job.calendared:
+        return next_real_slot(job, after)
     return next_slot_at(job.schedule, after)
 
 
@@ -767,6 +795,11 @@ class Planner:
                 slot = newest_due(job, slot, now)  # its items have their own slots
             else:
                 return Decision(Act.RESYNC, slot, cause=Cause.LATE)
+        if job.calendared:  # (never a fan-out job: the loader refuses it)
+            exclusion = excluded(job, slot)
+            if exclusion is not None:  # recorded skipped as it comes, by one host
+                return Decision(Act.RECORD, slot, plan=single(
+                    slot, Cause.EXCLUDED, exclusion.reason))
         if busy and not job.fan_out:
             if job.overlap != "forbid":
                 return self._enqueue(job, slot)

@@ -25,14 +25,12 @@ import re
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dblockrun.config.jobs import EVERY_HOST_SEP, Job, JobsFile, RunOn
+from dblockrun.jobs import EVERY_HOST_SEP, Job, JobsFile, RunOn
+from dblockrun.scheduling.calendars import next_real_slot
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.limits import all_seats
-
-if TYPE_CHECKING:
-    from dblockrun.store import Store
 
 log = logging.getLogger("dblockrun")
 
@@ -220,26 +218,28 @@ class LocalJobs:
         self.jobs = local_jobs(file, self.labels)
         self.targets = targets_json(file)
 
-    def ensure_rows(self, store: Store) -> None:
-        """The lock rows of the file's jobs (a targeted job's too, so status
-        shows it unmatched), its groups' seats, and this host's rows of its
-        every-host jobs."""
-        store.ensure_jobs([*(j.name for j in self.file.jobs), *all_seats(self.file)])
-        store.ensure_every_host(every_host_rows(self.jobs))
+    def rows(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """The lock rows the daemon makes (:mod:`dblockrun.daemon.loop`):
+        the file's jobs' (a targeted job's too, so status shows it
+        unmatched) with its groups' seats and lanes; and this host's rows
+        of its every-host jobs."""
+        return ([*(j.name for j in self.file.jobs), *all_seats(self.file)],
+                every_host_rows(self.jobs))
 
-    def warn_unmatched(self, store: Store, holder: str, within: float) -> None:
-        """A warning for each job of the file no live host's labels match."""
-        if not any(j.run_on for j in self.file.jobs):
-            return  # no statement for files without run-on
-        live = [loads_labels(h.labels) for h in store.hosts(within) if h.id != holder]
-        for job in unmatched(self.file, [*live, self.labels]):
-            log.warning("job %s: no live host matches run-on %s (this host: %s), so it runs "
-                        "nowhere", job.name, describe(job.run_on), label_text(self.labels))
+    def unmatched_warnings(self, live: Iterable[Mapping[str, str]]) -> list[str]:
+        """A warning for each job of the file whose run-on matches neither
+        this host's labels nor any of ``live`` (the other live hosts')."""
+        return [f"job {job.name}: no live host matches run-on {describe(job.run_on)} "
+                f"(this host: {label_text(self.labels)}), so it runs nowhere"
+                for job in unmatched(self.file, [*live, self.labels])]
 
-    def publish_next_due(self, store: Store, now: float) -> None:
-        """Each enabled cron job's next slot, for `status`."""
-        store.set_next_due({job.name: next_slot_at(job.schedule, now)
-                            for job in self.jobs.jobs if job.cron is not None and job.enabled})
+    def next_due(self, now: float) -> dict[str, float]:
+        """Each enabled cron job's next slot after ``now`` that runs (not one
+        a calendar, blackout window or its active range excludes), for `status`."""
+        return {job.name: due for job in self.jobs.jobs
+                if job.cron is not None and job.enabled
+                and (due := next_real_slot(job, now) if job.calendared
+                     else next_slot_at(job.schedule, now)) is not None}
 
     @property
     def targeted(self) -> bool:

@@ -21,7 +21,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dblockrun.store import models as m
-from dblockrun.store.engine import Told, in_transaction
+from dblockrun.store.engine import in_transaction
+from dblockrun.store.models import Told
 from dblockrun.store.queries import TOLD_ACTIONS
 
 if TYPE_CHECKING:

@@ -436,7 +436,7 @@ _PG_REFUSED = ("password authentication failed", "no pg_hba.conf entry",
 
 
 #: MySQL/MariaDB: the statement was ended by ``KILL QUERY`` (a daemon's
-#: request wait woken, dblockrun/daemon/doorbell.py).
+#: request wait woken, dblockrun/store/doorbell.py).
 _MYSQL_INTERRUPTED = 1317
 #: MySQL/MariaDB: ``KILL QUERY`` of a connection that is gone, or of another
 #: user's without the privilege to.

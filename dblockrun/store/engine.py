@@ -13,14 +13,27 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store.drivers import is_kill_refused
 from dblockrun.store.executor import Executor
-from dblockrun.store.models import RUNNING, ClockSample, Trigger, bad_token_why, token_usable
+from dblockrun.store.models import (
+    CLAIM_TOLERANCE,
+    RUNNING,
+    BooksRound,
+    Claimed,
+    ClaimedItem,
+    ClockSample,
+    HeldGap,
+    LostRun,
+    Told,
+    Trigger,
+    bad_token_why,
+    token_usable,
+)
 from dblockrun.store.queries import (
     SCHEMA_VERSION,
     ClaimShape,
@@ -35,94 +48,11 @@ P = ParamSpec("P")
 
 #: Names per batch statement (SQLite's bound-parameter limit is far above).
 BATCH_CHUNK = 500
-#: How early a slot may be claimed, in seconds of the database clock (the
-#: daemons' clock estimates), and how much short of its rate a cron + rate
-#: job's start may be.
-CLAIM_TOLERANCE = 0.1
 
 
 def too_new(version: object) -> SchemaTooNew:
     return SchemaTooNew(f"the database schema is version {version}, this dblockrun knows up "
                         f"to {SCHEMA_VERSION}: upgrade dblockrun")
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """A won claim: the new fencing token, and the run record of its first
-    attempt when the claim made it (None: the caller records it, or releases)."""
-
-    name: str
-    token: int
-    run_id: int | None
-
-
-@dataclass(frozen=True)
-class ClaimedItem:
-    """A won fan-out item: its text, key, the item's own fencing token and
-    the run record the claim made for it."""
-
-    item: str
-    key: str
-    token: int
-    run_id: int
-
-
-@dataclass(frozen=True)
-class LostRun:
-    """A run recorded lost: its holder stopped renewing (or was fenced)."""
-
-    id: int
-    job: str
-    item: str | None
-    host: str
-    token: int
-    lock_until: float | None  # when its lease ran out (None: taken over since)
-    ended: float  # its lease's last renewal
-    slot: float | None  # the slot it ran for
-    first_id: int  # the run's first attempt (its pings are keyed by it)
-
-
-@dataclass(frozen=True)
-class HeldGap:
-    """A slot claim that moved a job's row on from ``after`` (the slot
-    before) while the lock had been held until ``until``, a second or more
-    past it (schema 5, ``Queries.claim_write``): the job's slots between
-    were kept from every host, and whoever should have recorded them (the
-    holder of a lock-at-least window or a retry's delay, the bookkeeping
-    after a dead holder) may not have."""
-
-    name: str
-    token: int  # the claim's
-    after: float
-    until: float
-    last_slot: float
-
-
-class Told(NamedTuple):
-    """An audited operator action a daemon logs (queries.TOLD_ACTIONS)."""
-
-    id: int
-    who: str
-    action: str
-    job: str | None
-    detail: str | None
-    reason: str | None
-
-
-@dataclass(frozen=True)
-class BooksRound:
-    """What one bookkeeping round read (PostgreSQL: one statement)."""
-
-    sample: ClockSample
-    live_others: int  # other hosts seen within ``within``
-    #: (host id, definitions JSON) of the other live hosts whose definitions
-    #: differ from this host's.
-    differing: list[tuple[str, str | None]]
-    requested: list[str]  # jobs with a run-now request
-    lost: list[LostRun]  # the dead runs this round recorded lost
-    #: Operator actions daemons log (queries.TOLD_ACTIONS), audited after the
-    #: round's ``audit_after``: (id, who, action, job, detail, reason).
-    told: list[Told] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -785,7 +715,8 @@ class LockEngine:
 
     def record_slots(self, name: str, host: str, result: str,
                      rows: Sequence[tuple[float, str, float | None]], *, first: float | None,
-                     gap_of: int | None = None, next_due: float | None = None) -> bool:
+                     gap_of: int | None = None, next_due: float | None = None,
+                     results: Sequence[str] | None = None) -> bool:
         """Record slots that ran nowhere (``rows``: slot, output, and for a
         summary record the first slot it stands for): with
         ``first``, only while the job's last slot is still before it,
@@ -796,11 +727,14 @@ class LockEngine:
         holder's blocked slots, whose loss this host alone recorded). Two
         statements at most, whatever the number of rows, in one transaction.
         ``next_due``: with ``first``, the job's next slot after them, which
-        ``status`` shows (it would show the passed one until the next claim)."""
+        ``status`` shows (it would show the passed one until the next claim).
+        ``results``: each row's result, when they differ (a calendar's
+        slots are ``skipped`` among ``missed`` ones); else ``result``."""
         insert = self._text("passed_runs", len(rows))
-        params: dict[str, Any] = {"job": name, "host": host, "result": result}
+        params: dict[str, Any] = {"job": name, "host": host}
         for i, (slot, text, covers_from) in enumerate(rows):
             params[f"slot{i}"], params[f"out{i}"], params[f"from{i}"] = slot, text, covers_from
+            params[f"result{i}"] = result if results is None else results[i]
         advance = {"name": name, "first": first, "slot": max(slot for slot, _, _ in rows),
                    "next": next_due}
 
@@ -902,7 +836,7 @@ class LockEngine:
 
     def ring(self) -> int:
         """MySQL/MariaDB: wake the daemons waiting for requests on this
-        server (dblockrun/daemon/doorbell.py): ``KILL QUERY`` of each wait
+        server (dblockrun/store/doorbell.py): ``KILL QUERY`` of each wait
         this user may end. How many were woken. One statement, then one a
         daemon; a wait this user may not end is passed over (its daemon
         reads the request with its next wait's end or bookkeeping round)."""

@@ -14,8 +14,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dblockrun.store import models as m
-from dblockrun.store.engine import CLAIM_TOLERANCE, Claim, LockEngine, in_transaction, on_engine
-from dblockrun.store.engine import ClaimedItem as ClaimedItem
+from dblockrun.store.engine import Claim, LockEngine, in_transaction, on_engine
+from dblockrun.store.models import CLAIM_TOLERANCE
+from dblockrun.store.models import ClaimedItem as ClaimedItem
 
 if TYPE_CHECKING:
     from dblockrun.store.store import Store

@@ -43,7 +43,7 @@ older summaries keep their range only in their text.
 Version 8: ``hosts.fields``, per job a short digest of each field the
 daemon's file sets (JSON), written when its jobs file is (re)loaded, so
 drift between hosts names the fields that differ
-(:func:`~dblockrun.config.jobs.differing_fields`). Nullable: an older
+(:func:`~dblockrun.jobs.differing_fields`). Nullable: an older
 daemon's drift is named by its definition hash only, as before.
 
 Version 9: the table ``sessions`` (``dblockrun web``'s signed-in sessions,

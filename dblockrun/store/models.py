@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from dblockrun.jobs import LANE_PREFIX as LANE_PREFIX
+from dblockrun.jobs import SEAT_PREFIX as SEAT_PREFIX
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -221,7 +224,7 @@ class HostStatus:
     #: Its ``--heartbeat`` (schema 6; None: an older daemon): how long it stays live.
     heartbeat: float | None = None
     #: Per job, a digest of each field its file sets (schema 8, JSON;
-    #: dblockrun/config/jobs.py field_digests); None: not written (yet).
+    #: dblockrun/jobs.py field_digests); None: not written (yet).
     fields: str | None = None
 
     def job_hashes(self) -> dict[str, str] | None:
@@ -243,13 +246,6 @@ _FIELDS: dict[type, tuple[tuple[str, type[int] | type[float] | None], ...]] = {}
 _NUMBER = {"int": int, "int | None": int, "float": float, "float | None": float}
 
 
-#: The seat rows of a limit group (dblockrun/scheduling/limits.py) in the locks table
-#: are named ``group:NAME:N``; no job can be (a job name has no ``:``).
-SEAT_PREFIX = "group:"
-#: The lane rows of an ``overlap: allow N`` job (dblockrun/scheduling/limits.py),
-#: ``lane:JOB:1`` ... ``lane:JOB:N``: each running run holds one, with the
-#: job's fencing token of its claim. Neither kind of row is a job.
-LANE_PREFIX = "lane:"
 NOT_JOB_PREFIXES = (SEAT_PREFIX, LANE_PREFIX)
 
 
@@ -310,3 +306,89 @@ def definitions(hosts: list[HostStatus]) -> dict[str, dict[str, list[str]]]:
             out.setdefault(name, {}).setdefault(digest, []).append(host.id)
     return out
 
+
+# -- what the lock engine hands its callers (dblockrun/store/engine.py) -----------
+
+#: How early a slot may be claimed, in seconds of the database clock (the
+#: daemons' clock estimates), and how much short of its rate a cron + rate
+#: job's start may be.
+CLAIM_TOLERANCE = 0.1
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A won claim: the new fencing token, and the run record of its first
+    attempt when the claim made it (None: the caller records it, or releases)."""
+
+    name: str
+    token: int
+    run_id: int | None
+
+
+@dataclass(frozen=True)
+class ClaimedItem:
+    """A won fan-out item: its text, key, the item's own fencing token and
+    the run record the claim made for it."""
+
+    item: str
+    key: str
+    token: int
+    run_id: int
+
+
+@dataclass(frozen=True)
+class LostRun:
+    """A run recorded lost: its holder stopped renewing (or was fenced)."""
+
+    id: int
+    job: str
+    item: str | None
+    host: str
+    token: int
+    lock_until: float | None  # when its lease ran out (None: taken over since)
+    ended: float  # its lease's last renewal
+    slot: float | None  # the slot it ran for
+    first_id: int  # the run's first attempt (its pings are keyed by it)
+
+
+@dataclass(frozen=True)
+class HeldGap:
+    """A slot claim that moved a job's row on from ``after`` (the slot
+    before) while the lock had been held until ``until``, a second or more
+    past it (schema 5, ``Queries.claim_write``): the job's slots between
+    were kept from every host, and whoever should have recorded them (the
+    holder of a lock-at-least window or a retry's delay, the bookkeeping
+    after a dead holder) may not have."""
+
+    name: str
+    token: int  # the claim's
+    after: float
+    until: float
+    last_slot: float
+
+
+class Told(NamedTuple):
+    """An audited operator action a daemon logs (queries.TOLD_ACTIONS)."""
+
+    id: int
+    who: str
+    action: str
+    job: str | None
+    detail: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class BooksRound:
+    """What one bookkeeping round read (PostgreSQL: one statement)."""
+
+    sample: ClockSample
+    live_others: int  # other hosts seen within ``within``
+    #: (host id, definitions JSON) of the other live hosts whose definitions
+    #: differ from this host's.
+    differing: list[tuple[str, str | None]]
+    requested: list[str]  # jobs with a run-now request
+    lost: list[LostRun]  # the dead runs this round recorded lost
+    #: Operator actions daemons log (queries.TOLD_ACTIONS), audited after the
+    #: round's ``audit_after``: (id, who, action, job, detail, reason).
+    told: list[Told] = field(default_factory=list)

@@ -138,7 +138,7 @@ class Queries:
     @staticmethod
     def iso(seconds: str) -> str:
         """Epoch ``seconds`` as ``2026-11-22T21:53:17.123Z`` (as
-        ``dblockrun.ops.output.iso`` writes them)."""
+        ``dblockrun.timetext.iso`` writes them)."""
         return (f"to_char(to_timestamp({seconds}) AT TIME ZONE 'UTC', "
                 "'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")
 
@@ -714,7 +714,7 @@ class Queries:
         """Advance the job's last slot to ``slot`` without running the slots
         from ``first`` up to it: only while none of them is handled yet (the
         last slot still before ``first``), so one host records them
-        (dblockrun/scheduling/slotbook.py)."""
+        (dblockrun/running/slotbook.py)."""
         locks, p = self.locks, self.p
         # ``next``: the job's next slot after them, for ``status`` (None:
         # left as it is; the claim of a slot the plan runs publishes it).
@@ -743,12 +743,12 @@ class Queries:
 
     def passed_runs(self, count: int) -> str:
         """The records of ``count`` passed slots in one statement (``slotN``,
-        ``outN``, ``fromN``: a summary's first slot; they ran nowhere: no
-        token, started and finished now)."""
+        ``resultN``, ``outN``, ``fromN``: a summary's first slot; they ran
+        nowhere: no token, started and finished now)."""
         p, now = self.p, self.now
         rows = ", ".join(
             f"({p('job')}, NULL, {p('host')}, {p(f'slot{i}')}, NULL, 1, {now}, {now}, "
-            f"{p('result')}, {p(f'out{i}')}, {p(f'from{i}')})" for i in range(count))
+            f"{p(f'result{i}')}, {p(f'out{i}')}, {p(f'from{i}')})" for i in range(count))
         return f"INSERT INTO {self.runs} ({RUN_COLUMNS}, output, covers_from) VALUES {rows}"
 
     @staticmethod
@@ -897,7 +897,7 @@ class MysqlQueries(Queries):
         return f"{text} COLLATE utf8mb4_bin"
 
 
-    # -- the request doorbell (dblockrun/daemon/doorbell.py) ----------------------------
+    # -- the request doorbell (dblockrun/store/doorbell.py) ----------------------------
 
     @cached_property
     def wait_mark(self) -> str:

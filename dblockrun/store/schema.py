@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 
-from dblockrun.config.jobs import MAX_ITEM
+from dblockrun.jobs import MAX_ITEM
 from dblockrun.store.queries import SCHEMA_VERSION as SCHEMA_VERSION
 
 #: Stored output tail of a run, in bytes.
@@ -199,7 +199,7 @@ def build_tables(prefix: str) -> Tables:
         # stays live in `status` (dblockrun/store/status.py live_window).
         sa.Column("heartbeat", sa.Double()),
         # Schema 7: per job, a digest of each field its file sets (JSON;
-        # config/jobs.py field_digests): drift names the fields that differ.
+        # jobs.py field_digests): drift names the fields that differ.
         sa.Column("fields", _Text),
     )
     items = sa.Table(

@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from dblockrun.config.jobs import EVERY_HOST_SEP
+from dblockrun.durations import FOREVER as FOREVER
 from dblockrun.errors import DatabaseError
+from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.redact import url as redact
 from dblockrun.store import models as m
 from dblockrun.store.alerts import AlertStore
@@ -32,27 +33,17 @@ from dblockrun.store.drivers import (
     sqlite_setup,
     url_pooler,
 )
-from dblockrun.store.engine import (
-    CLAIM_TOLERANCE,
-    BooksRound,
-    Claim,
-    Claimed,
-    LockEngine,
-    on_engine,
-    too_new,
-)
+from dblockrun.store.engine import Claim, LockEngine, on_engine, too_new
 from dblockrun.store.executor import PooledExecutor
 from dblockrun.store.items import ItemStore
 from dblockrun.store.migrate import migrate
+from dblockrun.store.models import CLAIM_TOLERANCE, BooksRound, Claimed
 from dblockrun.store.queries import NOW
 from dblockrun.store.schema import SCHEMA_VERSION, Name, Tables, build_tables
 from dblockrun.store.sessions import SessionStore
 
 T = TypeVar("T")
 log = logging.getLogger("dblockrun")
-
-#: ``disable`` with no duration: until 9999-12-31.
-FOREVER = 253402300799.0
 
 DEFAULT_PREFIX = "dblockrun_"
 #: The ``meta`` row of the fleet's secret (:meth:`Store.fleet_key`).
@@ -255,7 +246,7 @@ class Store:
     def fleet_key(self) -> bytes:
         """The fleet's secret (``meta.fleet_key``, made with the schema):
         every daemon keys its definition hashes and per-key digests with it
-        (:meth:`Job.digests <dblockrun.config.jobs.Job.digests>`), so that
+        (:meth:`Job.digests <dblockrun.jobs.Job.digests>`), so that
         hosts compare and a reader without database access cannot test
         guesses. Read with the schema's version: no statement of its own
         but when it is missing (deleted by hand: made again)."""
@@ -692,7 +683,7 @@ class Store:
 
     def ring(self) -> None:
         """MySQL/MariaDB: wake the daemons waiting for requests
-        (dblockrun/daemon/doorbell.py), a run-now or kill request being
+        (dblockrun/store/doorbell.py), a run-now or kill request being
         filed. Best effort: a daemon not woken (another user's without the
         privilege, on another Galera node, or the database failing now)
         reads the request with its next bookkeeping round."""

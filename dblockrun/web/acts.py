@@ -27,7 +27,7 @@ MAX_REASON = 1000
 
 
 @dataclass(frozen=True)
-class Act:
+class ActionRequest:
     """An action asked for on the dashboard or through the API."""
 
     action: str
@@ -61,11 +61,12 @@ def who(user: str) -> str:
     return f"web:{user}"
 
 
-def perform(store: Store, user: str, act: Act) -> tuple[str, dict[str, Any]]:
+def perform(store: Store, user: str, act: ActionRequest) -> tuple[str, dict[str, Any]]:
     """Do ``act`` as ``user``: (what was done, in a sentence; the same as JSON).
     UsageError (bad input, no such job) or DblockrunError (it cannot be done)."""
     from dblockrun.ops import actions as ops
-    from dblockrun.ops.output import iso, pause_json, run_json
+    from dblockrun.ops.output import pause_json, run_json
+    from dblockrun.timetext import iso
 
     if act.action not in ACTIONS:
         raise UsageError(f"no action {act.action!r}")
@@ -146,7 +147,7 @@ def check_text(what: str, value: str | None) -> None:
 
 
 def _seconds(text: str | None) -> float | None:
-    from dblockrun.config.durations import parse_option_duration
+    from dblockrun.durations import parse_option_duration
 
     if not text:
         return None

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from dblockrun.errors import DatabaseError, DblockrunError, UsageError
 from dblockrun.store.models import RunRecord
-from dblockrun.web.acts import ROLE_OF, Act, perform
+from dblockrun.web.acts import ROLE_OF, ActionRequest, perform
 from dblockrun.web.context import config, current_user, refusal
 from dblockrun.web.errors import public
 from dblockrun.web.openapi import OPENAPI
@@ -182,8 +182,8 @@ async def act(request: Request) -> Response:
     run_id = _run_id(request) if "run_id" in request.path_params else None
     if "run_id" in request.path_params and run_id is None:
         return error(404, f"no run {request.path_params['run_id']}")
-    asked = Act(action, request.path_params.get("job"), body.get("reason"), body.get("for"),
-                body.get("until"), run_id)
+    asked = ActionRequest(action, request.path_params.get("job"), body.get("reason"),
+                          body.get("for"), body.get("until"), run_id)
     try:
         said, doc = await run_in_threadpool(perform, cfg.store, user.name, asked)
         cfg.status.forget()

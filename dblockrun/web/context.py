@@ -12,7 +12,7 @@ from pathlib import Path
 
 from starlette.requests import Request
 
-from dblockrun.config.jobs import JobsFile
+from dblockrun.jobs import JobsFile
 from dblockrun.store import Store
 from dblockrun.web.fleetview import FleetStatus
 from dblockrun.web.fleetview import read as read_fleet

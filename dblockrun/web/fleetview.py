@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlencode
 
-from dblockrun.config.jobs import EVERY_HOST_SEP
+from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.ops.check import BAD_RESULTS, overdue
 from dblockrun.ops.output import host_name
 from dblockrun.store import Store

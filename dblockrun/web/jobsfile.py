@@ -15,8 +15,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from dblockrun.config.jobs import JobsFile
 from dblockrun.daemon.reload import FileWatch, reloaded, reread
+from dblockrun.jobs import JobsFile
 
 log = logging.getLogger("dblockrun")
 

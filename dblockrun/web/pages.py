@@ -17,7 +17,15 @@ from dblockrun.errors import DatabaseError, DblockrunError, UsageError
 from dblockrun.ops.output import host_name
 from dblockrun.store.models import HostStatus
 from dblockrun.web import sessions
-from dblockrun.web.acts import ACTIONS, DESTRUCTIVE, JOB_ACTIONS, ROLE_OF, Act, offered, perform
+from dblockrun.web.acts import (
+    ACTIONS,
+    DESTRUCTIVE,
+    JOB_ACTIONS,
+    ROLE_OF,
+    ActionRequest,
+    offered,
+    perform,
+)
 from dblockrun.web.context import HERE, config, csrf_ok, csrf_token, current_user, refusal
 from dblockrun.web.errors import public
 from dblockrun.web.timehtml import duration, left, when
@@ -60,7 +68,7 @@ def _status_doc(request: Request, names: list[str]) -> dict[str, Any]:
     from dblockrun.store.status import report
 
     got = report(config(request).store, names)
-    from dblockrun.config.jobs import EVERY_HOST_SEP
+    from dblockrun.jobs import EVERY_HOST_SEP
 
     # A row JOB@HOST is its every-host job's: JOB's definition counts too.
     wanted = set(names) | {name.split(EVERY_HOST_SEP, 1)[0] for name in names}
@@ -159,7 +167,7 @@ def _definition(request: Request, name: str, job: dict[str, Any] | None) -> dict
     """The Job page's definition: this server's jobs file's (``-f``), and each
     live host's hash with, where it differs, the keys that do (``status
     --json``'s ``drift_keys``)."""
-    from dblockrun.web.definition import file_job, shown_definition
+    from dblockrun.ops.definition import file_job, shown_definition
 
     cfg = config(request)
     jobs = cfg.jobs
@@ -224,7 +232,7 @@ def _run_data(request: Request) -> dict[str, Any] | None:
 def timeline(request: Request) -> Response:
     """The fleet timeline (timeline.py): ``?window=`` a duration (1h),
     ``?end=`` an ISO time (now): what ran on each host in that window."""
-    from dblockrun.config.durations import format_duration, parse_duration
+    from dblockrun.durations import format_duration, parse_duration
     from dblockrun.timetext import parse_time
     from dblockrun.web import timeline as tl
 
@@ -335,7 +343,7 @@ async def act(request: Request) -> Response:
     try:
         said, _doc = await run_in_threadpool(
             perform, cfg.store, user.name,
-            Act(action, job_name, field("reason"), field("for"), field("until"), run_id))
+            ActionRequest(action, job_name, field("reason"), field("for"), field("until"), run_id))
         cfg.status.forget()
         request.session["flash"] = {"ok": True, "text": said}
     except DatabaseError:

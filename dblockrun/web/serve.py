@@ -8,8 +8,8 @@ import os
 import resource
 from dataclasses import dataclass, replace
 
-from dblockrun.config.jobs import JobsFile
 from dblockrun.errors import UsageError
+from dblockrun.jobs import JobsFile
 from dblockrun.secretfile import first_line
 from dblockrun.store import Store
 from dblockrun.web.limits import Limits, connection_cap

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from dblockrun.config.jobs import Schedule
+from dblockrun.jobs import Schedule
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.store import models as m
 from faultsoak.workload import LEASE, SPEC, SPECS, Command, JobSpec

@@ -1,7 +1,7 @@
 """Run-now requests (``dblockrun run JOB``): where a daemon learns of them.
 One interface, two ways. PostgreSQL announces them (LISTEN/NOTIFY:
-:mod:`dblockrun.daemon.listen`) and MySQL/MariaDB wakes a wait for them
-(``KILL QUERY``: :mod:`dblockrun.daemon.doorbell`); either way the
+:mod:`dblockrun.store.listen`) and MySQL/MariaDB wakes a wait for them
+(``KILL QUERY``: :mod:`dblockrun.store.doorbell`); either way the
 bookkeeping round reads them too, so a dead listener or a daemon the
 requester could not wake costs at most a round. SQLite is polled (one
 statement a ``request_poll``).
@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from dblockrun.daemon.listen import RequestListener
-from dblockrun.store import Store
+from dblockrun.store.listen import RequestListener
+from dblockrun.store.store import Store
 from dblockrun.supervise import Threads
 
 
@@ -126,7 +126,7 @@ def inbox_for(store: Store, wake: Callable[[], None], heartbeat: float, poll: fl
         return HeardInbox(store, wake, heartbeat, lambda inbox: RequestListener(
             store, inbox.hear, heartbeat, killed=lambda: killed(None), threads=threads))
     if store.dialect.name == "mysql":
-        from dblockrun.daemon.doorbell import Doorbell
+        from dblockrun.store.doorbell import Doorbell
 
         return HeardInbox(store, wake, heartbeat, lambda inbox: Doorbell(
             store, inbox.hear, heartbeat, killed=killed, threads=threads))

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 
-from dblockrun.config.jobs import Job
 from dblockrun.events import Events, SlotPassed
+from dblockrun.jobs import Job
+from dblockrun.scheduling.calendars import next_real_slot
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, Plan, record_texts, single
 from dblockrun.store.base import RunStore
@@ -46,18 +47,26 @@ class SlotBook:
         summary_from = plan.summary.first if plan.summary is not None else None
         # The job's next slot, for `status` (a slot the plan runs: its claim says it).
         last = plan.last
-        next_due = (next_slot_at(job.schedule, last) if job.cron is not None and not plan.run
-                    and last is not None else None)
+        next_due = None
+        if job.cron is not None and not plan.run and last is not None:
+            next_due = (next_real_slot(job, last) if job.calendared
+                        else next_slot_at(job.schedule, last))
+        # Each record's result, reason and cause (a calendar's slots: their own).
+        fates = ([plan.of(slot) if count == 1 else (plan.result, plan.reason, plan.cause)
+                  for slot, _text, count in rows] if plan.excluded
+                 else [(plan.result, plan.reason, plan.cause)] * len(rows))
         if not self.store.record_slots(job.name, self.holder, plan.result,
                                        [(slot, text, summary_from if count > 1 else None)
                                         for slot, text, count in rows], first=first,
-                                       gap_of=gap_of, next_due=next_due):
+                                       gap_of=gap_of, next_due=next_due,
+                                       results=[result for result, _, _ in fates]
+                                       if plan.excluded else None):
             return False
         self._log(job, plan)
-        for slot, _text, count in rows:
+        for (slot, _text, count), (result, reason, cause) in zip(rows, fates, strict=True):
             self.events.emit(SlotPassed(
-                job=job, host=self.holder, slot=slot, result=plan.result, reason=plan.reason,
-                cause=plan.cause.value, late=now - slot, count=count,
+                job=job, host=self.holder, slot=slot, result=result, reason=reason,
+                cause=cause.value, late=now - slot, count=count,
                 first=plan.summary.first if count > 1 and plan.summary else None))
         return True
 
@@ -111,4 +120,9 @@ class SlotBook:
         if plan.run:
             runs = (f"; running the newest {len(plan.run)}, oldest first" if len(plan.run) > 1
                     else "; running the newest")
-        log.warning("job %s: %s: %s%s", job.name, what, plan.reason, runs)
+        excluded = (f" ({len(plan.excluded)} of them excluded: "
+                    f"{', '.join(sorted({reason for _, reason in plan.excluded}))})"
+                    if plan.excluded else "")
+        # A slot a calendar excludes is what the file asks for, not a warning.
+        level = logging.INFO if plan.cause is Cause.EXCLUDED else logging.WARNING
+        log.log(level, "job %s: %s: %s%s%s", job.name, what, plan.reason, excluded, runs)

@@ -1,6 +1,6 @@
-"""A job's definition as the Job page shows it: the keys this server's jobs
-file sets and their values, with nothing secret and nothing a terminal or
-browser would act on: ``env:`` its names only, ``notify:`` and ``ping:``
+"""A job's definition as the Job page and ``dblockrun plan`` show it: the
+keys a jobs file sets and their values, with nothing secret and nothing a
+terminal or browser would act on: ``env:`` its names only, ``notify:`` and ``ping:``
 where their URLs come from, every other value with its credentials hidden
 (dblockrun/redact.py: a URL's password, ``PGPASSWORD=``, libpq's
 ``password=``, ``Authorization:`` ...), and the commands (``command``,
@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from dblockrun import redact
-from dblockrun.config.jobs import Job, JobsFile
 from dblockrun.config.load import job_key
+from dblockrun.jobs import Job, JobsFile
 from dblockrun.printable import printable
 
 #: The fields that hold a command.
@@ -35,11 +35,14 @@ def shown_definition(job: Job, commands: bool = True) -> list[tuple[str, str]]:
     """(jobs file key, value as shown) for each key the job sets to other
     than its default (:meth:`Job.set_fields`), in the file's key names;
     ``commands``: the commands too (else :data:`HIDDEN`)."""
-    return [(job_key(field), _shown(job, field, value, commands))
+    return [(job_key(field), shown_value(job, field, value, commands))
             for field, value in job.set_fields().items()]
 
 
-def _shown(job: Job, field: str, value: Any, commands: bool) -> str:
+def shown_value(job: Job, field: str, value: Any, commands: bool = True) -> str:
+    """The value ``value`` of ``job``'s field ``field`` (as
+    :meth:`Job.definition_data` holds it) as shown: the Job page's, and
+    ``dblockrun plan``'s changed keys (dblockrun/ops/plan.py)."""
     if field == "env":  # names only: the values may be secrets
         return ", ".join(name for name, _value in job.env)
     if field == "notify" and job.notify is not None:  # never a URL's text
@@ -50,7 +53,7 @@ def _shown(job: Job, field: str, value: Any, commands: bool) -> str:
     if not commands and field in COMMANDS:
         return HIDDEN
     if field in DURATIONS and isinstance(value, (int, float)):
-        from dblockrun.config.durations import format_duration
+        from dblockrun.durations import format_duration
 
         return format_duration(value)
     if not commands and field == "on_failure" and isinstance(value, dict) \

@@ -18,7 +18,7 @@ cluster (the process list is a node's own), or while this connection is
 down. The wait's connection is the daemon's second server connection (the
 first is its pool's).
 
-The thread, its connection and its outage handling: dblockrun/daemon/requestwait.py.
+The thread, its connection and its outage handling: dblockrun/store/requestwait.py.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from dblockrun.daemon.requestwait import RequestWait
 from dblockrun.errors import DatabaseError
-from dblockrun.store import Store
 from dblockrun.store.drivers import is_interrupted
+from dblockrun.store.requestwait import RequestWait
+from dblockrun.store.store import Store
 from dblockrun.supervise import Threads
 
 log = logging.getLogger("dblockrun")

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from datetime import date
 from functools import cached_property
 from typing import Any
 
-from dblockrun.config.durations import format_duration
+from dblockrun.durations import format_duration
+
+#: The seat rows of a limit group (dblockrun/scheduling/limits.py) in the locks table
+#: are named ``group:NAME:N``; no job can be (a job name has no ``:``).
+SEAT_PREFIX = "group:"
+#: The lane rows of an ``overlap: allow N`` job (dblockrun/scheduling/limits.py),
+#: ``lane:JOB:1`` ... ``lane:JOB:N``: each running run holds one, with the
+#: job's fencing token of its claim. Neither kind of row is a job.
+LANE_PREFIX = "lane:"
 
 #: What a job (and an exec lock) may be called.
 JOB_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -286,6 +295,61 @@ class After:
 
 
 @dataclass(frozen=True)
+class Calendar:
+    """A named calendar (``calendars:`` at the top): days on which the jobs
+    that exclude it have no slot, each day read in the job's time zone
+    (dblockrun/scheduling/calendars.py)."""
+
+    name: str
+    days: frozenset[date]
+    #: ``file:`` as written (relative to the jobs file's folder); None: ``dates:`` only.
+    file: str | None = None
+
+    def text(self) -> str:
+        """``nl-holidays: 3 days, 2026-12-25 to 2027-01-01 (#1a2b3c4d)``: as the
+        Job page shows it and the definition hash reads it (the digest of
+        the days: two hosts whose files differ differ here)."""
+        if not self.days:
+            return f"{self.name}: no days"
+        first, last = min(self.days), max(self.days)
+        days = ",".join(day.isoformat() for day in sorted(self.days))
+        return (f"{self.name}: {len(self.days)} day{'s' if len(self.days) > 1 else ''}, "
+                f"{first} to {last} (#{_digest(days, 8, None)})")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A blackout window (``blackout:``), in the job's time zone: weekly
+    (``sat 22:00/6h``: each Saturday from 22:00, 6 hours) or dated
+    (``2026-12-31 18:00/12h``)."""
+
+    #: As written (spaces collapsed): the reason a slot in it is skipped.
+    text: str
+    #: Its start, seconds after midnight (wall time).
+    start: int
+    #: How long it lasts, seconds (elapsed time, as every duration of the file).
+    length: float
+    #: Weekly: the weekday it starts on (0 Monday ... 6 Sunday).
+    weekday: int | None = None
+    #: Dated: the day it starts on.
+    day: date | None = None
+
+
+@dataclass(frozen=True)
+class Active:
+    """``active:``: the first and last day (in the job's time zone) with
+    slots; None: open on that side."""
+
+    first: date | None = None
+    last: date | None = None
+
+    def text(self) -> str:
+        parts = ([f"from {self.first}"] if self.first else []) + (
+            [f"until {self.last}"] if self.last else [])
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
 class Schedule:
     """When a cron job has slots: those of any of its expressions (a slot two
     share is one), read in its time zone; ``hash_id``, the job's name in the
@@ -357,6 +421,12 @@ class Job:
     after: After | None = None
     #: ``expect:``: its deadlines and durations (dblockrun/notify/alerts.py).
     expect: Expect | None = None
+    #: ``exclude:``: the calendars whose days have no slot of the job.
+    exclude: tuple[Calendar, ...] = ()
+    #: ``blackout:``: the windows with no slot of the job.
+    blackout: tuple[Window, ...] = ()
+    #: ``active:``: the days with slots (None: every day).
+    active: Active | None = None
     line: int = 0  # line of the job's name in the file; not part of the definition
 
     @property
@@ -365,6 +435,13 @@ class Job:
         fleet, each holding one of its N lanes; None: one run at a time."""
         kind, _, bound = self.overlap.partition(" ")
         return int(bound) if kind == "allow" else None
+
+    @cached_property
+    def calendared(self) -> bool:
+        """Whether some of its slots may be excluded (``exclude``,
+        ``blackout``, ``active``): only such a job's slots are looked up
+        (dblockrun/scheduling/calendars.py); the others pay nothing."""
+        return bool(self.exclude or self.blackout or self.active is not None)
 
     @property
     def scheduled(self) -> bool:
@@ -442,6 +519,15 @@ class Job:
             del data["expect"]  # nor `expect:`
         else:
             data["expect"] = self.expect.text()
+        for key in ("exclude", "blackout", "active"):  # nor calendars
+            if not data[key]:
+                del data[key]
+        if self.exclude:  # a calendar's days by their digest (a file may hold hundreds)
+            data["exclude"] = [calendar.text() for calendar in self.exclude]
+        if self.blackout:
+            data["blackout"] = [window.text for window in self.blackout]
+        if self.active is not None:
+            data["active"] = self.active.text()
         if self.limits.any:  # as the file writes them: the Job page shows this text
             data["limits"] = self.limits.text()
         else:

@@ -11,7 +11,7 @@ it (re)connects it has the daemon read the requests filed meanwhile; while
 it cannot connect, the bookkeeping round (every 12 s by default) still
 hands the daemon the requests it reads.
 
-The thread, its connection and its outage handling: dblockrun/daemon/requestwait.py.
+The thread, its connection and its outage handling: dblockrun/store/requestwait.py.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dblockrun.daemon.requestwait import RequestWait
-from dblockrun.store import Store
+from dblockrun.store.requestwait import RequestWait
+from dblockrun.store.store import Store
 from dblockrun.supervise import Threads
 
 log = logging.getLogger("dblockrun")

@@ -1,6 +1,6 @@
 """What the two ways a daemon waits for run-now and kill requests share
-(PostgreSQL's LISTEN, dblockrun/daemon/listen.py; MySQL/MariaDB's wait
-ended by ``KILL QUERY``, dblockrun/daemon/doorbell.py): a connection of its
+(PostgreSQL's LISTEN, dblockrun/store/listen.py; MySQL/MariaDB's wait
+ended by ``KILL QUERY``, dblockrun/store/doorbell.py): a connection of its
 own, taken from the pool for good; a supervised thread that waits on it and,
 when the database or the connection is down, says so once and tries again
 after ``retry`` while the bookkeeping round reads the requests.
@@ -20,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from dblockrun.errors import DatabaseError
-from dblockrun.store import Store
+from dblockrun.store.store import Store
 from dblockrun.supervise import Loop, Policy, Threads
 
 log = logging.getLogger("dblockrun")

@@ -130,3 +130,8 @@ def too_short_message(lease: str, every: str, stop: float) -> str:
     after = f"{format_duration(stop)} after its last renewal" if stop > 0 else "at once"
     return (f"--lease {lease} is too short for renewals every {every}: a run would be "
             f"stopped {after}, before the next renewal could land")
+
+
+#: ``disable`` (and a pause) with no duration: until 9999-12-31, in seconds
+#: since the epoch (the store writes it; ``timetext`` says "forever").
+FOREVER = 253402300799.0
