@@ -28,9 +28,9 @@ from datetime import datetime, time, timedelta
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
-from dblockrun.config.durations import format_duration
-from dblockrun.jobs import Job, JobsFile
+from dblockrun.durations import format_duration
 from dblockrun.events import Alert, Event, Events, RunEnded
+from dblockrun.jobs import Job, JobsFile
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.store import models as m
 from dblockrun.store.alerts import Watch, slot_ref

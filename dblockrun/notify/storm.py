@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dblockrun.config.durations import format_duration
-from dblockrun.jobs import Storm
+from dblockrun.durations import format_duration
 from dblockrun.events import SlotPassed
+from dblockrun.jobs import Storm
 
 STORM = "storm"
 
