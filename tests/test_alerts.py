@@ -217,8 +217,8 @@ def test_storm_and_expect_errors_exit_2_and_defaults_may_hold_expect(tmp_path: P
     assert done.stderr.splitlines() == [
         f"dblockrun: {bad}:1: notify-storm.threshold: must be at least 1, got 0",
         f"dblockrun: {bad}:1: notify-storm.wait: wait 1m is longer than window 10s",
-        f"dblockrun: {bad}:6: job 'a': expect.finish-by: only for a cron job (a slot is "
-        "what starts within it or finishes by it)",
+        f"dblockrun: {bad}:6: job 'a': expect.finish-by: only for a cron job without items "
+        "(a slot is what starts within it or finishes by it)",
     ]
 
 

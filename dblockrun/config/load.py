@@ -1485,11 +1485,11 @@ class _Parser:
             yield "overlap", ("only for a cron job without items (a rate job starts when its "
                               "last start is a rate old; a fan-out job's items have their own "
                               "slots)")
-        if job.expect is not None and job.cron is None:
+        if job.expect is not None and (job.cron is None or job.fan_out):
             for key in ("start-within", "finish-by"):
                 if getattr(job.expect, key.replace("-", "_")) is not None:
-                    yield f"expect.{key}", ("only for a cron job (a slot is what starts "
-                                            "within it or finishes by it)")
+                    yield f"expect.{key}", ("only for a cron job without items (a slot is "
+                                            "what starts within it or finishes by it)")
         if job.group is not None and job.group not in self.bad_groups:
             if job.group not in self.groups:
                 known = ", ".join(sorted(self.groups))

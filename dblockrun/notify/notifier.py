@@ -357,13 +357,17 @@ class Notifier:
             return None
 
     def slot_passed(self, passed: SlotPassed) -> None:
-        """A passed slot of a job whose ``missed`` notifications are on: it
+        """A passed slot of a job whose ``missed`` notifications are on (a
+        missed one, or one skipped for a cause of the fleet's: down, the
+        database away, a dead host, a pause): it
         waits ``notify-storm.wait`` for those passed for the same cause;
         its row in the alerts ledger, counted for storms, is written now
         (on the notifier's thread)."""
         notify = passed.job.notify
         if notify is None or MISSED not in notify.on:
             return
+        if passed.result != m.MISSED and passed.cause not in storm.FLEET_CAUSES:
+            return  # a skip of its own (busy, a full group ...): no notification, no storm
         if self.store is None:
             if passed.result == m.MISSED:
                 self.missed(passed.job, passed.slot, passed.late, _missed_rule(passed))

@@ -5,7 +5,9 @@ one notification names the cause and the jobs (up to ``max-names``, then
 a count) instead of one per job. The per-job records stay as they are.
 
 How (dblockrun/notify/notifier.py): each passed slot of a job whose
-``missed`` notifications are on gets a row in the alerts ledger
+``missed`` notifications are on (missed, or skipped for one of the
+:data:`FLEET_CAUSES`; a job's own skips, busy or a full group, count
+nothing and cost nothing) gets a row in the alerts ledger
 (dblockrun/store/alerts.py) with its cause, and its notification waits
 ``wait`` (5 s) for the others. Then the host counts the jobs with a row of
 that cause within the window, fleet-wide; over the threshold, the host
@@ -23,6 +25,12 @@ from dblockrun.events import SlotPassed
 from dblockrun.jobs import Storm
 
 STORM = "storm"
+
+#: The causes of skipped slots that are the fleet's, not the job's own, and
+#: count for a storm (a missed slot always counts): the fleet down, the
+#: database away, a daemon late, a host dead, the fleet paused.
+FLEET_CAUSES = frozenset({"down", "outage", "late", "dead-holder", "lock-held", "unclaimable",
+                          "stopped"})
 
 #: Each cause of passed slots (dblockrun/scheduling/planner.py ``Cause``) as a
 #: storm's notification says it.
