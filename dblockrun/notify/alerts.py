@@ -33,11 +33,11 @@ from dblockrun.events import Alert, Event, Events, RunEnded
 from dblockrun.jobs import Job, JobsFile
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.store import models as m
-from dblockrun.store.alerts import Watch, slot_ref
 from dblockrun.timetext import took, utc
 
 if TYPE_CHECKING:
     from dblockrun.store import Store
+    from dblockrun.store.alerts import Watch
 
 log = logging.getLogger("dblockrun")
 
@@ -78,6 +78,8 @@ def _finish_text(job: Job) -> str:
 
 def decide(jobs: Sequence[Job], seen: Watch) -> tuple[list[Found], list[Found]]:
     """(the alerts that hold and are not open yet, the open ones that cleared)."""
+    from dblockrun.store.alerts import slot_ref
+
     now, fired, cleared = seen.now, [], []
     opened = set(seen.open)
     by_name = {job.name: job for job in jobs}

@@ -41,7 +41,7 @@ from dblockrun.config.secreturl import quiet_apprise, scrub, shown
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Alert, Event, RunEnded, RunLost, RunStarted, SlotPassed
 from dblockrun.jobs import Job, JobsFile, SecretUrl, Storm
-from dblockrun.notify import pings, storm
+from dblockrun.notify import pings
 from dblockrun.scheduling.targeting import HOSTNAME, loads_labels
 from dblockrun.store import models as m
 from dblockrun.supervise import Policy, Threads
@@ -366,6 +366,8 @@ class Notifier:
         notify = passed.job.notify
         if notify is None or MISSED not in notify.on:
             return
+        from dblockrun.notify import storm  # here: a daemon whose jobs miss no slot needs none
+
         if passed.result != m.MISSED and passed.cause not in storm.FLEET_CAUSES:
             return  # a skip of its own (busy, a full group ...): no notification, no storm
         if self.store is None:
@@ -424,6 +426,8 @@ class Notifier:
 
     def _stormed(self, cause: str, events: list[SlotPassed], settings: Storm) -> bool:
         """Whether ``events`` are part of a storm (sent here, or by another host)."""
+        from dblockrun.notify import storm
+
         assert self.store is not None
         try:
             names = self.store.alerts.storm_jobs(cause, settings.window)
@@ -450,6 +454,8 @@ class Notifier:
     def _send_storm(self, names: list[str], events: list[SlotPassed], title: str,
                     body: str) -> None:
         """To each URL of the jobs named (each once), as known to this host's file."""
+        from dblockrun.notify.storm import STORM
+
         jobs = {p.job.name: p.job for p in events}
         if self._file is not None:
             file = self._file()
@@ -460,7 +466,7 @@ class Notifier:
                 for url in job.notify.urls:
                     urls.setdefault(url.value, shown(url.value))
         for value, where in urls.items():
-            self._attempt("", "notify", storm.STORM, where,
+            self._attempt("", "notify", STORM, where,
                           partial(send_apprise, value, title, body, "warning"))
 
     def missed(self, job: Job, slot: float, late: float, rule: str) -> None:

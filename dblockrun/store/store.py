@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -22,7 +22,6 @@ from dblockrun.errors import DatabaseError
 from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.redact import url as redact
 from dblockrun.store import models as m
-from dblockrun.store.alerts import AlertStore
 from dblockrun.store.control import Audit, ControlStore
 from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file
 from dblockrun.store.drivers import (
@@ -41,6 +40,9 @@ from dblockrun.store.models import CLAIM_TOLERANCE, BooksRound, Claimed
 from dblockrun.store.queries import NOW
 from dblockrun.store.schema import SCHEMA_VERSION, Name, Tables, build_tables
 from dblockrun.store.sessions import SessionStore
+
+if TYPE_CHECKING:
+    from dblockrun.store.alerts import AlertStore
 
 T = TypeVar("T")
 log = logging.getLogger("dblockrun")
@@ -128,7 +130,7 @@ class Store:
         self._items: ItemStore | None = None
         self._control: ControlStore | None = None
         self._sessions: SessionStore | None = None
-        self._alerts: AlertStore | None = None
+        self._alerts: Any = None
         self._fleet_key: bytes | None = None
 
     # -- plumbing ---------------------------------------------------------
@@ -218,10 +220,14 @@ class Store:
 
     @property
     def alerts(self) -> AlertStore:
-        """The alerts ledger: ``expect:`` alerts and storms (store/alerts.py)."""
+        """The alerts ledger: ``expect:`` alerts and storms (store/alerts.py,
+        imported here: a daemon without ``expect:`` or a storm needs none)."""
         if self._alerts is None:
+            from dblockrun.store.alerts import AlertStore
+
             self._alerts = AlertStore(self)
-        return self._alerts
+        alerts: AlertStore = self._alerts
+        return alerts
 
     # -- schema -------------------------------------------------------------
 
