@@ -1155,6 +1155,130 @@ def run_(job: str, timeout: str | None, no_wait: bool, wait_end: bool, cancel: b
         sys.exit(status)
 
 
+def _lease_option(lease: str) -> float:
+    """``--lease`` of backfill and rerun, checked as exec's."""
+    from dblockrun.durations import format_duration, lease_too_short, too_short_message
+
+    seconds = _duration(lease, "--lease")
+    stop = lease_too_short(seconds, seconds / 3)
+    if stop is not None:
+        every = f"{format_duration(seconds / 3)} (a third of it)"
+        raise UsageError(f"{too_short_message(lease, every, stop)}; give a longer --lease")
+    return seconds
+
+
+def _say(line: str) -> None:
+    click.echo(_shown(line))
+    sys.stdout.flush()
+
+
+@cli.command()
+@click.argument("job", shell_complete=_complete_job)
+@click.option("--from", "from_", required=True, metavar="TIME",
+              help="The first slot's time: ISO 8601; without a zone, in the job's timezone "
+                   "(e.g. 2026-11-28T02:00, or 2026-11-28T01:00:00Z).")
+@click.option("--to", "to", required=True, metavar="TIME",
+              help="The last slot's time (included), as --from; later than now is now.")
+@click.option("--only", "only", multiple=True, metavar="KINDS",
+              help="Only slots recorded missed, skipped, whose last run failed (failed, "
+                   "timeout, killed, lost), or with no record: missed, skipped, failed, "
+                   "unrecorded; comma-separated or repeated (default: all of them).")
+@click.option("--dry-run", is_flag=True, help="List the slots it would run, and why; run none.")
+@click.option("--keep-going", is_flag=True,
+              help="Run the other slots after one that did not end ok (default: stop there).")
+@click.option("--lease", default="30s", show_default=True, metavar="DURATION",
+              help="Lease of each run, renewed every third of it.")
+@click.option("--reason", metavar="TEXT", help="Recorded in the audit trail.")
+@global_options()
+@handle_errors
+def backfill(job: str, from_: str, to: str, only: tuple[str, ...], dry_run: bool,
+             keep_going: bool, lease: str, reason: str | None) -> None:
+    """Run JOB's passed slots from --from to --to that have no run that ended
+    ok, here, oldest first, one at a time across the fleet, each as its own
+    slot (DBLOCKRUN_SLOT). The command comes from the local jobs file.
+    Exit status 0 if every slot ran ok (or none was left), 1 if one did not,
+    or the fleet's pause or the job's disable stopped it."""
+    from dblockrun.ops.actions import Access
+    from dblockrun.ops.again import backfill as run_backfill
+    from dblockrun.ops.backfill import KINDS, local_job, plan
+    from dblockrun.timetext import parse_time, stamp
+
+    _check_name(job)
+    _reason(reason)
+    kinds = [k.strip() for given in only for k in given.split(",") if k.strip()]
+    if unknown := sorted(set(kinds) - set(KINDS)):
+        raise UsageError(f"--only {', '.join(unknown)}: want {', '.join(KINDS)}")
+    lease_s = _lease_option(lease)
+    jobs = _jobs_for_db(always=True)
+    defined = local_job(jobs, job)
+    assert jobs is not None
+    first = parse_time(from_, "--from", defined.timezone)
+    last = parse_time(to, "--to", defined.timezone)
+    _setup_logging(logging.DEBUG if _globals().debug else logging.ERROR)
+    with _open(Access.WRITE, jobs) as store:
+        now = store.db_now()
+        if first > now:
+            raise UsageError(f"--from {stamp(first)} has not come yet (the database's clock "
+                             f"reads {stamp(now)}): only passed slots are backfilled")
+        chosen = plan(store, defined, first, min(last, now), kinds)
+        span = f"from {stamp(first)} to {stamp(chosen.last)}"
+        notes = [f"{n} {what}" for n, what in (
+            (chosen.done, "ran ok"), (chosen.running, "running now"),
+            (chosen.left_out, "left out by --only"),
+            (chosen.not_passed, "not passed yet (the daemons')")) if n]
+        also = f"; other slots: {', '.join(notes)}" if notes else ""
+        if not chosen.pending:
+            click.echo(f"{job}: no slot to backfill {span}{also}")
+            return
+        if dry_run:
+            click.echo(f"{job}: would backfill {len(chosen.pending)} slot(s) {span} "
+                       f"({chosen.counts()}){also}; nothing run (--dry-run)")
+            for pending in chosen.pending:
+                click.echo(f"{stamp(pending.slot)}  {pending.kind:<10}  {pending.detail}")
+            return
+        _say(f"{job}: backfilling {len(chosen.pending)} slot(s) {span} ({chosen.counts()})"
+             f"{also}")
+        detail = (f"{len(chosen.pending)} slot(s) {span}"
+                  + (f", only {','.join(kinds)}" if kinds else "")
+                  + (", keep going" if keep_going else ""))
+        tally = run_backfill(store, jobs, chosen, lease=lease_s, keep_going=keep_going,
+                             audit=_audit("backfill", job, reason=reason, detail=detail),
+                             say=_say)
+    _say(f"{job}: backfill done: {tally.text()}")
+    if tally.bad:
+        sys.exit(EXIT_RUNTIME)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN_ID", type=click.IntRange(1))
+@click.option("--lease", default="30s", show_default=True, metavar="DURATION",
+              help="Lease of the run, renewed every third of it.")
+@click.option("--reason", metavar="TEXT", help="Recorded in the audit trail.")
+@global_options()
+@handle_errors
+def rerun(run_id: int, lease: str, reason: str | None) -> None:
+    """Run the slot of run RUN_ID (an id from `history`) again, here, as a
+    new run under a new token, with the command of the local jobs file.
+    Refused (exit 1) while a run of that slot is going on. Exit status as
+    `run --wait`: 0 ok, the command's exit status if it failed, else 1."""
+    from dblockrun.ops.actions import Access, exit_status
+    from dblockrun.ops.again import rerun as run_again
+
+    _reason(reason)
+    lease_s = _lease_option(lease)
+    jobs = _jobs_for_db(always=True)
+    _setup_logging(logging.DEBUG if _globals().debug else logging.ERROR)
+    with _open(Access.WRITE, jobs) as store:
+        def audit(detail: str) -> Audit:
+            run = store.run(run_id)
+            return _audit("rerun", run.job if run else None, reason=reason, detail=detail)
+
+        run = run_again(store, jobs, run_id, lease=lease_s, audit=audit, say=_say)
+    status = exit_status(run)
+    if status:
+        sys.exit(status)
+
+
 @cli.command(name="import-crontab")
 @click.argument("file")
 @click.option("--system", is_flag=True, default=None,

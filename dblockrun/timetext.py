@@ -46,9 +46,10 @@ def _second(whole: int) -> str:
     return time.strftime("%H:%M:%SZ", time.gmtime(whole))
 
 
-def parse_time(text: str, what: str = "--until") -> float:
+def parse_time(text: str, what: str = "--until", zone: str | None = None) -> float:
     """An ISO 8601 time (``2026-12-01T06:00:00Z``; without a zone, this
-    host's) as epoch seconds: ``disable --until``, and the dashboard's."""
+    host's, or the time zone ``zone``: a job's, for ``backfill``) as epoch
+    seconds: ``disable --until``, and the dashboard's."""
     from dblockrun.errors import UsageError
 
     try:
@@ -57,7 +58,12 @@ def parse_time(text: str, what: str = "--until") -> float:
         raise UsageError(f"{what}: {text!r} is not an ISO 8601 time "
                          "(e.g. 2026-12-01T06:00:00Z)") from exc
     if dt.tzinfo is None:
-        dt = dt.astimezone()
+        if zone is None:
+            dt = dt.astimezone()
+        else:
+            from zoneinfo import ZoneInfo
+
+            dt = dt.replace(tzinfo=ZoneInfo(zone))
     return dt.timestamp()
 
 

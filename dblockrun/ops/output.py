@@ -251,6 +251,9 @@ def run_json(run: RunRecord | None) -> dict[str, Any] | None:
         # after: the upstream run that started it (job chains).
         "upstream": None if run.upstream_run is None else {
             "job": run.upstream_job, "run": run.upstream_run},
+        # backfill, rerun: a passed slot run again, and the run it runs again.
+        "origin": None if run.origin is None else {
+            "kind": run.origin, "run": run.origin_run},
     }
 
 
@@ -864,9 +867,14 @@ def coloured(text: str) -> str:
 
 
 def _slot_cell(run: RunRecord) -> str:
-    """A run's slot, or the upstream run that started it (``after extract 12``)."""
+    """A run's slot, or the upstream run that started it (``after extract 12``);
+    a slot run again, so (``backfill 2026-11-28 10:00:00Z``, ``rerun of 41``)."""
     if run.upstream_run is not None:
         return f"after {run.upstream_job} {run.upstream_run}"
+    if run.origin == "rerun":
+        return f"rerun of {run.origin_run}"
+    if run.origin is not None:
+        return f"{run.origin} {stamp(run.slot)}"
     return stamp(run.slot)
 
 

@@ -255,6 +255,7 @@ class JobRun:
         order: tuple[float, int] = (0.0, 0),
         lane: tuple[str, int] | None = None,
         upstream: Trigger | None = None,
+        origin: tuple[str, int | None] | None = None,
     ) -> None:
         """``run_id``: the first attempt's run record, when the claim made it.
         ``line_sink``: the command's output lines (default: logged);
@@ -269,13 +270,15 @@ class JobRun:
         (dblockrun/scheduling/limits.py; taken with the claim's token): its
         lease, kill requests, result and release are the lane's;
         ``upstream``: the trigger that started it (``after:``), which its
-        commands are told of."""
+        commands are told of; ``origin``: a passed slot run again
+        (``backfill``, ``rerun``), which its retries' records say too."""
         self.ctx = ctx
         self.job = job
         self.token = token
         self.slot = slot
         self.item = item
         self.upstream = upstream
+        self.origin = origin
         #: The job, or the job and its items, as logs name the run.
         self.label = job.name if item is None else f"{job.name}:{item.label}"
         #: The lock row the run holds: the job's, or its lane.
@@ -465,7 +468,8 @@ class JobRun:
                 f"record run of {job.name}",
                 (lambda: item.record(attempt)) if item is not None else
                 lambda: ctx.store.start_run(job.name, ctx.holder, token=self.token,
-                                            slot=self.slot, attempt=attempt),
+                                            slot=self.slot, attempt=attempt,
+                                            origin=self.origin),
                 self.watch.fence_at(ctx.kill_grace + 1))
             if run_id is None:
                 log.error("job %s: could not record the run; not starting it", job.name)

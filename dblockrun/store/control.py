@@ -80,6 +80,11 @@ class ControlStore:
             at=self.s.now, who=entry.who, action=entry.action, job=entry.job,
             detail=entry.detail, reason=entry.reason))
 
+    def note(self, entry: Audit) -> None:
+        """Record an action whose own writes are the lock engine's (``run``,
+        ``backfill``, ``rerun``: their claims), in a transaction of its own."""
+        self.s._run(lambda c: self.record(c, entry))
+
     def audited(self, go: Callable[[Connection], T], entry: Audit | None) -> T:
         """``go`` and, when it acted (a result other than None or False), the
         audit row ``entry``, in one transaction; without ``entry``, ``go`` alone."""

@@ -67,12 +67,17 @@ class Claim:
     requested: bool = False
     check: bool = False  # read the row's token and the schema version too
     wait: bool = False  # a batch: wait for rows other hosts are claiming (ClaimShape.wait)
+    #: A passed slot run again (``backfill``, ``rerun``: ClaimShape.again), and
+    #: (``undone``) only if no run of it ended ok.
+    again: float | None = None
+    undone: bool = False
 
     @property
     def shape(self) -> ClaimShape:
         return ClaimShape(slot=self.slot is not None, rate=self.rate is not None,
                           next_due=self.next_due is not None, record=self.record,
-                          requested=self.requested, check=self.check, wait=self.wait)
+                          requested=self.requested, check=self.check, wait=self.wait,
+                          again=self.again is not None, undone=self.undone)
 
     def params(self, holder: str, lease: float, **more: Any) -> dict[str, Any]:
         params: dict[str, Any] = {"holder": holder, "lease": lease, **more}
@@ -85,6 +90,8 @@ class Claim:
             params["next"] = self.next_due
         if self.record:
             params["run_slot"] = self.slot
+        if self.again is not None:
+            params["again"] = self.again
         return params
 
 
@@ -530,7 +537,11 @@ class LockEngine:
 
     def start_run(self, job: str, host: str, *, token: int | None, slot: float | None = None,
                   attempt: int = 1, item: str | None = None, result: str = RUNNING,
-                  output: str | None = None) -> int:
+                  output: str | None = None, origin: tuple[str, int | None] | None = None
+                  ) -> int:
+        """A run's record; ``origin``: a passed slot run again (``backfill``
+        or ``rerun``, and the run it runs again), written in the same
+        transaction."""
         sql = self._text("start_run", result == RUNNING)
         params = {"job": job, "item": item, "host": host, "slot": slot, "token": token,
                   "attempt": attempt, "result": result, "output": output}
@@ -539,7 +550,27 @@ class LockEngine:
             self.x.send(cur, sql, params)
             return int(cur.lastrowid if self.dialect == "mysql" else cur.fetchone()[0])
 
-        return self.x.run(go)
+        if origin is None:
+            return self.x.run(go)
+
+        def marked(cur: Any) -> int:
+            def steps() -> int:
+                run_id = go(cur)
+                self.x.send(cur, self.q.run_origin, {"run_id": run_id, "origin": origin[0],
+                                                     "origin_run": origin[1]})
+                return run_id
+
+            return in_transaction(self.dialect, lambda text: self.x.send(cur, text), steps)
+
+        return self.x.run(marked)
+
+    def supersede(self, name: str, holder: str) -> int:
+        """Record lost the dead runs of the job ``name`` (their lease ran
+        out or was taken over), as ``exec``'s claim does first: a slot run
+        again is not held back by a run whose holder died. The number."""
+        params = {"name": name, "holder": holder}
+        return self.x.run(lambda cur: max(0, int(self.x.send(
+            cur, self.q.supersede, params).rowcount)))
 
     def finish_run(self, run_id: int, job: str, token: int | None, result: str,
                    exit_code: int | None, output: str | None, took: float | None = None) -> bool:

@@ -61,10 +61,14 @@ Version 10: job chains (``after:``): the table ``triggers`` (one row per
 downstream job and upstream run, made by ``create_all``) and the runs'
 ``upstream_job`` and ``upstream_run`` (nullable: the runs before have none).
 
-Version 11: the alerts ledger, the table ``alerts`` (made by ``create_all``):
+Version 11: ``runs.origin`` and ``origin_run``: a run of a passed slot run
+again (``dblockrun backfill``, ``dblockrun rerun``) and the run it runs
+again, which ``history`` shows (nullable: the runs before have none).
+
+Version 12: the alerts ledger, the table ``alerts`` (made by ``create_all``):
 a job's ``expect:`` alerts (late, slow, fast) and notification storms, each
 a row inserted once across the fleet. Nothing is converted: a daemon of
-version 10 knows no ``expect:`` and sends no storm.
+version 11 knows no ``expect:`` and sends no storm.
 """
 
 from __future__ import annotations

@@ -95,6 +95,10 @@ class RunRecord:
     #: A run an upstream run started (``after:``): that job and its run's record.
     upstream_job: str | None = None
     upstream_run: int | None = None
+    #: A passed slot run again: ``backfill`` or ``rerun``, and the run it
+    #: runs again (dblockrun/ops/backfill.py).
+    origin: str | None = None
+    origin_run: int | None = None
 
     @property
     def live(self) -> bool:
@@ -106,6 +110,16 @@ class RunRecord:
     def duration(self) -> float | None:
         """None while running, or when a time was edited into NaN or infinity."""
         return run_seconds(self.started, self.finished)
+
+
+class SlotRecord(NamedTuple):
+    """A record of a job's slot (``Store.slot_records``): a run, or a
+    passed slot (a summary record: the slots from ``covers_from`` to ``slot``)."""
+
+    id: int
+    slot: float
+    covers_from: float | None
+    result: str
 
 
 def run_seconds(started: float, finished: float | None) -> float | None:

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from dblockrun.store.models import LANE_PREFIX, RUNNING, TOKEN_MAX, WAITING
+from dblockrun.store.models import LANE_PREFIX, OK, RUNNING, TOKEN_MAX, WAITING
 
-SCHEMA_VERSION = 11  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 12  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
 #                       nullable columns and tables, added by store/migrate.py;
 #                    5: locks.prev_slot and prev_until (a claim's jump over held slots);
@@ -32,7 +32,8 @@ SCHEMA_VERSION = 11  # 2: items (fan-out jobs); 3: names compared byte for byte 
 #                    8: hosts.fields (drift names the fields that differ)
 #                    9: sessions (dblockrun web's), meta fleet_key (keyed definition hashes)
 #                   10: triggers, runs.upstream_job and upstream_run (after:, job chains)
-#                   11: alerts (expect: alerts and notification storms, claimed once)
+#                   11: runs.origin and origin_run (backfill and rerun runs)
+#                   12: alerts (expect: alerts and notification storms, claimed once)
 
 #: The operator actions each daemon logs as its bookkeeping reads them from
 #: the audit trail (dblockrun/daemon/fleet.py).
@@ -66,6 +67,11 @@ class ClaimShape:
     #: A batch's second look (what no other host took): wait for the rows
     #: other hosts are claiming instead of skipping them (no SKIP LOCKED).
     wait: bool = False
+    #: A passed slot run again (``backfill``, ``rerun``; dblockrun/ops/backfill.py):
+    #: the job's last slot is at or past it and no run of it is going on.
+    again: bool = False
+    #: With ``again`` (``backfill``): and no run of it ended ``ok``.
+    undone: bool = False
 
     @property
     def cleans(self) -> bool:
@@ -212,6 +218,18 @@ class Queries:
                          f"{table}.last_start <= {now} - {p('rate')} + {p('rate_tol')})")
         if shape.requested:
             conds.append(f"{table}.run_requested IS NOT NULL")
+        if shape.again:
+            # A slot the fleet has passed (its claims are over: no daemon
+            # claims it any more), not running now; for a backfill, not run
+            # ok either. The lease serializes the claims of one job, so a
+            # slot's run record is written (and its result, before the
+            # release) by the time the next claim of the job can win.
+            runs = self.runs
+            done = f"'{RUNNING}', '{WAITING}'" + (f", '{OK}'" if shape.undone else "")
+            conds.append(f"{table}.last_slot >= {p('again')}")
+            conds.append(f"NOT EXISTS (SELECT 1 FROM {runs} WHERE {runs}.job = {table}.name "
+                         f"AND {runs}.item IS NULL AND {runs}.slot = {p('again')} "
+                         f"AND {runs}.result IN ({done}))")
         return " AND ".join(conds)
 
     def claim_write(self, table: str, shape: ClaimShape, rows: str, *, token: str = "",
@@ -693,6 +711,14 @@ class Queries:
         runs, p = self.runs, self.p
         return (f"UPDATE {runs} SET upstream_job = {p('upstream_job')}, "
                 f"upstream_run = {p('upstream_run')} WHERE {runs}.id = {p('run_id')}")
+
+    @cached_property
+    def run_origin(self) -> str:
+        """A run record's origin (``backfill``, ``rerun``) and the run it
+        runs again (written in the transaction that records it)."""
+        runs, p = self.runs, self.p
+        return (f"UPDATE {runs} SET origin = {p('origin')}, origin_run = {p('origin_run')} "
+                f"WHERE {runs}.id = {p('run_id')}")
 
     @cached_property
     def prune_triggers(self) -> str:

@@ -177,6 +177,11 @@ def build_tables(prefix: str) -> Tables:
         # job and that run's record (the trigger's key, dblockrun/daemon/chains.py).
         sa.Column("upstream_job", Name(255)),
         sa.Column("upstream_run", sa.BigInteger()),
+        # A passed slot run again (schema 11, dblockrun/ops/backfill.py):
+        # ``backfill`` or ``rerun``, and the run it runs again (a rerun's;
+        # a backfill's: the slot's record that said why it had not run ok).
+        sa.Column("origin", sa.String(16)),
+        sa.Column("origin_run", sa.BigInteger()),
         sa.Index(f"{prefix}runs_job", "job", "id"),
         sa.Index(f"{prefix}runs_result", "result"),
     )
@@ -266,7 +271,7 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("ended", sa.Double(), nullable=False),
         sa.Column("taken", sa.Double()),
     )
-    # The alerts ledger (schema 11, dblockrun/notify/alerts.py and storm.py):
+    # The alerts ledger (schema 12, dblockrun/notify/alerts.py and storm.py):
     # one row per (job, kind, ref), inserted by whichever host sees the
     # alert first (the key decides: the others' inserts are ignored), so each
     # is sent once across the fleet; ``cleared`` (database clock) by the one

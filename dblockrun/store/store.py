@@ -564,6 +564,21 @@ class Store:
                 slots.add(float(slot))
         return slots, ranges
 
+    def slot_records(self, job: str, first: float, last: float) -> list[m.SlotRecord]:
+        """The job's records of its slots in [``first``, ``last``] (and the
+        summary records that reach into it), oldest first, their results as
+        :meth:`shown_runs` shows them (a dead holder's: lost): what
+        ``backfill`` reads to find the slots with no run that ended ok."""
+        runs = self.t.runs
+        shown = self.shown_runs(output=False).selected_columns
+        stmt = (sa.select(shown.id, shown.slot, shown.covers_from, shown.result)
+                .where(runs.c.job == job, runs.c.item.is_(None), runs.c.slot >= first,
+                       sa.func.coalesce(runs.c.covers_from, runs.c.slot) <= last)
+                .order_by(runs.c.id))
+        return self._run(lambda c: [m.SlotRecord(int(r[0]), float(r[1]),
+                                                 None if r[2] is None else float(r[2]), str(r[3]))
+                                    for r in c.execute(stmt)])
+
     def newest_record_slot(self, job: str, before: float) -> float | None:
         """The newest slot before ``before`` the job has a record of."""
         runs = self.t.runs
