@@ -101,7 +101,7 @@ def test_late_fires_when_a_slot_has_not_started_within_start_within_and_recovers
             "    expect: {start-within: 2s}\n"
             f"    notify: {{urls: ['{hooks.url('json', '/hook')}'], on: [late, recovery]}}\n")
     daemons = [fleet.start(jobs, name=name, heartbeat=HEARTBEAT, lease=LEASE) for name in "abc"]
-    daemons[0].wait(lambda: len(runs_of(store, "tick", m.OK)) >= 1, 30, "a first run")
+    daemons[0].wait(lambda: len(runs_of(store, "tick", m.OK)) >= 1, 60, "a first run")
     assert fleet.cli("pause", "--reason", "test").returncode == 0
     late = daemons[0].wait(lambda: hook(hooks, "late"), 60, "the late alert")
     assert late.field("detail").endswith("has not started within 2s")
