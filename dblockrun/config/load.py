@@ -19,7 +19,6 @@ value unsets an optional key (``cron``, ``rate``, ``workdir``,
 
 from __future__ import annotations
 
-import difflib
 import os
 import pwd
 import re
@@ -320,6 +319,8 @@ def _kind(value: Any) -> str:
 
 
 def _suggest(key: Any, known: tuple[str, ...]) -> str:
+    import difflib  # here: a mistake's hint only (a daemon keeps what it imports)
+
     close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
     if close:
         return f"unknown key (did you mean '{close[0]}'?)"
@@ -1279,6 +1280,8 @@ class _Parser:
                 if upstream is None:
                     if up in names:
                         continue  # a job with problems of its own, told already
+                    import difflib  # a mistake's hint only
+
                     close = difflib.get_close_matches(up, sorted(map(str, names)), n=1,
                                                       cutoff=0.6)
                     hint = f" (did you mean '{close[0]}'?)" if close else ""

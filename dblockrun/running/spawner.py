@@ -37,7 +37,9 @@ one, and the daemon is the one left to act).
 
 It ignores the signals a stop, ``exec``'s forwarding or a terminal send
 (SIGTERM, SIGINT, SIGHUP...): only its daemon's end stops it. Run as a
-script (``python -I -S spawner.py FD``) it imports only the standard library.
+script (``python -I -S spawner.py FD``), or imported from its folder as the
+daemon starts it (:data:`dblockrun.running.spawn._SERVE`: from its compiled
+file), it imports only the standard library.
 
 Requests (one datagram each, JSON, descriptors attached):
 ``{"id", "argv", "env", "cwd", "ids", "fence", "since", "grace"[, "limits"]}`` with descriptors

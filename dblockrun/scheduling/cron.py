@@ -54,7 +54,6 @@ daily one.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 import re
@@ -507,6 +506,8 @@ def _zone_named(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
     except Exception as exc:
+        import difflib  # here: a mistake's hint only (a daemon keeps what it imports)
+
         close = difflib.get_close_matches(name, available_timezones(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else " (use e.g. UTC, Europe/Amsterdam)"
         raise ValueError(f"unknown time zone {name!r}{hint}") from exc
