@@ -107,7 +107,24 @@ class RunLost:
     item: str | None = None
 
 
-Event = RunStarted | RunEnded | SlotPassed | RunLost
+@dataclass(frozen=True)
+class Alert:
+    """An alert of a job's ``expect:`` (dblockrun/notify/alerts.py), claimed
+    by this host (once fleet-wide: the ledger row it inserted), or its
+    recovery (``cleared``: this host's update cleared it)."""
+
+    job: Job
+    #: ``late``, ``slow`` or ``fast``.
+    kind: str
+    host: str
+    #: One line: what is late, slow or fast (or what cleared it).
+    detail: str
+    cleared: bool = False
+    slot: float | None = None
+    run_id: int | None = None
+
+
+Event = RunStarted | RunEnded | SlotPassed | RunLost | Alert
 Handler = Callable[[Event], None]
 
 

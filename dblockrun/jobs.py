@@ -122,8 +122,13 @@ RUN_END_EVENTS = ("failure", "recovery", "timeout")
 #: ``on: change``: a run's end is sent only when its result differs from the
 #: previous run's (with no run-end event named: each of them, so).
 CHANGE = "change"
+#: The alerts of a job's ``expect:`` (dblockrun/notify/alerts.py): a slot
+#: not started within ``start-within`` or a run not finished by
+#: ``finish-by`` (late), a run past ``max`` (slow), one that ended under
+#: ``min`` (fast). With ``on:`` left out they are sent too.
+ALERT_EVENTS = ("late", "slow", "fast")
 #: What ``notify: {on: [...]}`` may name.
-NOTIFY_ON = (*NOTIFY_EVENTS, CHANGE)
+NOTIFY_ON = (*NOTIFY_EVENTS, *ALERT_EVENTS, CHANGE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +137,8 @@ class Notify:
 
     urls: tuple[SecretUrl, ...]
     on: tuple[str, ...] = NOTIFY_EVENTS
+    #: ``after: N``: failure notifications only from the Nth failure in a row.
+    after: int = 1
 
     @property
     def on_change(self) -> bool:
@@ -143,11 +150,63 @@ class Notify:
         ``change``, when it changes the job's result)."""
         if event in self.on:
             return True
+        if event in ALERT_EVENTS:  # `on:` left out: every event, the alerts too
+            return self.on == NOTIFY_EVENTS
         return (self.on_change and event in RUN_END_EVENTS
                 and not any(e in self.on for e in RUN_END_EVENTS))
 
     def definition(self) -> dict[str, object]:
-        return {"urls": [url.definition() for url in self.urls], "on": list(self.on)}
+        data: dict[str, object] = {"urls": [url.definition() for url in self.urls],
+                                   "on": list(self.on)}
+        if self.after != 1:  # hashes stay those of versions without `after:`
+            data["after"] = self.after
+        return data
+
+
+@dataclass(frozen=True)
+class Expect:
+    """``expect:``: how long a job's runs should take and when they should
+    start and end (seconds; None: not expected). Checked by every daemon
+    that has the job, each alert claimed once across the fleet
+    (dblockrun/notify/alerts.py)."""
+
+    #: ``max:``: a run still going after this long is ``slow``.
+    max: float | None = None
+    #: ``min:``: a run that ended sooner is ``fast``.
+    min: float | None = None
+    #: ``finish-by: "06:00"``: a slot's run not finished by this time of day
+    #: (the job's time zone; the first such time at or after the slot) is ``late``.
+    finish_by: str | None = None
+    #: ``start-within:``: a slot not started this long after it is ``late``.
+    start_within: float | None = None
+
+    @property
+    def watched(self) -> bool:
+        """Whether the daemons look at the job's state each bookkeeping round
+        (``min`` alone is checked when a run ends)."""
+        return (self.max is not None or self.finish_by is not None
+                or self.start_within is not None)
+
+    def text(self) -> str:
+        """``max 2h, min 30s, finish-by 06:00, start-within 5m``."""
+        parts = [("max", _seconds_text(self.max)), ("min", _seconds_text(self.min)),
+                 ("finish-by", self.finish_by),
+                 ("start-within", _seconds_text(self.start_within))]
+        return ", ".join(f"{key} {value}" for key, value in parts if value is not None)
+
+
+@dataclass(frozen=True)
+class Storm:
+    """``notify-storm:`` (top level): when more than ``threshold`` jobs pass
+    slots for one cause within ``window`` seconds, one notification names
+    the cause and up to ``max_names`` of the jobs instead of one per job
+    (dblockrun/notify/storm.py). A passed slot's notification waits
+    ``wait`` seconds for the others of its cause."""
+
+    threshold: int = 10
+    window: float = 60.0
+    max_names: int = 20
+    wait: float = 5.0
 
 
 #: ``limits: {io: ...}``: the I/O scheduling classes, as ionice(1) and
@@ -207,7 +266,7 @@ class Limits:
         return ", ".join(f"{key} {value}" for key, value in self.items())
 
 
-def _seconds_text(seconds: int | None) -> str | None:
+def _seconds_text(seconds: float | None) -> str | None:
     return None if seconds is None else format_duration(seconds)
 
 
@@ -363,6 +422,8 @@ class Job:
     limits: Limits = field(default_factory=Limits)
     #: ``after:``: the upstream jobs whose runs start one of this job's.
     after: After | None = None
+    #: ``expect:``: its deadlines and durations (dblockrun/notify/alerts.py).
+    expect: Expect | None = None
     #: ``exclude:``: the calendars whose days have no slot of the job.
     exclude: tuple[Calendar, ...] = ()
     #: ``blackout:``: the windows with no slot of the job.
@@ -460,6 +521,10 @@ class Job:
             del data["after"]  # nor `after:`
         else:
             data["after"] = {"jobs": list(self.after.jobs), "on": self.after.on}
+        if self.expect is None:
+            del data["expect"]  # nor `expect:`
+        else:
+            data["expect"] = self.expect.text()
         for key in ("exclude", "blackout", "active"):  # nor calendars
             if not data[key]:
                 del data[key]
@@ -560,6 +625,8 @@ class JobsFile:
     #: The groups whose slots wait for a seat when it is full (``when-full:
     #: queue``), each with its queue's bound: at most that many slots wait.
     group_queues: tuple[tuple[str, int], ...] = ()
+    #: ``notify-storm:``: when passed slots' notifications collapse into one.
+    storm: Storm = field(default_factory=Storm)
 
     def job(self, name: str) -> Job | None:
         return self._by_name.get(name)

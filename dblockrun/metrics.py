@@ -39,6 +39,11 @@ class Metrics:
         """A notification (``what`` ``notify``, ``label`` its event) or a ping
         (``what`` ``ping``, ``label`` its signal): ``sent``, ``failed`` or ``dropped``."""
 
+    def alert(self, kind: str, state: str) -> None:
+        """An alert (``late``, ``slow``, ``fast``, ``storm``) ``fired`` or
+        ``cleared`` by this host, or a notification ``held`` (a failure
+        before ``notify: {after: N}``) or ``collapsed`` into a storm."""
+
     def hear(self, event: Event) -> None:
         """A subscriber of the run and slot events (dblockrun/events.py)."""
 

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dblockrun.errors import UsageError
-from dblockrun.events import Event, RunEnded, SlotPassed
+from dblockrun.events import Alert, Event, RunEnded, SlotPassed
 from dblockrun.metrics import Metrics, parse_addr
 from dblockrun.supervise import Policy, Supervised, Threads
 
@@ -101,6 +101,11 @@ class Prometheus(Metrics):
         self.pings = Counter("dblockrun_pings", "Heartbeat pings by signal (start, success, "
                              "fail) and outcome (sent, failed, dropped)",
                              ["job", "signal", "outcome"], registry=r)
+        # (issue 37) dblockrun/notify/alerts.py and storm.py: each alert kind fired or
+        # cleared here (once fleet-wide), notifications held (after: N) or collapsed.
+        self.alerts = Counter("dblockrun_alerts", "Alerts by kind (late, slow, fast, "
+                              "storm, failure, missed) and state (fired, cleared, held, "
+                              "collapsed)", ["kind", "state"], registry=r)
 
     def claimed(self, job: str, outcome: str) -> None:
         self.claims.labels(job, outcome).inc()
@@ -111,6 +116,9 @@ class Prometheus(Metrics):
     def sent(self, what: str, job: str, label: str, outcome: str) -> None:
         counter = self.pings if what == "ping" else self.notifications
         counter.labels(job, label, outcome).inc()
+
+    def alert(self, kind: str, state: str) -> None:
+        self.alerts.labels(kind, state).inc()
 
     def watch(self, read: Callable[[], dict[str, float | None]]) -> None:
         self.registry.register(_Live(read))
@@ -127,6 +135,8 @@ class Prometheus(Metrics):
         elif isinstance(event, SlotPassed):
             kind = _PASSED_KIND.get(event.cause, event.result)
             self.missed.labels(event.job.name, kind).inc(event.count)
+        elif isinstance(event, Alert):
+            self.alert(event.kind, "cleared" if event.cleared else "fired")
 
     def run_finished(self, job: str, result: str, seconds: float) -> None:
         self.runs.labels(job, result).inc()

@@ -233,7 +233,7 @@ NEEDS_JOBS = "a jobs file needs a jobs: mapping of job names to jobs (see dblock
         (
             "jobs: {}\nzzz: 1\n",
             "jobs.yaml:2: zzz: unknown key "
-            "(known: database, database-file, defaults, jobs, groups, calendars)",
+            "(known: database, database-file, defaults, jobs, groups, calendars, notify-storm)",
         ),
         ("database: 5\njobs: {}\n", "jobs.yaml:1: database: must be a string, got a number (5)"),
         ("database: ''\njobs: {}\n", "jobs.yaml:1: database: must not be empty"),
@@ -355,7 +355,7 @@ KNOWN = (
     "starting-deadline, retries, retry-delay, backoff, max-delay, on-failure, jitter, description, "
     "enabled, "
     "items, items-command, parallel, batch, history-limit, user, run-on, on, notify, ping, "
-    "catch-up, catch-up-limit, group, overlap, limits, after, exclude, blackout, active"
+    "catch-up, catch-up-limit, group, overlap, limits, after, expect, exclude, blackout, active"
 )
 DURATION = "(use e.g. 250ms, 90s, 5m, 1h30m, 2d)"
 
@@ -681,7 +681,7 @@ def test_every_problem_of_a_file_is_reported_in_the_files_order() -> None:
         "jobs.yaml:11: job 'b': cron: bad minute field '61' (allowed: 0-59)",
         "jobs.yaml:19: job 'c': lock-at-least: 1h is longer than lock-at-most 5m",
         "jobs.yaml:22: bogus: unknown key (known: database, database-file, defaults, jobs, "
-        "groups, calendars)",
+        "groups, calendars, notify-storm)",
     ]
     # The first is the error's own; its message holds them all, for a log line.
     assert info.value.render() == info.value.lines()[0]

@@ -24,6 +24,7 @@ from helpers import REPO, clean_env
 from dblockrun.cli import cli
 from dblockrun.config.load import (
     AFTER_KEYS,
+    EXPECT_KEYS,
     JOB_KEYS,
     NOTIFY_KEYS,
     ON_FAILURE_KEYS,
@@ -192,7 +193,7 @@ def test_the_reference_describes_the_nested_keys() -> None:
             for line in (DOCS / "jobs-file.md").read_text().splitlines()
             if line.startswith("| `")}
     for key, nested in (("on-failure", ON_FAILURE_KEYS), ("notify", NOTIFY_KEYS),
-                        ("after", AFTER_KEYS)):
+                        ("after", AFTER_KEYS), ("expect", EXPECT_KEYS)):
         missing = [name for name in nested
                    if not re.search(rf"[`{{]{re.escape(name)}[`:]", rows[key])]
         assert not missing, f"{key}: {missing} not described"

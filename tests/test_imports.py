@@ -18,9 +18,10 @@ from helpers import REPO, TestDb, clean_env, free_port, imported_modules, wait_f
 PACKAGE = REPO / "dblockrun"
 
 #: The one circle left, inside the store package: Store hands itself to its
-#: SQL helpers (control, items, sessions, status), which name its type back.
-INSIDE_STORE = {"dblockrun.store.control", "dblockrun.store.items", "dblockrun.store.status",
-                "dblockrun.store.sessions", "dblockrun.store.store", "dblockrun.store.drain"}
+#: SQL helpers (alerts, control, drain, items, sessions, status), which name its type back.
+INSIDE_STORE = {"dblockrun.store.alerts", "dblockrun.store.control", "dblockrun.store.items",
+                "dblockrun.store.status", "dblockrun.store.sessions", "dblockrun.store.store",
+                "dblockrun.store.drain"}
 
 #: What a store module may import from outside the store package.
 STORE_MAY_IMPORT = {"dblockrun.errors", "dblockrun.jobs", "dblockrun.durations",

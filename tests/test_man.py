@@ -25,6 +25,7 @@ from dblockrun import __version__
 from dblockrun.cli import cli
 from dblockrun.config.load import (
     AFTER_KEYS,
+    EXPECT_KEYS,
     JOB_KEYS,
     NOTIFY_KEYS,
     ON_FAILURE_KEYS,
@@ -184,7 +185,7 @@ def test_every_top_level_key_is_described() -> None:
 
 def test_every_job_key_is_described() -> None:
     described = [tag.rstrip(":") for tag in tags(section(man5(), ".SH", "JOB KEYS"))]
-    nested = (*ON_FAILURE_KEYS, *NOTIFY_KEYS, *LIMIT_KEYS, *AFTER_KEYS)
+    nested = (*ON_FAILURE_KEYS, *NOTIFY_KEYS, *LIMIT_KEYS, *AFTER_KEYS, *EXPECT_KEYS)
     missing = [key for key in (*JOB_KEYS, *nested) if key not in described]
     assert not missing, f"dblockrun-jobs.5, JOB KEYS: keys not described: {missing}"
     stale = [key for key in described if key not in JOB_KEYS and key not in nested]

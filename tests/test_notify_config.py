@@ -74,13 +74,13 @@ def test_notify_and_ping_forms() -> None:
          "jobs.yaml:5: job 'j': notify.urls: must be a non-empty list, got a string "
          "('json://h.example.com/x')"),
         ("notify:\n  urls: [json://h.example.com/x]\n  when: [failure]\n",
-         "jobs.yaml:7: job 'j': notify.when: unknown key (known: urls, on)"),
+         "jobs.yaml:7: job 'j': notify.when: unknown key (known: urls, on, after)"),
         ("notify:\n  urls: [json://h.example.com/x]\n  on: [failure, sucess]\n",
          "jobs.yaml:7: job 'j': notify.on: unknown event a string ('sucess') "
-         "(known: failure, recovery, timeout, missed, change)"),
+         "(known: failure, recovery, timeout, missed, late, slow, fast, change)"),
         ("notify:\n  urls: [json://h.example.com/x]\n  on: chnage\n",
          "jobs.yaml:7: job 'j': notify.on: unknown event a string ('chnage') "
-         "(known: failure, recovery, timeout, missed, change)"),
+         "(known: failure, recovery, timeout, missed, late, slow, fast, change)"),
         ("notify:\n  urls: [json://h.example.com/x]\n  on: 5\n",
          "jobs.yaml:7: job 'j': notify.on: must be a non-empty list, got a number (5)"),
         ("notify:\n  urls: [{env: A, file: b}]\n",

@@ -51,6 +51,7 @@ from dblockrun.jobs import (
     After,
     Calendar,
     Command,
+    Expect,
     Job,
     JobsFile,
     Limits,
@@ -58,6 +59,7 @@ from dblockrun.jobs import (
     OnFailure,
     RunOn,
     SecretUrl,
+    Storm,
     Window,
     differing_fields,
     item_too_long,
@@ -68,7 +70,8 @@ from dblockrun.scheduling.targeting import check_word
 from dblockrun.secretfile import whole_text
 from dblockrun.withheld import DATABASE_VARS
 
-TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups", "calendars")
+TOP_LEVEL_KEYS = ("database", "database-file", "defaults", "jobs", "groups", "calendars",
+                  "notify-storm")
 MAX_JOB_NAME = 200
 MAX_INT = 2**31 - 1
 #: A group's seats are lock rows named ``group:NAME:N`` (dblockrun/scheduling/limits.py).
@@ -79,7 +82,13 @@ GROUP_KEYS = ("seats", "when-full", "queue")
 #: ``overlap: allow N``: each of a job's N lanes is a lock row, like a group's seats.
 MAX_ALLOW = 1000
 ON_FAILURE_KEYS = ("disable-for", "command")
-NOTIFY_KEYS = ("urls", "on")
+NOTIFY_KEYS = ("urls", "on", "after")
+#: ``expect:``'s keys (dblockrun/notify/alerts.py).
+EXPECT_KEYS = ("max", "min", "finish-by", "start-within")
+#: ``notify-storm:``'s keys (dblockrun/notify/storm.py).
+STORM_KEYS = ("threshold", "window", "max-names", "wait")
+#: ``finish-by:``: a time of day, ``HH:MM`` or ``HH:MM:SS``.
+TIME_OF_DAY = re.compile(r"([01]?[0-9]|2[0-3]):([0-5][0-9])(?::([0-5][0-9]))?")
 #: ``after:``'s long form: ``{jobs: [a, b], on: success|failure|any}``.
 AFTER_KEYS = ("jobs", "on")
 #: A calendar's keys (``calendars: {NAME: {dates: [...], file: PATH}}``).
@@ -674,12 +683,20 @@ def _notify(value: Any) -> Notify | None:
     mapping = _mapping(value)
     urls: tuple[SecretUrl, ...] = ()
     on: tuple[str, ...] = NOTIFY_EVENTS
+    after = 1
     for written, raw in mapping.items():
         line = mapping.lines[written]
         # YAML 1.1 (PyYAML) reads a bare `on` key as the boolean true.
         key = "on" if written is True else written
         if key not in NOTIFY_KEYS:
             raise _Invalid(_suggest(key, NOTIFY_KEYS), line=line, key=str(key))
+        if key == "after":
+            try:
+                after = _integer(raw, 1)
+            except _Invalid as exc:
+                raise _Invalid(f"{exc.why} (failure notifications start with the Nth "
+                               "failure in a row)", line=line, key=key) from None
+            continue
         if key == "on" and isinstance(raw, str):
             raw = [raw]  # on: change
         if not isinstance(raw, list) or not raw:
@@ -701,7 +718,42 @@ def _notify(value: Any) -> Notify | None:
             on = tuple(e for e in NOTIFY_ON if e in raw)
     if not urls:
         raise _Invalid("needs urls: a list of apprise URLs", line=mapping.line)
-    return Notify(urls=urls, on=on)
+    return Notify(urls=urls, on=on, after=after)
+
+
+def _time_of_day(value: Any) -> str:
+    """``finish-by:``: ``HH:MM`` or ``HH:MM:SS``, kept as written (hours without a 0)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        # YAML 1.1 reads an unquoted 6:00 as the number 360 (base 60).
+        raise _Invalid('must be a time of day in quotes, like "06:00" (unquoted, YAML reads '
+                       '6:00 as a number)')
+    if not isinstance(value, str) or not TIME_OF_DAY.fullmatch(value.strip()):
+        raise _Invalid(f'must be a time of day like "06:00" or "06:00:30", got {_kind(value)}')
+    return value.strip()
+
+
+def _expect(value: Any) -> Expect | None:
+    """``expect: {max: 2h, min: 30s, finish-by: "06:00", start-within: 5m}``."""
+    if value is None:
+        return None
+    mapping = _mapping(value)
+    parsed: dict[str, Any] = {}
+    for key, raw in mapping.items():
+        line = mapping.lines[key]
+        if key not in EXPECT_KEYS:
+            raise _Invalid(_suggest(key, EXPECT_KEYS), line=line, key=str(key))
+        try:
+            parsed[key.replace("-", "_")] = (_time_of_day(raw) if key == "finish-by"
+                                             else _duration(raw, positive=True))
+        except _Invalid as exc:
+            raise _Invalid(exc.why, line=line, key=key) from None
+    if not parsed:
+        raise _Invalid(f"needs at least one of {', '.join(EXPECT_KEYS)}", line=mapping.line)
+    expect = Expect(**parsed)
+    if expect.min is not None and expect.max is not None and expect.min >= expect.max:
+        raise _Invalid(f"min {format_duration(expect.min)} is not shorter than max "
+                       f"{format_duration(expect.max)}", line=mapping.lines["min"], key="min")
+    return expect
 
 
 def _ping(value: Any) -> SecretUrl:
@@ -828,6 +880,7 @@ JOB_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "overlap": ("overlap", _required(_overlap)),
     "limits": ("limits", _limits),
     "after": ("after", _optional(_after)),
+    "expect": ("expect", _expect),
     "exclude": ("exclude", lambda v: () if v is None else _names(v)),
     "blackout": ("blackout", lambda v: () if v is None else _blackout(v)),
     "active": ("active", _optional(_active)),
@@ -1014,11 +1067,12 @@ class _Parser:
         self.groups, queues = self.parse_groups(data)
         groups = tuple(sorted(self.groups.items()))
         group_queues = tuple(sorted(queues.items()))
+        storm = self.parse_storm(data)
         jobs = data["jobs"]
         if jobs is None:
             return JobsFile(path=self.path, database=database, jobs=(),
                             database_file=database_file, groups=groups,
-                            group_queues=group_queues)
+                            group_queues=group_queues, storm=storm)
         if not isinstance(jobs, _Mapping):
             why = f"must be a mapping of job names to jobs, got {_kind(jobs)}"
             raise self.error(why, data.lines["jobs"], key="jobs")
@@ -1027,7 +1081,39 @@ class _Parser:
                        is not None)
         self.check_chains(parsed, set(jobs))
         return JobsFile(path=self.path, database=database, jobs=parsed,
-                        database_file=database_file, groups=groups, group_queues=group_queues)
+                        database_file=database_file, groups=groups, group_queues=group_queues,
+                        storm=storm)
+
+    def parse_storm(self, data: _Mapping) -> Storm:
+        """``notify-storm: {threshold: 10, window: 1m, max-names: 20, wait: 5s}``
+        (each key optional; dblockrun/notify/storm.py)."""
+        raw = data.get("notify-storm")
+        if raw is None:
+            return Storm()
+        if not isinstance(raw, _Mapping):
+            why = (f"must be a mapping with threshold:, window:, max-names: or wait:, "
+                   f"got {_kind(raw)}")
+            self.fail(why, data.lines["notify-storm"], key="notify-storm")
+            return Storm()
+        parsed: dict[str, Any] = {}
+        for key, value in raw.items():
+            line = raw.lines[key]
+            if key not in STORM_KEYS:
+                self.fail(_suggest(key, STORM_KEYS), line, key=f"notify-storm.{key}")
+                continue
+            try:
+                if key in ("threshold", "max-names"):
+                    parsed[key.replace("-", "_")] = _integer(value, 1)
+                else:
+                    parsed[key] = _duration(value, positive=True)
+            except _Invalid as exc:
+                self.fail(exc.why, line, key=f"notify-storm.{key}")
+        storm = Storm(**parsed)
+        if storm.wait > storm.window:
+            self.fail(f"wait {format_duration(storm.wait)} is longer than window "
+                      f"{format_duration(storm.window)}", raw.lines.get("wait", raw.line),
+                      key="notify-storm.wait")
+        return storm
 
     def parse_calendars(self, data: _Mapping) -> dict[str, Calendar]:
         """``calendars:``: each calendar's days, from its ``dates:`` and its
@@ -1402,6 +1488,11 @@ class _Parser:
             yield "overlap", ("only for a cron job without items (a rate job starts when its "
                               "last start is a rate old; a fan-out job's items have their own "
                               "slots)")
+        if job.expect is not None and (job.cron is None or job.fan_out):
+            for key in ("start-within", "finish-by"):
+                if getattr(job.expect, key.replace("-", "_")) is not None:
+                    yield f"expect.{key}", ("only for a cron job without items (a slot is "
+                                            "what starts within it or finishes by it)")
         if job.group is not None and job.group not in self.bad_groups:
             if job.group not in self.groups:
                 known = ", ".join(sorted(self.groups))

@@ -42,6 +42,7 @@ from dblockrun.supervise import Loop, Policy, Threads
 from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
+    from dblockrun.notify.alerts import Alerts
     from dblockrun.running.slotbook import SlotBook
 
 log = logging.getLogger("dblockrun")
@@ -105,6 +106,7 @@ class FleetBooks:
                  threads: Threads | None = None,
                  events: Events | None = None,
                  settled: Callable[[], None] | None = None,
+                 alerts: Alerts | None = None,
                  drain_told: Callable[[], None] | None = None) -> None:
         self.store = store
         self.holder = holder
@@ -126,6 +128,9 @@ class FleetBooks:
         self.events = events
         #: Called once, after :data:`SETTLE_ROUNDS` rounds (the run-on check).
         self._settled = settled
+        #: The jobs' ``expect:`` alerts, looked at after each round
+        #: (dblockrun/notify/alerts.py: no statement without such jobs).
+        self._alerts = alerts
         #: Told of each drain and undrain read from the audit trail (its host
         #: reads its own again: dblockrun/daemon/drain.py).
         self._drain_told = drain_told
@@ -183,6 +188,8 @@ class FleetBooks:
         rounds done then (bench/idle_hosts.py drives many hosts' steps).
         Raises :class:`~dblockrun.errors.DatabaseError`."""
         self.round()
+        if self._alerts is not None:
+            self._alerts.check()
         self.store.trim_pool()
         if rounds + 1 == SETTLE_ROUNDS and self._settled is not None:
             self._settled()  # (a database error: again after the next round)

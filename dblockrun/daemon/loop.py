@@ -34,6 +34,7 @@ from dblockrun.errors import (
 from dblockrun.events import Events
 from dblockrun.jobs import JobsFile
 from dblockrun.metrics import Metrics
+from dblockrun.notify.alerts import Alerts
 from dblockrun.notify.notifier import Notifier
 from dblockrun.running import spawn
 from dblockrun.running.heartbeat import DbClock, Renewer
@@ -164,17 +165,20 @@ class Daemon:
         inbox = inbox_for(self.store, self.signals.wake.set, self.options.heartbeat,
                           self.options.request_poll, killed=renewer.renew_now, threads=threads,
                           host=self.drain.host)
+        alerts = Alerts(self.store, self.holder, lambda: self.local.jobs, events)
         books = FleetBooks(
             self.store, self.holder, self.options.heartbeat, self.clock, self.outage,
             self.metrics, lambda: self.local.jobs, lambda: self.firing.runs.count(),
             inbox.hear if isinstance(inbox, HeardInbox) else None,
             labels=self.local.labels_json, targets=lambda: self.local.targets,
             book=book, threads=threads, events=events, settled=self._warn_unmatched,
+            alerts=alerts,
             drain_told=self.drain.told)
         notifier = Notifier(self.store, self.holder, self.metrics, threads=threads,
-                            hostname=self.local.labels[HOSTNAME])
-        # The log, metrics, notifications and pings hear of runs and slots.
-        for hear in (log_run, self.metrics.hear, notifier.hear):
+                            hostname=self.local.labels[HOSTNAME],
+                            file=lambda: self.local.file)
+        # The log, metrics, notifications, pings and alerts hear of runs and slots.
+        for hear in (log_run, self.metrics.hear, notifier.hear, alerts.hear):
             events.subscribe(hear)
         watch = (FileWatch(lambda: self.local.jobs.path, self.request_reload, threads)
                  if self.options.watch_file else None)

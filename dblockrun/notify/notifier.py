@@ -14,6 +14,14 @@ drops the event, logged and counted as ``dropped``.
 differs from the previous run's), need the job's previous result (any host):
 one read, made here in the background and only for jobs that ask for them.
 
+``notify: {after: N}`` holds a failure until the Nth in a row (one read of
+the job's last runs, here, for such jobs only); the recovery after held
+failures is held too. The alerts of ``expect:`` (dblockrun/notify/alerts.py)
+arrive as events, claimed once across the fleet already. A passed slot's
+``missed`` notification waits a moment for those of other jobs passed for
+the same cause: a storm sends one notification instead
+(dblockrun/notify/storm.py).
+
 A title names the host by its ``hostname`` label (``--label hostname=NAME``),
 as ``status`` and ``run-on`` do; the body's ``host:`` is the daemon's id.
 """
@@ -31,8 +39,8 @@ from typing import TYPE_CHECKING
 
 from dblockrun.config.secreturl import quiet_apprise, scrub, shown
 from dblockrun.errors import DatabaseError
-from dblockrun.events import Event, RunEnded, RunLost, RunStarted, SlotPassed
-from dblockrun.jobs import Job, SecretUrl
+from dblockrun.events import Alert, Event, RunEnded, RunLost, RunStarted, SlotPassed
+from dblockrun.jobs import Job, JobsFile, SecretUrl, Storm
 from dblockrun.notify import pings
 from dblockrun.scheduling.targeting import HOSTNAME, loads_labels
 from dblockrun.store import models as m
@@ -155,6 +163,27 @@ def lost_message(lost: RunLost, hostname: str | None = None) -> tuple[str, str]:
     return title, body
 
 
+def alert_message(alert: Alert, hostname: str | None = None) -> tuple[str, str]:
+    """The title and body of an ``expect:`` alert (or of its recovery)."""
+    job = alert.job
+    what = {"late": "is late", "slow": "is slow", "fast": "was fast"}[alert.kind]
+    if alert.cleared:
+        what = f"{alert.kind} alert cleared"
+    title = f"dblockrun: job {job.name} {what} ({hostname or _hostname(alert.host)})"
+    assert job.expect is not None
+    lines = [
+        f"job: {job.name}",
+        f"event: {RECOVERY if alert.cleared else alert.kind}",
+        f"alert: {alert.kind}",
+        f"host: {alert.host}",
+        f"slot: {_utc(alert.slot)}",
+        *([f"run: {alert.run_id}"] if alert.run_id is not None else []),
+        f"expect: {job.expect.text()}",
+        f"detail: {alert.detail}",
+    ]
+    return title, "\n".join(lines)
+
+
 def _missed_rule(passed: SlotPassed) -> str:
     """Why a slot was missed, as a missed notification says it."""
     if passed.cause == "deadline" and passed.job.starting_deadline is not None:
@@ -182,7 +211,8 @@ class Notifier:
 
     def __init__(self, store: Store | None, holder: str, metrics: Metrics | None = None,
                  queue_size: int = QUEUE_SIZE, threads: Threads | None = None,
-                 hostname: str | None = None) -> None:
+                 hostname: str | None = None,
+                 file: Callable[[], JobsFile] | None = None) -> None:
         self.store = store
         self.holder = holder
         #: This host's ``hostname`` label, for titles.
@@ -197,6 +227,12 @@ class Notifier:
         self._lock = threading.Lock()
         #: (job, what) whose last send failed: logged once until one gets through.
         self._failing: dict[tuple[str, str], int] = {}
+        #: The file's ``notify-storm:``, and the passed slots waiting for
+        #: their storm's decision (dblockrun/notify/storm.py).
+        self._file = file
+        self._passed: list[SlotPassed] = []
+        self._unrecorded: list[SlotPassed] = []
+        self._timer: threading.Timer | None = None
 
     # -- events, from the run lifecycle (never blocking) -------------------------
 
@@ -219,8 +255,9 @@ class Notifier:
                     exit_code=event.exit_code, duration=event.duration, output=output,
                     detail=event.detail, item=event.item, upstream=event.upstream))
         elif isinstance(event, SlotPassed):
-            if event.result == m.MISSED:
-                self.missed(event.job, event.slot, event.late, _missed_rule(event))
+            self.slot_passed(event)
+        elif isinstance(event, Alert):
+            self.alert(event)
         elif event.job is not None:
             self.run_lost(event)
 
@@ -242,6 +279,9 @@ class Notifier:
             return
         event = _EVENT.get(end.result)
         if event is not None and notify.sends(event):
+            if notify.after > 1 and self.store is not None:
+                self._put(job.name, "notify", event, lambda: self._if_streak(end, event))
+                return
             if notify.on_change and self.store is not None:
                 self._put(job.name, "notify", event, lambda: self._if_changed(end, event))
                 return
@@ -250,6 +290,44 @@ class Notifier:
                       lambda: self._notify(job, event, title, body_text, "failure"))
         elif end.result == m.OK and notify.sends(RECOVERY) and self.store is not None:
             self._put(job.name, "notify", RECOVERY, lambda: self._recovery(end))
+
+    def _if_streak(self, end: RunEnd, event: str) -> None:
+        """``after: N``: a failure sent only from the Nth failure in a row."""
+        assert end.job.notify is not None and self.store is not None
+        after = end.job.notify.after
+        try:
+            streak = self.store.alerts.failure_streak(end.job.name, end.run_id, after)
+        except DatabaseError as exc:
+            streak = after  # cannot tell: sent, rather than a failure held for good
+            log.warning("job %s: cannot read the failures in a row, so sent: %s",
+                        end.job.name, exc, extra={"job": end.job.name})
+        if streak < after:
+            log.info("job %s: %s notification held: failure %d in a row of %d (notify.after)",
+                     end.job.name, event, streak, after, extra={"job": end.job.name})
+            if self.metrics is not None:
+                self.metrics.alert(FAILURE, "held")
+            return
+        if end.job.notify.on_change:
+            self._if_changed(end, event)
+            return
+        title, body = run_message(end, event, hostname=self.hostname)
+        lines = body.split("\n")
+        lines.insert(lines.index(f"event: {event}") + 1, f"failures in a row: {after} or more")
+        self._notify(end.job, event, title, "\n".join(lines), "failure")
+
+    def alert(self, alert: Alert) -> None:
+        """An ``expect:`` alert this host claimed (or cleared): sent if the
+        job's ``on:`` asks for its kind (a clearing: and for ``recovery``)."""
+        notify = alert.job.notify
+        if notify is None or not notify.sends(alert.kind):
+            return
+        if alert.cleared and not notify.sends(RECOVERY):
+            return
+        event = RECOVERY if alert.cleared else alert.kind
+        title, body = alert_message(alert, self.hostname)
+        self._put(alert.job.name, "notify", event,
+                  lambda: self._notify(alert.job, event, title, body,
+                                       "success" if alert.cleared else "warning"))
 
     def run_lost(self, lost: RunLost) -> None:
         """Another host's run this host recorded lost: its ``failure``
@@ -278,6 +356,119 @@ class Notifier:
         except DatabaseError:
             return None
 
+    def slot_passed(self, passed: SlotPassed) -> None:
+        """A passed slot of a job whose ``missed`` notifications are on (a
+        missed one, or one skipped for a cause of the fleet's: down, the
+        database away, a dead host, a pause): it
+        waits ``notify-storm.wait`` for those passed for the same cause;
+        its row in the alerts ledger, counted for storms, is written now
+        (on the notifier's thread)."""
+        notify = passed.job.notify
+        if notify is None or MISSED not in notify.on:
+            return
+        from dblockrun.notify import storm  # here: a daemon whose jobs miss no slot needs none
+
+        if passed.result != m.MISSED and passed.cause not in storm.FLEET_CAUSES:
+            return  # a skip of its own (busy, a full group ...): no notification, no storm
+        if self.store is None:
+            if passed.result == m.MISSED:
+                self.missed(passed.job, passed.slot, passed.late, _missed_rule(passed))
+            return
+        with self._lock:
+            self._passed.append(passed)
+            self._unrecorded.append(passed)
+            if self._timer is None:
+                self._timer = threading.Timer(self._settings().wait, self._storm_due)
+                self._timer.daemon = True
+                self._timer.start()
+        self._put(passed.job.name, "notify", MISSED, self._record_passed)
+
+    def _record_passed(self) -> None:
+        with self._lock:
+            rows, self._unrecorded = self._unrecorded, []
+        if not rows or self.store is None:
+            return
+        try:
+            self.store.alerts.passed(self.holder, [(p.job.name, p.slot, p.cause)
+                                                   for p in rows])
+        except DatabaseError as exc:
+            log.warning("passed slots not counted for notification storms: %s", exc)
+
+    def _settings(self) -> Storm:
+        return self._file().storm if self._file is not None else Storm()
+
+    def _storm_due(self) -> None:
+        """The timer's end: the storm's decision, on the notifier's thread."""
+        try:
+            self._queue.put_nowait(self._decide_storm)
+        except queue.Full:
+            with self._lock:
+                self._timer = None
+            self._decide_storm()
+
+    def _decide_storm(self) -> None:
+        """Each cause of the passed slots waiting: a storm (more than its
+        threshold of jobs within its window, fleet-wide) sends one
+        notification, by the host that claims it; else each is sent."""
+        with self._lock:
+            waiting, self._passed, self._timer = self._passed, [], None
+        settings = self._settings()
+        by_cause: dict[str, list[SlotPassed]] = {}
+        for passed in waiting:
+            by_cause.setdefault(passed.cause, []).append(passed)
+        for cause, events in by_cause.items():
+            if not self._stormed(cause, events, settings):
+                for p in events:  # sent here: a stop's close queued this last
+                    if p.result == m.MISSED:
+                        title, body = missed_message(p.job, self.holder, p.slot, p.late,
+                                                     _missed_rule(p), self.hostname)
+                        self._notify(p.job, MISSED, title, body, "warning")
+
+    def _stormed(self, cause: str, events: list[SlotPassed], settings: Storm) -> bool:
+        """Whether ``events`` are part of a storm (sent here, or by another host)."""
+        from dblockrun.notify import storm
+
+        assert self.store is not None
+        try:
+            names = self.store.alerts.storm_jobs(cause, settings.window)
+            if len(names) <= settings.threshold:
+                return False
+            title, body = storm.message(cause, names, settings, events, self.holder,
+                                        self.hostname)
+            won = self.store.alerts.claim_storm(cause, self.holder, settings.window, title)
+        except DatabaseError as exc:
+            log.warning("cannot tell whether passed slots are a storm, so each is sent: %s",
+                        exc)
+            return False
+        collapsed = sum(1 for p in events if p.result == m.MISSED)
+        if self.metrics is not None:
+            for _ in range(collapsed):
+                self.metrics.alert(MISSED, "collapsed")
+        if won:
+            log.warning("%s", title)
+            if self.metrics is not None:
+                self.metrics.alert(storm.STORM, "fired")
+            self._send_storm(names, events, title, body)
+        return True
+
+    def _send_storm(self, names: list[str], events: list[SlotPassed], title: str,
+                    body: str) -> None:
+        """To each URL of the jobs named (each once), as known to this host's file."""
+        from dblockrun.notify.storm import STORM
+
+        jobs = {p.job.name: p.job for p in events}
+        if self._file is not None:
+            file = self._file()
+            jobs.update((name, job) for name in names if (job := file.job(name)) is not None)
+        urls: dict[str, str] = {}
+        for job in jobs.values():
+            if job.notify is not None and MISSED in job.notify.on:
+                for url in job.notify.urls:
+                    urls.setdefault(url.value, shown(url.value))
+        for value, where in urls.items():
+            self._attempt("", "notify", STORM, where,
+                          partial(send_apprise, value, title, body, "warning"))
+
     def missed(self, job: Job, slot: float, late: float, rule: str) -> None:
         if job.notify is not None and MISSED in job.notify.on:
             title, body = missed_message(job, self.holder, slot, late, rule, self.hostname)
@@ -288,8 +479,15 @@ class Notifier:
         """Send what is queued, for up to ``timeout`` seconds (a shutdown)."""
         with self._lock:
             thread = self._thread
+            timer, self._timer = self._timer, None
         if thread is None:
             return
+        if timer is not None:  # the passed slots waiting for their storm: decided now
+            timer.cancel()
+            try:
+                self._queue.put(self._decide_storm, timeout=timeout)
+            except queue.Full:
+                return
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:
@@ -375,6 +573,16 @@ class Notifier:
         read, previous = self._previous(end, RECOVERY)
         if not read or previous is None or previous == m.OK:
             return
+        assert end.job.notify is not None and self.store is not None
+        after = end.job.notify.after
+        if after > 1:  # the failures before were held: so is their recovery
+            try:
+                streak = self.store.alerts.failure_streak(end.job.name, end.first_run_id - 1,
+                                                          after)
+            except DatabaseError:
+                streak = after
+            if streak < after:
+                return
         title, body = run_message(end, RECOVERY, previous, self.hostname)
         self._notify(end.job, RECOVERY, title, body, "success")
 

@@ -1,6 +1,6 @@
 """SQL of draining a host (``dblockrun drain HOST``), next to the fleet's
 pause (store/control.py) and written the same way: one row per host name
-(the ``drain`` table, schema 12), replaced by a new drain, ending (not
+(the ``drain`` table, schema 13), replaced by a new drain, ending (not
 deleted) when undrained, with its audit row in the same transaction.
 
 While a row's end is ahead of the database clock, the one claim predicate

@@ -65,7 +65,12 @@ Version 11: ``runs.origin`` and ``origin_run``: a run of a passed slot run
 again (``dblockrun backfill``, ``dblockrun rerun``) and the run it runs
 again, which ``history`` shows (nullable: the runs before have none).
 
-Version 12: the table ``drain`` (``dblockrun drain HOST``: a row per host
+Version 12: the alerts ledger, the table ``alerts`` (made by ``create_all``):
+a job's ``expect:`` alerts (late, slow, fast) and notification storms, each
+a row inserted once across the fleet. Nothing is converted: a daemon of
+version 11 knows no ``expect:`` and sends no storm.
+
+Version 13: the table ``drain`` (``dblockrun drain HOST``: a row per host
 name, made by ``create_all``), which the one claim predicate consults. A
 daemon of an older version still running does not read it: drain a host
 only once its daemon is upgraded (``status`` shows each host's version).

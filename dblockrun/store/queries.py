@@ -23,7 +23,7 @@ from functools import cached_property
 
 from dblockrun.store.models import LANE_PREFIX, OK, RUNNING, TOKEN_MAX, WAITING
 
-SCHEMA_VERSION = 12  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
+SCHEMA_VERSION = 13  # 2: items (fan-out jobs); 3: names compared byte for byte (MySQL);
 #                    4: the fleet features (labels, limits, kill, pause, audit): new
 #                       nullable columns and tables, added by store/migrate.py;
 #                    5: locks.prev_slot and prev_until (a claim's jump over held slots);
@@ -33,7 +33,8 @@ SCHEMA_VERSION = 12  # 2: items (fan-out jobs); 3: names compared byte for byte 
 #                    9: sessions (dblockrun web's), meta fleet_key (keyed definition hashes)
 #                   10: triggers, runs.upstream_job and upstream_run (after:, job chains)
 #                   11: runs.origin and origin_run (backfill and rerun runs)
-#                   12: drain (dblockrun drain HOST: a host's claims refused)
+#                   12: alerts (expect: alerts and notification storms, claimed once)
+#                   13: drain (dblockrun drain HOST: a host's claims refused)
 
 #: The operator actions each daemon logs as its bookkeeping reads them from
 #: the audit trail (dblockrun/daemon/fleet.py).

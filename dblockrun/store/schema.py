@@ -100,6 +100,7 @@ class Tables:
     audit: sa.Table
     sessions: sa.Table
     triggers: sa.Table
+    alerts: sa.Table
     drain: sa.Table
 
 
@@ -271,7 +272,28 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("ended", sa.Double(), nullable=False),
         sa.Column("taken", sa.Double()),
     )
-    # `dblockrun drain HOST` (schema 12): a row per host name (a daemon's
+    # The alerts ledger (schema 12, dblockrun/notify/alerts.py and storm.py):
+    # one row per (job, kind, ref), inserted by whichever host sees the
+    # alert first (the key decides: the others' inserts are ignored), so each
+    # is sent once across the fleet; ``cleared`` (database clock) by the one
+    # conditional update that sends its recovery. ``kind`` is late, slow or
+    # fast (``ref`` names its slot or run), ``slot`` (a passed slot, with its
+    # ``cause``, counted for a storm) or ``storm`` (job empty, ``ref`` the
+    # cause; ``cleared``: when the storm was last seen).
+    alerts = sa.Table(
+        f"{prefix}alerts",
+        md,
+        sa.Column("job", Name(255), primary_key=True),
+        sa.Column("kind", Name(16), primary_key=True),
+        sa.Column("ref", Name(64), primary_key=True),
+        sa.Column("opened", sa.Double(), nullable=False),
+        sa.Column("cleared", sa.Double()),
+        sa.Column("host", Name(255), nullable=False),
+        sa.Column("cause", sa.String(32)),
+        sa.Column("detail", sa.String(1000)),
+        sa.Index(f"{prefix}alerts_opened", "kind", "opened"),
+    )
+    # `dblockrun drain HOST` (schema 13): a row per host name (a daemon's
     # ``hostname`` label); while its end is ahead of the database clock no
     # claim of a holder on that host wins (Queries.claimable). Undrained, the
     # row stays, ending then (``status`` and the audit trail say who and why).
@@ -284,4 +306,5 @@ def build_tables(prefix: str) -> Tables:
         sa.Column("who", sa.String(255), nullable=False),
         sa.Column("reason", sa.String(1000)),
     )
-    return Tables(md, meta, locks, runs, hosts, items, pause, audit, sessions, triggers, drain)
+    return Tables(md, meta, locks, runs, hosts, items, pause, audit, sessions, triggers,
+                  alerts, drain)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -41,6 +41,9 @@ from dblockrun.store.models import CLAIM_TOLERANCE, BooksRound, Claimed
 from dblockrun.store.queries import NOW
 from dblockrun.store.schema import SCHEMA_VERSION, Name, Tables, build_tables
 from dblockrun.store.sessions import SessionStore
+
+if TYPE_CHECKING:
+    from dblockrun.store.alerts import AlertStore
 
 T = TypeVar("T")
 log = logging.getLogger("dblockrun")
@@ -129,6 +132,7 @@ class Store:
         self._control: ControlStore | None = None
         self._drains: DrainStore | None = None
         self._sessions: SessionStore | None = None
+        self._alerts: Any = None
         self._fleet_key: bytes | None = None
 
     # -- plumbing ---------------------------------------------------------
@@ -222,6 +226,17 @@ class Store:
         if self._sessions is None:
             self._sessions = SessionStore(self)
         return self._sessions
+
+    @property
+    def alerts(self) -> AlertStore:
+        """The alerts ledger: ``expect:`` alerts and storms (store/alerts.py,
+        imported here: a daemon without ``expect:`` or a storm needs none)."""
+        if self._alerts is None:
+            from dblockrun.store.alerts import AlertStore
+
+            self._alerts = AlertStore(self)
+        alerts: AlertStore = self._alerts
+        return alerts
 
     # -- schema -------------------------------------------------------------
 
