@@ -65,6 +65,9 @@ def test_a_paused_fleet_is_a_problem_and_its_dropped_slot_is_not_overdue(
     with Store(db.url, db.prefix) as store:
         wait_for(lambda: any(r.result == m.OK for r in store.history("tick")), 30,
                  what="a first run of tick")
+        # Paused while the daemon is not behind: tick's next slot is ahead.
+        wait_for(lambda: (row := store.lock_state("tick")) is not None and (
+            row.next_due or 0) > store.db_now() + 0.5, 30, what="tick's next slot ahead")
         paused = cli(db, "pause", "--reason", "forgot to resume")
         assert paused.returncode == 0, paused.stderr
         check = cli(db, "status", "--check", "--allow", "skipped")

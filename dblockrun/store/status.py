@@ -138,9 +138,14 @@ def with_drains(hosts: list[m.HostStatus], drains: Sequence[m.Drain]) -> list[m.
 def _dropped(s: m.JobStatus, pause: Pause) -> m.JobStatus:
     """``s``, with the slot it looks due at marked dropped when the ended
     ``pause`` dropped it (its daemons tried it while paused and planned the
-    next; the next claim publishes that one)."""
-    due = s.lock.next_due
-    if due is None or not pause.since <= due < pause.ends or due > s.db_now:
+    next; the next claim publishes that one). A slot due up to one period
+    before the pause began counts too when it never started: a daemon a
+    moment late tried it after the pause had begun."""
+    due, last = s.lock.next_due, s.lock.last_start
+    if due is None or due >= pause.ends or due > s.db_now:
+        return s
+    period = due - last if last is not None and last < due else 0.0
+    if due < pause.since - period:
         return s
     return replace(s, dropped=due, resumed=pause.ends)
 
