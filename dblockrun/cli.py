@@ -775,7 +775,7 @@ def undrain(host: str) -> None:
 @handle_errors
 def audit(job: str | None, limit: int, as_json: bool) -> None:
     """Operator actions (disable, enable, run, cancel-run, kill, unlock, forget, pause,
-    resume), newest first: when, who, what and why."""
+    resume, drain, undrain, backfill, rerun), newest first: when, who, what and why."""
     from dblockrun.ops import output
     from dblockrun.ops.actions import Access, require_job
 
