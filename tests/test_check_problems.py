@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
+from dblockrun.ops.check import overdue
 from dblockrun.store import Store
 from dblockrun.store import models as m
-from dblockrun.store.status import passed_since, report
+from dblockrun.store.control import Pause
+from dblockrun.store.status import _dropped, passed_since, report
 
 JOBS = """\
 jobs:
@@ -154,3 +156,21 @@ def test_a_streak_of_passed_slots_counts_from_the_first_after_the_last_run(
     streak = passed_since(store, [s])["job"]
     assert (streak.since, streak.records, streak.newest.result, streak.newest.host,
             streak.newest.output) == (120.0, 2, m.SKIPPED, "web-2:8:cd", "skipped: a full group")
+
+
+@pytest.mark.parametrize(("due_to_pause", "dropped"), [(0.0, True), (-2.0, True), (-4.0, False)])
+def test_a_slot_tried_late_once_the_pause_began_is_the_pauses_too(
+        due_to_pause: float, dropped: bool) -> None:
+    """A job every 3 s whose slot came due just before a pause began, and
+    whose daemon, a moment behind, tried it once the pause had begun: the
+    pause dropped that slot too, so after the resume the job is not overdue.
+    A slot due more than a period before the pause was not the pause's."""
+    since, ends, now = 1000.0, 1030.0, 1031.0
+    due = since + due_to_pause
+    lock = m.LockState(name="tick", holder=None, lock_until=None, locked_at=None, token=1,
+                       last_slot=due - 3, last_start=due - 3, next_due=due,
+                       disabled_until=None, disabled_reason=None)
+    status = _dropped(m.JobStatus(lock=lock, last_run=None, running=None, db_now=now),
+                      Pause(ends=ends, since=since, who="alice@ops", reason=None))
+    assert (status.dropped == due) is dropped
+    assert (overdue(status) is None) is dropped
