@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import pwd
+import re
 import secrets
 import stat
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import MY_HOST, MY_PORT, PG_HOST, PG_PORT, my_admin, pg_admin
 from harness import Fleet, Process, daemon_argv
-from helpers import TestDb, clean_env, cli, history_of, lock_row, wait_for
+from helpers import REPO, TestDb, clean_env, cli, history_of, lock_row, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jobfiles import write_jobs
@@ -29,6 +30,7 @@ from jobfiles import write_jobs
 from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
 from dblockrun.store.dburl import resolve_url
+from dblockrun.store.schema import build_tables
 from dblockrun.store.status import report
 
 SECRET = "s3cr3t-Pw"
@@ -328,7 +330,24 @@ def test_unlock_fences_a_running_holder(db: TestDb, tmp_path: Path, fleet: Fleet
 
 
 def _tables(prefix: str) -> list[str]:
-    return [f"{prefix}{t}" for t in ("meta", "locks", "runs", "hosts", "items", "pause", "audit")]
+    """Every table of the schema (a table a release adds is granted as the
+    docs' least-privilege GRANT lists it: docs/security.md names them all)."""
+    return sorted(build_tables(prefix).metadata.tables)
+
+
+def test_the_least_privilege_grants_in_the_docs_name_every_table() -> None:
+    """An operator copying docs/security.md's GRANT gets every table the
+    daemons read and write (a table a release adds, left out, is a daemon
+    refused at its first claim)."""
+    text = (REPO / "docs" / "security.md").read_text()
+    grant = text[text.index("GRANT SELECT, INSERT, UPDATE, DELETE ON"):]
+    grant = grant[:grant.index("TO dblockrun_app")]
+    named = set(re.findall(r"dblockrun_[a-z_]+", grant))
+    assert named == set(build_tables("dblockrun_").metadata.tables)
+    mysql = text[text.index("-- MariaDB / MySQL"):]
+    mysql = mysql[:mysql.index("\n")]
+    assert {f"dblockrun{t}" for t in re.findall(r"(_[a-z]+)", mysql)} | {"dblockrun_meta"} \
+        == named
 
 
 @pytest.fixture
