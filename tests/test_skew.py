@@ -221,8 +221,15 @@ def test_skewed_clocks_run_each_slot_once_and_never_early(
         finally:
             store.close()
         assert alive(), "a daemon died during startup"
-        # The offsets as `status` shows them, while the daemons run.
-        status = status_json(db)
+        # The offsets as `status` shows them, while the daemons run: once all
+        # four are live in it (registered is not live: a heartbeat within its
+        # window, which a daemon starved at start-up can miss for a moment).
+        def all_live() -> dict[str, Any] | None:
+            doc = status_json(db)
+            pids = {h["pid"] for h in doc["hosts"]}
+            return doc if pids >= set(skew_of_pid) or not alive() else None
+
+        status = wait_for(all_live, 30, what="4 daemons live in status")
         begin = time.monotonic()
         wait_for(lambda: time.monotonic() - begin >= RUN_SECONDS or not alive(),
                  RUN_SECONDS + 5, interval=0.5, what="the run period")
