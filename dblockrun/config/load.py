@@ -562,14 +562,8 @@ def _after(value: Any) -> After:
                     raise _Invalid(f"must be success, failure or any, got {_kind(raw)}")
                 parsed["on"] = raw
                 continue
-            names = raw if isinstance(raw, list) else [raw]
-            if not names:
-                raise _Invalid("must name at least one job")
-            jobs = tuple(_word(name, "each upstream job") for name in names)
-            twice = sorted({name for name in jobs if jobs.count(name) > 1})
-            if twice:
-                raise _Invalid(f"names {twice[0]!r} twice")
-            parsed["jobs"] = jobs
+            parsed["jobs"] = _distinct_words(raw, "each upstream job",
+                                             "must name at least one job")
         except _Invalid as exc:
             raise _Invalid(exc.why, line=line, key=str(key)) from None
     if "jobs" not in parsed:
@@ -594,10 +588,17 @@ def _day(value: Any) -> date:
 def _names(value: Any) -> tuple[str, ...]:
     """``exclude:``: the names of calendars (``calendars:`` at the top),
     checked against them by :meth:`_Parser.check_job`."""
+    return _distinct_words(value, "each calendar",
+                           "must name at least one calendar (calendars: at the top)")
+
+
+def _distinct_words(value: Any, each: str, none: str) -> tuple[str, ...]:
+    """A name or a list of names (``after: {jobs:}``, ``exclude:``): each a
+    word, at least one (else ``none``), none twice."""
     names = value if isinstance(value, list) else [value]
     if not names:
-        raise _Invalid("must name at least one calendar (calendars: at the top)")
-    out = tuple(_word(name, "each calendar") for name in names)
+        raise _Invalid(none)
+    out = tuple(_word(name, each) for name in names)
     twice = sorted({name for name in out if out.count(name) > 1})
     if twice:
         raise _Invalid(f"names {twice[0]!r} twice")
