@@ -37,8 +37,10 @@ from helpers import REPO, TestDb, new_prefix
 from hooks import Hooks
 from pgbouncer import POOL_MODES, Bouncers
 from psycopg import sql
+from runstores import InMemory, OnDatabase, RoleUnderTest
 
 from dblockrun.store import Store
+from dblockrun.store.memory import ManualClock, MemoryRunStore
 
 # The dblockrun processes tests start (`python -m dblockrun`, from a work
 # directory of their own) import this checkout, not whichever copy the
@@ -132,6 +134,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             modes = marker.kwargs.get("modes", POOL_MODES)  # `@pytest.mark.pgbouncer(modes=[...])`
             backends = [*backends, *(f"pgbouncer-{mode}" for mode in modes)]
         metafunc.parametrize("backend", backends, indirect=True, ids=backends)
+    if "run_store_kind" in metafunc.fixturenames:
+        # The hot path's role: in memory, and on each selected database.
+        kinds = ["memory", *selected_backends(metafunc.config)]
+        metafunc.parametrize("run_store_kind", kinds, ids=kinds)
 
 
 class ServerDatabases:
@@ -320,6 +326,28 @@ def store(db: TestDb) -> Iterator[Store]:
     s = Store(db.url, db.prefix)
     yield s
     s.close()
+
+
+@pytest.fixture
+def run_store(run_store_kind: str, tmp_path: Path,
+              request: pytest.FixtureRequest) -> Iterator[RoleUnderTest]:
+    """The hot path's role (tests/runstores.py) in memory on a clock the
+    test moves, or on a real database (a fresh prefix; SQLite: a file)."""
+    if run_store_kind == "memory":
+        role: RoleUnderTest = InMemory()
+    elif run_store_kind == "sqlite":
+        role = OnDatabase("sqlite", sqlite_url(tmp_path / "dblockrun.db"), new_prefix())
+    else:
+        databases: ServerDatabases = request.getfixturevalue("server_databases")
+        role = OnDatabase(run_store_kind, databases.url(run_store_kind), new_prefix())
+    yield role
+    role.close()
+
+
+@pytest.fixture
+def memory_store() -> MemoryRunStore:
+    """The hot path's role in memory, on a :class:`ManualClock` (``.clock``)."""
+    return MemoryRunStore(ManualClock())
 
 
 @pytest.fixture(autouse=True)
