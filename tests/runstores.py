@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from helpers import wait_for
 
 from dblockrun.store import Store
+from dblockrun.store.control import Audit
 from dblockrun.store.engine import Claim
 from dblockrun.store.memory import ManualClock, MemoryRunStore
 from dblockrun.store.models import Claimed
@@ -43,6 +44,7 @@ class Record:
     token: int | None
     result: str
     output: str | None
+    duration: float | None
 
 
 class RoleUnderTest:
@@ -67,6 +69,22 @@ class RoleUnderTest:
         raise NotImplementedError
 
     def disable(self, name: str, for_seconds: float) -> None:
+        raise NotImplementedError
+
+    def pause(self, for_seconds: float) -> None:
+        """The fleet-wide pause (``dblockrun pause``)."""
+        raise NotImplementedError
+
+    def drain(self, host: str, for_seconds: float) -> None:
+        """``dblockrun drain HOST``."""
+        raise NotImplementedError
+
+    def request(self, name: str) -> None:
+        """``dblockrun run NAME``."""
+        raise NotImplementedError
+
+    def kill(self, name: str, run_id: int, token: int, who: str) -> bool:
+        """``dblockrun kill``: whether the run was asked."""
         raise NotImplementedError
 
     def row(self, name: str) -> Row:
@@ -104,13 +122,25 @@ class InMemory(RoleUnderTest):
     def disable(self, name: str, for_seconds: float) -> None:
         self.memory.disable(name, for_seconds=for_seconds)
 
+    def pause(self, for_seconds: float) -> None:
+        self.memory.pause(for_seconds)
+
+    def drain(self, host: str, for_seconds: float) -> None:
+        self.memory.drain(host, for_seconds)
+
+    def request(self, name: str) -> None:
+        self.memory.request_run(name)
+
+    def kill(self, name: str, run_id: int, token: int, who: str) -> bool:
+        return self.memory.kill(name, token, who)
+
     def row(self, name: str) -> Row:
         row = self.memory.lock_row(name)
         assert row is not None
         return Row(row.holder, row.token, row.lock_until, row.last_slot, row.next_due)
 
     def records(self, job: str) -> list[Record]:
-        return [Record(r.id, r.slot, r.token, r.result, r.output)
+        return [Record(r.id, r.slot, r.token, r.result, r.output, r.duration)
                 for r in self.memory.runs_of(job)]
 
 
@@ -137,6 +167,20 @@ class OnDatabase(RoleUnderTest):
     def disable(self, name: str, for_seconds: float) -> None:
         self.full.disable(name, for_seconds=for_seconds)
 
+    def pause(self, for_seconds: float) -> None:
+        self.full.control.pause(Audit("op@test", "pause"), for_seconds)
+
+    def drain(self, host: str, for_seconds: float) -> None:
+        self.full.drains.drain(host, Audit("op@test", "drain", detail=host), for_seconds)
+
+    def request(self, name: str) -> None:
+        self.full.request_run(name)
+
+    def kill(self, name: str, run_id: int, token: int, who: str) -> bool:
+        run = self.full.run(run_id)
+        assert run is not None
+        return bool(self.full.control.kill([run], who, None))
+
     def row(self, name: str) -> Row:
         lock = self.full.lock_state(name)
         assert lock is not None
@@ -145,7 +189,7 @@ class OnDatabase(RoleUnderTest):
     def records(self, job: str) -> list[Record]:
         found = sorted(self.full.history(job, 1000), key=lambda r: r.id)
         return [Record(r.id, r.slot, r.token, r.result, full.output if (
-            full := self.full.run(r.id)) is not None else None) for r in found]
+            full := self.full.run(r.id)) is not None else None, r.duration) for r in found]
 
     def close(self) -> None:
         self.full.close()

@@ -105,6 +105,10 @@ class RunRow:
     origin: str | None = None
     origin_run: int | None = None
 
+    @property
+    def duration(self) -> float | None:
+        return None if self.finished is None else self.finished - self.started
+
 
 class MemoryRunStore:
     """:class:`~dblockrun.store.runstore.RunStore` in memory, plus the
@@ -179,12 +183,14 @@ class MemoryRunStore:
         with self._lock:
             self._locks.setdefault(name, LockRow(name)).run_requested = self.clock.now()
 
-    def kill(self, name: str, by: str) -> bool:
-        """An operator's kill of the run holding ``name`` now: its holder
-        reads it with its next renewal. Whether a run holds it."""
+    def kill(self, name: str, token: int, by: str) -> bool:
+        """An operator's kill of the run of ``name`` with ``token``, while
+        its lease is live: its holder reads it with its next renewal.
+        Whether it was asked."""
         with self._lock:
             row = self._locks.get(name)
-            if row is None or row.holder is None:
+            if (row is None or row.token != token or row.lock_until is None
+                    or row.lock_until <= self.clock.now()):
                 return False
             row.kill_token, row.kill_by = row.token, by
             return True
