@@ -334,10 +334,18 @@ def root_log_level() -> Iterator[None]:
     root.setLevel(level)
 
 
+def fleet_timing(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The daemons' --heartbeat/--lease/--grace a test's ``fleet_timing`` mark sets (the
+    harness's defaults otherwise: 1 s heartbeats, 6 s leases, 5 s grace)."""
+    mark = request.node.get_closest_marker("fleet_timing")
+    return dict(mark.kwargs) if mark is not None else {}
+
+
 @pytest.fixture
-def fleet(db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
-    """Real daemons on the test's database (tests/harness.py), killed at the end if still up."""
-    daemons = Fleet(db, tmp_path)
+def fleet(db: TestDb, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """Real daemons on the test's database (tests/harness.py), killed at the end if still up;
+    a test that measures a lease or heartbeat says which (``fleet_timing``)."""
+    daemons = Fleet(db, tmp_path, **fleet_timing(request))
     yield daemons
     daemons.close()
 
@@ -351,9 +359,10 @@ def hooks() -> Iterator[Hooks]:
 
 
 @pytest.fixture
-def sqlite_fleet(sqlite_db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
+def sqlite_fleet(sqlite_db: TestDb, tmp_path: Path,
+                 request: pytest.FixtureRequest) -> Iterator[Fleet]:
     """:func:`fleet` on SQLite only, for behaviour that does not depend on the database."""
-    daemons = Fleet(sqlite_db, tmp_path)
+    daemons = Fleet(sqlite_db, tmp_path, **fleet_timing(request))
     yield daemons
     daemons.close()
 
