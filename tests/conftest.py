@@ -120,6 +120,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"dblockrun backends: {','.join(selected_backends(config))} (unreachable: {mode})"
 
 
+#: Marks of the tests that take tens of seconds or more (real daemons, builds).
+LONG_MARKS = ("slow", "image", "package", "docs", "budget")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first, in their files' order (a stable sort), the quick ones after:
+    the workers (pytest-xdist hands tests out in this order) then end together, instead of
+    one finishing a soak while the others wait."""
+    items.sort(key=lambda item: not any(item.get_closest_marker(name) for name in LONG_MARKS))
+
+
 #: The backends a test marked `pgbouncer` also runs on (with postgresql).
 POOLED_BACKENDS = tuple(f"pgbouncer-{mode}" for mode in POOL_MODES)
 
