@@ -122,6 +122,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"dblockrun backends: {','.join(selected_backends(config))} (unreachable: {mode})"
 
 
+#: Marks of the tests that take tens of seconds or more (real daemons, builds).
+LONG_MARKS = ("slow", "image", "package", "docs", "budget")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first, in their files' order (a stable sort), the quick ones after:
+    the workers (pytest-xdist hands tests out in this order) then end together, instead of
+    one finishing a soak while the others wait."""
+    items.sort(key=lambda item: not any(item.get_closest_marker(name) for name in LONG_MARKS))
+
+
 #: The backends a test marked `pgbouncer` also runs on (with postgresql).
 POOLED_BACKENDS = tuple(f"pgbouncer-{mode}" for mode in POOL_MODES)
 
@@ -362,10 +373,18 @@ def root_log_level() -> Iterator[None]:
     root.setLevel(level)
 
 
+def fleet_timing(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The daemons' --heartbeat/--lease/--grace a test's ``fleet_timing`` mark sets (the
+    harness's defaults otherwise: 1 s heartbeats, 6 s leases, 5 s grace)."""
+    mark = request.node.get_closest_marker("fleet_timing")
+    return dict(mark.kwargs) if mark is not None else {}
+
+
 @pytest.fixture
-def fleet(db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
-    """Real daemons on the test's database (tests/harness.py), killed at the end if still up."""
-    daemons = Fleet(db, tmp_path)
+def fleet(db: TestDb, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """Real daemons on the test's database (tests/harness.py), killed at the end if still up;
+    a test that measures a lease or heartbeat says which (``fleet_timing``)."""
+    daemons = Fleet(db, tmp_path, **fleet_timing(request))
     yield daemons
     daemons.close()
 
@@ -379,9 +398,10 @@ def hooks() -> Iterator[Hooks]:
 
 
 @pytest.fixture
-def sqlite_fleet(sqlite_db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
+def sqlite_fleet(sqlite_db: TestDb, tmp_path: Path,
+                 request: pytest.FixtureRequest) -> Iterator[Fleet]:
     """:func:`fleet` on SQLite only, for behaviour that does not depend on the database."""
-    daemons = Fleet(sqlite_db, tmp_path)
+    daemons = Fleet(sqlite_db, tmp_path, **fleet_timing(request))
     yield daemons
     daemons.close()
 
