@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from harness import Fleet, NotifySocket
 from helpers import (
+    FIRST_RUN,
     TestDb,
     clean_env,
     coverage,
@@ -111,7 +112,7 @@ def test_latest_runs_the_newest_missed_slot_and_records_the_older(
     d = fleet.start(f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
                     "    command: 'true'\n")
     first_ok = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK),
-                                   None), 20, what="the catch-up run")
+                                   None), FIRST_RUN, what="the catch-up run")
     assert first_ok.slot is not None
     runs = runs_of(store, "tick")
     before = [r for r in runs if r.slot is not None and r.slot < first_ok.slot]
@@ -142,7 +143,7 @@ def test_none_runs_no_missed_slot(db: TestDb, store: Store, tmp_path: Path,
     d = fleet.start(f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
                     "    catch-up: none\n    command: 'true'\n")
     first_ok = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK),
-                                   None), 20, what="a regular run")
+                                   None), FIRST_RUN, what="a regular run")
     assert first_ok.slot is not None and first_ok.slot > t0 - FRESH
     runs = runs_of(store, "tick")
     before = [r for r in runs if r.slot is not None and r.slot < first_ok.slot]
@@ -211,7 +212,7 @@ def test_two_daemons_after_downtime_run_each_missed_slot_once(
         _missed, ran = _catch_up_runs(store, last, 4)
         return len(ran) == 4 and all(r.result != m.RUNNING for r in ran)
 
-    daemons[0].wait(caught_up, 30, what="the catch-up")
+    daemons[0].wait(caught_up, FIRST_RUN, what="the catch-up")
     _missed, ran = _catch_up_runs(store, last, 4)
     newest = max(r.slot or 0 for r in ran)
     # A few regular slots after it, so both daemons had their chance at every slot.
@@ -323,7 +324,8 @@ def test_a_paused_daemon_applies_catch_up_to_the_slots_it_passed(
     # the others missed, saying why.
     d = fleet.start(f"jobs:\n  tick:\n    cron: {EVERY_SECOND}\n"
                     f"    catch-up: {catch_up}\n    command: 'true'\n")
-    d.wait(lambda: any(r.result == m.OK for r in runs_of(store, "tick")), 20, what="a run")
+    d.wait(lambda: any(r.result == m.OK for r in runs_of(store, "tick")), FIRST_RUN,
+           what="a run")
     stop_at, resume_at = stop_across_slots(d.send)
     # The first run after the pause of a slot at least as new as the wake-up.
     after = d.wait(lambda: next((r for r in runs_of(store, "tick") if r.result == m.OK

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from harness import Fleet, Process, pid_alive, track
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import FIRST_RUN, REPO, TestDb, clean_env, dblockrun_cmd, wait_for
 
 import dblockrun
 from dblockrun.cli import cli
@@ -70,7 +70,7 @@ def test_kill_stops_a_daemon_job_and_its_background_child(
     jobs.write_text(f"jobs:\n  slow:\n    rate: 1h\n"
                     f"    command: 'sleep 300 & echo $$ $! > {started}; wait'\n")
     with daemon(fleet, jobs) as d:
-        shell, child = wait_for(lambda: pids(started), 30, what="the command started")
+        shell, child = wait_for(lambda: pids(started), FIRST_RUN, what="the command started")
         (run,) = wait_for(lambda: store.control.running("slow") or None, 10,
                           what="its run recorded")
         done = run_cli(db, "kill", "slow", "--reason", "stuck on a lock")
@@ -166,7 +166,7 @@ def test_kill_of_a_fan_out_item_stops_that_item_only(
                     f"    command: 'echo $$ > {tmp_path}/$DBLOCKRUN_ITEM; exec sleep 300'\n")
     with daemon(fleet, jobs) as d:
         both = wait_for(lambda: len(r := store.control.running("fan")) == 2 and r,
-                        30, what="both items running")
+                        FIRST_RUN, what="both items running")
         (a,) = [r for r in both if r.item == "a"]
         (b,) = [r for r in both if r.item == "b"]
         group = {item: wait_for(partial(pids, tmp_path / item), 10) for item in "ab"}
