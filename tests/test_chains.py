@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from harness import Fleet
-from helpers import cli, wait_for
+from helpers import FIRST_RUN, cli, wait_for
 from hooks import Hooks
 
 from dblockrun.notify.pings import run_uuid
@@ -299,8 +299,8 @@ def test_a_triggered_run_is_notified_and_pinged_as_a_slots_run(
     """Its failure notification names the job, the run, its host and the
     upstream run that started it; its pings carry its run id and output."""
     d = fleet.start(TOLD.format(hook=hooks.url("json", "/hook"), ping=hooks.url("http", "/ping")))
-    d.wait(lambda: len(hooks.under("/hook")) == 1 and len(hooks.under("/ping")) == 2, 20,
-           "load's notification and pings")
+    d.wait(lambda: len(hooks.under("/hook")) == 1 and len(hooks.under("/ping")) == 2,
+           FIRST_RUN, "load's notification and pings")
     assert d.stop() == 0
     extract, = fleet.runs("extract")
     load, = fleet.runs("load")
@@ -429,7 +429,7 @@ def test_triggers_found_together_run_one_after_the_other(fleet: Fleet) -> None:
         runs = fleet.runs("load")
         return runs if len(runs) == 2 and all(r.finished for r in runs) else None
 
-    loads = wait_for(two_ended, 20, interval=0.2, what="two runs of load")
+    loads = wait_for(two_ended, FIRST_RUN, interval=0.2, what="two runs of load")
     (a,), (b,) = fleet.runs("a", m.OK), fleet.runs("b", m.OK)
     assert fleet.stop() == [0, 0]
     assert [r.result for r in loads] == [m.OK, m.OK]

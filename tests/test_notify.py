@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from harness import Fleet
 from helpers import (
+    FIRST_RUN,
     TestDb,
     clean_env,
     dblockrun_cmd,
@@ -79,8 +80,8 @@ def test_fan_out_items_are_notified_and_pinged_as_runs(
                     "    command: 'echo out-$DBLOCKRUN_ITEM; [ $DBLOCKRUN_ITEM = good ]'\n"
                     f"    notify:\n      urls: ['{hooks.url('json', '/hook')}']\n"
                     f"    ping: '{hooks.url('http', '/ping')}'\n")
-    d.wait(lambda: len(hooks.under("/ping")) == 4 and len(hooks.under("/hook")) == 1, 20,
-           "the items' pings and the failure's notification")
+    d.wait(lambda: len(hooks.under("/ping")) == 4 and len(hooks.under("/hook")) == 1,
+           FIRST_RUN, "the items' pings and the failure's notification")
     assert d.stop() == 0
     good, bad = (next(r for r in runs_of(store, "fan") if r.item == item)
                  for item in ("good", "bad"))
