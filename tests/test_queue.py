@@ -195,7 +195,8 @@ def test_the_oldest_waiting_slot_gets_the_seat_first_across_the_fleet(
         codes = fleet.stop()
     assert codes == [0, 0]
     for older, newer in pairs:
-        assert (older.result, newer.result) == ("ok", "ok")
+        assert (older.result, newer.result) == ("ok", "ok"), [
+            (r.id, r.job, r.result, (store.run(r.id) or r).output) for r in (older, newer)]
         assert older.started < newer.started, (older, newer)
     store.close()
 
