@@ -123,7 +123,7 @@ def test_sighup_reloads_and_a_bad_file_keeps_the_old_jobs(
     store: Store, fleet: Fleet
 ) -> None:
     d = fleet.start("jobs:\n" + JOB_ALPHA)
-    d.wait(lambda: first_with(store, "alpha", m.OK), 20, what="alpha ran")
+    d.wait(lambda: first_with(store, "alpha", m.OK), FIRST_RUN, what="alpha ran")
     assert runs_of(store, "beta") == []
 
     d.jobs.write_text("jobs:\n" + JOB_ALPHA + JOB_BETA)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from harness import Fleet
-from helpers import TestDb, overlaps, slots_done, wait_for
+from helpers import FIRST_RUN, TestDb, overlaps, slots_done, wait_for
 from jobfiles import jobs_file
 
 from dblockrun.cli import cli
@@ -216,7 +216,8 @@ def test_a_full_queue_records_the_slot_skipped_with_the_reason(
     fleet.start(jobs)
     store = Store(db.url, db.prefix)
     try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, FIRST_RUN,
+                 what="the daemon registered")
         first = store.db_now() + 1
         slots = queue_runs(store, {"a", "b", "c"}, first, 2)
     finally:
@@ -247,7 +248,8 @@ def test_a_full_host_that_queues_runs_every_slot_one_after_the_other(
                 "--when-full", "queue")
     store = Store(db.url, db.prefix)
     try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, FIRST_RUN,
+                 what="the daemon registered")
         first = store.db_now() + 1
 
         def waiting() -> dict[str, Any] | None:
@@ -278,7 +280,8 @@ def test_a_full_host_queue_records_the_slot_skipped_with_the_reason(
                 "--when-full", "queue", "--queue", "1")
     store = Store(db.url, db.prefix)
     try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, FIRST_RUN,
+                 what="the daemon registered")
         first = store.db_now() + 1
         slots = queue_runs(store, {"a", "b", "c"}, first, 2)
     finally:
@@ -367,7 +370,8 @@ def test_a_daemon_stopped_while_a_slot_waits_records_it_skipped(
     fleet.start(jobs)
     store = Store(db.url, db.prefix)
     try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, FIRST_RUN,
+                 what="the daemon registered")
         waiting = wait_for(lambda: next((r for r in store.history("after", 5)
                                          if r.result == "waiting"), None),
                            20, interval=0.05, what="a waiting slot")
