@@ -34,7 +34,6 @@ from dblockrun.metrics import Metrics
 from dblockrun.running.heartbeat import DbClock
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, passed
-from dblockrun.store import Store
 from dblockrun.store.models import LostRun, Told
 from dblockrun.store.outage import Outage
 from dblockrun.store.status import ROUND_EVERY
@@ -44,6 +43,7 @@ from dblockrun.timetext import utc
 if TYPE_CHECKING:
     from dblockrun.notify.alerts import Alerts
     from dblockrun.running.slotbook import SlotBook
+    from dblockrun.store.roles import FleetBookkeeping
 
 log = logging.getLogger("dblockrun")
 
@@ -96,7 +96,7 @@ def unrecorded_runs(job: Job, after: float, upto: float, recorded: set[float],
 class FleetBooks:
     """One daemon's bookkeeping rounds (see the module)."""
 
-    def __init__(self, store: Store, holder: str, heartbeat: float, clock: DbClock,
+    def __init__(self, store: FleetBookkeeping, holder: str, heartbeat: float, clock: DbClock,
                  outage: Outage, metrics: Metrics, jobs: Callable[[], JobsFile],
                  running: Callable[[], int],
                  requested: Callable[[list[str]], None] | None = None, *,
