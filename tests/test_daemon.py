@@ -265,7 +265,9 @@ def test_on_failure_disables_the_job(store: Store, fleet: Fleet) -> None:
     assert "exited 1" in reason and f"run {failed.id}" in reason, reason
 
     def one_run() -> None:
-        runs = runs_of(store, "broken")
+        # A slot that came due while the failed run was still being recorded
+        # (a daemon late under load) is recorded skipped: a record, not a run.
+        runs = [r for r in runs_of(store, "broken") if r.result != m.SKIPPED]
         assert [r.id for r in runs] == [failed.id], runs
 
     pass_time(2.2, one_run)
