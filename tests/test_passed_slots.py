@@ -15,22 +15,18 @@ from contextlib import contextmanager
 
 import pytest
 from harness import Fleet
-from helpers import TestDb, coverage, output_of, runs_of, wait_for
+from helpers import TestDb, coverage, daemon_state, output_of, runs_of, wait_for
 from proxy import Proxy
 
-from dblockrun.daemon.firing import Firing, Settings
+from dblockrun.daemon.firing import Firing
 from dblockrun.daemon.fleet import FleetBooks, unrecorded_runs
-from dblockrun.daemon.registry import Runs
 from dblockrun.events import Events
 from dblockrun.jobs import Job, JobsFile
-from dblockrun.metrics import Metrics
-from dblockrun.running.heartbeat import DbClock
 from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Act, Cause, Due, Outcome, Planner, Row, passed, single
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.engine import in_transaction
-from dblockrun.store.outage import Outage
 
 JOB = 'jobs:\n  tick:\n    cron: "*/2 * * * * *"\n    command: "true"\n'
 STEP = 2.0
@@ -115,9 +111,7 @@ EVERY_SECOND = Job(name="held", cron="* * * * * *", command="true")
 
 
 def books_of(store: Store, host: str, job: Job) -> FleetBooks:
-    jobs = JobsFile("jobs.yaml", None, (job,))
-    return FleetBooks(store, host, 1.0, DbClock(), Outage(), Metrics(), lambda: jobs,
-                      lambda: 0, book=SlotBook(store, host, Events()))
+    return FleetBooks(daemon_state(store, host, JobsFile("jobs.yaml", None, (job,))))
 
 
 def test_slots_a_dead_holders_lock_kept_are_recorded_once_after_the_next_claim(
@@ -364,11 +358,9 @@ def test_a_batch_claim_that_another_host_died_making_is_made_here(
         planner = Planner(1.0, 0.1)
         for job in jobs:
             planner.agenda.push(slot, job.name, slot)
-        jobs_file = JobsFile("jobs.yaml", None, jobs)
-        firing = Firing(store, Settings("h2", 30.0, 1.0), DbClock(), Outage(), Metrics(),
-                        planner, Runs(None, lambda: None), SlotBook(store, "h2", Events()),
-                        None, books_of(store, "h2", jobs[0]),  # type: ignore[arg-type]
-                        lambda: jobs_file, lambda: False, lambda s: time.sleep(max(s, 0.0)))
+        state = daemon_state(store, "h2", JobsFile("jobs.yaml", None, jobs))
+        firing = Firing(state, planner, None,  # type: ignore[arg-type]
+                        books_of(store, "h2", jobs[0]))
         started: list[str] = []
 
         def start(job: Job, token: int, slot: float | None, sent: float,
