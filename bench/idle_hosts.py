@@ -58,6 +58,7 @@ from dblockrun.config.load import load_jobs
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.registry import Runs
 from dblockrun.daemon.state import DaemonState, Settings
+from dblockrun.daemon.wakeup import Signals
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Events
 from dblockrun.running.slotbook import SlotBook
@@ -110,11 +111,12 @@ def run_slice(url: str, jobs_path: str, hosts: range, total: int, began: float,
             sent[0] += 1
 
     sa.event.listen(store.engine, "before_cursor_execute", core)
-    events = Events()
+    events, signals = Events(), Signals()  # (one wake-up pipe for all, not one a host)
 
     def state(holder: str) -> DaemonState:
         return DaemonState(store, Settings(holder, 30.0, HEARTBEAT), LocalJobs(jobs_of, {}),
-                           Runs(None, lambda: None), SlotBook(store, holder, events))
+                           Runs(None, lambda: None), SlotBook(store, holder, events),
+                           signals=signals)
 
     books = {i: FleetBooks(state(f"sim-{i}:{i}:bench")) for i in hosts}
     interval = ROUND_EVERY * HEARTBEAT
