@@ -37,8 +37,10 @@ from helpers import REPO, TestDb, new_prefix
 from hooks import Hooks
 from pgbouncer import POOL_MODES, Bouncers
 from psycopg import sql
+from runstores import InMemory, OnDatabase, RoleUnderTest
 
 from dblockrun.store import Store
+from dblockrun.store.memory import ManualClock, MemoryRunStore
 
 # The dblockrun processes tests start (`python -m dblockrun`, from a work
 # directory of their own) import this checkout, not whichever copy the
@@ -120,6 +122,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"dblockrun backends: {','.join(selected_backends(config))} (unreachable: {mode})"
 
 
+#: Marks of the tests that take tens of seconds or more (real daemons, builds).
+LONG_MARKS = ("slow", "image", "package", "docs", "budget")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first, in their files' order (a stable sort), the quick ones after:
+    the workers (pytest-xdist hands tests out in this order) then end together, instead of
+    one finishing a soak while the others wait."""
+    items.sort(key=lambda item: not any(item.get_closest_marker(name) for name in LONG_MARKS))
+
+
 #: The backends a test marked `pgbouncer` also runs on (with postgresql).
 POOLED_BACKENDS = tuple(f"pgbouncer-{mode}" for mode in POOL_MODES)
 
@@ -132,6 +145,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             modes = marker.kwargs.get("modes", POOL_MODES)  # `@pytest.mark.pgbouncer(modes=[...])`
             backends = [*backends, *(f"pgbouncer-{mode}" for mode in modes)]
         metafunc.parametrize("backend", backends, indirect=True, ids=backends)
+    if "run_store_kind" in metafunc.fixturenames:
+        # The hot path's role: in memory, and on each selected database.
+        kinds = ["memory", *selected_backends(metafunc.config)]
+        metafunc.parametrize("run_store_kind", kinds, ids=kinds)
 
 
 class ServerDatabases:
@@ -322,6 +339,28 @@ def store(db: TestDb) -> Iterator[Store]:
     s.close()
 
 
+@pytest.fixture
+def run_store(run_store_kind: str, tmp_path: Path,
+              request: pytest.FixtureRequest) -> Iterator[RoleUnderTest]:
+    """The hot path's role (tests/runstores.py) in memory on a clock the
+    test moves, or on a real database (a fresh prefix; SQLite: a file)."""
+    if run_store_kind == "memory":
+        role: RoleUnderTest = InMemory()
+    elif run_store_kind == "sqlite":
+        role = OnDatabase("sqlite", sqlite_url(tmp_path / "dblockrun.db"), new_prefix())
+    else:
+        databases: ServerDatabases = request.getfixturevalue("server_databases")
+        role = OnDatabase(run_store_kind, databases.url(run_store_kind), new_prefix())
+    yield role
+    role.close()
+
+
+@pytest.fixture
+def memory_store() -> MemoryRunStore:
+    """The hot path's role in memory, on a :class:`ManualClock` (``.clock``)."""
+    return MemoryRunStore(ManualClock())
+
+
 @pytest.fixture(autouse=True)
 def root_log_level() -> Iterator[None]:
     """The root logger's level as each test found it: a command run in-process
@@ -334,10 +373,18 @@ def root_log_level() -> Iterator[None]:
     root.setLevel(level)
 
 
+def fleet_timing(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The daemons' --heartbeat/--lease/--grace a test's ``fleet_timing`` mark sets (the
+    harness's defaults otherwise: 1 s heartbeats, 6 s leases, 5 s grace)."""
+    mark = request.node.get_closest_marker("fleet_timing")
+    return dict(mark.kwargs) if mark is not None else {}
+
+
 @pytest.fixture
-def fleet(db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
-    """Real daemons on the test's database (tests/harness.py), killed at the end if still up."""
-    daemons = Fleet(db, tmp_path)
+def fleet(db: TestDb, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """Real daemons on the test's database (tests/harness.py), killed at the end if still up;
+    a test that measures a lease or heartbeat says which (``fleet_timing``)."""
+    daemons = Fleet(db, tmp_path, **fleet_timing(request))
     yield daemons
     daemons.close()
 
@@ -351,9 +398,10 @@ def hooks() -> Iterator[Hooks]:
 
 
 @pytest.fixture
-def sqlite_fleet(sqlite_db: TestDb, tmp_path: Path) -> Iterator[Fleet]:
+def sqlite_fleet(sqlite_db: TestDb, tmp_path: Path,
+                 request: pytest.FixtureRequest) -> Iterator[Fleet]:
     """:func:`fleet` on SQLite only, for behaviour that does not depend on the database."""
-    daemons = Fleet(sqlite_db, tmp_path)
+    daemons = Fleet(sqlite_db, tmp_path, **fleet_timing(request))
     yield daemons
     daemons.close()
 

@@ -281,7 +281,7 @@ class Fleet:
 
     def __init__(self, db: TestDb | None, workdir: Path, *, url: str | None = None,
                  prefix: str | None = None, heartbeat: str | None = "1s",
-                 lease: str | None = "3s", grace: str | None = "5s") -> None:
+                 lease: str | None = "6s", grace: str | None = "5s") -> None:
         self.db = db
         self.workdir = workdir
         self.url = url if url is not None else (db.url if db is not None else None)

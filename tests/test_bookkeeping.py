@@ -14,6 +14,7 @@ from dblockrun.jobs import JobsFile
 from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.runner import LeaseWatch
 from dblockrun.store import Store
+from dblockrun.store.memory import MemoryRunStore
 from dblockrun.store.outage import Outage
 
 
@@ -56,14 +57,20 @@ def test_a_stuck_bookkeeping_round_does_not_delay_renewals(
         books.stop()
 
 
-def test_a_renewal_asked_for_soon_after_another_comes_when_the_gap_ends(store: Store) -> None:
+def test_a_renewal_asked_for_soon_after_another_comes_when_the_gap_ends(
+        memory_store: MemoryRunStore) -> None:
     """MySQL's wake-ups renew at once, at most every 0.5 s (a kill request
     is read by the renewal). A kill filed 0.3 s after a run's wake-up was
     dropped, and read only at the next heartbeat (30 s here): `kill
-    --timeout 2s` failed. The second renewal now comes when the gap ends."""
+    --timeout 2s` failed. The second renewal now comes when the gap ends.
+
+    The renewer's timing on the memory store: a renewal's statement is the
+    role's contract on every database (tests/test_runstore_contract.py)."""
+    store = memory_store
     store.ensure_jobs(["job"])
-    token = store.claim("job", "me", 60)
-    assert token is not None
+    won = store.claim("job", "me", 60)
+    assert won is not None
+    token = won.token
     renewer = Renewer(store, 30.0, Outage())
     watch = LeaseWatch("job", "me", token, 60)
     renewer.add(watch)

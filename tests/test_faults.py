@@ -16,6 +16,9 @@ from proxy import Proxy
 
 from dblockrun.store.status import report
 
+#: Failover is what these tests measure: the 3 s lease they name.
+pytestmark = pytest.mark.fleet_timing(lease="3s")
+
 
 def assert_no_overlap(lines: list[Line]) -> None:
     by_token: dict[int, list[Line]] = {}

@@ -306,6 +306,7 @@ def test_a_group_runs_one_job_at_a_time_across_the_fleet(
 
 
 @pytest.mark.slow
+@pytest.mark.fleet_timing(lease="3s")  # what it measures
 def test_a_seat_held_by_a_killed_daemon_is_taken_over_after_its_lease(
         db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     holder_jobs = jobs_file(tmp_path / "holder.yaml", {"long": """\

@@ -276,6 +276,7 @@ def test_allow_2_runs_two_at_once_across_the_fleet_and_skips_the_third(
 
 
 @pytest.mark.slow
+@pytest.mark.fleet_timing(lease="3s")  # what it measures
 def test_a_dead_hosts_lanes_are_found_lost_freed_and_kill_stops_every_run(
         db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """``allow 2`` with runs that would take a minute: the first daemon

@@ -26,7 +26,8 @@ from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Act, Cause, Due, Outcome, Planner, Row, passed, single
 from dblockrun.store import Store
 from dblockrun.store import models as m
-from dblockrun.store.engine import in_transaction
+from dblockrun.store.engine import Claim, in_transaction
+from dblockrun.store.memory import MemoryRunStore
 
 JOB = 'jobs:\n  tick:\n    cron: "*/2 * * * * *"\n    command: "true"\n'
 STEP = 2.0
@@ -232,13 +233,13 @@ def test_a_recording_cut_short_leaves_its_slots_to_be_recorded_again(
 # -- a late resync that moves a job on over a starved holder's busy slot ---------
 
 
-def resyncs_of(store: Store, planner: Planner, host: str, job: Job, due: Due,
+def resyncs_of(store: MemoryRunStore, planner: Planner, host: str, job: Job, due: Due,
                now: float) -> None:
     """What the daemon does with a resync due at ``now`` (firing.Firing.resync):
     read the row, record the plan; and again while the planner asks for one."""
     book = SlotBook(store, host, Events())
     while due.resync is not None:
-        lock = store.lock_state(job.name)
+        lock = store.lock_row(job.name)
         assert lock is not None
         row = Row(lock.last_slot, lock.last_start, lock.lock_until)
         plan = planner.resynced(job, row, now, due.resync, due.slot, 0.0)
@@ -250,7 +251,8 @@ def resyncs_of(store: Store, planner: Planner, host: str, job: Job, due: Due,
         due = nxt
 
 
-def test_a_late_resync_does_not_jump_over_a_starved_holders_busy_slot(store: Store) -> None:
+def test_a_late_resync_does_not_jump_over_a_starved_holders_busy_slot(
+        memory_store: MemoryRunStore) -> None:
     """The fault soak (one `coverage` slot, at load 70): host A runs slot P
     and holds the job's lock; it is starved past P+1, the slot it records
     `skipped` (busy) when it comes. Host B lost its claim of P+1 to A's lock,
@@ -259,11 +261,16 @@ def test_a_late_resync_does_not_jump_over_a_starved_holders_busy_slot(store: Sto
     last slot past P+1; A's record of P+1, conditional on the last slot being
     before it, was then refused, and A's own late resync planned from its
     last slot: P+1 had no record. The late resync now records the slots the
-    held lock kept before the one it was about to try, first."""
+    held lock kept before the one it was about to try, first.
+
+    The planners' logic on the memory store: the claim it loses and the slot
+    book's conditional advance are the role's contract on every database
+    (tests/test_runstore_contract.py)."""
+    store, clock = memory_store, memory_store.clock
     job = EVERY_SECOND
     store.ensure_jobs([job.name])
-    p = float(int(store.db_now())) - 4.0
-    assert store.claim(job.name, "a", 30, slot=p) is not None  # A's run of P, still going
+    p = float(int(clock.now())) - 4.0
+    assert store.claim(job.name, "a", 30, Claim(slot=p)) is not None  # A's run of P, still going
     a, b = Planner(1.0, 0.1), Planner(1.0, 0.1)
     for planner in (a, b):
         planner.regular(job, p, 0.0)  # both: next, P+1
@@ -271,9 +278,9 @@ def test_a_late_resync_does_not_jump_over_a_starved_holders_busy_slot(store: Sto
     assert due is not None
     decision = b.decide(job, due, p + 1.0, busy=False, full=False)
     assert (decision.act, decision.slot) == (Act.CLAIM, p + 1)
-    assert store.claim(job.name, "b", 30, slot=p + 1) is None  # A holds the lock
+    assert store.claim(job.name, "b", 30, Claim(slot=p + 1)) is None  # A holds the lock
     assert not b.after(job, p + 1, Outcome.LOST, p + 1.01, 0.0)
-    now = store.db_now()  # B wakes late for P+2, after P+3; A, starved, too
+    now = clock.now()  # B wakes late for P+2, after P+3; A, starved, too
     for planner, host, busy in ((b, "b", False), (a, "a", True)):
         due = planner.agenda.pop_due(now)
         assert due is not None
@@ -281,12 +288,12 @@ def test_a_late_resync_does_not_jump_over_a_starved_holders_busy_slot(store: Sto
         assert decision.act is Act.RESYNC and decision.cause is Cause.LATE
         resyncs_of(store, planner, host, job,
                    Due(now, 0, job.name, decision.slot, decision.cause), now)
-    records = [r for r in runs_of(store, job.name) if r.token is None]
+    records = [r for r in store.runs_of(job.name) if r.token is None]
     slots = [r.slot for r in records]
     for slot in (p + 1, p + 2, p + 3):
         assert slots.count(slot) == 1, f"slot {slot - p:+g}: {slots.count(slot)} records"
     (kept,) = [r for r in records if r.slot == p + 1]
-    assert kept.result == m.SKIPPED and "lock was held" in output_of(store, kept)
+    assert kept.result == m.SKIPPED and "lock was held" in (kept.output or "")
 
 
 def test_a_lost_holders_unrecorded_busy_slots_are_recorded_by_the_bookkeeping(

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dblockrun.errors import DatabaseError
-from dblockrun.store import Store
 from dblockrun.store.models import Drain
 from dblockrun.store.store import FOREVER
 from dblockrun.timetext import stamp
+
+if TYPE_CHECKING:
+    from dblockrun.store.roles import FleetBookkeeping
 
 log = logging.getLogger("dblockrun")
 
@@ -34,7 +37,7 @@ class DrainWatch:
     """This host's drain: read when :meth:`told` (from any thread), applied
     by the main loop (:meth:`refresh`)."""
 
-    def __init__(self, store: Store, host: str, now: Callable[[], float],
+    def __init__(self, store: FleetBookkeeping, host: str, now: Callable[[], float],
                  wake: Callable[[], None]) -> None:
         self.store = store
         self.host = host

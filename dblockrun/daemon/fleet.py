@@ -40,6 +40,7 @@ from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
     from dblockrun.notify.alerts import Alerts
+    from dblockrun.store.roles import FleetBookkeeping
 
 log = logging.getLogger("dblockrun")
 
@@ -100,7 +101,8 @@ class FleetBooks:
         #: the jobs, this host's labels and targeting, its runs and its drain
         #: are read from it each round.
         self.state = state
-        self.store = state.store
+        #: (the role it uses: dblockrun/store/roles.py)
+        self.store: FleetBookkeeping = state.store
         self.holder = state.settings.holder
         self.heartbeat = state.settings.heartbeat
         self.clock = state.clock

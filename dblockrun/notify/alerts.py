@@ -36,8 +36,8 @@ from dblockrun.store import models as m
 from dblockrun.timetext import took, utc
 
 if TYPE_CHECKING:
-    from dblockrun.store import Store
     from dblockrun.store.alerts import Watch
+    from dblockrun.store.roles import Alerting
 
 log = logging.getLogger("dblockrun")
 
@@ -147,7 +147,7 @@ def decide(jobs: Sequence[Job], seen: Watch) -> tuple[list[Found], list[Found]]:
 class Alerts:
     """One daemon's watch of its jobs' ``expect:`` (see the module)."""
 
-    def __init__(self, store: Store, holder: str, jobs: Callable[[], JobsFile],
+    def __init__(self, store: Alerting, holder: str, jobs: Callable[[], JobsFile],
                  events: Events) -> None:
         self.store = store
         self.holder = holder

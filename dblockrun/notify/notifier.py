@@ -48,7 +48,7 @@ from dblockrun.supervise import Policy, Threads
 
 if TYPE_CHECKING:
     from dblockrun.metrics import Metrics
-    from dblockrun.store import Store
+    from dblockrun.store.roles import Alerting
 
 log = logging.getLogger("dblockrun")
 
@@ -209,7 +209,7 @@ def send_apprise(url: str, title: str, body: str, kind: str) -> None:
 class Notifier:
     """The daemon's background sender of notifications and pings."""
 
-    def __init__(self, store: Store | None, holder: str, metrics: Metrics | None = None,
+    def __init__(self, store: Alerting | None, holder: str, metrics: Metrics | None = None,
                  queue_size: int = QUEUE_SIZE, threads: Threads | None = None,
                  hostname: str | None = None,
                  file: Callable[[], JobsFile] | None = None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.store import Store
@@ -26,6 +27,9 @@ from dblockrun.store.models import (
     RunRecord,
     jobs_known,
 )
+
+if TYPE_CHECKING:
+    from dblockrun.store.roles import Control, StatusReading
 
 
 class Access(enum.Enum):
@@ -78,7 +82,7 @@ def open_store(url: str, prefix: str, access: Access, lock_wait: float | None = 
     return store
 
 
-def no_such_job(store: Store, names: list[str], hint: str = "") -> UsageError:
+def no_such_job(store: StatusReading, names: list[str], hint: str = "") -> UsageError:
     """The error of every operator command given a job the database does not
     know, suggesting the names it knows that are close (a typo)."""
     import difflib
@@ -91,13 +95,13 @@ def no_such_job(store: Store, names: list[str], hint: str = "") -> UsageError:
                       f"{', '.join(names)}{guess}{hint}")
 
 
-def require_job(store: Store, job: str, hint: str = "") -> None:
+def require_job(store: StatusReading, job: str, hint: str = "") -> None:
     """UsageError unless the database knows ``job`` (has its lock row)."""
     if store.lock_state(job) is None:
         raise no_such_job(store, [job], hint)
 
 
-def disable_job(store: Store, job: str, *, for_seconds: float | None,
+def disable_job(store: Control, job: str, *, for_seconds: float | None,
                 until: float | None, reason: str | None, audit: Audit,
                 create: bool = False) -> Disabled:
     """``dblockrun disable``: a job the database knows (or any, ``create``),
@@ -114,7 +118,7 @@ def disable_job(store: Store, job: str, *, for_seconds: float | None,
     return store.disable(job, for_seconds=for_seconds, until=until, reason=reason, audit=audit)
 
 
-def enable_job(store: Store, job: str, audit: Audit) -> bool:
+def enable_job(store: Control, job: str, audit: Audit) -> bool:
     """``dblockrun enable``: True if a disable was cleared (and audited),
     False if the job was not disabled (nothing recorded)."""
     cleared = store.enable(job, audit)
@@ -123,7 +127,7 @@ def enable_job(store: Store, job: str, audit: Audit) -> bool:
     return cleared
 
 
-def forget_job(store: Store, job: str, audit: Audit) -> tuple[int, int]:
+def forget_job(store: Control, job: str, audit: Audit) -> tuple[int, int]:
     """``dblockrun forget``: delete the rows of ``job`` (and of its every-host
     rows ``job@HOST``; or the one row ``JOB@HOST``), its items and its runs,
     when no live daemon defines it: an ``exec`` one-off, a job deleted from
@@ -152,7 +156,7 @@ def forget_job(store: Store, job: str, audit: Audit) -> tuple[int, int]:
     return done
 
 
-def _with_reason(store: Store, run: RunRecord) -> RunRecord:
+def _with_reason(store: StatusReading, run: RunRecord) -> RunRecord:
     """A run not started (``skipped``) with its output, which says why (the
     history is read without outputs)."""
     if run.result != "skipped":
@@ -174,7 +178,7 @@ def _filed(job: str, why: str) -> NotStarted:
                       "--cancel` withdraws it)")
 
 
-def not_now(store: Store, job: str, hosts: list[HostStatus]) -> str | None:
+def not_now(store: StatusReading, job: str, hosts: list[HostStatus]) -> str | None:
     """Why no daemon starts ``job`` now, known without waiting: the fleet is
     paused, no daemon is live (``hosts``: the live ones), or no live daemon's
     file has the job."""
@@ -197,7 +201,7 @@ def not_now(store: Store, job: str, hosts: list[HostStatus]) -> str | None:
     return None
 
 
-def _busy(store: Store, row: str) -> str | None:
+def _busy(store: StatusReading, row: str) -> str | None:
     """Why ``row`` has not started yet when its lock is held: the run holding it."""
     from dblockrun.running.holder import held_why
 
@@ -208,7 +212,7 @@ def _busy(store: Store, row: str) -> str | None:
                                 else "")
 
 
-def request_run(store: Store, job: str, wait: float | None, audit: Audit | None = None,
+def request_run(store: Control, job: str, wait: float | None, audit: Audit | None = None,
                 hosts: list[HostStatus] | None = None) -> RunRecord | None:
     """File a run-now request for ``job`` (recording the operator's
     ``audit``); with ``wait``, return the run a daemon started for it, or
@@ -239,7 +243,7 @@ def request_run(store: Store, job: str, wait: float | None, audit: Audit | None 
                  "job enabled in its jobs file running?)")
 
 
-def request_runs(store: Store, job: str, wait: float | None,
+def request_runs(store: Control, job: str, wait: float | None,
                  audit: Audit | None = None) -> list[tuple[str, RunRecord | None]] | None:
     """``dblockrun run JOB``: (row, the run started for it, or None if none
     did in time) per lock row asked to run; None with no ``wait``. An
@@ -296,7 +300,7 @@ def request_runs(store: Store, job: str, wait: float | None,
     return [(row, started.get(row)) for row in rows]
 
 
-def wait_for_ends(store: Store, runs: list[RunRecord], until: float | None = None,
+def wait_for_ends(store: StatusReading, runs: list[RunRecord], until: float | None = None,
                   poll: float = WAIT_POLL) -> dict[int, RunRecord]:
     """The runs as they ended, by id (``run --wait``, ``kill --timeout``):
     polled until all ended or ``until`` (monotonic; None: no end; Ctrl-C

@@ -20,7 +20,7 @@ from dblockrun.store import models as m
 from dblockrun.timetext import stamp
 
 if TYPE_CHECKING:
-    from dblockrun.store import Store
+    from dblockrun.store.roles import StatusReading
 
 #: What ``--only`` picks: slots recorded missed, skipped, whose last run
 #: failed (failed, timeout, killed, lost), or with no record at all (a slot
@@ -104,7 +104,7 @@ def slots_between(job: Job, first: float, last: float) -> list[float]:
     return slots
 
 
-def plan(store: Store, job: Job, first: float, last: float,
+def plan(store: StatusReading, job: Job, first: float, last: float,
          only: Sequence[str] = ()) -> Plan:
     """The slots of ``job`` in [``first``, ``last``] with no run that ended
     ok and none running now, of the kinds ``only`` (all if empty), oldest

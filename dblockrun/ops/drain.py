@@ -14,21 +14,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dblockrun.errors import UsageError
 from dblockrun.scheduling.targeting import check_word
-from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit
 from dblockrun.store.status import host_name
 from dblockrun.store.store import FOREVER
 from dblockrun.timetext import ago, stamp
 
+if TYPE_CHECKING:
+    from dblockrun.store.roles import Control, StatusReading
+
 #: How often ``drain --wait`` looks at the host's runs.
 WAIT_POLL = 0.5
 
 
-def live_names(store: Store) -> list[str]:
+def live_names(store: StatusReading) -> list[str]:
     """The names of the live hosts, sorted, each once."""
     return sorted({host_name(h) for h in store.live_hosts()})
 
@@ -40,7 +43,7 @@ def check_host(host: str) -> str:
         raise UsageError(str(exc)) from None
 
 
-def drain(store: Store, host: str, entry: Audit, for_seconds: float | None,
+def drain(store: Control, host: str, entry: Audit, for_seconds: float | None,
           *, force: bool = False) -> m.Drain:
     """Drain ``host``: refused (UsageError, exit 2) when no live daemon
     has that name, unless ``force``."""
@@ -54,7 +57,7 @@ def drain(store: Store, host: str, entry: Audit, for_seconds: float | None,
     return store.drains.drain(host, entry, for_seconds)
 
 
-def undrain(store: Store, host: str, entry: Audit) -> m.Drain | None:
+def undrain(store: Control, host: str, entry: Audit) -> m.Drain | None:
     return store.drains.undrain(check_host(host), entry)
 
 
@@ -70,7 +73,7 @@ def drained_line(drain: m.Drain, where: str, running: int) -> str:
             f"new, the other hosts take its slots{going}")
 
 
-def host_runs(store: Store, host: str) -> list[m.RunRecord]:
+def host_runs(store: StatusReading, host: str) -> list[m.RunRecord]:
     """The runs going on ``host`` (running or waiting under a live lease)."""
     prefix = f"{host}:"
     return [r for r in store.control.running() if r.host.startswith(prefix)]
@@ -90,7 +93,7 @@ class Waited:
     seconds: float
 
 
-def wait_for_runs(store: Store, host: str, say: Callable[[str], None],
+def wait_for_runs(store: StatusReading, host: str, say: Callable[[str], None],
                   timeout: float | None = None) -> Waited:
     """Wait until no run goes on ``host``, saying what it waits for each
     time that changes; TimeoutError after ``timeout`` seconds."""

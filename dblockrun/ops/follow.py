@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.ops.actions import no_such_job
-from dblockrun.store import Store
 from dblockrun.store.models import UNFINISHED, RunRecord
+
+if TYPE_CHECKING:
+    from dblockrun.store.roles import StatusReading
 
 #: How often ``tail`` reads the run (its holder writes once a heartbeat).
 FOLLOW_POLL = 0.5
@@ -43,7 +46,7 @@ def grown(before: str, now: str) -> str:
     return now[border[-1]:]
 
 
-def running_run(store: Store, job: str) -> RunRecord:
+def running_run(store: StatusReading, job: str) -> RunRecord:
     """The run of ``job`` (an every-host job: of any host) running now."""
     rows = store.with_every_host([job])
     if store.lock_state(job) is None:
@@ -62,7 +65,7 @@ def running_run(store: Store, job: str) -> RunRecord:
     return runs[0]
 
 
-def follow(store: Store, run_id: int, write: Callable[[str], None],
+def follow(store: StatusReading, run_id: int, write: Callable[[str], None],
            poll: float = FOLLOW_POLL) -> RunRecord:
     """Write the output of run ``run_id`` as it grows (all of it so far
     first), until the run ended: the run as it ended (its stored output

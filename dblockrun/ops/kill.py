@@ -10,12 +10,15 @@ lock-at-most, records the run ``killed`` (its stored output ends with
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from dblockrun.errors import DblockrunError, UsageError
 from dblockrun.ops.actions import require_job, wait_for_ends
-from dblockrun.store import Store
 from dblockrun.store.dburl import describe
 from dblockrun.store.models import RunRecord
+
+if TYPE_CHECKING:
+    from dblockrun.store.roles import Control, StatusReading
 
 #: How often the command looks whether the runs it asked to stop have ended.
 POLL = 0.1
@@ -25,7 +28,7 @@ class NotRunning(DblockrunError):
     """Nothing to kill: the job (or run) is not running."""
 
 
-def targets(store: Store, *, job: str | None, item: str | None,
+def targets(store: StatusReading, *, job: str | None, item: str | None,
             run_id: int | None) -> list[RunRecord]:
     """The runs a kill of ``job`` (its ``item``) or of ``run_id`` stops:
     those still running under a live lease."""
@@ -48,7 +51,7 @@ def targets(store: Store, *, job: str | None, item: str | None,
     return found
 
 
-def kill(store: Store, who: str, *, job: str | None = None, item: str | None = None,
+def kill(store: Control, who: str, *, job: str | None = None, item: str | None = None,
          run_id: int | None = None, reason: str | None = None,
          wait: float | None = None) -> list[RunRecord]:
     """Ask the holders of the runs to stop them; with ``wait``, wait that

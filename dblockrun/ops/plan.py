@@ -38,8 +38,8 @@ from dblockrun.scheduling.planner import Cause, Summary, passed
 from dblockrun.scheduling.targeting import HOSTNAME, loads_labels, matches, row_name
 
 if TYPE_CHECKING:
-    from dblockrun.store import Store
     from dblockrun.store.models import HostStatus, LockState
+    from dblockrun.store.roles import StatusReading
 
 #: What becomes of a job.
 ADDED, REMOVED, CHANGED, UNCHANGED = "added", "removed", "changed", "unchanged"
@@ -188,7 +188,7 @@ class DeployPlan:
         return bool(self.jobs)
 
 
-def read_fleet(store: Store) -> FleetFacts:
+def read_fleet(store: StatusReading) -> FleetFacts:
     """The live daemons (with their keys' digests), every lock row and the
     database time."""
     locks, now = store.lock_states()

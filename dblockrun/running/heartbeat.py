@@ -9,9 +9,9 @@ from collections import deque
 
 from dblockrun.errors import DatabaseError
 from dblockrun.running.runner import LeaseWatch, LiveOutput
-from dblockrun.store.base import RunStore
 from dblockrun.store.models import ClockSample
 from dblockrun.store.outage import Outage
+from dblockrun.store.runstore import RunStore
 from dblockrun.supervise import Loop, Policy, Threads
 
 log = logging.getLogger("dblockrun")

@@ -10,7 +10,7 @@ from dblockrun.store.models import OK
 from dblockrun.timetext import iso
 
 if TYPE_CHECKING:
-    from dblockrun.store import Store
+    from dblockrun.store.roles import StatusReading
 
 
 def new_holder_id(host: str | None = None) -> str:
@@ -22,7 +22,7 @@ def new_holder_id(host: str | None = None) -> str:
     return f"{host or os.uname().nodename}:{os.getpid()}:{os.urandom(3).hex()}"
 
 
-def held_why(store: Store, row: str) -> str | None:
+def held_why(store: StatusReading, row: str) -> str | None:
     """What holds the lock of ``row`` now, to follow ``ROW is`` (``run``,
     ``exec -v``): a run still going; its holder's run that has ended, its
     lock kept by ``lock-at-least`` (or a failed attempt's retry delay) until

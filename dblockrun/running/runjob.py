@@ -31,8 +31,9 @@ from dblockrun.running.runner import (
 )
 from dblockrun.running.spawn import MAX_LINE
 from dblockrun.store import models as m
-from dblockrun.store.base import Disables, RunStore
+from dblockrun.store.base import Disables
 from dblockrun.store.outage import Outage
+from dblockrun.store.runstore import RunStore
 from dblockrun.withheld import withheld
 
 if TYPE_CHECKING:

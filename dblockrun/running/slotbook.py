@@ -19,8 +19,8 @@ from dblockrun.jobs import Job
 from dblockrun.scheduling.calendars import next_real_slot
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, Plan, record_texts, single
-from dblockrun.store.base import RunStore
 from dblockrun.store.models import Trigger
+from dblockrun.store.runstore import RunStore
 from dblockrun.timetext import utc
 
 log = logging.getLogger("dblockrun")

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from dblockrun.store import models as m
 
 if TYPE_CHECKING:
-    from dblockrun.store.store import Store
+    from dblockrun.store.cold import ColdPath
 
 #: The kind of a passed slot's row (counted for a storm) and of a storm's.
 SLOT, STORM = "slot", "storm"
@@ -65,7 +65,7 @@ def slot_ref(slot: float) -> str:
 
 
 class AlertStore:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: ColdPath) -> None:
         self.s = store
 
     def watch(self, jobs: Sequence[str]) -> Watch:

@@ -1,18 +1,11 @@
-"""What running a claimed job needs of a store: the lock engine's run
-statements. :class:`~dblockrun.store.engine.LockEngine` has them (``exec``
-uses one over a direct driver connection), and so has
-:class:`~dblockrun.store.Store`, which hands them to its own engine.
+"""What a run may ask of a store beyond its role
+(:class:`~dblockrun.store.runstore.RunStore`, the hot path's statements):
+looked for at run time, as only some stores have it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
-
-if TYPE_CHECKING:
-    from dblockrun.store.engine import LockEngine
-    from dblockrun.store.store import Store
-
-RunStore: TypeAlias = "LockEngine | Store"
+from typing import Protocol, runtime_checkable
 
 
 @runtime_checkable

@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from dblockrun.durations import FOREVER
 from dblockrun.store import models as m
 from dblockrun.store.engine import in_transaction
 from dblockrun.store.models import Told
 from dblockrun.store.queries import TOLD_ACTIONS
 
 if TYPE_CHECKING:
-    from dblockrun.store.store import Store
+    from dblockrun.store.cold import ColdPath
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ class AuditRecord:
 @dataclass(frozen=True)
 class Pause:
     """The fleet-wide pause: from ``since`` until ``ends`` (database clock;
-    :data:`~dblockrun.store.store.FOREVER`: until resumed)."""
+    :data:`~dblockrun.durations.FOREVER`: until resumed)."""
 
     ends: float
     since: float
@@ -69,7 +70,7 @@ class Pause:
 
 
 class ControlStore:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: ColdPath) -> None:
         self.s = store
 
     # -- the audit trail ------------------------------------------------------------
@@ -132,8 +133,6 @@ class ControlStore:
     def pause(self, entry: Audit, for_seconds: float | None) -> Pause:
         """Pause the fleet (a pause already there is replaced) for
         ``for_seconds`` of the database clock, or until resumed."""
-        from dblockrun.store.store import FOREVER
-
         pause, now = self.s.t.pause, self.s.now
         ends: Any = FOREVER if for_seconds is None else now + for_seconds
 

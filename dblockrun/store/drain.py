@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from dblockrun.durations import FOREVER
 from dblockrun.store import models as m
 from dblockrun.store.control import Audit
 
 if TYPE_CHECKING:
-    from dblockrun.store.store import Store
+    from dblockrun.store.cold import ColdPath
+    from dblockrun.store.control import ControlStore
 
 #: The announcement of a drain or undrain on the run-now channel: not a job
 #: name (names have no ``@`` first).
@@ -29,16 +31,15 @@ DRAIN_NOTE = "@drain"
 
 
 class DrainStore:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: ColdPath, control: ControlStore) -> None:
         self.s = store
+        self.control = control
 
     def drain(self, host: str, entry: Audit, for_seconds: float | None) -> m.Drain:
         """Drain ``host`` (a drain already there is replaced) for
         ``for_seconds`` of the database clock, or until undrained; with
         ``entry`` audited. On PostgreSQL the daemons are told at once
         (NOTIFY), on MySQL woken (the doorbell)."""
-        from dblockrun.store.store import FOREVER
-
         drain, now = self.s.t.drain, self.s.now
         ends: Any = FOREVER if for_seconds is None else now + for_seconds
 
@@ -51,7 +52,7 @@ class DrainStore:
             assert found is not None
             return found
 
-        done = self.s.control.audited(go, entry)
+        done = self.control.audited(go, entry)
         self.s.ring()
         return done
 
@@ -69,7 +70,7 @@ class DrainStore:
                 self._announce(conn)
             return was
 
-        done = self.s.control.audited(go, entry)
+        done = self.control.audited(go, entry)
         if done is not None:
             self.s.ring()
         return done

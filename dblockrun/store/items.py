@@ -19,7 +19,7 @@ from dblockrun.store.models import CLAIM_TOLERANCE
 from dblockrun.store.models import ClaimedItem as ClaimedItem
 
 if TYPE_CHECKING:
-    from dblockrun.store.store import Store
+    from dblockrun.store.cold import ColdPath
 
 
 def item_key(item: str) -> str:
@@ -38,7 +38,7 @@ class ItemState:
 
 
 class ItemStore:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: ColdPath) -> None:
         self.s = store
         self.t = store.t.items
 

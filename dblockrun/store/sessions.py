@@ -13,11 +13,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 if TYPE_CHECKING:
-    from dblockrun.store.store import Store
+    from dblockrun.store.cold import ColdPath
 
 
 class SessionStore:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: ColdPath) -> None:
         self.s = store
 
     def start(self, key: str, username: str, lifetime: float) -> None:

@@ -20,17 +20,41 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dblockrun.store import models as m
+from dblockrun.store.cold import ColdPath
 from dblockrun.store.control import Pause
 from dblockrun.store.models import SEAT_PREFIX, GroupUsage, SeatRow
 
 if TYPE_CHECKING:
-    from dblockrun.store.store import Store
+    from dblockrun.store.control import ControlStore
+    from dblockrun.store.drain import DrainStore
+
+class StatusSource(ColdPath, Protocol):
+    """What status reads of the store beside its own statements (the
+    store's: :class:`~dblockrun.store.store.Store`)."""
+
+    @property
+    def control(self) -> ControlStore:
+        """The pause (store/control.py)."""
+
+    @property
+    def drains(self) -> DrainStore:
+        """The drained hosts (store/drain.py)."""
+
+    def live_hosts(self, within: float | None = None) -> list[m.HostStatus]:
+        """The live daemons' host rows."""
+
+    def host_fields(self, ids: list[str]) -> dict[str, str | None]:
+        """Their keys' digests (read where drift is found)."""
+
+    def run(self, run_id: int) -> m.RunRecord | None:
+        """One run's record, with its output."""
+
 
 #: A daemon is *live* while its host row is at most :func:`live_window` of
 #: its ``--heartbeat`` old. A row without one (a daemon older than schema 6)
@@ -90,7 +114,7 @@ class StatusReport:
     groups: list[GroupUsage] = field(default_factory=list)
 
 
-def report(store: Store, names: Sequence[str] | None = None,
+def report(store: StatusSource, names: Sequence[str] | None = None,
            live_within: float | None = None) -> StatusReport:
     """Jobs (all, or ``names``), live hosts (seen within ``live_within``;
     None: each by its own heartbeat), the groups' seats (read with the
@@ -150,7 +174,7 @@ def _dropped(s: m.JobStatus, pause: Pause) -> m.JobStatus:
     return replace(s, dropped=due, resumed=pause.ends)
 
 
-def held_rows(store: Store) -> str | None:
+def held_rows(store: StatusSource) -> str | None:
     """Whether another session holds the lock rows past the connection's
     lock wait (a reader's ``SELECT ... FOR UPDATE`` left open: every
     renewal, claim and bookkeeping round waits on it): why, naming that
@@ -187,7 +211,7 @@ class PassedSince:
     newest: m.RunRecord
 
 
-def passed_since(store: Store, jobs: Sequence[m.JobStatus]) -> dict[str, PassedSince]:
+def passed_since(store: StatusSource, jobs: Sequence[m.JobStatus]) -> dict[str, PassedSince]:
     """Of ``jobs``, those whose last record is a passed slot: since when
     their slots are recorded passed (after their last other record). One
     statement, and one per such job for the newest record's output."""
@@ -226,7 +250,7 @@ def _group_usage(rows: Sequence[SeatRow], db_now: float) -> list[GroupUsage]:
     return [groups[g] for g in sorted(groups)]
 
 
-def _read(store: Store, names: Sequence[str] | None
+def _read(store: StatusSource, names: Sequence[str] | None
           ) -> tuple[list[m.JobStatus], list[SeatRow], float]:
     """The jobs (all, or ``names``), ordered by name, the seat rows and the
     database time: statements 1 to 3."""
@@ -270,14 +294,14 @@ def _read(store: Store, names: Sequence[str] | None
     return store._run(go)
 
 
-def lock_rows(store: Store, conn: Connection) -> tuple[dict[str, m.LockState], float]:
+def lock_rows(store: StatusSource, conn: Connection) -> tuple[dict[str, m.LockState], float]:
     """Every lock row by name, and the database time (statement 1 alone)."""
     rows = conn.execute(_jobs_statement(store, None)).mappings().all()
     locks = {str(r["name"]): m.from_row(m.LockState, r) for r in rows if r["name"] is not None}
     return locks, float(rows[0]["db_now"])
 
 
-def _jobs_statement(store: Store, names: list[str] | None) -> sa.Select[Any]:
+def _jobs_statement(store: StatusSource, names: list[str] | None) -> sa.Select[Any]:
     """The lock rows with the database time; one row with only ``db_now``
     when there is no job, so the time is read in any case."""
     locks = store.t.locks
@@ -287,7 +311,7 @@ def _jobs_statement(store: Store, names: list[str] | None) -> sa.Select[Any]:
             .select_from(one.outerjoin(locks, on)).order_by(locks.c.name))
 
 
-def _items_statement(store: Store, names: list[str] | None) -> sa.Select[Any]:
+def _items_statement(store: StatusSource, names: list[str] | None) -> sa.Select[Any]:
     """Per fan-out job: total, done, running, waiting, failed live items."""
     locks, items = store.t.locks, store.t.items
     # Each live item in one category, as operators read them: running (its
@@ -323,7 +347,7 @@ _RUN_COLUMNS = ("id", "job", "item", "host", "slot", "token", "attempt", "starte
                 "exit_code", "result")
 
 
-def _runs_statement(store: Store, names: list[str] | None) -> sa.CompoundSelect[Any]:
+def _runs_statement(store: StatusSource, names: list[str] | None) -> sa.CompoundSelect[Any]:
     """Per job, the newest finished run (a correlated ``ORDER BY id DESC
     LIMIT 1`` on the (job, id) index: the cost follows the number of jobs, not
     the history kept), and the runs still running under the job's current

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
@@ -22,13 +21,13 @@ from dblockrun.errors import DatabaseError
 from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.redact import url as redact
 from dblockrun.store import models as m
+from dblockrun.store.cold import Dialect
 from dblockrun.store.control import Audit, ControlStore
 from dblockrun.store.dburl import dialect_of, driver_url, mysql_nodes, prepare_sqlite_file
 from dblockrun.store.drain import DrainStore
 from dblockrun.store.drivers import (
     DEFAULT_LOCK_WAIT,
     Driver,
-    connect_options,
     db_error,
     sqlite_setup,
     url_pooler,
@@ -38,7 +37,6 @@ from dblockrun.store.executor import PooledExecutor
 from dblockrun.store.items import ItemStore
 from dblockrun.store.migrate import migrate
 from dblockrun.store.models import CLAIM_TOLERANCE, BooksRound, Claimed
-from dblockrun.store.queries import NOW
 from dblockrun.store.schema import SCHEMA_VERSION, Name, Tables, build_tables
 from dblockrun.store.sessions import SessionStore
 
@@ -58,36 +56,6 @@ def new_fleet_key() -> str:
     import secrets
 
     return secrets.token_hex(32)
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """What differs between SQLite, PostgreSQL and MySQL/MariaDB for
-    SQLAlchemy, decided once."""
-
-    name: str
-
-    def now(self) -> sa.ColumnElement[float]:
-        return sa.literal_column(NOW[self.name], sa.Double())
-
-    def engine_options(self, pooler: str | None,
-                       lock_wait: float = DEFAULT_LOCK_WAIT) -> dict[str, Any]:
-        """The pool's connections get the options a direct one gets."""
-        options: dict[str, Any] = {"connect_args": connect_options(self.name, pooler, lock_wait)}
-        if self.name == "mysql":
-            options["pool_recycle"] = 3600
-            # PyMySQL sends ROLLBACK for each connection.rollback(), autocommit
-            # or not: SQLAlchemy's at the end of each Core statement doubled
-            # an idle daemon's statements (bench/idle.py).
-            options["skip_autocommit_rollback"] = True
-        return options
-
-    def insert_ignore(self, table: sa.Table) -> Any:
-        if self.name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-            return pg_insert(table).on_conflict_do_nothing()
-        return table.insert().prefix_with("IGNORE" if self.name == "mysql" else "OR IGNORE")
 
 
 class Store:
@@ -217,7 +185,7 @@ class Store:
     def drains(self) -> DrainStore:
         """Drained hosts (store/drain.py)."""
         if self._drains is None:
-            self._drains = DrainStore(self)
+            self._drains = DrainStore(self, self.control)
         return self._drains
 
     @property

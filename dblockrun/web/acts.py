@@ -8,11 +8,13 @@ database knows, or a run, and at most a reason and a duration.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dblockrun.errors import UsageError
-from dblockrun.store import Store
 from dblockrun.store.control import Audit
+
+if TYPE_CHECKING:
+    from dblockrun.store.roles import Control
 
 #: Every action, and the least role each needs.
 ROLE_OF = {"run": "operator", "disable": "operator", "enable": "operator",
@@ -66,7 +68,7 @@ def who(user: str) -> str:
     return f"web:{user}"
 
 
-def perform(store: Store, user: str, act: ActionRequest) -> tuple[str, dict[str, Any]]:
+def perform(store: Control, user: str, act: ActionRequest) -> tuple[str, dict[str, Any]]:
     """Do ``act`` as ``user``: (what was done, in a sentence; the same as JSON).
     UsageError (bad input, no such job) or DblockrunError (it cannot be done)."""
     from dblockrun.ops import actions as ops
@@ -140,7 +142,7 @@ def perform(store: Store, user: str, act: ActionRequest) -> tuple[str, dict[str,
             {"resumed": was is not None})
 
 
-def _host_action(store: Store, by: str, act: ActionRequest, reason: str | None,
+def _host_action(store: Control, by: str, act: ActionRequest, reason: str | None,
                  seconds: float | None) -> tuple[str, dict[str, Any]]:
     """drain and undrain, as ``dblockrun drain HOST`` (a host no live
     daemon has is refused: there is no --force here)."""

@@ -6,14 +6,17 @@ the server's log (redacted, as every log line)."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from dblockrun import redact
 from dblockrun.errors import DatabaseError
-from dblockrun.store import Store
 from dblockrun.store.dburl import describe
+
+if TYPE_CHECKING:
+    from dblockrun.store.roles import StatusReading
 
 log = logging.getLogger("dblockrun.web")
 
@@ -21,7 +24,7 @@ log = logging.getLogger("dblockrun.web")
 THE_DATABASE = "the database"
 
 
-def public(store: Store, message: str) -> str:
+def public(store: StatusReading, message: str) -> str:
     """``message`` (an operator command's error) without the database's
     name: ``no such job in postgresql://app:***@db/ops: x`` is ``no such job
     in the database: x``."""

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from dblockrun.jobs import EVERY_HOST_SEP
 from dblockrun.ops.check import BAD_RESULTS, overdue
 from dblockrun.ops.output import host_name
-from dblockrun.store import Store
 from dblockrun.store.models import PASSED, JobStatus
+
+if TYPE_CHECKING:
+    from dblockrun.store.roles import StatusReading
 
 #: The counts atop the Fleet page, each a filter (``?state=``), and their words.
 KINDS = {"running": "running", "failed": "failed last run", "late": "late or missed",
@@ -73,7 +75,7 @@ class FleetStatus:
     db_now: float
 
 
-def read(store: Store) -> FleetStatus:
+def read(store: StatusReading) -> FleetStatus:
     """Every job's status (dblockrun/store/status.py, one report), written as
     ``status --json`` writes it (ops/output.py), and each job's row."""
     import gc

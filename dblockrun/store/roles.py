@@ -1,0 +1,170 @@
+"""The store's roles: what each kind of consumer does with the store, as a
+typing ``Protocol``, so that a consumer names the part it uses and not the
+whole :class:`~dblockrun.store.store.Store` (which has them all).
+
+- :class:`StatusReading`: what ``status``, ``history``, ``plan`` and the
+  pages read (the jobs' lock rows, the runs, the live hosts, the pause and
+  the drains); it is what store/status.py builds its statements on
+  (:class:`~dblockrun.store.status.StatusSource`).
+- :class:`Control`: what operators' commands do (dblockrun/ops/, the
+  dashboard's actions, dblockrun/web/acts.py): disable and enable, run now,
+  forget, force unlock, and, through :attr:`Control.control` and
+  :attr:`Control.drains`, the fleet's pause, kill requests, drains and the
+  audit trail; each with what it reads first.
+- :class:`FleetBookkeeping`: what a daemon's bookkeeping does
+  (dblockrun/daemon/fleet.py's round, the loop's start and reload): its
+  host row and the live hosts, the lock rows it makes and the next due
+  times it publishes, the dead holders it reaps, the gaps behind held
+  locks, the fleet's key.
+- :class:`Alerting`: what notifications read and claim (dblockrun/notify/):
+  the alerts ledger (store/alerts.py), a run's record, a host's labels.
+- The request broker: :class:`~dblockrun.store.inbox.Inbox` (and the
+  :class:`~dblockrun.store.inbox.Listener` behind it), where a daemon learns
+  of run-now, kill and drain announcements (store/inbox.py).
+- The hot path, a claimed run's renewals, records and release and the
+  slot book's writes, is :class:`~dblockrun.store.runstore.RunStore`
+  (store/runstore.py), which an in-memory store has too (store/memory.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from dblockrun.store.inbox import Inbox as Inbox
+from dblockrun.store.inbox import Listener as Listener
+from dblockrun.store.status import StatusSource
+
+if TYPE_CHECKING:
+    from dblockrun.store import models as m
+    from dblockrun.store.alerts import AlertStore
+    from dblockrun.store.control import Audit, ControlStore
+    from dblockrun.store.drain import DrainStore
+    from dblockrun.store.engine import LockEngine
+    from dblockrun.store.store import Store
+
+__all__ = ["Alerting", "Control", "FleetBookkeeping", "Inbox", "Listener", "StatusReading"]
+
+
+class StatusReading(StatusSource, Protocol):
+    """What status, history, ``plan`` and the pages read."""
+
+    #: The database URL and table prefix (as errors name them, redacted).
+    url: str
+    prefix: str
+
+    def db_now(self) -> float: ...
+
+    def fleet_key(self) -> bytes: ...
+
+    def job_names(self) -> list[str]: ...
+
+    def with_every_host(self, names: Sequence[str]) -> list[str]: ...
+
+    def lock_state(self, name: str) -> m.LockState | None: ...
+
+    def lock_states(self) -> tuple[dict[str, m.LockState], float]: ...
+
+    def hosts(self, seen_within: float | None = None) -> list[m.HostStatus]: ...
+
+    def history(self, job: str | None = None, limit: int = 20,
+                item: str | None = None, *, output: bool = True) -> list[m.RunRecord]: ...
+
+    def runs_between(self, start: float, end: float, limit: int) -> list[m.Span]: ...
+
+    def slot_records(self, job: str, first: float, last: float) -> list[m.SlotRecord]: ...
+
+
+class Control(StatusReading, Protocol):
+    """What operators' commands do; the pause, kill requests and the audit
+    trail through :attr:`control`, drains through :attr:`drains`."""
+
+    def disable(self, name: str, *, for_seconds: float | None = None, until: float | None = None,
+                reason: str | None = None, audit: Audit | None = None) -> m.Disabled: ...
+
+    def enable(self, name: str, audit: Audit | None = None) -> bool | None: ...
+
+    def request_run(self, name: str, audit: Audit | None = None) -> None: ...
+
+    def cancel_request(self, name: str, audit: Audit | None = None) -> bool | None: ...
+
+    def forget(self, rows: Sequence[str], audit: Audit | None = None
+               ) -> tuple[int, int] | None: ...
+
+    def force_unlock(self, name: str, audit: Audit | None = None) -> int | None: ...
+
+
+class FleetBookkeeping(Protocol):
+    """What a daemon's bookkeeping does."""
+
+    #: The lock engine: the round names a lock row whose token cannot be
+    #: claimed (``lock.bad_token``), once.
+    lock: LockEngine
+
+    @property
+    def control(self) -> ControlStore:
+        """Where the round starts to read the actions daemons log."""
+
+    @property
+    def drains(self) -> DrainStore:
+        """This host's drain, read when one is announced (daemon/drain.py)."""
+
+    def books_round(self, host_id: str, *, hostname: str, pid: int, version: str,
+                    clock_offset: float | None, running: int, jobs: str | None,
+                    within: float, labels: str | None = None,
+                    targets: str | None = None, heartbeat: float | None = None,
+                    audit_after: int = 0, fields: str | None = None) -> m.BooksRound: ...
+
+    def clock_sample(self) -> m.ClockSample: ...
+
+    def remove_host(self, host_id: str) -> None: ...
+
+    def hosts(self, seen_within: float | None = None) -> list[m.HostStatus]: ...
+
+    def host_fields(self, ids: list[str]) -> dict[str, str | None]: ...
+
+    def fleet_key(self) -> bytes: ...
+
+    def ensure_jobs(self, names: Iterable[str]) -> None: ...
+
+    def ensure_every_host(self, rows: Sequence[tuple[str, str]]) -> None: ...
+
+    def set_next_due(self, names_due: dict[str, float]) -> None: ...
+
+    def lock_state(self, name: str) -> m.LockState | None: ...
+
+    def lock_states(self) -> tuple[dict[str, m.LockState], float]: ...
+
+    def bad_tokens(self, names: Iterable[str]) -> list[tuple[str, int]]: ...
+
+    def sweep_lost(self, recorder: str = "?") -> list[m.LostRun]: ...
+
+    def held_gaps(self) -> list[m.HeldGap]: ...
+
+    def held_gaps_seen(self, gaps: Sequence[m.HeldGap]) -> None: ...
+
+    def record_slots_in(self, job: str, after: float,
+                        upto: float) -> tuple[set[float], list[tuple[float, float]]]: ...
+
+    def trim_pool(self) -> bool: ...
+
+
+
+class Alerting(Protocol):
+    """What notifications read and claim: each ``expect:`` alert and storm
+    claimed in the alerts ledger, so one host sends it."""
+
+    @property
+    def alerts(self) -> AlertStore: ...
+
+    def run(self, run_id: int) -> m.RunRecord | None: ...
+
+    def host_labels(self, host_id: str) -> str | None: ...
+
+    def previous_result(self, job: str, before_id: int) -> str | None: ...
+
+
+if TYPE_CHECKING:  # the store plays every role: mypy checks it here
+    def _plays(store: Store) -> tuple[StatusReading, Control, FleetBookkeeping, Alerting,
+                                      StatusSource]:
+        return store, store, store, store, store
