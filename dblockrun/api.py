@@ -321,10 +321,9 @@ class LockContext:
         log.info("lock %s is %s; not running", self.name, why)
 
     def _release_quietly(self, store: Store, holder: str, token: int) -> None:
-        until = time.monotonic() + _RELEASE_RETRY
         self._outage.retry(f"release {self.name}",
                            lambda: store.release(self.name, holder, token, self.lock_at_least),
-                           until)
+                           _RELEASE_RETRY)
 
     # -- exit -----------------------------------------------------------------
 
@@ -358,7 +357,7 @@ class LockContext:
             f"record result of {self.name}",
             lambda: store.finish_and_release(run_id, self.name, lease.holder, lease.token,
                                              result, None, output, self.lock_at_least),
-            time.monotonic() + _RELEASE_RETRY,
+            _RELEASE_RETRY,
         )
         if done is not None and not done[0]:
             log.warning("lock %s: run %d result not recorded: token %d is no longer current",

@@ -1,4 +1,5 @@
-"""The hot path's role (dblockrun/store/runstore.py) under test: the
+"""The hot path's role (dblockrun/store/runstore.py) and the held gaps'
+(dblockrun/store/roles.py: HeldGaps) under test: the
 in-memory store on a clock the test moves, or a real database on its own
 clock, behind one face, so that a contract test says once what both do.
 
@@ -17,6 +18,7 @@ from dblockrun.store.control import Audit
 from dblockrun.store.engine import Claim
 from dblockrun.store.memory import ManualClock, MemoryRunStore
 from dblockrun.store.models import Claimed
+from dblockrun.store.roles import HeldGaps
 from dblockrun.store.runstore import RunStore
 
 #: The longest a real database's clock is waited for (a lease of a second
@@ -49,10 +51,13 @@ class Record:
 
 class RoleUnderTest:
     """A :class:`RunStore` and what its contract does around it: claim,
-    switch a job off, read rows and records, let time pass."""
+    switch a job off, read rows and records, let time pass. ``gaps``: the
+    same store as the bookkeeping's :class:`HeldGaps`
+    (tests/test_heldgaps_contract.py)."""
 
     kind: str
     store: RunStore
+    gaps: HeldGaps
 
     def ensure(self, *names: str) -> None:
         raise NotImplementedError
@@ -104,7 +109,7 @@ class InMemory(RoleUnderTest):
     def __init__(self) -> None:
         self.clock = ManualClock()
         self.memory = MemoryRunStore(self.clock)
-        self.store = self.memory
+        self.store = self.gaps = self.memory
 
     def ensure(self, *names: str) -> None:
         self.memory.ensure_jobs(names)
@@ -148,7 +153,7 @@ class OnDatabase(RoleUnderTest):
     def __init__(self, kind: str, url: str, prefix: str) -> None:
         self.kind = kind
         self.full = Store(url, prefix)
-        self.store = self.full
+        self.store = self.gaps = self.full
 
     def ensure(self, *names: str) -> None:
         self.full.ensure_jobs(names)

@@ -58,31 +58,42 @@ def test_a_stuck_bookkeeping_round_does_not_delay_renewals(
 
 
 def test_a_renewal_asked_for_soon_after_another_comes_when_the_gap_ends(
-        memory_store: MemoryRunStore) -> None:
+        memory_store: MemoryRunStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """MySQL's wake-ups renew at once, at most every 0.5 s (a kill request
     is read by the renewal). A kill filed 0.3 s after a run's wake-up was
     dropped, and read only at the next heartbeat (30 s here): `kill
     --timeout 2s` failed. The second renewal now comes when the gap ends.
 
-    The renewer's timing on the memory store: a renewal's statement is the
-    role's contract on every database (tests/test_runstore_contract.py)."""
-    store = memory_store
+    The renewer's timing on the memory store and its manual clock (the
+    renewer schedules on its outage's clock): no real seconds pass. A
+    renewal's statement is the role's contract on every database
+    (tests/test_runstore_contract.py)."""
+    store, clock = memory_store, memory_store.clock
     store.ensure_jobs(["job"])
     won = store.claim("job", "me", 60)
     assert won is not None
     token = won.token
-    renewer = Renewer(store, 30.0, Outage())
+    at: list[float] = []  # when (the manual clock) each renewal came
+    real = store.renew_many
+
+    def renew_many(*args: Any, **kwargs: Any) -> dict[str, str | None]:
+        at.append(clock.now())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "renew_many", renew_many)
+    renewer = Renewer(store, 30.0, Outage(clock.now, clock.advance))
     watch = LeaseWatch("job", "me", token, 60)
     renewer.add(watch)
     renewer.start()
     try:
-        claimed = watch.last_ok
         renewer.renew_now(0.5)  # the run's wake-up
-        wait_for(lambda: watch.last_ok > claimed, 5, interval=0.02, what="the first renewal")
-        first = watch.last_ok
+        wait_for(lambda: len(at) == 1, 5, interval=0.01, what="the first renewal")
         renewer.renew_now(0.5)  # the kill's, within the gap
-        wait_for(lambda: watch.last_ok > first, 5, interval=0.02,
+        for _ in range(2):  # the gap's first half, then its end
+            clock.advance(0.25)
+            renewer.wake()
+        wait_for(lambda: len(at) == 2, 5, interval=0.01,
                  what="the second renewal, when the gap ended (not after a 30 s heartbeat)")
-        assert watch.last_ok - first >= 0.4  # not before the gap's end
+        assert at[1] - at[0] >= 0.5, at  # not before the gap's end
     finally:
         renewer.stop()

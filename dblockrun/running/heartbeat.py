@@ -89,10 +89,15 @@ class Renewer:
         self._worker = Loop(threads, "heartbeat", Policy(max_delay=heartbeat,
                                                          give_up=3 * heartbeat),
                             self._loop, wake=self._kick)
-        #: When the next round starts (monotonic); a restart after a crash
+        #: The rounds' schedule is on the outage's clock (the delays it backs
+        #: off by are in its seconds; a test's manual clock); a renewal's
+        #: send time, which the lease counts from, stays ``time.monotonic()``
+        #: (the spawn service's lifeline shares it).
+        self._clock = outage.clock
+        #: When the next round starts (on the clock); a restart after a crash
         #: finds it passed and renews at once.
         self._next_at = 0.0
-        #: No extra renewal (:meth:`renew_now`) before this (time.monotonic()).
+        #: No extra renewal (:meth:`renew_now`) before this (on the clock).
         self._extra_after = 0.0
         #: When the extra renewal asked for is due (None: none asked for).
         self._extra_at: float | None = None
@@ -102,7 +107,7 @@ class Renewer:
         self._suspects: list[LiveOutput] | None = None
 
     def start(self) -> None:
-        self._next_at = time.monotonic() + self.heartbeat
+        self._next_at = self._clock() + self.heartbeat
         self._worker.start()
 
     def stop(self) -> None:
@@ -121,13 +126,18 @@ class Renewer:
         that a kill soon after a run is still read at once. One asked for
         within ``gap`` of the last comes when the gap ends, not dropped: a
         kill filed 0.3 s after a run's wake-up waited a whole heartbeat."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             at = max(now, self._extra_after)
             if self._extra_at is not None and self._extra_at <= at:
                 return  # one is on its way, no later
             self._extra_at = at
             self._extra_after = at + (self.heartbeat if gap is None else gap)
+        self._kick.set()
+
+    def wake(self) -> None:
+        """Look at the clock again now: a manual clock was moved (a round
+        due by then comes at once, not after the wait in real seconds)."""
         self._kick.set()
 
     def add(self, watch: LeaseWatch) -> None:
@@ -154,11 +164,11 @@ class Renewer:
             with self._lock:
                 due = self._next_at if self._extra_at is None else min(self._next_at,
                                                                        self._extra_at)
-            self._kick.wait(max(0.0, due - time.monotonic()))
+            self._kick.wait(max(0.0, due - self._clock()))
             self._kick.clear()
             if self._worker.stopping:
                 return
-            began = time.monotonic()
+            began = self._clock()
             with self._lock:
                 extra = self._extra_at is not None and began >= self._extra_at
                 if extra:

@@ -377,7 +377,7 @@ class JobRun:
         if run_id is not None:
             ctx.outage.retry(f"record the start of {self.job.name}",
                              lambda: ctx.store.run_admitted(run_id),
-                             self.watch.fence_at(ctx.kill_grace + 1))
+                             self._lease_left(ctx.kill_grace + 1))
         self.deadline = time.monotonic() + self.job.lock_at_most
         log.info("job %s: the waiting slot starts (it waited for %s)", self.job.name,
                  self._waits_for, extra={"job": self.job.name})
@@ -392,7 +392,7 @@ class JobRun:
 
         job, ctx, run_id, token = self.job, self.ctx, self.run_id, self.token
         ctx.renewer.remove(self.watch)
-        until = time.monotonic() + 30
+        within = 30.0
         if cause is not None and ctx.book is not None:
             book, now = ctx.book, ctx.now()
             plan = single(self.slot if self.slot is not None else now, cause, reason)
@@ -401,7 +401,7 @@ class JobRun:
                 book.claimed(job, plan, token, run_id, now)
                 return True
 
-            self._released = ctx.outage.retry(f"record {job.name}", record, until) is not None
+            self._released = ctx.outage.retry(f"record {job.name}", record, within) is not None
             self._end()
             return
         result = m.KILLED if cause is None else single(0.0, cause, reason).result
@@ -409,7 +409,7 @@ class JobRun:
             both = ctx.outage.retry(
                 f"record {job.name}", lambda: ctx.store.finish_and_release(
                     run_id, job.name, ctx.holder, token, result, None, reason + "\n"),
-                until)
+                within)
             self._released = both is not None
         log.warning("job %s: waiting slot %s: %s", job.name, run_id, reason,
                     extra={"job": job.name})
@@ -451,6 +451,12 @@ class JobRun:
         return self.watch.lost or time.monotonic() >= self.watch.fence_at(
             fence_margin(ctx.lease, ctx.kill_grace))
 
+    def _lease_left(self, margin: float) -> float:
+        """The seconds until the lease's fence (``margin`` before it ran
+        out): a retry's budget, counted on the machine's clock as the
+        lease is (the spawn service shares its stamps)."""
+        return self.watch.fence_at(margin) - time.monotonic()
+
     def _attempt(self, attempt: int) -> None:
         """Record the attempt (unless the claim did) and start the command,
         never under a lease that ran out meanwhile (a daemon frozen between
@@ -471,7 +477,7 @@ class JobRun:
                 lambda: ctx.store.start_run(job.name, ctx.holder, token=self.token,
                                             slot=self.slot, attempt=attempt,
                                             origin=self.origin),
-                self.watch.fence_at(ctx.kill_grace + 1))
+                self._lease_left(ctx.kill_grace + 1))
             if run_id is None:
                 log.error("job %s: could not record the run; not starting it", job.name)
                 self._end()
@@ -616,7 +622,7 @@ class JobRun:
         job, ctx = self.job, self.ctx
         result = result_of(outcome)
         code = shell_status(outcome.exit_code)
-        store, what, until = ctx.store, f"record result of {job.name}", time.monotonic() + 60
+        store, what, within = ctx.store, f"record result of {job.name}", 60.0
         written: bool | None
         item = self.item
         if release:
@@ -625,7 +631,7 @@ class JobRun:
                 result, code, output, job.lock_at_least, took)) if item is not None else
                 lambda: store.finish_and_release(
                 run_id, self.lock, ctx.holder, self.token, result, code, output,
-                self.least, seat=self.watch.seat, took=took), until)
+                self.least, seat=self.watch.seat, took=took), within)
             written = None if both is None else both[0]
             self._released = self._seat_released = both is not None
             if self._released:
@@ -633,7 +639,7 @@ class JobRun:
         else:
             written = ctx.outage.retry(what, (lambda: item.finish(result, code, output, took))
                                        if item is not None else lambda: store.finish_run(
-                run_id, self.lock, self.token, result, code, output, took=took), until)
+                run_id, self.lock, self.token, result, code, output, took=took), within)
         if written is False:
             log.warning("job %s: run %d result not recorded: token %d is no longer current",
                         job.name, run_id, self.token)
@@ -644,7 +650,7 @@ class JobRun:
                          (lambda: item.release(job.lock_at_least)) if item is not None else
                          lambda: ctx.store.release(self.lock, ctx.holder, self.token,
                                                    self.least),
-                         time.monotonic() + 30)
+                         30.0)
         self._prune()
 
     def _release_seat(self, seat: tuple[str, int]) -> None:
@@ -652,7 +658,7 @@ class JobRun:
         ctx = self.ctx
         ctx.outage.retry(f"release {seat[0]}",
                          lambda: ctx.store.release_seat(seat, ctx.holder),
-                         time.monotonic() + 30)
+                         30.0)
 
     def _prune(self) -> None:
         job, ctx = self.job, self.ctx
@@ -674,7 +680,7 @@ class JobRun:
             if ctx.outage.retry(f"disable {job.name}",
                                 lambda: store.disable(job.name, for_seconds=disable_for,
                                                       reason=reason),
-                                time.monotonic() + 30) is not None:
+                                30.0) is not None:
                 log.warning("job %s: disabled for %gs after failure", job.name, disable_for)
         if job.on_failure.command is None:
             self._end()

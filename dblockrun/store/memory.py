@@ -17,8 +17,9 @@ Not modelled (they stay with the databases and their tests): batch claims
 (``claim_batch``: SKIP LOCKED, its chunks), fan-out items, group seats'
 claims (their release is), the claims of ``exec`` and the API that record
 a dead holder's run lost first (``Claim.check``: the schema version and
-the lost sweep), the bookkeeping (lost runs, held gaps' reading, hosts),
-transactions cut short, and a store that is away: no call here raises
+the lost sweep), the rest of the bookkeeping (lost runs, hosts: the held
+gaps are here, :class:`~dblockrun.store.roles.HeldGaps`), transactions
+cut short, and a store that is away: no call here raises
 :class:`~dblockrun.errors.DatabaseError`. Triggers exist only once
 :meth:`MemoryRunStore.add_trigger` made them (``make_triggers`` is not in
 the role).
@@ -27,11 +28,21 @@ the role).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from dblockrun.store.engine import Claim
-from dblockrun.store.models import OK, RUNNING, WAITING, Claimed, Trigger, token_usable
+from dblockrun.store.models import (
+    OK,
+    RUNNING,
+    WAITING,
+    Claimed,
+    ClockSample,
+    HeldGap,
+    Trigger,
+    token_usable,
+)
 
 #: A fixed start, so that logic tests read the same times on every run
 #: (2027-01-15 08:00:00 UTC, a whole minute).
@@ -414,6 +425,48 @@ class MemoryRunStore:
                                     result if results is None else results[i], finished=now,
                                     output=text, covers_from=covers_from))
             return True
+
+    # -- the held gaps (dblockrun.store.roles.HeldGaps) ---------------------------------
+
+    def held_gaps(self) -> list[HeldGap]:
+        """:meth:`Queries.held_gaps <dblockrun.store.queries.Queries.held_gaps>`."""
+        with self._lock:
+            return [HeldGap(row.name, row.token, row.prev_slot, row.prev_until,
+                            row.last_slot if row.last_slot is not None else row.prev_slot)
+                    for row in self._locks.values()
+                    if row.prev_until is not None and row.prev_slot is not None]
+
+    def held_gaps_seen(self, gaps: Sequence[HeldGap]) -> None:
+        """:meth:`Queries.held_gap_seen <dblockrun.store.queries.Queries.held_gap_seen>`."""
+        with self._lock:
+            for gap in gaps:
+                row = self._locks.get(gap.name)
+                if row is not None and row.token == gap.token:
+                    row.prev_until = None
+
+    def record_slots_in(self, job: str, after: float,
+                        upto: float) -> tuple[set[float], list[tuple[float, float]]]:
+        """As :meth:`Store.record_slots_in <dblockrun.store.store.Store.record_slots_in>`."""
+        slots: set[float] = set()
+        ranges: list[tuple[float, float]] = []
+        with self._lock:
+            for run in self._runs.values():
+                if (run.job != job or run.item is not None or run.slot is None
+                        or run.slot <= after
+                        or (run.covers_from if run.covers_from is not None else run.slot) > upto):
+                    continue
+                if run.covers_from is not None:
+                    ranges.append((run.covers_from, run.slot))
+                if run.slot <= upto:
+                    slots.add(run.slot)
+        return slots, ranges
+
+    def clock_sample(self) -> ClockSample:
+        """The clock read once, as :class:`~dblockrun.running.heartbeat.DbClock`
+        takes it (no round trip): a clock fed from it reads this one's time
+        then, moving on in real seconds."""
+        now = self.clock.now()
+        return ClockSample(now, now - time.time(), now - time.monotonic(), 0.0)
 
     def record_trigger(self, trigger: Trigger, host: str, result: str,
                        output: str) -> int | None:

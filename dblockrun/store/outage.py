@@ -38,18 +38,29 @@ def describe(exc: BaseException) -> str:
 
 
 class Outage:
-    """Tracks whether the database is answering, for logs, health and backoff."""
+    """Tracks whether the database is answering, for logs, health and backoff.
 
-    def __init__(self, min_delay: float = 0.5, max_delay: float = 10.0) -> None:
+    ``clock`` (``time.monotonic``-like) and ``sleep`` are when it is and how
+    the retry's backoff waits: the real ones, or a test's manual clock
+    (dblockrun/store/memory.py: ``Outage(clock.now, clock.advance)``), so
+    that a test of an outage waits no real seconds. Its delays, ``last_ok``
+    and :meth:`retry`'s budget are in this clock's seconds; the renewer
+    schedules its rounds on it too (it backs off by the delays it gets)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], object] = time.sleep,
+                 min_delay: float = 0.5, max_delay: float = 10.0) -> None:
+        self.clock = clock
+        self._sleep = sleep
         self._lock = threading.Lock()
         self._since: float | None = None
         self._failures = 0
-        self.last_ok = time.monotonic()
+        self.last_ok = clock()
         self.min_delay = min_delay
         self.max_delay = max_delay
         self.errors = 0
         #: The session holding rows, as last logged, and when a statement last
-        #: waited on it (monotonic).
+        #: waited on it (on the clock).
         self._holder: str | None = None
         self._held_seen = 0.0
         self._held_since = 0.0
@@ -64,7 +75,7 @@ class Outage:
             self.errors += 1
             self._failures += 1
             if getattr(exc, "kind", "") == "lock-held":
-                now = time.monotonic()
+                now = self.clock()
                 holder = getattr(exc, "holder", None) or "?"
                 if holder != self._holder:
                     self._holder, self._held_since = holder, now
@@ -72,14 +83,14 @@ class Outage:
                 self._held_seen = now
                 return min(self.max_delay, self.min_delay * 2.0 ** min(self._failures - 1, 10))
             if self._since is None:
-                self._since = time.monotonic()
+                self._since = self.clock()
                 log.error("%s (%s): %s; retrying with backoff", describe(exc), what, exc)
             delay: float = self.min_delay * 2.0 ** min(self._failures - 1, 10)
             return min(self.max_delay, delay)
 
     def ok(self) -> None:
         with self._lock:
-            self.last_ok = time.monotonic()
+            self.last_ok = self.clock()
             if self._since is not None:
                 log.warning("database back after %.1fs", self.last_ok - self._since)
             self._since = None
@@ -91,11 +102,12 @@ class Outage:
                             self._held_seen - self._held_since)
                 self._holder = None
 
-    def retry(self, what: str, fn: Callable[[], R], until: float) -> R | None:
-        """Call ``fn`` until it answers or monotonic ``until`` would pass,
-        backing off between tries (the run lifecycle's one retry loop:
+    def retry(self, what: str, fn: Callable[[], R], within: float) -> R | None:
+        """Call ``fn`` until it answers or ``within`` seconds from now would
+        pass, backing off between tries (the run lifecycle's one retry loop:
         recording a run, its result, a release). ``fn``'s answer, or None
         after the last try failed (logged as part of the outage)."""
+        until = self.clock() + within
         while True:
             try:
                 result = fn()
@@ -103,7 +115,7 @@ class Outage:
                 return result
             except DatabaseError as exc:
                 delay = self.failed(what, exc)
-                if time.monotonic() + delay > until:
+                if self.clock() + delay > until:
                     log.warning("%s: gave up: %s", what, exc)
                     return None
-                time.sleep(delay)
+                self._sleep(delay)

@@ -94,7 +94,29 @@ class Control(StatusReading, Protocol):
     def force_unlock(self, name: str, audit: Audit | None = None) -> int | None: ...
 
 
-class FleetBookkeeping(Protocol):
+class HeldGaps(Protocol):
+    """What the bookkeeping reads and marks of the held gaps: the slots a
+    claim moved a job on over while a lock (a dead holder's, a lock-at-least
+    window, a retry's delay) kept them from every host (``FleetBooks``'
+    ``held_slots``; recorded through the slot book, :class:`RunStore`'s
+    ``record_slots`` with ``gap_of``). The in-memory store plays it too
+    (dblockrun/store/memory.py; tests/test_heldgaps_contract.py)."""
+
+    def held_gaps(self) -> list[m.HeldGap]:
+        """The rows whose last slot claim moved on from ``after`` (the slot
+        before) over a lock held a second or more past it, not looked at yet."""
+
+    def held_gaps_seen(self, gaps: Sequence[m.HeldGap]) -> None:
+        """Mark ``gaps`` looked at, each while its claim's token is still the
+        row's (a later claim's gap stays)."""
+
+    def record_slots_in(self, job: str, after: float,
+                        upto: float) -> tuple[set[float], list[tuple[float, float]]]:
+        """The slots in (``after``, ``upto``] the job has a record of, and
+        the ranges (first, last) of its summary records that reach into it."""
+
+
+class FleetBookkeeping(HeldGaps, Protocol):
     """What a daemon's bookkeeping does."""
 
     #: The lock engine: the round names a lock row whose token cannot be
@@ -138,13 +160,6 @@ class FleetBookkeeping(Protocol):
     def bad_tokens(self, names: Iterable[str]) -> list[tuple[str, int]]: ...
 
     def sweep_lost(self, recorder: str = "?") -> list[m.LostRun]: ...
-
-    def held_gaps(self) -> list[m.HeldGap]: ...
-
-    def held_gaps_seen(self, gaps: Sequence[m.HeldGap]) -> None: ...
-
-    def record_slots_in(self, job: str, after: float,
-                        upto: float) -> tuple[set[float], list[tuple[float, float]]]: ...
 
     def trim_pool(self) -> bool: ...
 
