@@ -245,3 +245,62 @@ def test_a_holders_leases_renew_in_one_statement(store: Store) -> None:
             assert lock.lock_until is not None and lock.lock_until > store.db_now() + 50
         else:
             assert lock.lock_until == old.lock_until
+
+
+def test_runs_ending_at_once_end_in_one_statement_each_as_alone(store: Store,
+                                                                 backend: str) -> None:
+    """The ends of runs on several threads at once go in one statement
+    (dblockrun/store/executor.py: Together), each written and released as alone: a
+    fenced run's end changes nothing, and lock-at-least is each run's own."""
+    if backend == "sqlite":
+        pytest.skip("SQLite is embedded: each end alone, no round trip to share")
+    names = [f"job-{i}" for i in range(6)]
+    store.ensure_jobs(names)
+    won = {name: store.claim_and_record(name, "h1", 30) for name in names}
+    assert all(w is not None and w.run_id is not None for w in won.values())
+    store.force_unlock("job-0")  # fenced: another host holds it now
+    taken = store.claim("job-0", "h2", 30)
+    assert taken is not None
+    engine = store.lock_engine()
+    real_send, gate = engine._ends._send_many, threading.Event()
+    sends: list[int] = []
+
+    def held_first(ends: object) -> object:
+        sends.append(len(ends))  # type: ignore[arg-type]
+        if len(sends) == 1:  # the first send waits for every other end to queue
+            gate.wait(10)
+        return real_send(ends)  # type: ignore[arg-type]
+
+    engine._ends._send_many = held_first  # type: ignore[assignment]
+    got: dict[str, tuple[bool, bool]] = {}
+
+    def end(name: str, least: float) -> None:
+        w = won[name]
+        assert w is not None and w.run_id is not None
+        got[name] = store.finish_and_release(w.run_id, name, "h1", w.token, m.OK, 0,
+                                             f"out {name}", least, took=0.5)
+
+    threads = [threading.Thread(target=end, args=(name, 60.0 if name == "job-5" else 0.0))
+               for name in names]
+    threads[0].start()
+    wait_for(lambda: len(sends) == 1, 10)
+    for t in threads[1:]:
+        t.start()
+    wait_for(lambda: len(engine._ends._waiting) == len(names) - 1, 10)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert got["job-0"] == (False, False)
+    assert all(got[name] == (True, True) for name in names[1:])
+    assert sends == [1, len(names) - 1]
+    for name in names[1:]:
+        w = won[name]
+        assert w is not None and w.run_id is not None
+        run = store.run(w.run_id)
+        assert run is not None and (run.result, run.output) == (m.OK, f"out {name}")
+        assert run.finished is not None and abs(run.finished - run.started - 0.5) < 0.01
+    lock = store.lock_state("job-0")
+    assert lock is not None and lock.holder == "h2" and lock.token == taken
+    # Released (the next claim wins), but job-5 keeps its lock-at-least.
+    assert store.claim("job-1", "h3", 30) is not None
+    assert store.claim("job-5", "h3", 30) is None

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from dblockrun.errors import DatabaseError, SchemaTooNew
 from dblockrun.store.drivers import is_kill_refused
-from dblockrun.store.executor import Executor
+from dblockrun.store.executor import Executor, Together
 from dblockrun.store.models import (
     CLAIM_TOLERANCE,
     RUNNING,
@@ -138,6 +138,31 @@ def on_engine(method: Callable[Concatenate[LockEngine, P], T]) -> Callable[Conca
     return call
 
 
+class RunEnd(NamedTuple):
+    """A run's result and its lock's release (:meth:`LockEngine.finish_and_release`)."""
+
+    run_id: int
+    job: str
+    holder: str
+    token: int
+    result: str
+    exit_code: int | None
+    output: str | None
+    least: float
+    took: float | None
+
+
+def end_params(ends: Sequence[RunEnd]) -> dict[str, Any]:
+    """The parameters of :meth:`Queries.ends <dblockrun.store.queries.Queries.ends>`."""
+    params: dict[str, Any] = {}
+    for i, end in enumerate(ends):
+        for (_name, stem, _kind), value in zip(Queries.END_COLUMNS, (
+                end.run_id, end.job, end.holder, end.token, end.result, end.exit_code,
+                end.output, end.took, end.least), strict=True):
+            params[f"{stem}{i}"] = value
+    return params
+
+
 class LockEngine:
     """The hot statements of one database and table prefix."""
 
@@ -148,6 +173,9 @@ class LockEngine:
         executor.held_by = self.q.held_by
         self._texts: dict[Any, str] = {}
         self._bad_logged: set[str] = set()
+        #: The runs' ends (result and release), those at the same moment together.
+        self._ends: Together[RunEnd, tuple[bool, bool]] = Together(
+            self._finish_and_release_many)
 
     @property
     def statements(self) -> int:
@@ -589,35 +617,62 @@ class LockEngine:
                            took: float | None = None) -> tuple[bool, bool]:
         """:meth:`finish_run` and :meth:`release` in one round trip:
         (result written, released); ``seat``: also free the group seat the
-        run held (dblockrun/scheduling/limits.py), in the same round trip."""
+        run held (dblockrun/scheduling/limits.py), in the same round trip.
+        The ends of runs on other threads at the same moment go in the same
+        statement (:class:`~dblockrun.store.executor.Together`): a burst's
+        runs end together."""
         if self.dialect == "sqlite":  # embedded: two statements, no round trip
             done = (self.finish_run(run_id, job, token, result, exit_code, output, took),
                     self.release(job, holder, token, lock_at_least))
             if seat is not None:
                 self.release_seat(seat, holder)
             return done
-        params: dict[str, Any] = {
-            "run_id": run_id, "name": job, "holder": holder, "token": token, "result": result,
-            "code": exit_code, "output": output, "least": float(lock_at_least), "took": took}
-        sql = self.q.finish_and_release
+        end = RunEnd(run_id, job, holder, token, result, exit_code, output,
+                     float(lock_at_least), took)
         if seat is not None:
-            sql = self.q.finish_release_seat
-            params.update(seat=seat[0], seat_token=seat[1])
+            return self._finish_release_seat(end, seat)
+        return self._ends(end)
+
+    def _finish_and_release_many(self, ends: Sequence[RunEnd]) -> list[tuple[bool, bool]]:
+        """The results and releases of ``ends``: one statement."""
+        sql, params = self._text("finish_and_release", len(ends)), end_params(ends)
+        if self.dialect == "postgresql":
+            rows = self.x.run(lambda cur: self.x.send(cur, sql, params).fetchall())
+            done = {int(run_id): (bool(written), bool(released))
+                    for run_id, written, released in rows}
+            return [done.get(end.run_id, (False, False)) for end in ends]
+        matched = self.x.run(lambda cur: int(self.x.send(cur, sql, params).rowcount))
+        if matched == 2 * len(ends):
+            return [(True, True)] * len(ends)
+        if len(ends) > 1:
+            # Not all written (a token moved on): each again alone, to know
+            # which (writing again what was written changes nothing).
+            return [self._finish_and_release_many([end])[0] for end in ends]
+        # No run row to join (pruned by hand?): the release alone decides.
+        end = ends[0]
+        return [(False, self.release(end.job, end.holder, end.token, end.least))]
+
+    def _finish_release_seat(self, end: RunEnd,
+                             seat: tuple[str, int]) -> tuple[bool, bool]:
+        params = {**end_params([end]), "holder": end.holder, "seat": seat[0],
+                  "seat_token": seat[1]}
+        if self.dialect == "postgresql":
+            params.update(run_id=end.run_id, name=end.job, token=end.token, result=end.result,
+                          code=end.exit_code, output=end.output, least=end.least, took=end.took)
 
         def go(cur: Any) -> tuple[bool, bool]:
-            self.x.send(cur, sql, params)
+            self.x.send(cur, self.q.finish_release_seat, params)
             if self.dialect == "postgresql":
                 written, released = cur.fetchone()
                 return int(written) == 1, int(released) == 1
             both = cur.rowcount == 2
-            if seat is not None:
-                cur.nextset()  # past the seat's release
+            cur.nextset()  # past the seat's release
             return both, both
 
         written, released = self.x.run(go)
         if not released and self.dialect == "mysql":
             # No run row to join (pruned by hand?): the release alone decides.
-            released = self.release(job, holder, token, lock_at_least)
+            released = self.release(end.job, end.holder, end.token, end.least)
         return written, released
 
     def run_waits(self, run_id: int, output: str) -> bool:

@@ -19,13 +19,20 @@ An executor hands ``fn`` a driver cursor and runs it under the policy:
 (the daemon, the API, the operator commands); :class:`DirectExecutor` keeps
 one driver connection of its own (``exec``, which never imports SQLAlchemy).
 Every call of :meth:`Executor.send` is one round trip, and counted.
+
+:class:`Together`: calls made from many threads at once, sent as one (a
+group commit). A burst of runs ends on the run loop's workers at the same
+moment, each with its result and release to write: rather than one
+statement each, the first caller sends its own and every call that arrived
+meanwhile in one statement, and the others wait for its answer. A lone call
+goes at once; nothing waits for company.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from dblockrun.errors import DatabaseError
 from dblockrun.store.drivers import Driver, db_error, holder_text, is_deadlock, is_lock_wait
@@ -226,3 +233,68 @@ def _close_quietly(conn: Any) -> None:
         conn.close()
     except Exception:  # closing a dead connection
         pass
+
+
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+class _Call(Generic[A, R]):
+    __slots__ = ("arg", "result", "error", "finished", "wake")
+
+    def __init__(self, arg: A) -> None:
+        self.arg = arg
+        self.result: R | None = None
+        self.error: BaseException | None = None
+        self.finished = False
+        self.wake = threading.Event()
+
+
+class Together(Generic[A, R]):
+    """``send_many(args)`` returns one result per argument, in order; a
+    call's result (or the exception of the send it went in) is its own.
+
+    One caller at a time sends (the leader): it takes every call waiting,
+    its own among them; when its send returns, the oldest call that came in
+    meanwhile leads the next send. So each call waits at most for one send
+    before its own, and no thread serves others' calls once its own is done."""
+
+    def __init__(self, send_many: Callable[[Sequence[A]], Sequence[R]]) -> None:
+        self._send_many = send_many
+        self._lock = threading.Lock()
+        self._waiting: list[_Call[A, R]] = []
+        self._sending = False
+
+    def __call__(self, arg: A) -> R:
+        me: _Call[A, R] = _Call(arg)
+        with self._lock:
+            self._waiting.append(me)
+            lead = not self._sending
+            self._sending = True
+        if not lead:
+            me.wake.wait()
+        if not me.finished:  # the first, or woken to lead the next send
+            self._lead()
+        if me.error is not None:
+            raise me.error
+        return me.result  # type: ignore[return-value]
+
+    def _lead(self) -> None:
+        with self._lock:
+            batch, self._waiting = self._waiting, []
+        try:
+            results = self._send_many([call.arg for call in batch])
+            for call, result in zip(batch, results, strict=True):
+                call.result = result
+        except BaseException as exc:  # each caller decides (retries, or gives up)
+            for call in batch:
+                call.error = exc
+        for call in batch:
+            call.finished = True
+        with self._lock:
+            following = self._waiting[0] if self._waiting else None
+            self._sending = following is not None
+        for call in batch:
+            call.wake.set()
+        if following is not None:
+            following.wake.set()

@@ -185,9 +185,11 @@ class Queries:
         """The SET list of a renewal."""
         return f"lock_until = ({self.now} + {self.p('lease')}), renewed_at = {self.now}"
 
-    def released(self, table: str) -> str:
-        """The SET of a release: the lease ends now, not before ``locked_at + least``."""
-        return f"lock_until = {self.greatest}({self.now}, {table}.locked_at + {self.p('least')})"
+    def released(self, table: str, least: str | None = None) -> str:
+        """The SET of a release: the lease ends now, not before ``locked_at +
+        least`` (default: the parameter ``least``)."""
+        least = self.p("least") if least is None else least
+        return f"lock_until = {self.greatest}({self.now}, {table}.locked_at + {least})"
 
     # -- the one claim predicate ------------------------------------------------
 
@@ -607,16 +609,44 @@ class Queries:
         return (f"UPDATE {locks} SET {self.released(locks)} WHERE {locks}.name = {p('name')} "
                 f"AND {locks}.holder = {p('holder')} AND {locks}.token = {p('token')}")
 
-    def run_result(self, table: str = "") -> str:
+    def run_result(self, table: str = "", values: str | None = None) -> str:
         """The SET list of a run's end: it ended ``took`` seconds (its
         command's duration, measured by the daemon) after its start, not
         when the write got through (an outage may hold it back for a
-        minute); with ``took`` NULL, now."""
+        minute); with ``took`` NULL, now. ``values``: taken from the columns
+        of that table (:meth:`ends`), not from the parameters."""
         t = f"{table}." if table else ""
-        p = self.p
-        ended = f"COALESCE({t}started + CAST({p('took')} AS {self.double}), {self.now})"
-        return (f"{t}finished = {ended}, {t}exit_code = {p('code')}, "
-                f"{t}result = {p('result')}, {t}output = {p('output')}")
+
+        def v(name: str) -> str:
+            return self.p(name) if values is None else f"{values}.{name}"
+
+        ended = f"COALESCE({t}started + CAST({v('took')} AS {self.double}), {self.now})"
+        return (f"{t}finished = {ended}, {t}exit_code = {v('code')}, "
+                f"{t}result = {v('result')}, {t}output = {v('output')}")
+
+    #: The columns of :meth:`ends` (each run's end), their parameters' stems
+    #: (``r0``, ``n0``...) and their types.
+    END_COLUMNS = (("run_id", "r", "BIGINT"), ("name", "n", "TEXT"), ("holder", "h", "TEXT"),
+                   ("token", "t", "BIGINT"), ("result", "x", "TEXT"), ("code", "c", "INTEGER"),
+                   ("output", "o", "TEXT"), ("took", "d", "DOUBLE PRECISION"),
+                   ("least", "a", "DOUBLE PRECISION"))
+
+    def ends(self, count: int) -> str:
+        """The ends of ``count`` runs (their results and releases) as rows
+        of a derived table, from the parameters ``r0``, ``n0``... (each
+        typed: a column of NULLs is still a number)."""
+        rows = []
+        for i in range(count):
+            cells = (self.typed(self.p(f"{stem}{i}"), kind) for _name, stem, kind in
+                     self.END_COLUMNS)
+            rows.append("SELECT " + ", ".join(
+                f"{cell} AS {name}" for cell, (name, _s, _k) in zip(
+                    cells, self.END_COLUMNS, strict=True)))
+        return " UNION ALL ".join(rows)
+
+    @staticmethod
+    def typed(value: str, kind: str) -> str:
+        return f"CAST({value} AS {kind})"
 
     def finish_run(self, fenced: bool) -> str:
         """A run's end; ``fenced``: only while the job's lock has its token."""
@@ -625,11 +655,22 @@ class Queries:
         return text + (f" AND EXISTS (SELECT 1 FROM {locks} WHERE {locks}.name = {p('name')} "
                        f"AND {locks}.token = {p('token')})" if fenced else "")
 
-    @cached_property
-    def finish_and_release(self) -> str:
-        """The result and the release in one statement; row: (written, released)."""
-        return self.counted(f"{self.finish_run(True)} RETURNING {self.runs}.id",
-                            f"{self.release} RETURNING {self.locks}.name")
+    def finish_and_release(self, count: int) -> str:
+        """The results and the releases of ``count`` runs (:meth:`ends`) in
+        one statement, each as one run's alone: its result only while its
+        job's lock has its token, its release only while the holder holds
+        it with that token. Rows: (run id, written, released), one a run."""
+        locks, runs = self.locks, self.runs
+        result = (f"UPDATE {runs} SET {self.run_result(values='v')} FROM v "
+                  f"WHERE {runs}.id = v.run_id AND EXISTS (SELECT 1 FROM {locks} "
+                  f"WHERE {locks}.name = v.name AND {locks}.token = v.token) "
+                  f"RETURNING {runs}.id")
+        release = (f"UPDATE {locks} SET {self.released(locks, 'v.least')} FROM v "
+                   f"WHERE {locks}.name = v.name AND {locks}.holder = v.holder "
+                   f"AND {locks}.token = v.token RETURNING v.run_id")
+        return (f"WITH v AS ({self.ends(count)}), r AS ({result}), l AS ({release}) "
+                "SELECT v.run_id, v.run_id IN (SELECT id FROM r), "
+                "v.run_id IN (SELECT run_id FROM l) FROM v")
 
     @cached_property
     def seat_release(self) -> str:
@@ -640,7 +681,8 @@ class Queries:
 
     @cached_property
     def finish_release_seat(self) -> str:
-        """:attr:`finish_and_release` and the run's seat freed, in one statement."""
+        """A run's result and release (as :meth:`finish_and_release`) and its
+        seat freed, in one statement."""
         locks, runs = self.locks, self.runs
         return (f"WITH r AS ({self.finish_run(True)} RETURNING {runs}.id), "
                 f"l AS ({self.release} RETURNING {locks}.name), "
@@ -1073,19 +1115,25 @@ class MysqlQueries(Queries):
         return (f"UPDATE {items} SET {self.lease} WHERE {mine}; "
                 f"SELECT {items}.item_key, {self.kill_of(items)} FROM {items} WHERE {mine}")
 
-    @cached_property
-    def finish_and_release(self) -> str:
-        """One multi-table UPDATE: 2 matched rows when both were written."""
-        locks, runs, p = self.locks, self.runs, self.p
-        return (f"UPDATE {runs} r JOIN {locks} l ON l.name = {p('name')} "
-                f"AND l.holder = {p('holder')} AND l.token = {p('token')} "
-                f"SET {self.run_result('r')}, l.{self.released('l')} WHERE r.id = {p('run_id')}")
+    def finish_and_release(self, count: int) -> str:
+        """One multi-table UPDATE of ``count`` runs (:meth:`ends`): twice
+        ``count`` matched rows when every result and release was written."""
+        locks, runs = self.locks, self.runs
+        return (f"UPDATE {runs} r JOIN ({self.ends(count)}) v ON r.id = v.run_id "
+                f"JOIN {locks} l ON l.name = v.name AND l.holder = v.holder "
+                f"AND l.token = v.token "
+                f"SET {self.run_result('r', 'v')}, l.{self.released('l', 'v.least')}")
+
+    @staticmethod
+    def typed(value: str, kind: str) -> str:
+        """(The server types the inlined values itself.)"""
+        return value
 
     @cached_property
     def finish_release_seat(self) -> str:
-        """The result with the release, then the seat's release: two results
-        of one round trip."""
-        return f"{self.finish_and_release}; {self.seat_release}"
+        """The result with the release (one run's :meth:`ends`), then the
+        seat's release: two results of one round trip."""
+        return f"{self.finish_and_release(1)}; {self.seat_release}"
 
     def items_finish_and_release(self, count: int) -> str:
         """The result, then the release: two results of one round trip."""
