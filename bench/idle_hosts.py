@@ -56,13 +56,14 @@ from fleet_scale import backend_cpu, pooler, transactions
 
 from dblockrun.config.load import load_jobs
 from dblockrun.daemon.fleet import FleetBooks
+from dblockrun.daemon.registry import Runs
+from dblockrun.daemon.state import DaemonState, Settings
+from dblockrun.daemon.wakeup import Signals
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Events
-from dblockrun.metrics import Metrics
-from dblockrun.running.heartbeat import DbClock
 from dblockrun.running.slotbook import SlotBook
+from dblockrun.scheduling.targeting import LocalJobs
 from dblockrun.store import Store
-from dblockrun.store.outage import Outage
 from dblockrun.store.status import ROUND_EVERY
 
 HEARTBEAT = 10.0
@@ -110,11 +111,14 @@ def run_slice(url: str, jobs_path: str, hosts: range, total: int, began: float,
             sent[0] += 1
 
     sa.event.listen(store.engine, "before_cursor_execute", core)
-    events = Events()
-    books = {i: FleetBooks(store, f"sim-{i}:{i}:bench", HEARTBEAT, DbClock(), Outage(),
-                           Metrics(), lambda: jobs_of, lambda: 0, None,
-                           book=SlotBook(store, f"sim-{i}:{i}:bench", events))
-             for i in hosts}
+    events, signals = Events(), Signals()  # (one wake-up pipe for all, not one a host)
+
+    def state(holder: str) -> DaemonState:
+        return DaemonState(store, Settings(holder, 30.0, HEARTBEAT), LocalJobs(jobs_of, {}),
+                           Runs(None, lambda: None), SlotBook(store, holder, events),
+                           signals=signals)
+
+    books = {i: FleetBooks(state(f"sim-{i}:{i}:bench")) for i in hosts}
     interval = ROUND_EVERY * HEARTBEAT
     # Each host's first round (with its start-up reads) before the timer
     # starts, so that no start-up is inside the window however slow.

@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
+    from dblockrun.daemon.state import DaemonState
+    from dblockrun.jobs import JobsFile
     from dblockrun.store import Store
     from dblockrun.store import models as m
+    from dblockrun.store.outage import Outage
 
 T = TypeVar("T")
 
@@ -56,6 +59,22 @@ class TestDb:
 def new_prefix() -> str:
     """A table prefix of its own (``t<8 hex>_``)."""
     return f"t{secrets.token_hex(4)}_"
+
+
+def daemon_state(store: Store, holder: str, jobs: JobsFile, *, heartbeat: float = 1.0,
+                 lease: float = 30.0, outage: Outage | None = None) -> DaemonState:
+    """The shared state of a daemon (dblockrun/daemon/state.py) for a test
+    of one of its parts alone: no --max-running, no drain watched."""
+    from dblockrun.daemon.registry import Runs
+    from dblockrun.daemon.state import DaemonState, Settings
+    from dblockrun.events import Events
+    from dblockrun.running.slotbook import SlotBook
+    from dblockrun.scheduling.targeting import LocalJobs
+    from dblockrun.store.outage import Outage
+
+    return DaemonState(store, Settings(holder, lease, heartbeat), LocalJobs(jobs, {}),
+                       Runs(None, lambda: None), SlotBook(store, holder, Events()),
+                       outage=outage or Outage())
 
 
 def wait_for(

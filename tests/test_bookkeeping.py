@@ -7,12 +7,11 @@ import threading
 from typing import Any
 
 import pytest
-from helpers import wait_for
+from helpers import daemon_state, wait_for
 
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.jobs import JobsFile
-from dblockrun.metrics import Metrics
-from dblockrun.running.heartbeat import DbClock, Renewer
+from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.runner import LeaseWatch
 from dblockrun.store import Store
 from dblockrun.store.memory import MemoryRunStore
@@ -35,8 +34,8 @@ def test_a_stuck_bookkeeping_round_does_not_delay_renewals(
 
     monkeypatch.setattr(store, "books_round", slow_round)
     outage = Outage()
-    books = FleetBooks(store, "me", 0.1, DbClock(), outage, Metrics(),
-                       lambda: JobsFile("jobs.yaml", None, ()), lambda: 1)
+    books = FleetBooks(daemon_state(store, "me", JobsFile("jobs.yaml", None, ()),
+                                    heartbeat=0.1, outage=outage))
     renewer = Renewer(store, 0.1, outage)
     watch = LeaseWatch("job", "me", token, 30)
     renewer.add(watch)

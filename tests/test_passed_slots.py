@@ -16,24 +16,19 @@ from typing import cast
 
 import pytest
 from harness import Fleet
-from helpers import TestDb, coverage, output_of, runs_of, wait_for
+from helpers import TestDb, coverage, daemon_state, output_of, runs_of, wait_for
 from proxy import Proxy
 
-from dblockrun.daemon.firing import Firing, Settings
+from dblockrun.daemon.firing import Firing
 from dblockrun.daemon.fleet import FleetBooks, unrecorded_runs
-from dblockrun.daemon.registry import Runs
 from dblockrun.events import Events
 from dblockrun.jobs import Job, JobsFile
-from dblockrun.metrics import Metrics
-from dblockrun.running.heartbeat import DbClock
 from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Act, Cause, Due, Outcome, Planner, Row, passed, single
 from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.engine import Claim, in_transaction
 from dblockrun.store.memory import MemoryRunStore
-from dblockrun.store.outage import Outage
-from dblockrun.store.roles import FleetBookkeeping
 
 JOB = 'jobs:\n  tick:\n    cron: "*/2 * * * * *"\n    command: "true"\n'
 STEP = 2.0
@@ -118,17 +113,13 @@ EVERY_SECOND = Job(name="held", cron="* * * * * *", command="true")
 
 
 def books_of(store: Store | MemoryRunStore, host: str, job: Job) -> FleetBooks:
-    jobs = JobsFile("jobs.yaml", None, (job,))
-    clock = DbClock()
+    # (the memory store plays the roles the held gaps' part of the
+    # bookkeeping uses: held_slots of a job with no lock-at-least nor
+    # retries reads nothing else)
+    state = daemon_state(cast(Store, store), host, JobsFile("jobs.yaml", None, (job,)))
     if isinstance(store, MemoryRunStore):
-        # The held gaps' part of the bookkeeping (held_slots of a job with no
-        # lock-at-least nor retries reads nothing else); the clock read from it.
-        clock.add(store.clock_sample())
-        keeper = cast(FleetBookkeeping, store)
-    else:
-        keeper = store
-    return FleetBooks(keeper, host, 1.0, clock, Outage(), Metrics(), lambda: jobs,
-                      lambda: 0, book=SlotBook(store, host, Events()))
+        state.clock.add(store.clock_sample())  # the clock read from it
+    return FleetBooks(state)
 
 
 def test_slots_a_dead_holders_lock_kept_are_recorded_once_after_the_next_claim(
@@ -364,11 +355,9 @@ def test_a_batch_claim_that_another_host_died_making_is_made_here(
         planner = Planner(1.0, 0.1)
         for job in jobs:
             planner.agenda.push(slot, job.name, slot)
-        jobs_file = JobsFile("jobs.yaml", None, jobs)
-        firing = Firing(store, Settings("h2", 30.0, 1.0), DbClock(), Outage(), Metrics(),
-                        planner, Runs(None, lambda: None), SlotBook(store, "h2", Events()),
-                        None, books_of(store, "h2", jobs[0]),  # type: ignore[arg-type]
-                        lambda: jobs_file, lambda: False, lambda s: time.sleep(max(s, 0.0)))
+        state = daemon_state(store, "h2", JobsFile("jobs.yaml", None, jobs))
+        firing = Firing(state, planner, None,  # type: ignore[arg-type]
+                        books_of(store, "h2", jobs[0]))
         started: list[str] = []
 
         def start(job: Job, token: int, slot: float | None, sent: float,

@@ -30,18 +30,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from dblockrun.daemon.state import DaemonState
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import Job, JobsFile
-from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Cause
-from dblockrun.store import Store
 from dblockrun.store.models import Claimed, Trigger
-from dblockrun.store.outage import Outage
-
-if TYPE_CHECKING:
-    from dblockrun.running.heartbeat import DbClock
 
 log = logging.getLogger("dblockrun")
 
@@ -58,19 +52,18 @@ PRUNE_EVERY = 100
 class Chains:
     """One daemon's part of the job chains (see the module)."""
 
-    def __init__(self, store: Store, holder: str, lease: float, interval: float,
-                 clock: DbClock, outage: Outage, book: SlotBook,
-                 local: Callable[[], JobsFile], whole: Callable[[], JobsFile]) -> None:
-        self.store = store
-        self.holder = holder
-        self.lease = lease
+    def __init__(self, state: DaemonState, interval: float) -> None:
+        self.store = state.store
+        self.holder = state.settings.holder
+        self.lease = state.settings.lease
         #: Seconds between two looks for triggers (the bookkeeping round's).
         self.interval = interval
-        self.clock = clock
-        self.outage = outage
-        self.book = book
-        self._local = local
-        self._whole = whole
+        self.clock = state.clock
+        self.outage = state.outage
+        self.book = state.book
+        # (bound methods: each call reads the state's current jobs)
+        self._local = state.jobs
+        self._whole = state.file
         #: Per downstream job, from when its look finds upstream runs
         #: (database clock): :data:`WINDOW` back for a chain that has
         #: triggers, from this daemon's first look for a new one (a new

@@ -10,21 +10,17 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from dblockrun.daemon.chains import Chains
-from dblockrun.daemon.drain import DRAINED_REASON, DrainWatch
+from dblockrun.daemon.drain import DRAINED_REASON
 from dblockrun.daemon.fleet import FleetBooks
-from dblockrun.daemon.registry import Runs
+from dblockrun.daemon.state import DaemonState
 from dblockrun.errors import DatabaseError
-from dblockrun.jobs import Job, JobsFile
-from dblockrun.metrics import Metrics
+from dblockrun.jobs import Job
 from dblockrun.running.fanout import FanOut
-from dblockrun.running.heartbeat import DbClock
 from dblockrun.running.runjob import JobRun, RunContext
 from dblockrun.running.seats import Queues, take_lane, take_seat
-from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.limits import Go, Refused, Seat, full_reason
 from dblockrun.scheduling.planner import (
     SHARE_WAIT,
@@ -36,42 +32,34 @@ from dblockrun.scheduling.planner import (
     Row,
     single,
 )
-from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.models import Claimed, Trigger
-from dblockrun.store.outage import Outage
 from dblockrun.timetext import utc
 
 log = logging.getLogger("dblockrun")
 
 
-@dataclass(frozen=True)
-class Settings:
-    holder: str
-    lease: float
-    heartbeat: float
-
-
 class Firing:
-    def __init__(self, store: Store, settings: Settings, clock: DbClock, outage: Outage,
-                 metrics: Metrics, planner: Planner, runs: Runs, book: SlotBook,
-                 ctx: RunContext, books: FleetBooks, jobs: Callable[[], JobsFile],
-                 stopping: Callable[[], bool], pause: Callable[[float], None],
-                 queues: Queues | None = None, chains: Chains | None = None,
-                 drain: DrainWatch | None = None) -> None:
-        self.store = store
-        self.s = settings
-        self.clock = clock
-        self.outage = outage
-        self.metrics = metrics
+    """A daemon's attempts (see the module); what it shares with the
+    daemon's other parts it reads from ``state`` (dblockrun/daemon/state.py)."""
+
+    def __init__(self, state: DaemonState, planner: Planner, ctx: RunContext,
+                 books: FleetBooks, queues: Queues | None = None,
+                 chains: Chains | None = None) -> None:
+        self.store = state.store
+        self.s = state.settings
+        self.clock = state.clock
+        self.outage = state.outage
+        self.metrics = state.metrics
         self.planner = planner
-        self.runs = runs
-        self.book = book
+        self.runs = state.runs
+        self.book = state.book
         self.ctx = ctx
         self.books = books
-        self._jobs = jobs
-        self._stopping = stopping
-        self._pause = pause
+        # (bound methods: each call reads the state's current value)
+        self._jobs = state.jobs
+        self._stopping = state.stopping
+        self._pause = state.pause
         #: The limits that queue (groups with when-full: queue, --when-full queue).
         self.queues = queues
         #: Arrivals, to order the slots that wait for the same instant.
@@ -83,7 +71,7 @@ class Firing:
         #: Job chains (after:): the triggers this host makes and takes.
         self.chains = chains
         #: This host's drain (dblockrun drain): no claim is tried while it lasts.
-        self.drain = drain
+        self.drain = state.drain
 
     @property
     def margin(self) -> float:

@@ -27,22 +27,19 @@ from typing import TYPE_CHECKING
 
 from dblockrun import __version__
 from dblockrun.config.load import differing_keys
+from dblockrun.daemon.state import DaemonState
 from dblockrun.errors import DatabaseError
-from dblockrun.events import Events, RunLost
+from dblockrun.events import RunLost
 from dblockrun.jobs import Job, JobsFile, loads_fields
-from dblockrun.metrics import Metrics
-from dblockrun.running.heartbeat import DbClock
 from dblockrun.scheduling.cron import next_slot_at
 from dblockrun.scheduling.planner import Cause, passed
 from dblockrun.store.models import LostRun, Told
-from dblockrun.store.outage import Outage
 from dblockrun.store.status import ROUND_EVERY
-from dblockrun.supervise import Loop, Policy, Threads
+from dblockrun.supervise import Loop, Policy
 from dblockrun.timetext import utc
 
 if TYPE_CHECKING:
     from dblockrun.notify.alerts import Alerts
-    from dblockrun.running.slotbook import SlotBook
     from dblockrun.store.roles import FleetBookkeeping
 
 log = logging.getLogger("dblockrun")
@@ -96,44 +93,33 @@ def unrecorded_runs(job: Job, after: float, upto: float, recorded: set[float],
 class FleetBooks:
     """One daemon's bookkeeping rounds (see the module)."""
 
-    def __init__(self, store: FleetBookkeeping, holder: str, heartbeat: float, clock: DbClock,
-                 outage: Outage, metrics: Metrics, jobs: Callable[[], JobsFile],
-                 running: Callable[[], int],
+    def __init__(self, state: DaemonState,
                  requested: Callable[[list[str]], None] | None = None, *,
-                 labels: str | None = None,
-                 targets: Callable[[], str | None] | None = None,
-                 book: SlotBook | None = None,
-                 threads: Threads | None = None,
-                 events: Events | None = None,
                  settled: Callable[[], None] | None = None,
-                 alerts: Alerts | None = None,
-                 drain_told: Callable[[], None] | None = None) -> None:
-        self.store = store
-        self.holder = holder
-        self.heartbeat = heartbeat
-        self.clock = clock
-        self.outage = outage
-        self.metrics = metrics
-        self._jobs = jobs
-        self._running = running
+                 alerts: Alerts | None = None) -> None:
+        #: What it shares with the daemon's other parts (dblockrun/daemon/state.py):
+        #: the jobs, this host's labels and targeting, its runs and its drain
+        #: are read from it each round.
+        self.state = state
+        #: (the role it uses: dblockrun/store/roles.py)
+        self.store: FleetBookkeeping = state.store
+        self.holder = state.settings.holder
+        self.heartbeat = state.settings.heartbeat
+        self.clock = state.clock
+        self.outage = state.outage
+        self.metrics = state.metrics
+        self._jobs = state.jobs
         #: Given the jobs with a run-now request, when a round read them.
         self._requested = requested
-        #: Published with the host row: this host's labels and its file's
-        #: targeting (JSON; dblockrun/scheduling/targeting.py).
-        self._labels = labels
-        self._targets = targets
         #: Records the slots a dead holder blocked (dblockrun/running/slotbook.py).
-        self._book = book
+        self._book = state.book
         #: Told of each run this host records lost (notifications, pings).
-        self.events = events
+        self.events = state.events
         #: Called once, after :data:`SETTLE_ROUNDS` rounds (the run-on check).
         self._settled = settled
         #: The jobs' ``expect:`` alerts, looked at after each round
         #: (dblockrun/notify/alerts.py: no statement without such jobs).
         self._alerts = alerts
-        #: Told of each drain and undrain read from the audit trail (its host
-        #: reads its own again: dblockrun/daemon/drain.py).
-        self._drain_told = drain_told
         #: Daemons seen within three heartbeats (at least 1): the batch share.
         self.live_hosts = 1
         #: Rounds since the held slots were last looked at.
@@ -152,7 +138,8 @@ class FleetBooks:
         self._fields_written: JobsFile | None = None
         # A crash is restarted after a backoff of at most a round's interval:
         # meanwhile the other hosts sweep lost runs and the renewals go on.
-        self._worker = Loop(threads, "bookkeeping", Policy(max_delay=self.interval), self._loop)
+        self._worker = Loop(state.threads, "bookkeeping", Policy(max_delay=self.interval),
+                            self._loop)
 
     def start(self) -> None:
         self._worker.start()
@@ -220,11 +207,11 @@ class FleetBooks:
             pid=os.getpid(),
             version=__version__,
             clock_offset=self.clock.offset,
-            running=self._running(),
+            running=self.state.runs.count(),
             jobs=mine_json,
             within=3 * self.heartbeat,
-            labels=self._labels,
-            targets=self._targets() if self._targets is not None else None,
+            labels=self.state.local.labels_json,
+            targets=self.state.local.targets,
             heartbeat=self.heartbeat,
             audit_after=self._audit_after,
             fields=fields,
@@ -253,8 +240,8 @@ class FleetBooks:
         # A pause or disable stops starts: a warning; their end, news.
         level = logging.WARNING if told.action in ("pause", "disable") else logging.INFO
         if told.action in ("drain", "undrain"):
-            if self._drain_told is not None:
-                self._drain_told()
+            if self.state.drain is not None:
+                self.state.drain.told()
             log.info("%s%s by %s%s", told.action, detail, told.who, reason)
             return
         if told.job is None:
@@ -277,7 +264,7 @@ class FleetBooks:
         and ``/fail`` ping, which its dead host cannot send. Not one of this
         host's own runs (its lease ran out while the database was away): its
         lifecycle tells its end, once it has written it."""
-        if self.events is not None and lost.host != self.holder:
+        if lost.host != self.holder:
             self.events.emit(RunLost(job=self._jobs().job(lost.job), name=lost.job,
                                      host=lost.host, run_id=lost.id, first_run_id=lost.first_id,
                                      slot=lost.slot,
@@ -295,7 +282,7 @@ class FleetBooks:
         jobs = [j for j in self._jobs().jobs
                 if j.enabled and j.cron is not None and not j.fan_out
                 and (j.lock_at_least > 0 or j.retries > 0)]
-        if not jobs or self._book is None:
+        if not jobs:
             return
         locks, now = self.store.lock_states()
         for job in jobs:
@@ -316,8 +303,6 @@ class FleetBooks:
         host, those without a record, recorded skipped through the slot
         book; each claim's gap by one host (the one that marks it seen).
         One statement when there are none."""
-        if self._book is None:
-            return
         gaps = self.store.held_gaps()
         if not gaps:
             return
@@ -358,7 +343,7 @@ class FleetBooks:
         log.warning("job %s: run %d on %s lost: its lease was last renewed at %s",
                     lost.job, lost.id, lost.host, utc(lost.ended))
         job = self._jobs().job(lost.job)
-        if lost.item is not None or job is None or job.cron is None or self._book is None:
+        if lost.item is not None or job is None or job.cron is None:
             return
         after = lost.slot if lost.slot is not None else lost.ended
         if lost.lock_until is not None:
@@ -383,7 +368,6 @@ class FleetBooks:
                   f"(run {lost.id}, lost), {why_end}")
         now = self.clock.now()
         plan = passed(job, after, now, Cause.DEAD_HOLDER, upto=upto, reason=reason)
-        assert self._book is not None
         return plan is None or self._book.record(job, plan, now)
 
     def _definitions(self, jobs: JobsFile) -> tuple[dict[str, str], str]:

@@ -13,17 +13,17 @@ import resource
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dblockrun.config.load import load_jobs
 from dblockrun.config.secreturl import resolve_secrets
 from dblockrun.daemon.chains import Chains
 from dblockrun.daemon.drain import DrainWatch
-from dblockrun.daemon.firing import Firing, Settings
+from dblockrun.daemon.firing import Firing
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.registry import Runs
 from dblockrun.daemon.reload import FileWatch, reloaded, reread
 from dblockrun.daemon.sdnotify import SystemdNotifier
+from dblockrun.daemon.state import DaemonState, Settings
 from dblockrun.daemon.wakeup import Signals
 from dblockrun.errors import (
     DatabaseError,
@@ -42,7 +42,6 @@ from dblockrun.running.holder import new_holder_id as new_holder_id
 from dblockrun.running.runjob import RunContext
 from dblockrun.running.runlog import log_run
 from dblockrun.running.runloop import RunLoop
-from dblockrun.running.runner import GRACE_RAN_OUT, SECOND_INTERRUPT
 from dblockrun.running.seats import Queues
 from dblockrun.running.slotbook import SlotBook
 from dblockrun.scheduling.planner import Planner
@@ -60,9 +59,6 @@ from dblockrun.store.models import CLAIM_TOLERANCE
 from dblockrun.store.outage import Outage
 from dblockrun.store.outage import describe as describe_outage
 from dblockrun.supervise import Threads
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("dblockrun")
 
@@ -106,12 +102,9 @@ def _raise_open_files_limit() -> None:
 @dataclass(frozen=True)
 class Parts:
     """What works beside the main loop, each on its own thread, and their
-    supervision (dblockrun/supervise.py): a crashed one fails /healthz and
-    stops the watchdog pings."""
+    supervision (the state's ``threads``, dblockrun/supervise.py): a crashed
+    one fails /healthz and stops the watchdog pings."""
 
-    threads: Threads
-    events: Events
-    book: SlotBook
     renewer: Renewer
     books: FleetBooks
     inbox: Inbox
@@ -132,24 +125,31 @@ class Daemon:
     ) -> None:
         self.store = store
         self.options = options
-        self.local = LocalJobs(jobs, dict(options.labels))
-        self.stop = stop or threading.Event()
-        self.holder = holder or new_holder_id(self.local.labels[HOSTNAME])
-        #: systemd's notify socket, if started by it (before the environment
-        #: commands start from is read: they don't inherit its variables).
-        self.systemd = SystemdNotifier(alive=lambda: self.parts.threads.problem() is None)
-        self.clock = DbClock()
-        self.outage = Outage()
-        #: Prometheus with --metrics only: prometheus_client is not imported without it.
-        self.metrics = self._metrics()
-        self.signals = Signals()
+        local = LocalJobs(jobs, dict(options.labels))
+        holder = holder or new_holder_id(local.labels[HOSTNAME])
+        threads, events, signals, clock = Threads(), Events(), Signals(), DbClock()
         #: This host's drain (``dblockrun drain``), as the main loop applies it.
-        self.drain = DrainWatch(store, self.local.labels[HOSTNAME], self.clock.now,
-                                self.signals.wake.set)
-        self.parts = self._parts(Threads())
+        self.drain = DrainWatch(store, local.labels[HOSTNAME], clock.now, signals.wake.set)
+        #: What the daemon's parts share, built once (dblockrun/daemon/state.py).
+        self.state = DaemonState(
+            store=store, settings=Settings(holder, options.lease, options.heartbeat),
+            local=local, runs=Runs(options.max_running, signals.wake.set),
+            book=SlotBook(store, holder, events), clock=clock, outage=Outage(),
+            # Prometheus with --metrics only: prometheus_client is not imported without it.
+            metrics=self._metrics(), events=events, threads=threads, signals=signals,
+            stop=stop or threading.Event(),
+            # systemd's notify socket, if started by it (before the environment
+            # commands start from is read: they don't inherit its variables).
+            systemd=SystemdNotifier(alive=lambda: threads.problem() is None),
+            grace=options.grace, drain=self.drain)
+        self.parts = self._parts()
         self.firing = self._firing()
-        self.metrics.watch(self._live_metrics)
-        self.metrics.watch_threads(self.parts.threads)
+        self.state.metrics.watch(self._live_metrics)
+        self.state.metrics.watch_threads(threads)
+
+    @property
+    def holder(self) -> str:
+        return self.state.settings.holder
 
     def _metrics(self) -> Metrics:
         if not self.options.metrics_addr:
@@ -158,102 +158,72 @@ class Daemon:
 
         return Prometheus()
 
-    def _parts(self, threads: Threads) -> Parts:
-        events = Events()
-        book = SlotBook(self.store, self.holder, events)
-        renewer = Renewer(self.store, self.options.heartbeat, self.outage, threads)
-        inbox = inbox_for(self.store, self.signals.wake.set, self.options.heartbeat,
-                          self.options.request_poll, killed=renewer.renew_now, threads=threads,
+    def _parts(self) -> Parts:
+        state, opts = self.state, self.options
+        threads = state.threads
+        renewer = Renewer(self.store, opts.heartbeat, state.outage, threads)
+        inbox = inbox_for(self.store, state.signals.wake.set, opts.heartbeat,
+                          opts.request_poll, killed=renewer.renew_now, threads=threads,
                           host=self.drain.host)
-        alerts = Alerts(self.store, self.holder, lambda: self.local.jobs, events)
-        books = FleetBooks(
-            self.store, self.holder, self.options.heartbeat, self.clock, self.outage,
-            self.metrics, lambda: self.local.jobs, lambda: self.firing.runs.count(),
-            inbox.hear if isinstance(inbox, HeardInbox) else None,
-            labels=self.local.labels_json, targets=lambda: self.local.targets,
-            book=book, threads=threads, events=events, settled=self._warn_unmatched,
-            alerts=alerts,
-            drain_told=self.drain.told)
-        notifier = Notifier(self.store, self.holder, self.metrics, threads=threads,
-                            hostname=self.local.labels[HOSTNAME],
-                            file=lambda: self.local.file)
+        alerts = Alerts(self.store, self.holder, state.jobs, state.events)
+        books = FleetBooks(state, inbox.hear if isinstance(inbox, HeardInbox) else None,
+                           settled=self._warn_unmatched, alerts=alerts)
+        notifier = Notifier(self.store, self.holder, state.metrics, threads=threads,
+                            hostname=state.local.labels[HOSTNAME], file=state.file)
         # The log, metrics, notifications, pings and alerts hear of runs and slots.
-        for hear in (log_run, self.metrics.hear, notifier.hear, alerts.hear):
-            events.subscribe(hear)
-        watch = (FileWatch(lambda: self.local.jobs.path, self.request_reload, threads)
-                 if self.options.watch_file else None)
-        return Parts(threads, events, book, renewer, books, inbox, notifier, watch)
+        for hear in (log_run, state.metrics.hear, notifier.hear, alerts.hear):
+            state.events.subscribe(hear)
+        watch = (FileWatch(lambda: state.local.jobs.path, self.request_reload, threads)
+                 if opts.watch_file else None)
+        return Parts(renewer, books, inbox, notifier, watch)
 
     def _firing(self) -> Firing:
-        opts, parts = self.options, self.parts
+        state, opts, parts = self.state, self.options, self.parts
+        # running/ is below daemon/: the run context and the queues take the
+        # state's bound methods, not the state (dblockrun/daemon/state.py).
         ctx = RunContext(
             store=self.store, holder=self.holder, lease=opts.lease, kill_grace=opts.kill_grace,
-            renewer=parts.renewer, outage=self.outage, stop=self.stop,
-            stop_grace=lambda: self.signals.deadline,
-            stop_why=lambda: SECOND_INTERRUPT if self.signals.stop_now else GRACE_RAN_OUT,
-            loop=RunLoop(self.stop, threads=parts.threads),
-            events=parts.events, book=parts.book, now=self.clock.now)
-        runs = Runs(opts.max_running, self.signals.wake.set)
-        queues = Queues(self.store, lambda: self.local.jobs, runs, self.holder, opts.lease,
-                        self.clock.now, opts.host_queue, lambda: self.local.file)
-        chains = Chains(self.store, self.holder, opts.lease, parts.books.interval, self.clock,
-                        self.outage, parts.book, lambda: self.local.jobs,
-                        lambda: self.local.file)
+            renewer=parts.renewer, outage=state.outage, stop=state.stop,
+            stop_grace=state.signals.grace_ends, stop_why=state.signals.stop_why,
+            loop=RunLoop(state.stop, threads=state.threads),
+            events=state.events, book=state.book, now=state.clock.now)
+        queues = Queues(self.store, state.jobs, state.runs, self.holder, opts.lease,
+                        state.clock.now, opts.host_queue, state.file)
+        chains = Chains(state, parts.books.interval)
         return Firing(
-            self.store, Settings(self.holder, opts.lease, opts.heartbeat), self.clock,
-            self.outage, self.metrics,
-            Planner(opts.heartbeat, CLAIM_TOLERANCE, host_queue=opts.host_queue is not None),
-            runs, parts.book, ctx, parts.books,
-            lambda: self.local.jobs, self._stopping, self._pause, queues, chains, self.drain)
+            state, Planner(opts.heartbeat, CLAIM_TOLERANCE, host_queue=opts.host_queue is not None),
+            ctx, parts.books, queues, chains)
 
     # -- control from signal handlers ---------------------------------------
 
     def request_stop(self) -> None:
         """SIGTERM: stop claiming; running jobs get ``grace`` to finish."""
-        if self.signals.deadline is None:
-            self.signals.deadline = time.monotonic() + self.options.grace
-        self.signals.stop_requested = True
-        self.signals.wake.set()
+        self.state.request_stop()
 
     def interrupt(self) -> None:
         """SIGINT: the first is a stop request; one while stopping ends the
         grace now (a second Ctrl-C): running commands are stopped at once
         and recorded killed. (A repeated SIGTERM, as some supervisors send,
         keeps the grace.)"""
-        if self.signals.stop_requested:
-            self.signals.deadline = time.monotonic()
-            self.signals.stop_now = True
+        if self.state.signals.stop_requested:
+            self.state.signals.deadline = time.monotonic()
+            self.state.signals.stop_now = True
         self.request_stop()
 
     def request_reload(self) -> None:
-        self.signals.reload = True
-        self.signals.wake.set()
-
-    def _stopping(self) -> bool:
-        """Whether to stop; passes a requested stop on to the run threads."""
-        if self.parts.threads.fatal is not None and not self.signals.stop_requested:
-            self.request_stop()  # a thread gave up (dblockrun/supervise.py): exit status 1
-        if self.signals.stop_requested and not self.stop.is_set():
-            self.stop.set()
-        return self.stop.is_set()
-
-    def _pause(self, seconds: float) -> None:
-        """Sleep on the main thread; a stop request cuts it short."""
-        deadline = time.monotonic() + seconds
-        while not self._stopping() and (left := deadline - time.monotonic()) > 0:
-            self.systemd.watchdog()
-            self.signals.wake.wait(min(left, self.systemd.sleep_cap() or left))
+        self.state.signals.reload = True
+        self.state.signals.wake.set()
 
     # -- main loop ------------------------------------------------------------
 
     def run(self) -> None:
-        count = len(self.local.file.jobs)
+        count = len(self.state.local.file.jobs)
         log.info("daemon %s starting: %d %s from %s, database %s", self.holder, count,
-                 "job" if count == 1 else "jobs", self.local.jobs.path,
+                 "job" if count == 1 else "jobs", self.state.local.jobs.path,
                  describe_db(self.store.url, self.store.prefix))
-        if self.local.targeted:
+        if self.state.local.targeted:
             log.info("labels %s: %d of the %d jobs run on this host",
-                     label_text(self.local.labels), len(self.local.jobs.jobs), count)
+                     label_text(self.state.local.labels), len(self.state.local.jobs.jobs), count)
         _raise_open_files_limit()
         # Every command is started by the spawn service, started now, before
         # this process has a thread of its own (nothing forks the daemon).
@@ -263,19 +233,19 @@ class Daemon:
         if self.options.metrics_addr:
             from dblockrun.prometheus import Prometheus, serve, url_of
 
-            assert isinstance(self.metrics, Prometheus)  # made so for --metrics (_metrics)
-            server = serve(self.metrics, self.options.metrics_addr, self.problem,
-                           self.parts.threads)
+            assert isinstance(self.state.metrics, Prometheus)  # made so for --metrics (_metrics)
+            server = serve(self.state.metrics, self.options.metrics_addr, self.problem,
+                           self.state.threads)
             log.info("metrics on %s", url_of(server))
         try:
             self._run()
         finally:
             if server is not None:
                 server.shutdown()
-            self.signals.wake.close()
-            self.systemd.close()
-        if self.parts.threads.fatal is not None:
-            raise ThreadCrashed(f"{self.parts.threads.fatal}: stopped")
+            self.state.signals.wake.close()
+            self.state.systemd.close()
+        if self.state.threads.fatal is not None:
+            raise ThreadCrashed(f"{self.state.threads.fatal}: stopped")
 
     def healthy(self) -> bool:
         """What /healthz answers: no problem (see :meth:`problem`)."""
@@ -285,25 +255,25 @@ class Daemon:
         """Why this daemon is unhealthy: a background thread crashed (and
         has not completed a round since), or the database did not answer
         within the last three heartbeats; None: healthy."""
-        return self.parts.threads.problem() or (None if self._database_up()
+        return self.state.threads.problem() or (None if self._database_up()
                                                 else "database unreachable")
 
     def _database_up(self) -> bool:
         """The database answered within the last three heartbeats."""
-        return (not self.outage.down
-                and time.monotonic() - self.outage.last_ok < 3 * self.options.heartbeat)
+        return (not self.state.outage.down
+                and time.monotonic() - self.state.outage.last_ok < 3 * self.options.heartbeat)
 
     def _live_metrics(self) -> dict[str, float | None]:
         return {
             "running": self.parts.renewer.count,
-            "db_errors": self.outage.errors,
-            "clock_offset": self.clock.offset,
+            "db_errors": self.state.outage.errors,
+            "clock_offset": self.state.clock.offset,
             "db_up": 1.0 if self._database_up() else 0.0,
         }
 
     def _run(self) -> None:
         if not self._startup():
-            self.systemd.stopping("stopped before it reached the database")
+            self.state.systemd.stopping("stopped before it reached the database")
             return
         parts = self.parts
         parts.renewer.start()
@@ -317,24 +287,24 @@ class Daemon:
         # (the daemon command held collections back until now).
         gc.freeze()
         gc.enable()
-        self.systemd.ready(self._describe())
+        self.state.systemd.ready(self._describe())
         try:
-            while not self._stopping():
-                self.systemd.watchdog()
-                if self.signals.reload:
-                    self.signals.reload = False
+            while not self.state.stopping():
+                self.state.systemd.watchdog()
+                if self.state.signals.reload:
+                    self.state.signals.reload = False
                     self._reload()
                 self.drain.refresh()
                 self.firing.fire_due()
                 self._take_requests()
                 self.firing.finished()
                 self.firing.chained()
-                self.signals.wake.wait(self._sleep_time())
+                self.state.signals.wake.wait(self._sleep_time())
         finally:
             self._shutdown()
 
     def _startup(self) -> bool:
-        while not self._stopping():
+        while not self.state.stopping():
             try:
                 self.store.ensure_schema()
                 self._ensure_rows()
@@ -342,50 +312,50 @@ class Daemon:
                 self.parts.books.round()
                 self.drain.refresh()
                 self._publish_next_due()
-                self.outage.ok()
+                self.state.outage.ok()
                 return True
             except (DatabaseRefused, SchemaTooNew):
                 raise  # retrying cannot fix these: exit status 1 with the reason
             except DatabaseError as exc:
                 gc.enable()  # an outage at start-up may last: collect meanwhile
-                delay = self.outage.failed("startup", exc)
-                self.systemd.status(f"waiting for the database: {describe_outage(exc)}")
-                self._pause(delay)
+                delay = self.state.outage.failed("startup", exc)
+                self.state.systemd.status(f"waiting for the database: {describe_outage(exc)}")
+                self.state.pause(delay)
         return False
 
     def _limits(self, spawn_pid: int) -> None:
         """Once a job has ``limits:``: how this host enforces them, said once
         (dblockrun/running/resources.py; imported only then)."""
-        if any(job.limits.any for job in self.local.jobs.jobs):
+        if any(job.limits.any for job in self.state.local.jobs.jobs):
             from dblockrun.running import resources
 
-            resources.start(self.local.jobs.jobs, spawn_pid)
+            resources.start(self.state.local.jobs.jobs, spawn_pid)
 
     def _warn_unmatched(self) -> None:
         """Warn of the jobs no live host's labels match: after a reload, and
         a few rounds after start-up (dblockrun/daemon/fleet.py ``SETTLE_ROUNDS``)."""
-        if not any(j.run_on for j in self.local.file.jobs):
+        if not any(j.run_on for j in self.state.local.file.jobs):
             return  # no statement for files without run-on
         live = [loads_labels(h.labels) for h in self.store.hosts(3 * self.options.heartbeat)
                 if h.id != self.holder]
-        for warning in self.local.unmatched_warnings(live):
+        for warning in self.state.local.unmatched_warnings(live):
             log.warning("%s", warning)
 
     def _ensure_rows(self) -> None:
         """The lock rows of the jobs file, its seats and lanes, and this
         host's every-host rows (two statements)."""
-        jobs, every_host = self.local.rows()
+        jobs, every_host = self.state.local.rows()
         self.store.ensure_jobs(jobs)
         self.store.ensure_every_host(every_host)
 
     def _publish_next_due(self) -> None:
         """Each enabled cron job's next slot, for `status` (one statement)."""
-        self.store.set_next_due(self.local.next_due(self.clock.now()))
+        self.store.set_next_due(self.state.local.next_due(self.state.clock.now()))
 
     def _describe(self) -> str:
         """What the daemon runs, for systemd's STATUS= (no secret in it)."""
-        count = len(self.local.jobs.jobs)
-        return (f"{count} {'job' if count == 1 else 'jobs'} from {self.local.jobs.path}, "
+        count = len(self.state.local.jobs.jobs)
+        return (f"{count} {'job' if count == 1 else 'jobs'} from {self.state.local.jobs.path}, "
                 f"database {describe_db(self.store.url, self.store.prefix)}")
 
     def _sleep_time(self) -> float:
@@ -394,10 +364,11 @@ class Daemon:
             until_poll = min(until_poll, self.firing.chains.due_in())
         next_at = self.firing.planner.agenda.next_at()
         # (the watchdog's cap: the loop pings systemd at least that often)
-        longest = min(self.options.heartbeat, self.systemd.sleep_cap() or self.options.heartbeat)
+        heartbeat = self.options.heartbeat
+        longest = min(heartbeat, self.state.systemd.sleep_cap() or heartbeat)
         if next_at is None:
             return max(0.0, min(longest, until_poll))
-        return max(0.0, min(longest, next_at - self.clock.now(), until_poll))
+        return max(0.0, min(longest, next_at - self.state.clock.now(), until_poll))
 
     def _take_requests(self) -> None:
         """Run the jobs an operator asked for with `dblockrun run JOB`."""
@@ -410,16 +381,16 @@ class Daemon:
                 self.drain.told()
                 self.drain.refresh()
             self.firing.requested(names)
-            self.outage.ok()
+            self.state.outage.ok()
         except DatabaseError as exc:
-            self.outage.failed("run requests", exc)
+            self.state.outage.failed("run requests", exc)
 
     def _plan_all(self, before: JobsFile | None = None) -> None:
         """Plan every enabled job: at start from its last slot in the
         database, so what passed while no daemon ran it is recorded; after a
         reload, the jobs whose definition changed (or are new) from now."""
-        planner, now = self.firing.planner, self.clock.now()
-        enabled = [job for job in self.local.jobs.jobs if job.enabled and job.scheduled]
+        planner, now = self.firing.planner, self.state.clock.now()
+        enabled = [job for job in self.state.local.jobs.jobs if job.enabled and job.scheduled]
         if before is None:
             planner.start(enabled, now)
         else:
@@ -428,38 +399,38 @@ class Daemon:
     # -- reload and shutdown --------------------------------------------------
 
     def _reload(self) -> None:
-        new = reread(self.local.file, lambda path: resolve_secrets(load_jobs(path)))
+        new = reread(self.state.local.file, lambda path: resolve_secrets(load_jobs(path)))
         if new is None:
             return
-        before, file_before = self.local.jobs, self.local.file
-        self.local.load(new)
+        before, file_before = self.state.local.jobs, self.state.local.file
+        self.state.local.load(new)
         self._limits(spawn.start().pid)
         try:
             self._ensure_rows()
             self.parts.books.report_bad_rows()
             self._warn_unmatched()
         except DatabaseError as exc:
-            self.outage.failed("reload", exc)
+            self.state.outage.failed("reload", exc)
         self._plan_all(before=before)
         try:
             self._publish_next_due()
         except DatabaseError as exc:
-            self.outage.failed("reload", exc)
+            self.state.outage.failed("reload", exc)
         reloaded(file_before, new)
 
     def _shutdown(self) -> None:
         runs = self.firing.runs.all()
-        self.systemd.stopping(f"stopping: {len(runs)} running job(s) to finish or stop")
+        self.state.systemd.stopping(f"stopping: {len(runs)} running job(s) to finish or stop")
         if runs:
             log.info("stopping: waiting up to %gs for %d running job(s) "
                      "(interrupt again to stop them now)", self.options.grace, len(runs))
         told = False
         while left := sum(run.is_alive() for run in runs):
-            if self.signals.stop_now and not told:
+            if self.state.signals.stop_now and not told:
                 told = True
                 log.warning("interrupted again: stopping %d running job(s) now", left)
-            self.systemd.watchdog()
-            self.signals.wake.wait(0.1)  # rung by a finished run or a signal handler
+            self.state.systemd.watchdog()
+            self.state.signals.wake.wait(0.1)  # rung by a finished run or a signal handler
         parts = self.parts
         if parts.watch is not None:
             parts.watch.stop()

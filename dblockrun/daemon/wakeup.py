@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import select
 
+from dblockrun.running.runner import GRACE_RAN_OUT, SECOND_INTERRUPT
+
 
 class Wakeup:
     def __init__(self) -> None:
@@ -57,3 +59,11 @@ class Signals:
         self.reload = False
         #: Monotonic time the shutdown grace ends (None: not stopping).
         self.deadline: float | None = None
+
+    def grace_ends(self) -> float | None:
+        """The run context's ``stop_grace``: when the shutdown grace ends."""
+        return self.deadline
+
+    def stop_why(self) -> str:
+        """The run context's ``stop_why``: why the shutdown stops a command."""
+        return SECOND_INTERRUPT if self.stop_now else GRACE_RAN_OUT
