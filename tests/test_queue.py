@@ -201,6 +201,43 @@ def test_the_oldest_waiting_slot_gets_the_seat_first_across_the_fleet(
     store.close()
 
 
+def test_a_seat_taken_while_a_renewal_is_on_its_way_costs_no_lease() -> None:
+    """A waiting slot takes its seat (the run loop) while the heartbeat's
+    renewal of its lock alone is on its way (the renewer's thread): that
+    renewal says nothing of the seat, so the lease is kept (the seat is
+    renewed from the next round on), not judged lost. It used to be: the
+    older slot dropped its seat and its run, and a newer slot ran first
+    (this test's fleet version, under load, on PostgreSQL)."""
+    from typing import cast
+
+    from dblockrun.running.heartbeat import Renewer
+    from dblockrun.running.runner import LeaseWatch
+    from dblockrun.store.outage import Outage
+
+    watch = LeaseWatch("older", "b", 4, 6.0, last_ok=0.0)
+
+    class Seating:
+        """Renews what it is sent; the waiting slot takes a seat meanwhile."""
+
+        def __init__(self) -> None:
+            self.sent: list[list[tuple[str, int]]] = []
+
+        def renew_many(self, holder: str, held: list[tuple[str, int]], lease: float,
+                       outputs: list[tuple[int, str]]) -> dict[str, str | None]:
+            self.sent.append(list(held))
+            watch.seat = ("backups#1", 7)  # the run loop's seat, mid-statement
+            return {name: None for name, _token in held}
+
+    store = Seating()
+    renewer = Renewer(cast(Any, store), 1.0, Outage())
+    renewer.add(watch)
+    assert renewer.renew_all()
+    assert not watch.lost and watch.last_ok > 0.0
+    assert renewer.renew_all()  # the seat from this round on
+    assert store.sent == [[("older", 4)], [("older", 4), ("backups#1", 7)]]
+    assert not watch.lost
+
+
 @pytest.mark.slow
 def test_a_full_queue_records_the_slot_skipped_with_the_reason(
         db: TestDb, tmp_path: Path, fleet: Fleet) -> None:

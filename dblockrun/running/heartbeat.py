@@ -209,9 +209,13 @@ class Renewer:
                         watch.failing = watch.failing or "its last renewal had no answer yet"
                     # A grouped run's seat is renewed with its lock, in the same
                     # statement, and the runs' output that grew is written with them.
+                    # The rows are read once: a waiting slot's seat, taken by the run
+                    # loop while this statement is on its way, is not in its answer
+                    # and must not be judged lost by it (it is renewed next round).
+                    rows = [(watch, watch.rows()) for watch in live]
                     try:
                         renewed = self.store.renew_many(
-                            holder, [r for w in live for r in w.rows()], lease,
+                            holder, [r for _w, held in rows for r in held], lease,
                             _outputs(fresh))
                     except DatabaseError as exc:
                         # Not the outputs' fault if a renewal without them fails too.
@@ -222,9 +226,9 @@ class Renewer:
                     answered = True
                     _written(fresh)
                     self._blame()
-                for watch in live:
+                for watch, sent_rows in rows:
                     # Lost if the lock or its seat is; a kill request is on the lock.
-                    held = all(n in renewed for n, _ in watch.rows())
+                    held = all(n in renewed for n, _ in sent_rows)
                     self._settle(watch, renewed.get(watch.name, False) if held else False, sent)
         items = [w for w in leases if w.renew is not None]
         for watch in items:
