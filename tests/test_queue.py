@@ -239,6 +239,60 @@ def test_a_seat_taken_while_a_renewal_is_on_its_way_costs_no_lease() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.fleet_timing(lease="20s")  # its renewal is held up for seconds on purpose
+def test_a_waiting_slot_keeps_its_lock_when_it_takes_its_seat_during_a_renewal(
+        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
+    """The fleet version of the test above, made deterministic: the
+    waiting slot's lock row is locked by the test (PostgreSQL row lock), so
+    its host's renewal of it waits, while the seat frees and the slot takes
+    it; then the renewal gets through. The run goes on, ``ok`` (it was
+    stopped: "lock lost (token 1 no longer current)", recorded killed)."""
+    if db.backend != "postgresql":
+        pytest.skip("holds a row lock with psycopg (PostgreSQL)")
+    import psycopg
+
+    jobs = jobs_file(tmp_path / "jobs.yaml", {
+        "hold": """\
+            cron: "0-59/10 * * * * *"
+            group: backups
+            run-on: {hostname: a}
+            command: sleep 3
+            """,
+        "older": """\
+            cron: "1-59/10 * * * * *"
+            group: backups
+            run-on: {hostname: b}
+            command: sleep 3
+            """}, QUEUED_GROUP)
+    for host in ("a", "b"):
+        fleet.start(jobs, "--label", f"hostname={host}", name=host)
+    store = Store(db.url, db.prefix)
+    try:
+        waiting = wait_for(lambda: next((r for r in store.history(limit=50)
+                                         if r.job == "older" and r.result == m.WAITING), None),
+                           FIRST_RUN, interval=0.05, what="a slot of older waiting")
+        with psycopg.connect(db.url) as conn:
+            # b's next renewal of older's lock waits for this transaction.
+            conn.execute(f"SELECT name FROM {db.prefix}locks WHERE name = %s FOR UPDATE",
+                         ("older",))
+            with psycopg.connect(db.url, autocommit=True) as look:
+                wait_for(lambda: look.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE %s", (f"UPDATE {db.prefix}locks SET %kill_by%",)
+                ).fetchone() == (1,), 30, interval=0.05, what="b's renewal held up")
+            wait_for(lambda: (r := store.run(waiting.id)) is not None and r.result != m.WAITING,
+                     30, interval=0.05, what="the waiting slot admitted")
+            conn.commit()  # the renewal sent before the seat was taken answers now
+        end = wait_for(lambda: (r := store.run(waiting.id)) is not None and r.finished
+                       is not None and r, 30, interval=0.1, what="older's run over")
+    finally:
+        codes = fleet.stop()
+    assert codes == [0, 0]
+    assert end.result == "ok", (end.result, end.output, (tmp_path / "b.log").read_text())
+    store.close()
+
+
+@pytest.mark.slow
 def test_a_full_queue_records_the_slot_skipped_with_the_reason(
         db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
     """A group of one seat whose queue holds one slot, three jobs due
