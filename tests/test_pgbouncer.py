@@ -181,7 +181,12 @@ def test_a_quiet_daemon_holds_one_connection_for_its_statements(target: Target,
             time.sleep(0.1)
         print(f"\n{target.mode}: a quiet daemon holds {seen} connection(s); "
               f"{peak} at the burst's peak")
-        assert seen == {expected}
+        # Never more while quiet. One fewer for a moment is the same policy: two of
+        # its threads' statements overlapped (a renewal, a bookkeeping round: more
+        # likely when four test workers share two cores), the pool had opened a
+        # second connection, and the next round closed the idle ones (trim_pool),
+        # until the next statement opened one again.
+        assert max(seen) <= expected and expected in seen, seen
     finally:
         store.close()
         assert proc.stop() == 0, proc.text()
