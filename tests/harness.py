@@ -41,11 +41,13 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from helpers import (
+    Ran,
     TestDb,
     clean_env,
     dblockrun_cmd,
     free_port,
     http_get,
+    invoke,
     new_prefix,
     wait_for,
 )
@@ -398,9 +400,16 @@ class Fleet:
         return sorted((r for r in self.store.history(job, 1000)
                        if not results or r.result in results), key=lambda r: r.id)
 
-    def cli(self, *args: str, timeout: float = 60,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """``dblockrun ARGS`` on the fleet's database, as an operator runs it."""
+    def cli(self, *args: str, timeout: float = 60, env: dict[str, str] | None = None,
+            process: bool = False) -> subprocess.CompletedProcess[str] | Ran:
+        """``dblockrun ARGS`` on the fleet's database, as an operator runs it:
+        in this process (helpers.invoke: the daemons are the processes, the
+        operator's command need not be one), or with ``process`` a real
+        process (its exit status, its stderr at exit, ``exec``, ``run
+        --wait``: what a test says of the process; ``timeout`` is its)."""
+        if not process:
+            return invoke(*self.database(), *args,
+                          env=env if env is not None else clean_env(), cwd=self.workdir)
         return subprocess.run([*dblockrun_cmd(), *self.database(), *args], capture_output=True,
                               text=True, timeout=timeout,
                               env=env if env is not None else clean_env(), cwd=self.workdir)

@@ -203,6 +203,97 @@ def cli(*args: str, env: dict[str, str] | None = None,
                           env=env or clean_env(), cwd=REPO, timeout=timeout)
 
 
+@dataclass(frozen=True)
+class Ran:
+    """What a command run in-process by :func:`invoke` did, with the
+    attributes of ``subprocess.CompletedProcess`` a test reads."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+#: Signals whose handlers an in-process command must leave as it found them.
+_WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD,
+                    signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE)
+
+
+def _sockets() -> set[str]:
+    """The sockets this process has open (``socket:[inode]``)."""
+    found = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(target)
+    return found
+
+
+def invoke(*args: str, env: dict[str, str] | None = None,
+           cwd: Path | str | None = None) -> Ran:
+    """``dblockrun ARGS`` run in this process, as :func:`cli` runs it in a
+    real one, without the ~0.15-0.5 CPU-seconds of a process's imports: the
+    same entry point (``dblockrun.cli.main``'s ``cli(prog_name="dblockrun")``,
+    whose click main maps errors to statuses), the same environment
+    (``env``, else :func:`clean_env`: exactly that, nothing of this process's
+    more), in ``cwd`` (else the checkout), and an uncaught exception's
+    traceback on stderr with status 1, as Python prints it. For commands
+    that are not about the process: ``exec`` (its fast start in
+    ``dblockrun/__main__.py``), ``daemon``, ``web``, ``run --wait``, signals,
+    what a real stderr shows at exit: :func:`cli`.
+
+    Fails if the command left state behind in this process: a socket open
+    (a pool not disposed), a signal handler changed, a thread running. The
+    root logger's handlers and level (``backfill`` and ``rerun`` set their
+    own) are put back: a real process ends with them."""
+    import logging
+    import threading
+    import traceback
+
+    from click.testing import CliRunner
+
+    from dblockrun.__main__ import plain_exec
+    from dblockrun.cli import cli as click_cli
+
+    assert plain_exec(list(args)) is None, (
+        "a plain exec starts in dblockrun/__main__.py's fast path: run it with cli()")
+    wanted = clean_env() if env is None else env
+    # CliRunner sets these for the call and puts the old values back after;
+    # None removes one: the command sees exactly `wanted`.
+    changes: dict[str, str | None] = {k: None for k in os.environ if k not in wanted}
+    changes.update({k: v for k, v in wanted.items() if os.environ.get(k) != v})
+    assert "TZ" not in changes, "TZ is read at process start: run it with cli()"
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    signals = {s: signal.getsignal(s) for s in _WATCHED_SIGNALS}
+    threads = set(threading.enumerate())
+    sockets = _sockets()
+    here = os.getcwd()
+    os.chdir(REPO if cwd is None else cwd)
+    try:
+        result = CliRunner().invoke(click_cli, list(args), env=changes, prog_name="dblockrun")
+    finally:
+        os.chdir(here)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    stderr = result.stderr
+    if result.exc_info is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    left = [f"signal {s.name}" for s, h in signals.items() if signal.getsignal(s) != h]
+    left += [f"thread {t.name}" for t in set(threading.enumerate()) - threads if t.is_alive()]
+    if _sockets() - sockets:
+        import gc
+
+        gc.collect()  # what only the collector closes goes with it: no leak
+        if _sockets() - sockets:
+            left.append(f"{len(_sockets() - sockets)} socket(s) open")
+    assert not left, f"dblockrun {' '.join(args)} left behind: {', '.join(left)}\n{stderr}"
+    return Ran(list(args), result.exit_code, result.stdout, stderr)
+
+
 def fail_next_run_inserts(store: Store, times: int) -> None:
     """MariaDB: the next ``times`` run INSERTs fail as deadlock victims (a
     MEMORY table counts them down: it is not rolled back with the INSERT)."""
