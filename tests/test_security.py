@@ -2,7 +2,9 @@
 never shown, database trouble as one clear line, a lock table edited into
 nonsense, a role without DDL, fuzzed names/items/reasons, and `user:` jobs.
 
-Real `dblockrun` processes against real SQLite, PostgreSQL and MariaDB.
+Real `dblockrun` processes against real SQLite, PostgreSQL and MariaDB where the
+process is what is tested (exec, daemon, a password or a bad URL file on a real
+stderr: status); other commands in-process (helpers.invoke).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import MY_HOST, MY_PORT, PG_HOST, PG_PORT, my_admin, pg_admin
 from harness import Fleet, Process, daemon_argv
-from helpers import REPO, TestDb, clean_env, cli, history_of, lock_row, wait_for
+from helpers import REPO, Ran, TestDb, clean_env, cli, history_of, invoke, lock_row, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jobfiles import write_jobs
@@ -36,7 +38,8 @@ from dblockrun.store.status import report
 SECRET = "s3cr3t-Pw"
 
 
-def one_clear_line(proc: subprocess.CompletedProcess[str], status: int, *needles: str) -> str:
+def one_clear_line(proc: subprocess.CompletedProcess[str] | Ran, status: int,
+                   *needles: str) -> str:
     """The process failed with ``status`` and exactly one `dblockrun: ...` line."""
     assert proc.returncode == status, (proc.returncode, proc.stdout, proc.stderr)
     # (A URL with a password given with --db is warned about first: its own line.)
@@ -100,9 +103,9 @@ def test_bad_url_file_is_named_never_shown(tmp_path: Path, content: str | bytes)
     proc = cli("--db-file", str(secret_file), "status")
     line = one_clear_line(proc, 2, str(secret_file))
     assert "hunter2" not in proc.stderr
-    missing = cli("--db-file", str(tmp_path / "nope"), "status")
+    missing = invoke("--db-file", str(tmp_path / "nope"), "status")
     one_clear_line(missing, 2, "cannot read database file", str(tmp_path / "nope"))
-    folder = cli("status", env=clean_env(DBLOCKRUN_DB_FILE=str(tmp_path)))
+    folder = invoke("status", env=clean_env(DBLOCKRUN_DB_FILE=str(tmp_path)))
     one_clear_line(folder, 2, str(tmp_path))
     assert line
 
@@ -127,7 +130,7 @@ def test_url_from_files_cli_env_and_jobs_file(tmp_path: Path, sqlite_db: TestDb)
         names = {row.lock.name for row in report(store).jobs}
     assert {"via-cli-file", "via-env-file", "via-jobs-file"} <= names
     bad = write_jobs(tmp_path / "bad.yaml", "database-file: [x]\njobs: {}\n")
-    one_clear_line(cli("validate", str(bad)), 2, f"{bad}:1: database-file: must be a string")
+    one_clear_line(invoke("validate", str(bad)), 2, f"{bad}:1: database-file: must be a string")
 
 
 def test_sqlite_default_file_is_private(tmp_path: Path) -> None:
@@ -156,7 +159,9 @@ def test_password_hidden_everywhere(tmp_path: Path, scheme: str) -> None:
             assert d.text().count("database unreachable") == 1, d.text()
         for args in (["status"], ["status", "--json"], ["exec", "-n", "x", "--", "true"],
                      ["history"], ["init-db"], ["disable", "j"]):
-            proc = cli(*debug, "--db", url, *args)
+            # status and exec in real processes: a password never on a real stderr.
+            run = cli if args[0] in ("status", "exec") else invoke
+            proc = run(*debug, "--db", url, *args)
             assert proc.returncode == 1, (args, proc.stderr)
             if not debug:
                 one_clear_line(proc, 1, "127.0.0.1")
@@ -184,7 +189,7 @@ def assert_refused_everywhere(url: str, prefix: str, jobs: Path, marker: Path, s
                               *needles: str) -> None:
     """status, exec and daemon: one line, the same status, nothing run."""
     base = ["--db", url, "--table-prefix", prefix]
-    one_clear_line(cli(*base, "status"), status, *needles)
+    one_clear_line(invoke(*base, "status"), status, *needles)
     one_clear_line(cli(*base, "exec", "-n", "j", "--", "touch", str(marker)), status, *needles)
     daemon = cli(*base, "daemon", str(jobs), timeout=60)
     assert daemon.returncode == status, daemon.stderr
@@ -231,7 +236,7 @@ def test_missing_database(scheme: str, marker_jobs: tuple[Path, Path]) -> None:
 def test_unreachable_host(tmp_path: Path, marker_jobs: tuple[Path, Path]) -> None:
     jobs, marker = marker_jobs
     url = "postgresql://postgres@127.0.0.1:1/ops"
-    one_clear_line(cli("--db", url, "status"), 1, "Connection refused")
+    one_clear_line(invoke("--db", url, "status"), 1, "Connection refused")
     one_clear_line(cli("--db", url, "exec", "-n", "j", "--", "touch", str(marker)), 1,
                    "Connection refused")
     # The daemon waits for the database (it may still be booting): one line, no run.
@@ -277,9 +282,9 @@ def test_lock_table_edited_into_nonsense(db: TestDb, tmp_path: Path, fleet: Flee
     try:
         # status must show the nonsense, not crash.
         for args in (["status"], ["status", "--json"], ["history"]):
-            proc = cli("--db", db.url, "--table-prefix", db.prefix, *args)
+            proc = invoke("--db", db.url, "--table-prefix", db.prefix, *args)
             assert proc.returncode == 0, proc.stderr
-        doc = json.loads(cli("--db", db.url, "--table-prefix", db.prefix, "status",
+        doc = json.loads(invoke("--db", db.url, "--table-prefix", db.prefix, "status",
                              "--json").stdout)
         states = {j["name"]: j for j in doc["jobs"]}
         assert states["null-holder"]["state"] == "locked"
@@ -296,7 +301,7 @@ def test_lock_table_edited_into_nonsense(db: TestDb, tmp_path: Path, fleet: Flee
         # Recovery: `dblockrun unlock` frees the lock, bumps the token and forgets
         # a last start or slot in the future.
         for name in ("null-holder", "far-future", "negative", "future-slot"):
-            proc = cli("--db", db.url, "--table-prefix", db.prefix, "unlock", name)
+            proc = invoke("--db", db.url, "--table-prefix", db.prefix, "unlock", name)
             assert proc.returncode == 0, proc.stderr
         for name, first_token in (("null-holder", 9), ("far-future", 2), ("negative", 2),
                                   ("future-slot", 2)):
@@ -305,7 +310,7 @@ def test_lock_table_edited_into_nonsense(db: TestDb, tmp_path: Path, fleet: Flee
         assert "Traceback" not in d.text()
     finally:
         assert d.stop() == 0
-    missing = cli("--db", db.url, "--table-prefix", db.prefix, "unlock", "no-such-job")
+    missing = invoke("--db", db.url, "--table-prefix", db.prefix, "unlock", "no-such-job")
     one_clear_line(missing, 2, "no such job")
 
 
@@ -317,7 +322,7 @@ def test_unlock_fences_a_running_holder(db: TestDb, tmp_path: Path, fleet: Fleet
     d = fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
     try:
         pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30))
-        assert cli("--db", db.url, "--table-prefix", db.prefix, "unlock", "long").returncode == 0
+        assert invoke("--db", db.url, "--table-prefix", db.prefix, "unlock", "long").returncode == 0
         wait_for(lambda: not Path(f"/proc/{pid}").exists(), 15, what="the fenced command gone")
         # Its result is no longer the daemon's to write (token changed): swept as lost.
         wait_for(lambda: history_of(db, "long")[0].result in ("lost", "killed"), 15,
@@ -355,7 +360,7 @@ def dml_only_url(db: TestDb) -> Iterator[str]:
     """A URL for a role that may only SELECT/INSERT/UPDATE/DELETE dblockrun's tables."""
     if db.backend == "sqlite":
         pytest.skip("SQLite has no roles")
-    init = cli("--db", db.url, "--table-prefix", db.prefix, "init-db")
+    init = invoke("--db", db.url, "--table-prefix", db.prefix, "init-db")
     assert init.returncode == 0, init.stderr
     role = f"dbr_lp_{secrets.token_hex(3)}"
     database = db.url.rsplit("/", 1)[1]
@@ -413,7 +418,7 @@ def test_daemon_and_exec_without_ddl(
                  what="runs as the DML-only role")
         for args in (["status"], ["history"], ["disable", "j", "--for", "1h"], ["enable", "j"],
                      ["unlock", "j"], ["pause", "--for", "1h"], ["resume"], ["audit"]):
-            proc = cli("--db", url, "--table-prefix", db.prefix, *args)
+            proc = invoke("--db", url, "--table-prefix", db.prefix, *args)
             assert proc.returncode == 0, (args, proc.stderr)
     finally:
         assert d.stop() == 0
@@ -423,7 +428,7 @@ def test_daemon_and_exec_without_ddl(
 
 def test_no_schema_and_no_ddl_is_one_line(db: TestDb, dml_only_url: str) -> None:
     # The same role against a prefix whose tables do not exist: told to run init-db.
-    proc = cli("--db", dml_only_url, "--table-prefix", f"{db.prefix}x", "status")
+    proc = invoke("--db", dml_only_url, "--table-prefix", f"{db.prefix}x", "status")
     one_clear_line(proc, 1, "database")
 
 
@@ -475,15 +480,15 @@ def test_nul_is_a_clear_error(db: TestDb, tmp_path: Path) -> None:
     # The jobs file refuses it; the command line cannot even carry it (execve).
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text('jobs:\n  j: {rate: 1s, command: "echo \\0"}\n')
-    one_clear_line(cli("validate", str(jobs)), 2, "NUL")
+    one_clear_line(invoke("validate", str(jobs)), 2, "NUL")
 
 
 def test_cli_refuses_names_and_reasons_the_table_cannot_hold(sqlite_db: TestDb) -> None:
     base = ["--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix]
-    one_clear_line(cli(*base, "disable", "x" * 300), 2, "bad job name")
+    one_clear_line(invoke(*base, "disable", "x" * 300), 2, "bad job name")
     one_clear_line(cli(*base, "exec", "-n", "a;b", "--", "true"), 2, "bad lock name")
-    one_clear_line(cli(*base, "disable", "j", "--reason", "r" * 1001), 2, "at most 1000")
-    proc = cli(*base, "disable", "j", "--create", "--reason",
+    one_clear_line(invoke(*base, "disable", "j", "--reason", "r" * 1001), 2, "at most 1000")
+    proc = invoke(*base, "disable", "j", "--create", "--reason",
                "it's 100% \"done\"; DROP TABLE x;\nok")
     assert proc.returncode == 0, proc.stderr
     with Store(sqlite_db.url, sqlite_db.prefix) as store:
@@ -497,7 +502,7 @@ def test_cli_refuses_names_and_reasons_the_table_cannot_hold(sqlite_db: TestDb) 
 def test_unknown_user_is_a_load_error(tmp_path: Path) -> None:
     jobs = write_jobs(tmp_path / "jobs.yaml",
                       "jobs:\n  j:\n    rate: 1s\n    command: 'true'\n    user: no-such-user-x\n")
-    one_clear_line(cli("validate", str(jobs)), 2,
+    one_clear_line(invoke("validate", str(jobs)), 2,
                    f"{jobs}:5: job 'j': user: unknown user 'no-such-user-x'")
 
 
