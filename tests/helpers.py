@@ -280,7 +280,8 @@ def invoke(*args: str, env: dict[str, str] | None = None,
         root.handlers[:] = handlers
         root.setLevel(level)
     stderr = result.stderr
-    if result.exc_info is not None and not isinstance(result.exception, SystemExit):
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        assert result.exc_info is not None
         stderr += "".join(traceback.format_exception(*result.exc_info))
     left = [f"signal {s.name}" for s, h in signals.items() if signal.getsignal(s) != h]
     left += [f"thread {t.name}" for t in set(threading.enumerate()) - threads if t.is_alive()]

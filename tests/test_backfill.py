@@ -14,7 +14,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from harness import Fleet
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, pass_time, set_last_slot, wait_for
+from helpers import (
+    REPO,
+    Ran,
+    TestDb,
+    clean_env,
+    dblockrun_cmd,
+    invoke,
+    pass_time,
+    set_last_slot,
+    wait_for,
+)
 
 from dblockrun.jobs import Job
 from dblockrun.ops.backfill import plan
@@ -44,9 +54,18 @@ def jobs_file(path: Path, out: Path, more: str = "") -> Path:
 
 
 def cli(db: TestDb, jobs: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A real process: a backfill or rerun that runs the job's command (its
+    child, the spawner's threads and socket live in that process)."""
     return subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
                            "-f", str(jobs), *args], capture_output=True, text=True,
                           env=clean_env(), cwd=REPO, timeout=120)
+
+
+def op(db: TestDb, jobs: Path, *args: str) -> Ran:
+    """In-process (helpers.invoke), for a command that runs nothing (history,
+    --dry-run, a refusal): what the command says and records is tested, not
+    its process, which costs 0.15-0.5 CPU-s of imports."""
+    return invoke("--db", db.url, "--table-prefix", db.prefix, "-f", str(jobs), *args)
 
 
 def started(db: TestDb, jobs: Path, *args: str) -> subprocess.Popen[str]:
@@ -116,13 +135,13 @@ def test_backfill_after_an_outage_runs_each_missed_slot_once_in_order(
     assert [r.slot for r in sorted(runs, key=lambda r: r.id)] == slots
     assert all(len(ok_runs(store, s)) == 1 for s in slots)
     # history shows them as backfilled; the audit trail has the action.
-    shown = cli(db, jobs, "history", "tick", "--limit", "1000").stdout
+    shown = op(db, jobs, "history", "tick", "--limit", "1000").stdout
     assert f"backfill {stamp(slots[0])}" in shown
     (entry,) = [e for e in store.control.entries("tick") if e.action == "backfill"]
     assert entry.detail == (f"{len(slots)} slot(s) from {stamp(slots[0])} to "
                             f"{stamp(slots[-1])}")
     # Again: nothing left to run.
-    again = cli(db, jobs, "backfill", "tick", "--from", env_slot(slots[0]),
+    again = op(db, jobs, "backfill", "tick", "--from", env_slot(slots[0]),
                 "--to", env_slot(slots[-1]))
     assert again.returncode == 0
     assert again.stdout.startswith("tick: no slot to backfill")
@@ -168,7 +187,7 @@ def test_dry_run_lists_and_only_picks(db: TestDb, store: Store, tmp_path: Path) 
     store.finish_run(done, "tick", None, m.OK, 0, "")
     set_last_slot(store, "tick", first + 5)  # first + 5: passed with no record
     span = ("--from", env_slot(first), "--to", env_slot(first + 7))
-    listed = cli(db, jobs, "backfill", "tick", *span, "--dry-run")
+    listed = op(db, jobs, "backfill", "tick", *span, "--dry-run")
     assert (listed.returncode, listed.stderr) == (0, "")
     assert listed.stdout.splitlines() == [
         f"tick: would backfill 5 slot(s) from {stamp(first)} to {stamp(first + 7)} "
@@ -186,7 +205,7 @@ def test_dry_run_lists_and_only_picks(db: TestDb, store: Store, tmp_path: Path) 
     only = cli(db, jobs, "backfill", "tick", *span, "--only", "failed,unrecorded")
     assert only.returncode == 0, only.stderr
     assert lines(out) == [env_slot(first + 3), env_slot(first + 5)]
-    bad = cli(db, jobs, "backfill", "tick", *span, "--only", "missed,late")
+    bad = op(db, jobs, "backfill", "tick", *span, "--only", "missed,late")
     assert (bad.returncode, bad.stderr) == (
         2, "dblockrun: --only late: want missed, skipped, failed, unrecorded\n")
 
@@ -254,7 +273,7 @@ def test_rerun_runs_the_slot_again_and_is_refused_while_it_runs(
     assert run is not None and (run.slot, run.result, run.origin, run.origin_run) == (
         slot, m.OK, "rerun", failed)
     assert lines(out) == [env_slot(slot)]
-    assert f"rerun of {failed}" in cli(db, jobs, "history", "tick").stdout
+    assert f"rerun of {failed}" in op(db, jobs, "history", "tick").stdout
     (entry,) = [e for e in store.control.entries("tick") if e.action == "rerun"]
     assert entry.detail == f"run {failed} (slot {stamp(slot)}) as run {new}"
     # A rerun of an ok run is a new run too; while it runs, its slot is refused.
@@ -263,7 +282,7 @@ def test_rerun_runs_the_slot_again_and_is_refused_while_it_runs(
                      f"; while [ ! -e {release} ]; do sleep 0.1; done")
     going = started(db, slow, "rerun", str(new))
     running = wait_for(lambda: store.control.running("tick") or None, 30, what="rerun running")
-    refused = cli(db, slow, "rerun", str(failed))
+    refused = op(db, slow, "rerun", str(failed))
     assert refused.returncode == 1
     assert refused.stderr == (
         f"dblockrun: rerun of run {failed} refused: slot {stamp(slot)} of tick is running "
@@ -272,7 +291,7 @@ def test_rerun_runs_the_slot_again_and_is_refused_while_it_runs(
     release.touch()
     assert going.wait(timeout=60) == 0
     assert len(ok_runs(store, slot)) == 2
-    missing = cli(db, jobs, "rerun", "999999")
+    missing = op(db, jobs, "rerun", "999999")
     assert missing.returncode == 2 and "no run 999999 in " in missing.stderr
 
 
