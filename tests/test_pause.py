@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from harness import Fleet
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import REPO, Ran, TestDb, clean_env, cli, invoke, wait_for
 
 import dblockrun
 from dblockrun.ops.who import operator_id
@@ -22,9 +22,10 @@ from dblockrun.store.engine import Claim
 from dblockrun.timetext import iso
 
 
-def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, *args],
-                          capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=60)
+def run_cli(db: TestDb, *args: str) -> Ran:
+    """In-process (helpers.invoke): what pause, resume and status say and do
+    is tested, not a process's start (0.15-0.5 CPU-s of imports each)."""
+    return invoke("--db", db.url, "--table-prefix", db.prefix, *args)
 
 
 def started_after(store: Store, job: str, since: float) -> list[m.RunRecord]:
@@ -122,7 +123,9 @@ def test_exec_while_paused_exits_as_for_a_busy_lock(db: TestDb, store: Store) ->
     store.control.pause(Audit("alice@ops-1", "pause", reason="upgrade"), None)
 
     def exec_(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli(db, "exec", "--name", "ex", *args, "--", "echo", "ran")
+        # A real process: exec (its fast start, its child, its exit status).
+        return cli("--db", db.url, "--table-prefix", db.prefix, "exec", "--name", "ex", *args,
+                   "--", "echo", "ran")
 
     quiet = exec_()
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
@@ -133,13 +136,16 @@ def test_exec_while_paused_exits_as_for_a_busy_lock(db: TestDb, store: Store) ->
 
 
 def test_pause_usage_errors(sqlite_db: TestDb) -> None:
-    def pause(*args: str) -> tuple[int, str]:
-        proc = run_cli(sqlite_db, "pause", *args)
+    def pause(*args: str, process: bool = False) -> tuple[int, str]:
+        proc = (cli("--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix, "pause", *args)
+                if process else run_cli(sqlite_db, "pause", *args))
         return proc.returncode, proc.stderr
 
     with Store(sqlite_db.url, sqlite_db.prefix) as store:
         store.ensure_schema()
-    assert pause("--for", "0s") == (2, "dblockrun: --for: must be longer than 0s (got '0s')\n")
+    # One in a real process: exit 2, that one line and no traceback, end to end.
+    assert pause("--for", "0s", process=True) == (
+        2, "dblockrun: --for: must be longer than 0s (got '0s')\n")
     assert pause("--for", "1x") == (
         2, "dblockrun: --for: '1x' is not a duration (use e.g. 250ms, 90s, 5m, 1h30m, 2d)\n")
     assert pause("--reason", "x" * 1001) == (
