@@ -175,6 +175,7 @@ def test_a_trigger_of_a_disabled_job_is_recorded_skipped(fleet: Fleet) -> None:
 def test_a_cycle_is_refused_at_load(tmp_path: Path) -> None:
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  a: {after: b, command: x}\n  b: {after: a, command: x}\n")
+    # A real process: validate's exit 2, one line and no traceback end to end.
     done = cli("validate", str(jobs))
     assert done.returncode == 2
     assert done.stderr == (f"dblockrun: {jobs}:2: job 'a': after: a cycle: a after b after a "

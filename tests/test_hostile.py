@@ -2,8 +2,9 @@
 secrets never), requests too large for the spawn service, and control
 characters on terminals and in text logs.
 
-Real `dblockrun` daemons and CLI processes against a real SQLite database
-(what is tested here does not depend on the backend).
+Real `dblockrun` daemons and exec processes against a real SQLite database
+(what is tested here does not depend on the backend); other commands in-process
+(helpers.invoke), but `history --raw`'s bytes on a real stdout.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import Fleet, track
-from helpers import REPO, TestDb, clean_env, cli, dblockrun_cmd, wait_for
+from helpers import REPO, Ran, TestDb, clean_env, cli, dblockrun_cmd, invoke, wait_for
 from jobfiles import write_jobs
 
 from dblockrun.running import spawner
@@ -133,17 +134,19 @@ def test_env_inherit_is_checked_at_load(tmp_path: Path) -> None:
     for line, why in cases:
         jobs = write_jobs(tmp_path / "jobs.yaml",
                           f"jobs:\n  j:\n    rate: 1h\n    command: 'true'\n    {line}\n")
-        proc = cli("validate", str(jobs))
+        proc = invoke("validate", str(jobs))
         assert proc.returncode == 2, proc.stdout
         assert proc.stderr.startswith(f"dblockrun: {jobs}:5: job 'j': env-inherit: "), proc.stderr
         assert why in proc.stderr
     ok = write_jobs(tmp_path / "ok.yaml", "defaults:\n  env-inherit: [LANG, LC_*]\n"
                     "jobs:\n  j: {rate: 1h, command: 'true'}\n")
-    assert cli("validate", str(ok)).returncode == 0
+    assert invoke("validate", str(ok)).returncode == 0
 
 
-def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
-    return cli("--db", db.url, "--table-prefix", db.prefix, *args)
+def run_cli(db: TestDb, *args: str) -> Ran:
+    """In-process (helpers.invoke): what the command prints is tested, not
+    its process (0.15-0.5 CPU-s of imports each)."""
+    return invoke("--db", db.url, "--table-prefix", db.prefix, *args)
 
 
 def test_history_output_hides_passwords(
@@ -193,13 +196,13 @@ def test_oversize_jobs_are_refused_at_load(tmp_path: Path) -> None:
     ]
     for body, line, why in cases:
         jobs = write_jobs(tmp_path / "jobs.yaml", f"jobs:\n  j:\n    rate: 1h\n    {body}\n")
-        proc = cli("validate", str(jobs))
+        proc = invoke("validate", str(jobs))
         assert proc.returncode == 2, proc.stdout
         assert proc.stderr == f"dblockrun: {jobs}:{line}: job 'j': {why}\n"
     # Up to the limits: fine.
     ok = write_jobs(tmp_path / "ok.yaml", f"jobs:\n  j:\n    rate: 1h\n    command: echo "
                     f"{'x' * 100_000}\n    batch: 2\n    items: [{'a' * 1_000}, {'b' * 1_000}]\n")
-    assert cli("validate", str(ok)).returncode == 0
+    assert invoke("validate", str(ok)).returncode == 0
 
 
 def test_a_request_too_large_fails_only_its_own_run(
@@ -365,8 +368,8 @@ jobs:
     try:
         run = first_run(sqlite_db, "hostile")
         wait_for(marker.exists, 30, what="the slow job to start")
-        kill = cli("--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix, "kill", "slow",
-                   "--reason", EVIL_REASON, env=evil)
+        kill = invoke("--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix, "kill", "slow",
+                      "--reason", EVIL_REASON, env=evil)
         killed = first_run(sqlite_db, "slow")
         log = d.text()
     finally:
@@ -389,7 +392,8 @@ jobs:
     # pause, then exec -v and resume print the pauser and the reason.
     paused = run_cli_env(sqlite_db, evil, "pause", "--reason", EVIL_REASON)
     assert paused.returncode == 0, paused.stderr
-    busy = run_cli(sqlite_db, "exec", "-v", "-n", "ex", "--", "true")
+    busy = cli("--db", sqlite_db.url, "--table-prefix", sqlite_db.prefix,  # exec: a process
+               "exec", "-v", "-n", "ex", "--", "true")
     assert busy.returncode == 0 and busy.stderr.count("\n") == 1, busy.stderr
     assert "paused (by ev\\x1b[2Jil@" in busy.stderr
     assert f"stuck\\x1b]0;pwned\\x07\\n{FORGED}); not running" in busy.stderr
@@ -400,11 +404,11 @@ jobs:
     # validate: a job name with escape characters and NUL.
     bad = write_jobs(tmp_path / "bad.yaml",
                      'jobs:\n  "bad\\e[2Jname\\0x":\n    rate: 1h\n    command: "true"\n')
-    proc = cli("validate", str(bad))
+    proc = invoke("validate", str(bad))
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"dblockrun: {bad}:2: job 'bad\\x1b[2Jname\\x00x': ")
     raw_free(proc.stderr)
 
 
-def run_cli_env(db: TestDb, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return cli("--db", db.url, "--table-prefix", db.prefix, *args, env=env)
+def run_cli_env(db: TestDb, env: dict[str, str], *args: str) -> Ran:
+    return invoke("--db", db.url, "--table-prefix", db.prefix, *args, env=env)
