@@ -121,7 +121,7 @@ def test_run_says_busy_and_run_wait_exits_with_the_runs_status(
         assert json.loads(fleet.cli("status", "--json", "slow").stdout)["jobs"][0][
             "run_requested"] is None
 
-        res = fleet.cli("run", "failing", "--wait")
+        res = fleet.cli("run", "failing", "--wait", process=True)  # a real exit status
         assert res.returncode == 3, res.stderr
         started, ended = res.stdout.splitlines()
         run_id = int(re.fullmatch(r"failing: run (\d+) started on .*", started)[1])  # type: ignore[index]
@@ -216,7 +216,7 @@ def test_run_wait_prints_the_runs_output_as_it_grows(fleet: Fleet) -> None:
     try:
         wait_for(lambda: any(r.finished for r in store.history("chatty")) or None, 20,
                  what="the first run of chatty")
-        res = fleet.cli("run", "chatty", "--wait")
+        res = fleet.cli("run", "chatty", "--wait", process=True)  # a real exit status
         assert res.returncode == 4, res.stderr
         lines = res.stdout.splitlines()
         assert re.fullmatch(r"chatty: run (\d+) started on .*", lines[0]), lines
