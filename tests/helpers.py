@@ -220,7 +220,10 @@ _WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD
 
 
 def _sockets() -> set[str]:
-    """The sockets this process has open (``socket:[inode]``)."""
+    """The inodes of the sockets this process has open, but those a server
+    of this process (a test's HTTP hooks, its notify socket) accepted from
+    another process meanwhile: a TCP connection whose local port this
+    process listens on."""
     found = set()
     for fd in Path("/proc/self/fd").iterdir():
         try:
@@ -228,8 +231,16 @@ def _sockets() -> set[str]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            found.add(target)
-    return found
+            found.add(target[len("socket:["):-1])
+    tcp: dict[str, tuple[int, str]] = {}  # inode -> (local port, state)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if fields[9] in found:
+                    tcp[fields[9]] = (int(fields[1].rpartition(":")[2], 16), fields[3])
+    listening = {port for port, state in tcp.values() if state == "0A"}
+    return {i for i in found if i not in tcp or tcp[i][0] not in listening}
 
 
 def invoke(*args: str, env: dict[str, str] | None = None,

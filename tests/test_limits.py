@@ -4,14 +4,13 @@ with real `dblockrun daemon` processes on every database."""
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from harness import Fleet
-from helpers import TestDb, dblockrun_cmd, overlaps, slots_done, wait_for
+from helpers import TestDb, invoke, overlaps, slots_done, wait_for
 from jobfiles import FILE, error, jobs_file, load
 
 from dblockrun.cli import cli
@@ -333,8 +332,7 @@ def test_a_seat_held_by_a_killed_daemon_is_taken_over_after_its_lease(
         assert record.output.startswith("skipped: group backups at its limit (1): held by long")
         assert not [r for r in store.history("short") if r.result == "ok"]
         # Run now: it takes a seat like any run, and says why it could not.
-        asked = subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
-                                "run", "short"], capture_output=True, text=True, timeout=30)
+        asked = invoke("--db", db.url, "--table-prefix", db.prefix, "run", "short")
         assert asked.returncode == 1, asked
         assert "not started on" in asked.stderr
         assert "group backups at its limit (1): held by long on" in asked.stderr

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pymysql
 import pytest
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import REPO, Ran, TestDb, clean_env, dblockrun_cmd, invoke, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -150,9 +150,10 @@ def other_account(db: TestDb) -> Iterator[tuple[Any, str]]:
         pytest.skip("SQLite has one host's sessions only; a writer waits busy_timeout")
 
 
-def cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, *args],
-                          capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=60)
+def cli(db: TestDb, *args: str) -> Ran:
+    """In-process (helpers.invoke): what status --check finds is tested, not
+    its process (0.15-0.5 CPU-s of imports each, polled here)."""
+    return invoke("--db", db.url, "--table-prefix", db.prefix, *args)
 
 
 def _log_times(text: str, needle: str) -> list[float]:

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, invoke, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -34,6 +34,7 @@ LOST_LINE = re.compile(r"lost: its holder (\S+) last renewed its lease at (\S+Z)
 
 
 def cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
+    """A real process (exec: its fast start, its child)."""
     return subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, *args],
                           capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=60)
 
@@ -86,7 +87,8 @@ def test_a_run_lost_with_its_daemon_says_who_recorded_it_and_the_last_renewal(
         lost = wait_for(lambda: r if (r := store.run(run.id)) and r.finished is not None
                         else None, 30, what="the run recorded lost")
     assert lost.result == m.LOST and lost.finished is not None
-    shown = cli(db, "history", "--output", str(run.id))
+    shown = invoke("--db", db.url, "--table-prefix", db.prefix, "history", "--output",
+                   str(run.id))
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("working on ")
     _ends_with_why(shown.stdout, run.host, survivor, lost.finished)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 import time
 import urllib.request
 from datetime import UTC, datetime
@@ -20,8 +19,8 @@ from helpers import (
     FIRST_RUN,
     TestDb,
     clean_env,
-    dblockrun_cmd,
     free_port,
+    invoke,
     runs_of,
     stop_across_slots,
     wait_for,
@@ -291,12 +290,10 @@ def test_secrets_from_the_environment_and_files_are_never_printed(
            and len(hooks.under(f"/broken/ping/{token}/fail")) >= 2, 30,
            "notifications and pings sent with the secret URLs")
     # validate reads them as the daemon does, and prints none.
-    checked = subprocess.run([*dblockrun_cmd(), "validate", str(d.jobs)], capture_output=True,
-                             text=True, env=clean_env(**env), cwd=tmp_path / "a", timeout=60)
+    checked = invoke("validate", str(d.jobs), env=clean_env(**env), cwd=tmp_path / "a")
     assert checked.returncode == 0, checked.stderr
-    status = subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix,
-                             "status", "--json"], capture_output=True, text=True,
-                            env=clean_env(**env), timeout=60)
+    status = invoke("--db", db.url, "--table-prefix", db.prefix, "status", "--json",
+                    env=clean_env(**env))
     assert status.returncode == 0, status.stderr
     assert d.stop() == 0
     log = d.text()

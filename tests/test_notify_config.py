@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, dblockrun_cmd, wait_for
+from helpers import Ran, clean_env, dblockrun_cmd, invoke, wait_for
 
 from dblockrun.config.load import load_jobs_text
 from dblockrun.config.secreturl import resolve_secrets, scrub, shown
@@ -125,8 +125,13 @@ def test_notify_under_defaults_names_its_key() -> None:
 # -- reading the secrets ---------------------------------------------------------------
 
 
-def validate(folder: Path, text: str, **env: str) -> subprocess.CompletedProcess[str]:
+def validate(folder: Path, text: str, *, process: bool = False,
+             **env: str) -> subprocess.CompletedProcess[str] | Ran:
+    """``dblockrun validate`` from ``/``, in-process (helpers.invoke) unless
+    ``process``."""
     (folder / "jobs.yaml").write_text(text)
+    if not process:
+        return invoke("validate", str(folder / "jobs.yaml"), env=clean_env(**env), cwd="/")
     return subprocess.run([*dblockrun_cmd(), "validate", str(folder / "jobs.yaml")],
                           capture_output=True, text=True, env=clean_env(**env), cwd="/",
                           timeout=60)
@@ -153,7 +158,9 @@ def test_validate_reads_variables_and_files_and_names_what_is_missing(tmp_path: 
                              "the URL (file hook-url): apprise does not support it (scheme "
                              "'slakc', or a malformed URL)\n")
     (tmp_path / "hook-url").write_text(f"slack://{SECRET}/B1/C1\n")
-    result = validate(tmp_path, text, **{**env, "PING": f"ftp://h.example.com/{SECRET}"})
+    # A real process: the secret never on a real stderr.
+    result = validate(tmp_path, text, process=True,
+                      **{**env, "PING": f"ftp://h.example.com/{SECRET}"})
     assert result.returncode == 2
     assert result.stderr == (f"dblockrun: {tmp_path}/jobs.yaml:7: job 'j': ping: the URL "
                              "(env PING) must be http:// or https://\n")

@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner, Result
 from harness import Fleet
 from helpers import TestDb, cli, set_last_slot, wait_for
+from helpers import invoke as in_process
 
 from dblockrun.cli import cli as dblockrun
 from dblockrun.config.load import load_jobs_text
@@ -176,6 +177,7 @@ def test_exit_status_0_without_change_1_with_one_2_on_a_bad_file(
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(NEW.replace("starting-deadline: 1h", "starting-deadline: soon"))
+    # A real process: plan's exit 2, one line and no traceback end to end.
     refused = cli("--db", db.url, "--table-prefix", db.prefix, "plan", str(bad),
                   "--current", old)
     assert refused.returncode == 2
@@ -188,7 +190,7 @@ def test_exit_status_0_without_change_1_with_one_2_on_a_bad_file(
 def test_no_database_is_exit_status_2_not_a_change(tmp_path: Path) -> None:
     old, new = files(tmp_path)
     missing = tmp_path / "none.db"
-    result = cli("--db", f"sqlite:///{missing}", "plan", new, "--current", old)
+    result = in_process("--db", f"sqlite:///{missing}", "plan", new, "--current", old)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("dblockrun: no dblockrun database at ")
     assert result.stdout == ""
