@@ -125,13 +125,16 @@ def test_notify_under_defaults_names_its_key() -> None:
 # -- reading the secrets ---------------------------------------------------------------
 
 
-def validate(folder: Path, text: str, *, process: bool = False,
-             **env: str) -> subprocess.CompletedProcess[str] | Ran:
-    """``dblockrun validate`` from ``/``, in-process (helpers.invoke) unless
-    ``process``."""
+def validate(folder: Path, text: str, **env: str) -> Ran:
+    """``dblockrun validate`` from ``/``, in-process (helpers.invoke)."""
     (folder / "jobs.yaml").write_text(text)
-    if not process:
-        return invoke("validate", str(folder / "jobs.yaml"), env=clean_env(**env), cwd="/")
+    return invoke("validate", str(folder / "jobs.yaml"), env=clean_env(**env), cwd="/")
+
+
+def validate_in_a_process(folder: Path, text: str,
+                          **env: str) -> subprocess.CompletedProcess[str]:
+    """The same in a real process."""
+    (folder / "jobs.yaml").write_text(text)
     return subprocess.run([*dblockrun_cmd(), "validate", str(folder / "jobs.yaml")],
                           capture_output=True, text=True, env=clean_env(**env), cwd="/",
                           timeout=60)
@@ -159,12 +162,12 @@ def test_validate_reads_variables_and_files_and_names_what_is_missing(tmp_path: 
                              "'slakc', or a malformed URL)\n")
     (tmp_path / "hook-url").write_text(f"slack://{SECRET}/B1/C1\n")
     # A real process: the secret never on a real stderr.
-    result = validate(tmp_path, text, process=True,
-                      **{**env, "PING": f"ftp://h.example.com/{SECRET}"})
-    assert result.returncode == 2
-    assert result.stderr == (f"dblockrun: {tmp_path}/jobs.yaml:7: job 'j': ping: the URL "
-                             "(env PING) must be http:// or https://\n")
-    assert SECRET not in result.stderr
+    real = validate_in_a_process(tmp_path, text,
+                                 **{**env, "PING": f"ftp://h.example.com/{SECRET}"})
+    assert real.returncode == 2
+    assert real.stderr == (f"dblockrun: {tmp_path}/jobs.yaml:7: job 'j': ping: the URL "
+                           "(env PING) must be http:// or https://\n")
+    assert SECRET not in real.stderr
     result = validate(tmp_path, text, **env)
     assert (result.returncode, result.stdout) == (0, f"{tmp_path}/jobs.yaml: ok, 1 job(s)\n")
     assert SECRET not in result.stdout + result.stderr

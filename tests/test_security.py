@@ -418,8 +418,8 @@ def test_daemon_and_exec_without_ddl(
                  what="runs as the DML-only role")
         for args in (["status"], ["history"], ["disable", "j", "--for", "1h"], ["enable", "j"],
                      ["unlock", "j"], ["pause", "--for", "1h"], ["resume"], ["audit"]):
-            proc = invoke("--db", url, "--table-prefix", db.prefix, *args)
-            assert proc.returncode == 0, (args, proc.stderr)
+            done = invoke("--db", url, "--table-prefix", db.prefix, *args)
+            assert done.returncode == 0, (args, done.stderr)
     finally:
         assert d.stop() == 0
     assert "ERROR" not in d.text(), d.text()
