@@ -245,7 +245,9 @@ class FiringStore(RunStore, Protocol):
 
 if TYPE_CHECKING:  # who plays the roles: mypy checks it here
     from dblockrun.store.engine import LockEngine
+    from dblockrun.store.memory import MemoryRunStore
     from dblockrun.store.store import Store
 
-    def _plays(store: Store, engine: LockEngine) -> tuple[FiringStore, RunStore]:
-        return store, engine
+    def _plays(store: Store, engine: LockEngine,
+               memory: MemoryRunStore) -> tuple[FiringStore, RunStore, FiringStore]:
+        return store, engine, memory
