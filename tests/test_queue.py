@@ -292,35 +292,10 @@ def test_a_waiting_slot_keeps_its_lock_when_it_takes_its_seat_during_a_renewal(
     store.close()
 
 
-@pytest.mark.slow
-def test_a_full_queue_records_the_slot_skipped_with_the_reason(
-        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
-    """A group of one seat whose queue holds one slot, three jobs due
-    together: one runs, one waits and runs, the third is recorded skipped,
-    saying why."""
-    jobs = jobs_file(tmp_path / "jobs.yaml", {name: """\
-        cron: "*/4 * * * * *"
-        group: backups
-        command: sleep 1
-        """ for name in ("a", "b", "c")},
-        "groups:\n  backups: {seats: 1, when-full: queue, queue: 1}")
-    fleet.start(jobs)
-    store = Store(db.url, db.prefix)
-    try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, FIRST_RUN,
-                 what="the daemon registered")
-        first = store.db_now() + 1
-        slots = queue_runs(store, {"a", "b", "c"}, first, 2)
-    finally:
-        codes = fleet.stop()
-    assert codes == [0]
-    for per_slot in slots.values():
-        assert sorted(r.result for r in per_slot.values()) == ["ok", "ok", "skipped"], per_slot
-        skipped = store.run(next(r for r in per_slot.values() if r.result == "skipped").id)
-        assert skipped is not None and skipped.output == (
-            "skipped: group backups full and 1 slot(s) already waiting for a seat (queue: 1)\n")
-        assert overlaps([r for r in per_slot.values() if r.result == "ok"]) == []
-    store.close()
+# A full group queue records the slot skipped with the reason: one daemon's
+# logic, on the memory store in tests/test_firing_memory.py (its SQL: the
+# claims, seats and waiting runs of tests/test_firing_contract.py on every
+# database, and the fleet tests above).
 
 
 TWO_JOBS = {name: """\
