@@ -23,6 +23,7 @@ from helpers import daemon_state, wait_for
 from dblockrun.config.load import load_jobs_text
 from dblockrun.daemon.firing import Firing
 from dblockrun.daemon.fleet import FleetBooks
+from dblockrun.daemon.registry import Runs
 from dblockrun.running.heartbeat import DbClock, Renewer
 from dblockrun.running.runjob import RunContext
 from dblockrun.running.runloop import RunLoop
@@ -70,10 +71,12 @@ class MemoryDaemon:
     (dblockrun/daemon/loop.py) builds them, without its loop: the test
     moves the clock (:meth:`at`) and the daemon acts on what is due then.
     The jobs file is ``text`` with ``{dir}`` (``tmp``) and ``{held}`` (a
-    command the test ends, :data:`HELD`) filled in."""
+    command the test ends, :data:`HELD`) filled in; ``max_running`` and
+    ``host_queue``: ``--max-running`` and ``--when-full queue --queue``."""
 
     def __init__(self, text: str, tmp: Path, *, holder: str = "host-1:1:t",
-                 lease: float = 30.0) -> None:
+                 lease: float = 30.0, max_running: int | None = None,
+                 host_queue: int | None = None) -> None:
         self.tmp = tmp
         self.store = MemoryRunStore()
         self.clock = self.store.clock
@@ -86,15 +89,16 @@ class MemoryDaemon:
         state = daemon_state(cast(Store, self.store), holder, self.jobs, lease=lease,
                              outage=outage)
         state.clock, state.stop = ManualDbClock(self.clock), self.stop
+        state.runs = Runs(max_running, lambda: None)
         self.renewer = Renewer(self.store, 1.0, outage)
         ctx = RunContext(store=self.store, holder=holder, lease=lease, kill_grace=1.0,
                          renewer=self.renewer, outage=outage, stop=self.stop,
                          stop_grace=lambda: None, loop=RunLoop(self.stop), events=state.events,
                          book=state.book, now=state.clock.now)
         queues = Queues(self.store, state.jobs, state.runs, holder, lease, state.clock.now,
-                        None, state.file)
-        self.firing = Firing(state, Planner(1.0, CLAIM_TOLERANCE), ctx, FleetBooks(state),
-                             queues)
+                        host_queue, state.file)
+        planner = Planner(1.0, CLAIM_TOLERANCE, host_queue=host_queue is not None)
+        self.firing = Firing(state, planner, ctx, FleetBooks(state), queues)
         self.store.ensure_jobs([*(job.name for job in self.jobs.jobs), *all_seats(self.jobs)])
         self.renewer.start()
         self.firing.planner.start([job for job in self.jobs.jobs if job.enabled],
@@ -116,6 +120,12 @@ class MemoryDaemon:
         """Move the clock to ``when`` and take a turn."""
         self.clock.advance(max(0.0, when - self.clock.now()))
         self.step()
+
+    def until(self, when: float) -> None:
+        """Take a turn at each time something is due up to ``when``, then at ``when``."""
+        while (nxt := self.next_at()) <= when:
+            self.at(nxt)
+        self.at(when)
 
     def finish(self, run_id: int) -> RunRow:
         """Let the command of the run ``run_id`` end; its record once written."""
