@@ -20,7 +20,7 @@ so no row is ever "being claimed at this moment" and ``wait`` changes
 nothing), an operator's run-now request, a group's seat and a job's lane
 (:mod:`~dblockrun.running.seats`), the lock rows, the audited disables'
 starts, and the held runs (:class:`MemoryControl`: running, waiting,
-kill requests).
+kill requests; the audit trail keeps only the disables' starts).
 
 Not modelled (they stay with the databases and their tests): a batch's
 chunks and SKIP LOCKED, fan-out items, the claims of ``exec`` and the API
