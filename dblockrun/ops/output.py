@@ -22,7 +22,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from dblockrun.config.load import differing_keys
 from dblockrun.durations import format_duration
 from dblockrun.jobs import EVERY_HOST_SEP, Job, RunOn, loads_fields
 from dblockrun.printable import printable
@@ -156,6 +155,9 @@ class Fleet:
         defs = self.defs.get(name, {})
         if len(defs) < 2:
             return []
+        # Here: only when hosts' definitions of a job differ is the loader (yaml) needed.
+        from dblockrun.config.load import differing_keys
+
         seen: list[dict[str, str]] = []
         for hosts in defs.values():
             for host in hosts:
