@@ -241,3 +241,13 @@ def test_status_without_a_jobs_file_reads_none(tmp_path: Path, sqlite_db: TestDb
     assert "dblockrun.store.status" in imported  # the log is read right
     assert heavy(imported, FILE_READING) == set()
 
+
+def test_next_opens_no_database(tmp_path: Path) -> None:
+    """``next FILE`` computes fire times from the file alone: no SQLAlchemy
+    (about 180 modules), no driver."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text("jobs:\n  nightly:\n    cron: '0 3 * * *'\n    command: 'true'\n")
+    done, imported = command_imports(tmp_path, "next", str(path), "--count", "1")
+    assert done.returncode == 0 and done.stdout.startswith("nightly: "), done.stderr[-2000:]
+    assert "croniter" in imported  # the log is read right
+    assert heavy(imported, {"sqlalchemy", "sqlite3", "psycopg", "pymysql"}) == set()
