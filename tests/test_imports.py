@@ -251,3 +251,15 @@ def test_next_opens_no_database(tmp_path: Path) -> None:
     assert done.returncode == 0 and done.stdout.startswith("nightly: "), done.stderr[-2000:]
     assert "croniter" in imported  # the log is read right
     assert heavy(imported, {"sqlalchemy", "sqlite3", "psycopg", "pymysql"}) == set()
+
+
+def test_validate_reads_the_file_alone(tmp_path: Path) -> None:
+    """``validate`` checks the file: no database library, and for a file
+    without ``run-on:`` none of the targeting (labels: json, socket)."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text("jobs:\n  nightly:\n    cron: '0 3 * * *'\n    command: 'true'\n")
+    done, imported = command_imports(tmp_path, "validate", str(path))
+    assert done.returncode == 0 and "ok, 1 job(s)" in done.stdout, done.stderr[-2000:]
+    assert "dblockrun.config.load" in imported  # the log is read right
+    assert heavy(imported, {"sqlalchemy", "sqlite3", "psycopg", "pymysql", "socket",
+                            "dblockrun.scheduling.targeting"}) == set()
