@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import cpureport
 import harness
 import psycopg
 import pymysql
@@ -114,6 +115,7 @@ def pytest_configure_node(node: Any) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     selected_backends(config)  # reject a bad list before collecting anything
+    cpureport.register(config)
     harness.stop_on_signals()
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
