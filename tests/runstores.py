@@ -1,5 +1,6 @@
-"""The hot path's role (dblockrun/store/runstore.py) and the held gaps'
-(dblockrun/store/roles.py: HeldGaps) under test: the
+"""The hot path's role (dblockrun/store/runstore.py), a daemon's attempts'
+(same module: FiringStore) and the held gaps' (dblockrun/store/roles.py:
+HeldGaps) under test: the
 in-memory store on a clock the test moves, or a real database on its own
 clock, behind one face, so that a contract test says once what both do.
 
@@ -19,7 +20,7 @@ from dblockrun.store.engine import Claim
 from dblockrun.store.memory import ManualClock, MemoryRunStore
 from dblockrun.store.models import Claimed
 from dblockrun.store.roles import HeldGaps
-from dblockrun.store.runstore import RunStore
+from dblockrun.store.runstore import FiringStore, RunStore
 
 #: The longest a real database's clock is waited for (a lease of a second
 #: or two running out, on a loaded machine).
@@ -53,11 +54,13 @@ class RoleUnderTest:
     """A :class:`RunStore` and what its contract does around it: claim,
     switch a job off, read rows and records, let time pass. ``gaps``: the
     same store as the bookkeeping's :class:`HeldGaps`
-    (tests/test_heldgaps_contract.py)."""
+    (tests/test_heldgaps_contract.py); ``firing``: as a daemon's attempts'
+    :class:`FiringStore` (tests/test_firing_contract.py)."""
 
     kind: str
     store: RunStore
     gaps: HeldGaps
+    firing: FiringStore
 
     def ensure(self, *names: str) -> None:
         raise NotImplementedError
@@ -73,7 +76,9 @@ class RoleUnderTest:
         """Until the store's clock is past ``when``."""
         raise NotImplementedError
 
-    def disable(self, name: str, for_seconds: float) -> None:
+    def disable(self, name: str, for_seconds: float, *, audited: bool = False) -> None:
+        """``audited``: an operator's (``dblockrun disable``, in the audit
+        trail), else as ``on-failure`` disables."""
         raise NotImplementedError
 
     def pause(self, for_seconds: float) -> None:
@@ -109,7 +114,7 @@ class InMemory(RoleUnderTest):
     def __init__(self) -> None:
         self.clock = ManualClock()
         self.memory = MemoryRunStore(self.clock)
-        self.store = self.gaps = self.memory
+        self.store = self.gaps = self.firing = self.memory
 
     def ensure(self, *names: str) -> None:
         self.memory.ensure_jobs(names)
@@ -124,8 +129,8 @@ class InMemory(RoleUnderTest):
     def pass_until(self, when: float) -> None:
         self.clock.advance(max(0.0, when - self.clock.now()) + 0.001)
 
-    def disable(self, name: str, for_seconds: float) -> None:
-        self.memory.disable(name, for_seconds=for_seconds)
+    def disable(self, name: str, for_seconds: float, *, audited: bool = False) -> None:
+        self.memory.disable(name, for_seconds=for_seconds, audited=audited)
 
     def pause(self, for_seconds: float) -> None:
         self.memory.pause(for_seconds)
@@ -153,7 +158,7 @@ class OnDatabase(RoleUnderTest):
     def __init__(self, kind: str, url: str, prefix: str) -> None:
         self.kind = kind
         self.full = Store(url, prefix)
-        self.store = self.gaps = self.full
+        self.store = self.gaps = self.firing = self.full
 
     def ensure(self, *names: str) -> None:
         self.full.ensure_jobs(names)
@@ -169,8 +174,9 @@ class OnDatabase(RoleUnderTest):
         wait_for(lambda: self.full.db_now() > when, DEADLINE, interval=0.05,
                  what=f"the database clock to pass {when - self.full.db_now():.2f} s on")
 
-    def disable(self, name: str, for_seconds: float) -> None:
-        self.full.disable(name, for_seconds=for_seconds)
+    def disable(self, name: str, for_seconds: float, *, audited: bool = False) -> None:
+        self.full.disable(name, for_seconds=for_seconds,
+                          audit=Audit("op@test", "disable", name) if audited else None)
 
     def pause(self, for_seconds: float) -> None:
         self.full.control.pause(Audit("op@test", "pause"), for_seconds)

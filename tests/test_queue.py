@@ -24,7 +24,6 @@ from dblockrun.store import Store
 from dblockrun.store import models as m
 from dblockrun.store.models import RunRecord
 from dblockrun.store.status import report
-from dblockrun.timetext import utc
 
 FILE = "jobs.yaml"
 
@@ -292,35 +291,10 @@ def test_a_waiting_slot_keeps_its_lock_when_it_takes_its_seat_during_a_renewal(
     store.close()
 
 
-@pytest.mark.slow
-def test_a_full_queue_records_the_slot_skipped_with_the_reason(
-        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
-    """A group of one seat whose queue holds one slot, three jobs due
-    together: one runs, one waits and runs, the third is recorded skipped,
-    saying why."""
-    jobs = jobs_file(tmp_path / "jobs.yaml", {name: """\
-        cron: "*/4 * * * * *"
-        group: backups
-        command: sleep 1
-        """ for name in ("a", "b", "c")},
-        "groups:\n  backups: {seats: 1, when-full: queue, queue: 1}")
-    fleet.start(jobs)
-    store = Store(db.url, db.prefix)
-    try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, FIRST_RUN,
-                 what="the daemon registered")
-        first = store.db_now() + 1
-        slots = queue_runs(store, {"a", "b", "c"}, first, 2)
-    finally:
-        codes = fleet.stop()
-    assert codes == [0]
-    for per_slot in slots.values():
-        assert sorted(r.result for r in per_slot.values()) == ["ok", "ok", "skipped"], per_slot
-        skipped = store.run(next(r for r in per_slot.values() if r.result == "skipped").id)
-        assert skipped is not None and skipped.output == (
-            "skipped: group backups full and 1 slot(s) already waiting for a seat (queue: 1)\n")
-        assert overlaps([r for r in per_slot.values() if r.result == "ok"]) == []
-    store.close()
+# A full group queue records the slot skipped with the reason: one daemon's
+# logic, on the memory store in tests/test_firing_memory.py (its SQL: the
+# claims, seats and waiting runs of tests/test_firing_contract.py on every
+# database, and the fleet tests above).
 
 
 TWO_JOBS = {name: """\
@@ -360,31 +334,9 @@ def test_a_full_host_that_queues_runs_every_slot_one_after_the_other(
     store.close()
 
 
-@pytest.mark.slow
-def test_a_full_host_queue_records_the_slot_skipped_with_the_reason(
-        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
-    jobs = jobs_file(tmp_path / "jobs.yaml", {name: """\
-        cron: "*/4 * * * * *"
-        command: sleep 1
-        """ for name in ("a", "b", "c")})
-    fleet.start(jobs, "--max-running", "1",
-                "--when-full", "queue", "--queue", "1")
-    store = Store(db.url, db.prefix)
-    try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, FIRST_RUN,
-                 what="the daemon registered")
-        first = store.db_now() + 1
-        slots = queue_runs(store, {"a", "b", "c"}, first, 2)
-    finally:
-        codes = fleet.stop()
-    assert codes == [0]
-    for per_slot in slots.values():
-        assert sorted(r.result for r in per_slot.values()) == ["ok", "ok", "skipped"], per_slot
-        skipped = store.run(next(r for r in per_slot.values() if r.result == "skipped").id)
-        assert skipped is not None and skipped.output is not None
-        assert "at its --max-running limit (1) and 1 slot(s) already waiting there " \
-               "(--queue 1)" in skipped.output
-    store.close()
+# A full host queue records the slot skipped with the reason: one daemon's
+# logic, on the memory store in tests/test_firing_memory.py (its SQL:
+# tests/test_firing_contract.py; a real daemon's host queue: the test above).
 
 
 def test_validate_warns_of_jobs_due_together_only_in_a_group_that_skips(
@@ -406,46 +358,12 @@ HOLD = {
         cron: "0-59/6 * * * * *"
         group: backups
         command: sleep 3
-        """,
-    "late": """\
-        cron: "1-59/6 * * * * *"
-        group: backups
-        starting-deadline: 1s
-        command: "true"
         """}
 
 
-@pytest.mark.slow
-def test_a_slot_that_waits_past_its_starting_deadline_is_recorded_missed(
-        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
-    jobs = jobs_file(tmp_path / "jobs.yaml", HOLD, QUEUED_GROUP)
-    d = fleet.start(jobs)
-    store = Store(db.url, db.prefix)
-    try:
-        # The slot of late a second after a run of hold began (not the first
-        # one after the daemon came up: hold's slot before it may have
-        # passed unrun, leaving the seat free).
-        hold = wait_for(lambda: next((r for r in store.history("hold", 20)
-                                      if r.slot and r.result in (m.RUNNING, m.OK)), None),
-                        30, interval=0.1, what="a run of hold")
-        assert hold.slot is not None
-        seat_held = hold.slot + 1
-        late = wait_for(lambda: next((r for r in store.history("late", 20)
-                                      if r.slot == seat_held and r.finished), None),
-                        20, interval=0.1, what="late's slot while hold runs, finished")
-    finally:
-        codes = fleet.stop()
-    assert codes == [0]
-    record = store.run(late.id)
-    assert record is not None and late.result == "missed", record
-    assert record.output is not None and record.output.startswith("missed: waited: ")
-    assert record.output.endswith("s late, starting-deadline 1s\n")
-    # Recorded through the slot book, as every passed slot is: its log line
-    # (and its event: metrics, a `missed` notification).
-    said = d.text()
-    assert late.slot is not None
-    assert f"job late: slot {utc(late.slot)} missed: waited: " in said, said[-3000:]
-    store.close()
+# A slot that waits past its starting deadline is recorded missed: one
+# daemon's logic, on the memory store in tests/test_firing_memory.py (its
+# SQL: tests/test_firing_contract.py and tests/test_runstore_contract.py).
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ from dblockrun.scheduling.planner import (
 )
 from dblockrun.store import models as m
 from dblockrun.store.models import Claimed, Trigger
+from dblockrun.store.runstore import FiringStore
 from dblockrun.timetext import utc
 
 log = logging.getLogger("dblockrun")
@@ -46,7 +47,8 @@ class Firing:
     def __init__(self, state: DaemonState, planner: Planner, ctx: RunContext,
                  books: FleetBooks, queues: Queues | None = None,
                  chains: Chains | None = None) -> None:
-        self.store = state.store
+        #: What the attempts ask of the store (the daemon's is a Store).
+        self.store: FiringStore = state.store
         self.s = state.settings
         self.clock = state.clock
         self.outage = state.outage

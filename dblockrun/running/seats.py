@@ -26,10 +26,10 @@ from dblockrun.scheduling.limits import (
 from dblockrun.scheduling.planner import Cause, deadline_reason, too_late
 
 if TYPE_CHECKING:
-    from dblockrun.store import Store
+    from dblockrun.store.runstore import FiringStore
 
 
-def take_seat(store: Store, jobs: JobsFile, job: Job, holder: str,
+def take_seat(store: FiringStore, jobs: JobsFile, job: Job, holder: str,
               lease: float) -> Seat | str:
     """A seat of ``job``'s group for its run (one statement), or the reason
     none is free (one more read, only then)."""
@@ -39,14 +39,14 @@ def take_seat(store: Store, jobs: JobsFile, job: Job, holder: str,
     return got if not isinstance(got, list) else group_reason(job.group, limit, got)
 
 
-def take_lane(store: Store, job: Job, holder: str, lease: float, token: int) -> Seat | str:
+def take_lane(store: FiringStore, job: Job, holder: str, lease: float, token: int) -> Seat | str:
     """A lane of an ``overlap: allow N`` job for the run its claim with
     ``token`` won (one statement), or the reason none is free."""
     got = _take(store, lane_names(job), job, holder, lease, token)
     return got if not isinstance(got, list) else lanes_reason(job, got)
 
 
-def _take(store: Store, rows: list[str], job: Job, holder: str, lease: float,
+def _take(store: FiringStore, rows: list[str], job: Job, holder: str, lease: float,
           token: int | None = None) -> Seat | list[tuple[str, str]]:
     """One of ``rows`` (seats or lanes) taken, or the (job, host) holding them."""
     got = store.claim_seat(rows, holder, lease, job.name, token)
@@ -68,7 +68,7 @@ class Queues:
     """A daemon's limits that queue: its groups with ``when-full: queue``
     (from the jobs file) and, with ``host_queue``, its ``--max-running``."""
 
-    def __init__(self, store: Store, jobs: Callable[[], JobsFile], room: Room, holder: str,
+    def __init__(self, store: FiringStore, jobs: Callable[[], JobsFile], room: Room, holder: str,
                  lease: float, now: Callable[[], float], host_queue: int | None,
                  file: Callable[[], JobsFile] | None = None) -> None:
         self.store = store

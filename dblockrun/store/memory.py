@@ -13,13 +13,22 @@ its tolerance), a last start at least a rate old, an operator's request,
 or a passed slot run again. Every time it reads or writes is its
 :class:`ManualClock`'s, the database clock's stand-in.
 
-Not modelled (they stay with the databases and their tests): batch claims
-(``claim_batch``: SKIP LOCKED, its chunks), fan-out items, group seats'
-claims (their release is), the claims of ``exec`` and the API that record
-a dead holder's run lost first (``Claim.check``: the schema version and
-the lost sweep), the rest of the bookkeeping (lost runs, hosts: the held
-gaps are here, :class:`~dblockrun.store.roles.HeldGaps`), transactions
-cut short, and a store that is away: no call here raises
+It plays :class:`~dblockrun.store.runstore.FiringStore` too, what a
+daemon's attempts ask: a job's claim with its record, a batch of jobs of
+one slot (the same predicate, row by row: every claim here is serialized,
+so no row is ever "being claimed at this moment" and ``wait`` changes
+nothing), an operator's run-now request, a group's seat and a job's lane
+(:mod:`~dblockrun.running.seats`), the lock rows, the audited disables'
+starts, and the held runs (:class:`MemoryControl`: running, waiting,
+kill requests; the audit trail keeps only the disables' starts).
+
+Not modelled (they stay with the databases and their tests): a batch's
+chunks and SKIP LOCKED, fan-out items, the claims of ``exec`` and the API
+that record a dead holder's run lost first (``Claim.check``: the schema
+version and the lost sweep), every-host rows (``JOB@HOST``) as one job,
+the rest of the bookkeeping (lost runs, hosts: the held gaps are here,
+:class:`~dblockrun.store.roles.HeldGaps`), transactions cut short, and a
+store that is away: no call here raises
 :class:`~dblockrun.errors.DatabaseError`. Triggers exist only once
 :meth:`MemoryRunStore.add_trigger` made them (``make_triggers`` is not in
 the role).
@@ -32,14 +41,19 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from dblockrun.jobs import EVERY_HOST_SEP, LANE_PREFIX
 from dblockrun.store.engine import Claim
 from dblockrun.store.models import (
+    CLAIM_TOLERANCE,
     OK,
     RUNNING,
+    UNFINISHED,
     WAITING,
     Claimed,
     ClockSample,
     HeldGap,
+    LockState,
+    RunRecord,
     Trigger,
     token_usable,
 )
@@ -92,6 +106,13 @@ class LockRow:
     kill_by: str | None = None
     prev_slot: float | None = None
     prev_until: float | None = None
+    #: A seat's or lane's: the job it was last taken for.
+    held_for: str | None = None
+
+    def state(self) -> LockState:
+        return LockState(self.name, self.holder, self.lock_until, self.locked_at, self.token,
+                         self.last_slot, self.last_start, self.next_due, self.disabled_until,
+                         self.disabled_reason, run_requested=self.run_requested)
 
 
 @dataclass
@@ -120,6 +141,12 @@ class RunRow:
     def duration(self) -> float | None:
         return None if self.finished is None else self.finished - self.started
 
+    def record(self) -> RunRecord:
+        return RunRecord(self.id, self.job, self.item, self.host, self.slot, self.token,
+                         self.attempt, self.started, self.finished, self.exit_code, self.result,
+                         self.output, self.upstream_job, self.upstream_run, self.origin,
+                         self.origin_run)
+
 
 class MemoryRunStore:
     """:class:`~dblockrun.store.runstore.RunStore` in memory, plus the
@@ -137,6 +164,13 @@ class MemoryRunStore:
         self._pause_ends: float | None = None
         self._drains: dict[str, float] = {}
         self._triggers: dict[tuple[str, int], float | None] = {}
+        #: The audited disables: (job, when).
+        self._disables: list[tuple[str, float]] = []
+        self._control = MemoryControl(self)
+
+    @property
+    def control(self) -> MemoryControl:
+        return self._control
 
     def db_now(self) -> float:
         return self.clock.now()
@@ -168,16 +202,27 @@ class MemoryRunStore:
                 self._locks.setdefault(name, LockRow(name))
 
     def disable(self, name: str, *, for_seconds: float | None = None, until: float | None = None,
-                reason: str | None = None) -> float:
+                reason: str | None = None, audited: bool = True) -> float:
         """Disable ``name`` (for ``for_seconds``, until ``until``, or for
-        ever): no claim of it wins meanwhile. When it ends."""
+        ever): no claim of it wins meanwhile. When it ends. ``audited``: an
+        operator's (in the audit trail), else ``on-failure``'s."""
         with self._lock:
             row = self._locks.setdefault(name, LockRow(name))
+            now = self.clock.now()
             end = float("inf") if until is None else until
             if for_seconds is not None:
-                end = self.clock.now() + for_seconds
+                end = now + for_seconds
             row.disabled_until, row.disabled_reason = end, reason
+            if audited:
+                self._disables.append((name, now))
             return end
+
+    def disabled_since(self, name: str, now: float) -> float | None:
+        """As :meth:`Store.disabled_since <dblockrun.store.store.Store.disabled_since>`."""
+        job = name.split(EVERY_HOST_SEP, 1)[0]
+        with self._lock:
+            return max((at for of, at in self._disables if of == job and at <= now),
+                       default=None)
 
     def pause(self, for_seconds: float) -> None:
         """The fleet-wide pause: no claim wins for ``for_seconds``."""
@@ -222,26 +267,92 @@ class MemoryRunStore:
         with self._lock:
             if ensure:
                 self._locks.setdefault(name, LockRow(name))
-            row = self._locks.get(name)
-            now = self.clock.now()
-            if row is None or not self._claimable(row, holder, claim, now):
-                return None
-            self._take(row, holder, lease, claim, now)
-            run_id = None
-            if claim.record:
-                run_id = self._insert(RunRow(0, name, holder, row.token, claim.slot, 1, now,
-                                             RUNNING))
-            return Claimed(name, row.token, run_id)
+            return self._claim_row(name, holder, lease, claim, self.clock.now())
 
-    def _claimable(self, row: LockRow, holder: str, claim: Claim, now: float) -> bool:
-        """:meth:`Queries.claimable <dblockrun.store.queries.Queries.claimable>`."""
+    def _claim_row(self, name: str, holder: str, lease: float, claim: Claim,
+                   now: float) -> Claimed | None:
+        """Every claim of a job's row: the predicate, the write, the record."""
+        row = self._locks.get(name)
+        if row is None or not self._claimable(row, holder, claim, now):
+            return None
+        self._take(row, holder, lease, claim, now)
+        run_id = None
+        if claim.record:
+            run_id = self._insert(RunRow(0, name, holder, row.token, claim.slot, 1, now,
+                                         RUNNING))
+        return Claimed(name, row.token, run_id)
+
+    def claim_and_record(self, name: str, holder: str, lease: float, *,
+                         slot: float | None = None, rate: float | None = None,
+                         next_due: float | None = None,
+                         slot_tolerance: float = CLAIM_TOLERANCE) -> Claimed | None:
+        return self.claim(name, holder, lease, Claim(
+            slot=slot, rate=rate, next_due=next_due, tolerance=slot_tolerance, record=True))
+
+    def claim_batch(self, names: Sequence[str], holder: str, lease: float, *, slot: float,
+                    next_due: float, limit: int, rate: float | None = None,
+                    slot_tolerance: float = CLAIM_TOLERANCE,
+                    wait: bool = False) -> list[Claimed]:
+        """As :meth:`Store.claim_batch <dblockrun.store.store.Store.claim_batch>`:
+        the names in the order given, each by :meth:`_claim_row`."""
+        claim = Claim(slot=slot, rate=rate, next_due=next_due, tolerance=slot_tolerance,
+                      record=True, wait=wait)
+        won: list[Claimed] = []
+        with self._lock:
+            now = self.clock.now()
+            for name in dict.fromkeys(names):
+                if len(won) >= limit:
+                    break
+                got = self._claim_row(name, holder, lease, claim, now)
+                if got is not None:
+                    won.append(got)
+        return won
+
+    def claim_requested(self, name: str, holder: str, lease: float) -> int | None:
+        won = self.claim(name, holder, lease, Claim(requested=True))
+        return None if won is None else won.token
+
+    def claim_seat(self, seats: Sequence[str], holder: str, lease: float,
+                   job: str, token: int | None = None) -> tuple[str, int] | None:
+        """As :meth:`LockEngine.claim_seat <dblockrun.store.engine.LockEngine.claim_seat>`:
+        the first free row by name (as MySQL takes it; PostgreSQL takes any)."""
+        with self._lock:
+            now = self.clock.now()
+            for name in sorted(set(seats)):
+                row = self._locks.get(name)
+                if row is not None and self._claimable(row, holder, PLAIN, now, seat=True):
+                    self._take(row, holder, lease, PLAIN, now, held_for=job, token=token)
+                    return name, row.token
+            return None
+
+    def seat_holders(self, seats: Sequence[str]) -> list[tuple[str, str]]:
+        with self._lock:
+            now = self.clock.now()
+            return [(str(row.held_for), row.holder) for name in sorted(set(seats))
+                    if (row := self._locks.get(name)) is not None and row.holder is not None
+                    and row.lock_until is not None and row.lock_until > now]
+
+    def lock_state(self, name: str) -> LockState | None:
+        with self._lock:
+            row = self._locks.get(name)
+            return None if row is None else row.state()
+
+    def lock_states(self) -> tuple[dict[str, LockState], float]:
+        with self._lock:
+            return {name: row.state() for name, row in sorted(self._locks.items())}, \
+                self.clock.now()
+
+    def _claimable(self, row: LockRow, holder: str, claim: Claim, now: float, *,
+                   seat: bool = False) -> bool:
+        """:meth:`Queries.claimable <dblockrun.store.queries.Queries.claimable>`
+        (``seat``: of a group's seat or a job's lane, ``ClaimShape.seat``)."""
         if not token_usable(row.token):
             return False
         if row.lock_until is not None and row.lock_until > now:
             return False
         if self._pause_ends is not None and self._pause_ends > now:
             return False
-        if claim.again is None and any(
+        if not seat and claim.again is None and any(
                 ends > now and holder.startswith(f"{host}:")
                 for host, ends in self._drains.items()):
             return False
@@ -268,9 +379,11 @@ class MemoryRunStore:
         return True
 
     @staticmethod
-    def _take(row: LockRow, holder: str, lease: float, claim: Claim, now: float) -> None:
+    def _take(row: LockRow, holder: str, lease: float, claim: Claim, now: float, *,
+              held_for: str | None = None, token: int | None = None) -> None:
         """:meth:`Queries.claim_write <dblockrun.store.queries.Queries.claim_write>`
-        on a lock row: every value from the row as it was."""
+        on a lock row: every value from the row as it was. ``held_for``: a
+        seat's or lane's job; ``token``: a lane's (the job's claim's)."""
         row.prev_renewed_at = row.renewed_at
         if claim.slot is not None:
             held_past = (row.lock_until is not None and row.last_slot is not None
@@ -278,8 +391,10 @@ class MemoryRunStore:
             row.prev_slot = row.last_slot if row.prev_until is None else row.prev_slot
             row.prev_until = row.lock_until if held_past else row.prev_until
         row.holder, row.lock_until, row.locked_at = holder, now + lease, now
-        row.token += 1
+        row.token = row.token + 1 if token is None else token
         row.last_start = row.renewed_at = now
+        if held_for is not None:
+            row.held_for = held_for
         row.run_requested = None
         if claim.next_due is not None:
             row.next_due = claim.next_due
@@ -480,3 +595,53 @@ class MemoryRunStore:
                                        finished=now, output=output,
                                        upstream_job=trigger.upstream_job,
                                        upstream_run=trigger.upstream_run))
+
+
+
+class MemoryControl:
+    """:class:`~dblockrun.store.runstore.RunsControl` of a
+    :class:`MemoryRunStore`: its held runs (:meth:`Queries.holding
+    <dblockrun.store.queries.Queries.holding>`: the job's row or one of its
+    lanes with the run's token, the lease live; items are not modelled)."""
+
+    def __init__(self, store: MemoryRunStore) -> None:
+        self._s = store
+
+    def _holding(self, run: RunRow, now: float) -> list[LockRow]:
+        if run.item is not None:
+            return []
+        return [row for row in self._s._locks.values()
+                if (row.name == run.job or (row.held_for == run.job
+                                            and row.name.startswith(LANE_PREFIX)))
+                and row.token == run.token and row.lock_until is not None
+                and row.lock_until > now]
+
+    def running(self, job: str | None = None) -> list[RunRecord]:
+        with self._s._lock:
+            now = self._s.clock.now()
+            return [run.record() for run in sorted(self._s._runs.values(), key=lambda r: r.id)
+                    if run.result in UNFINISHED and (job is None or run.job == job)
+                    and self._holding(run, now)]
+
+    def waiting(self, jobs: Sequence[str]) -> list[RunRecord]:
+        with self._s._lock:
+            now = self._s.clock.now()
+            found = [run for run in self._s._runs.values()
+                     if run.result == WAITING and run.job in jobs and self._holding(run, now)]
+            found.sort(key=lambda r: (r.slot if r.slot is not None else r.started, r.id))
+            return [run.record() for run in found]
+
+    def kill(self, runs: list[RunRecord], who: str, reason: str | None) -> list[RunRecord]:
+        by = (who if not reason else f"{who}: {reason}")[:1000]
+        asked: list[RunRecord] = []
+        with self._s._lock:
+            now = self._s.clock.now()
+            for run in runs:
+                rows = self._holding(RunRow(run.id, run.job, run.host, run.token, run.slot,
+                                            run.attempt, run.started, run.result,
+                                            item=run.item), now)
+                for row in rows:
+                    row.kill_token, row.kill_by = run.token, by
+                if rows:
+                    asked.append(run)
+        return asked

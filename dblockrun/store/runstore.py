@@ -16,6 +16,15 @@ each call to its engine) have it structurally, and so has
 logic tests run on (tests/test_runstore_contract.py holds all three to the
 same contract).
 
+:class:`FiringStore` adds what a daemon's attempts
+(:class:`~dblockrun.daemon.firing.Firing`) and the seats and queues they
+take (dblockrun/running/seats.py) ask on top: the claims (a job's slot,
+a batch of jobs of one slot, an operator's run-now request, a group's
+seat or a job's lane), the lock rows read when a plan is in doubt, and
+the runs that hold or wait for a lease (:class:`RunsControl`).
+:class:`~dblockrun.store.Store` has it, and so has the memory store
+(tests/test_firing_contract.py holds both to one contract).
+
 Every time below is the store's clock (the database's; the memory store's
 settable one), never the caller's. A write that is "fenced" matches only
 while the job's lock row still has the caller's token (and, for a release,
@@ -24,13 +33,13 @@ its holder): a run whose lock another holder took writes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from dblockrun.store.models import RUNNING
+from dblockrun.store.models import CLAIM_TOLERANCE, RUNNING
 
 if TYPE_CHECKING:
-    from dblockrun.store.models import Trigger
+    from dblockrun.store.models import Claimed, LockState, RunRecord, Trigger
 
 
 class RunStore(Protocol):
@@ -130,3 +139,115 @@ class RunStore(Protocol):
         """Take a pending ``trigger`` and record why it starts no run: the
         record's id, None when another host took it first."""
         ...
+
+
+class RunsControl(Protocol):
+    """The runs a daemon's attempts and queues read and stop (a part of
+    :class:`~dblockrun.store.control.ControlStore`). A run is *held* while
+    a lock row (the job's own, or one of its lanes: ``overlap: allow N``)
+    has the run's token and a live lease."""
+
+    def running(self, job: str | None = None) -> list[RunRecord]:
+        """The runs of ``job`` (None: of every job) that are ``running`` or
+        ``waiting`` and held, by id."""
+        ...
+
+    def waiting(self, jobs: Sequence[str]) -> list[RunRecord]:
+        """The ``waiting`` runs of ``jobs`` that are held, oldest slot (a
+        slot-less run: its start) first, then by id."""
+        ...
+
+    def kill(self, runs: list[RunRecord], who: str, reason: str | None) -> list[RunRecord]:
+        """Ask the holders of ``runs`` to stop them: a kill request (``who:
+        reason``) on the row that holds each (the job's or a lane with the
+        run's token, its lease live), which its holder reads with its next
+        renewal; audited. The runs asked."""
+        ...
+
+
+class FiringStore(RunStore, Protocol):
+    """What a daemon's attempts ask of a store: :class:`RunStore` (the
+    runs they start, the claims they give back) and the claims, reads and
+    runs below. A claim wins by one predicate on every path (a usable
+    token, the lease run out, no fleet pause, the holder's host not
+    drained except for a seat or lane, the job not disabled, and what the
+    claim asks: a newer slot not later than now + its tolerance, a last
+    start at least ``rate`` old (within the tolerance when with a slot),
+    an operator's request). A claim won takes the row: ``holder``, a lease
+    of ``lease`` from now, the token one up (a lane: the job's), its last
+    start now, the run-now request cleared, and as asked its last slot and
+    next due time (``next_due``, else now + ``rate`` when rate-only)."""
+
+    @property
+    def control(self) -> RunsControl:
+        """The held runs: who runs, who waits, and the kill requests."""
+        ...
+
+    def ensure_jobs(self, names: Iterable[str]) -> None:
+        """Make the lock rows of ``names`` that do not exist yet (free,
+        token 0); the others are left as they are."""
+        ...
+
+    def lock_state(self, name: str) -> LockState | None:
+        """The lock row ``name``, None when there is none."""
+        ...
+
+    def lock_states(self) -> tuple[dict[str, LockState], float]:
+        """Every lock row by name, and the store's time, read at once."""
+        ...
+
+    def disabled_since(self, name: str, now: float) -> float | None:
+        """When the disable of ``name`` (``JOB@HOST``: its job's) began by
+        the audit trail: its newest audited ``disable`` at or before
+        ``now``; None when none is (an unaudited disable: ``on-failure``)."""
+        ...
+
+    def claim_and_record(self, name: str, holder: str, lease: float, *,
+                         slot: float | None = None, rate: float | None = None,
+                         next_due: float | None = None,
+                         slot_tolerance: float = CLAIM_TOLERANCE) -> Claimed | None:
+        """Claim ``name`` (for ``slot``; None: a rate-only turn) and, when
+        won, the ``running`` record of its first attempt (slot, the new
+        token, started at the claim). None when lost (a missing row too)."""
+        ...
+
+    def claim_batch(self, names: Sequence[str], holder: str, lease: float, *, slot: float,
+                    next_due: float, limit: int, rate: float | None = None,
+                    slot_tolerance: float = CLAIM_TOLERANCE,
+                    wait: bool = False) -> list[Claimed]:
+        """:meth:`claim_and_record` of up to ``limit`` of ``names`` (one
+        slot), by the same predicate: those won, each with its run id; which
+        of more candidates than ``limit`` are taken is the store's choice.
+        Rows another claim is taking at this moment are skipped, or with
+        ``wait`` waited for."""
+        ...
+
+    def claim_requested(self, name: str, holder: str, lease: float) -> int | None:
+        """Claim ``name`` only while an operator's run-now request is on it
+        (``dblockrun run``), which the claim clears; no record is made. The
+        new token, or None."""
+        ...
+
+    def claim_seat(self, seats: Sequence[str], holder: str, lease: float,
+                   job: str, token: int | None = None) -> tuple[str, int] | None:
+        """Take one free row of ``seats`` (a group's seats, or a job's lanes)
+        for ``job`` (held for it from now), by the claim predicate without
+        the drain (the slot is claimed already); ``token``: a lane's, the
+        job's claim's, else the row's next one. (row, token), or None when
+        none is free (a missing row is never free)."""
+        ...
+
+    def seat_holders(self, seats: Sequence[str]) -> list[tuple[str, str]]:
+        """(job held for, holder) of each row of ``seats`` whose lease is
+        live and that has a holder, by row name."""
+        ...
+
+
+if TYPE_CHECKING:  # who plays the roles: mypy checks it here
+    from dblockrun.store.engine import LockEngine
+    from dblockrun.store.memory import MemoryRunStore
+    from dblockrun.store.store import Store
+
+    def _plays(store: Store, engine: LockEngine,
+               memory: MemoryRunStore) -> tuple[FiringStore, RunStore, FiringStore]:
+        return store, engine, memory

@@ -1,0 +1,161 @@
+"""A daemon's attempts (dblockrun/daemon/firing.py: ``Firing``, with its
+planner, queues, seats and runs) driven in-process on the memory store
+(dblockrun/store/memory.py), its clock moved by the test: logic tests of
+queues, seats and overlap without database servers nor waits for real
+slots. The commands run for real (a subprocess each), so that a test holds
+a run as long as it likes (:meth:`MemoryDaemon.finish`).
+
+What the store does under these tests is held to the databases' SQL by
+tests/test_firing_contract.py and tests/test_runstore_contract.py; what
+only a real process, a second daemon or a database does stays in the
+tests that start them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+from pathlib import Path
+from typing import cast
+
+from helpers import daemon_state, wait_for
+
+from dblockrun.config.load import load_jobs_text
+from dblockrun.daemon.firing import Firing
+from dblockrun.daemon.fleet import FleetBooks
+from dblockrun.daemon.registry import Runs
+from dblockrun.running.heartbeat import DbClock, Renewer
+from dblockrun.running.runjob import RunContext
+from dblockrun.running.runloop import RunLoop
+from dblockrun.running.seats import Queues
+from dblockrun.scheduling.limits import all_seats
+from dblockrun.scheduling.planner import Planner
+from dblockrun.store import Store
+from dblockrun.store.memory import ManualClock, MemoryRunStore, RunRow
+from dblockrun.store.models import CLAIM_TOLERANCE
+from dblockrun.store.outage import Outage
+
+#: The longest a run's real process is waited for.
+DEADLINE = 15.0
+
+#: A command that runs until the test lets it end (:meth:`MemoryDaemon.finish`).
+HELD = 'until [ -e "{dir}/end-$DBLOCKRUN_RUN_ID" ]; do sleep 0.02; done'
+
+
+class ManualDbClock(DbClock):
+    """The daemon's estimate of the database clock: the memory store's own,
+    read without a round trip."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__()
+        self._manual = clock
+
+    def now(self) -> float:
+        return self._manual.now()
+
+    @property
+    def known(self) -> bool:
+        return True
+
+    @property
+    def offset(self) -> float | None:
+        return 0.0
+
+    @property
+    def uncertainty(self) -> float:
+        return 0.0
+
+
+class MemoryDaemon:
+    """One daemon's attempts on a :class:`MemoryRunStore`, as the main loop
+    (dblockrun/daemon/loop.py) builds them, without its loop: the test
+    moves the clock (:meth:`at`) and the daemon acts on what is due then.
+    The jobs file is ``text`` with ``{dir}`` (``tmp``) and ``{held}`` (a
+    command the test ends, :data:`HELD`) filled in; ``max_running`` and
+    ``host_queue``: ``--max-running`` and ``--when-full queue --queue``."""
+
+    def __init__(self, text: str, tmp: Path, *, holder: str = "host-1:1:t",
+                 lease: float = 30.0, max_running: int | None = None,
+                 host_queue: int | None = None) -> None:
+        self.tmp = tmp
+        self.store = MemoryRunStore()
+        self.clock = self.store.clock
+        self.jobs = load_jobs_text(textwrap.dedent(text).format(
+            dir=tmp, held=HELD.format(dir=tmp)), "jobs.yaml")
+        self.stop = threading.Event()
+        outage = Outage(self.clock.now, self.clock.advance)
+        # (only the parts built here read the state's store: the memory one
+        # plays what they ask, FiringStore and RunStore)
+        state = daemon_state(cast(Store, self.store), holder, self.jobs, lease=lease,
+                             outage=outage)
+        state.clock, state.stop = ManualDbClock(self.clock), self.stop
+        state.runs = Runs(max_running, lambda: None)
+        self.renewer = Renewer(self.store, 1.0, outage)
+        ctx = RunContext(store=self.store, holder=holder, lease=lease, kill_grace=1.0,
+                         renewer=self.renewer, outage=outage, stop=self.stop,
+                         stop_grace=lambda: None, loop=RunLoop(self.stop), events=state.events,
+                         book=state.book, now=state.clock.now)
+        queues = Queues(self.store, state.jobs, state.runs, holder, lease, state.clock.now,
+                        host_queue, state.file)
+        planner = Planner(1.0, CLAIM_TOLERANCE, host_queue=host_queue is not None)
+        self.firing = Firing(state, planner, ctx, FleetBooks(state), queues)
+        self.store.ensure_jobs([*(job.name for job in self.jobs.jobs), *all_seats(self.jobs)])
+        self.renewer.start()
+        self.firing.planner.start([job for job in self.jobs.jobs if job.enabled],
+                                  self.clock.now())
+        self.step()
+
+    def step(self) -> None:
+        """What the main loop does in a turn: the due attempts, then the
+        runs that ended."""
+        self.firing.fire_due()
+        self.firing.finished()
+
+    def next_at(self) -> float:
+        nxt = self.firing.planner.agenda.next_at()
+        assert nxt is not None, "nothing planned"
+        return nxt
+
+    def at(self, when: float) -> None:
+        """Move the clock to ``when`` and take a turn."""
+        self.clock.advance(max(0.0, when - self.clock.now()))
+        self.step()
+
+    def until(self, when: float) -> None:
+        """Take a turn at each time something is due up to ``when``, then at ``when``."""
+        while (nxt := self.next_at()) <= when:
+            self.at(nxt)
+        self.at(when)
+
+    def finish(self, run_id: int) -> RunRow:
+        """Let the command of the run ``run_id`` end; its record once written."""
+        (self.tmp / f"end-{run_id}").touch()
+        return wait_for(lambda: self._ended(run_id), DEADLINE,
+                        what=f"the end of run {run_id} recorded")
+
+    def when(self, run_id: int, result: str, what: str) -> RunRow:
+        """The record of the run ``run_id`` once its result is ``result``."""
+
+        def found() -> RunRow | None:
+            run = self.store.run(run_id)
+            return run if run is not None and run.result == result else None
+
+        return wait_for(found, DEADLINE, what=what)
+
+    def _ended(self, run_id: int) -> RunRow | None:
+        run = self.store.run(run_id)
+        return run if run is not None and run.finished is not None else None
+
+    def close(self) -> None:
+        """Let every run end (a waiting one once it starts), then stop."""
+
+        def over() -> bool:
+            for run in self.store.control.running():
+                (self.tmp / f"end-{run.id}").touch()
+            return not self.firing.runs.all()
+
+        try:
+            wait_for(over, DEADLINE, what="the runs to end")
+        finally:
+            self.stop.set()
+            self.renewer.stop()
