@@ -227,3 +227,30 @@ def test_a_disable_began_at_its_newest_audited_disable(run_store: RoleUnderTest)
     # A disable nobody audited (on-failure) has no known start.
     run_store.disable("broken", 60)
     assert store.disabled_since("broken", run_store.now()) is None
+
+
+def test_a_group_seat_held_for_a_job_is_never_one_of_its_lanes(
+        run_store: RoleUnderTest) -> None:
+    """A group's seat is taken for a job (``held_for``) like a lane, and its
+    token may equal the job's claim's; still it never holds the job's run:
+    once the job's row is freed the run is held by nothing (not running,
+    not waiting, not killed through the seat)."""
+    store = run_store.firing
+    run_store.ensure("solo", "group:g:1")
+    slot = base_slot(run_store)
+    won = store.claim_and_record("solo", "h1", 30, slot=slot)
+    assert won is not None and won.run_id is not None
+    seat = store.claim_seat(["group:g:1"], "h1", 30, "solo")
+    assert seat == ("group:g:1", won.token)  # the same token as the job's claim
+    assert store.seat_holders(["group:g:1"]) == [("solo", "h1")]
+    assert store.run_waits(won.run_id, "a seat of group g")
+    assert [r.id for r in store.control.waiting(["solo"])] == [won.run_id]
+    run = store.control.running("solo")[0]
+    assert store.release("solo", "h1", won.token)
+    # The seat stays held for the job, with the run's token: not a lane.
+    assert store.seat_holders(["group:g:1"]) == [("solo", "h1")]
+    assert store.control.running("solo") == []
+    assert store.control.running() == []
+    assert store.control.waiting(["solo"]) == []
+    assert store.control.kill([run], "op@test", "why") == []
+    assert store.renew_many("h1", [("group:g:1", won.token)], 30) == {"group:g:1": None}
