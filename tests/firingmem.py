@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -72,13 +73,16 @@ class MemoryDaemon:
     moves the clock (:meth:`at`) and the daemon acts on what is due then.
     The jobs file is ``text`` with ``{dir}`` (``tmp``) and ``{held}`` (a
     command the test ends, :data:`HELD`) filled in; ``max_running`` and
-    ``host_queue``: ``--max-running`` and ``--when-full queue --queue``."""
+    ``host_queue``: ``--max-running`` and ``--when-full queue --queue``;
+    ``store``: one the test prepared (e.g. the lock rows a fleet stopped
+    a while ago left, :meth:`MemoryRunStore.set_last_slot`), for a daemon
+    that starts after downtime."""
 
     def __init__(self, text: str, tmp: Path, *, holder: str = "host-1:1:t",
                  lease: float = 30.0, max_running: int | None = None,
-                 host_queue: int | None = None) -> None:
+                 host_queue: int | None = None, store: MemoryRunStore | None = None) -> None:
         self.tmp = tmp
-        self.store = MemoryRunStore()
+        self.store = MemoryRunStore() if store is None else store
         self.clock = self.store.clock
         self.jobs = load_jobs_text(textwrap.dedent(text).format(
             dir=tmp, held=HELD.format(dir=tmp)), "jobs.yaml")
@@ -126,6 +130,23 @@ class MemoryDaemon:
         while (nxt := self.next_at()) <= when:
             self.at(nxt)
         self.at(when)
+
+    def go_on(self, done: Callable[[], bool], took: float = 0.3, turns: int = 100) -> None:
+        """Go on until ``done()``: each run going (a :data:`HELD` command)
+        takes ``took`` seconds of the clock and ends, then the daemon takes
+        its turn; with none going, the clock moves to the next due attempt."""
+        for _ in range(turns):
+            if done():
+                return
+            going = [run.id for run in self.store.control.running()]
+            if going:
+                self.clock.advance(took)
+                for run_id in going:
+                    self.finish(run_id)
+                self.step()
+            else:
+                self.at(self.next_at())
+        assert done(), f"not done in {turns} turns"
 
     def finish(self, run_id: int) -> RunRow:
         """Let the command of the run ``run_id`` end; its record once written."""

@@ -5,13 +5,19 @@ its SQL (and what only processes and a fleet show)."""
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from firingmem import MemoryDaemon
+from helpers import coverage
 
+from dblockrun.scheduling.planner import FRESH, RECORDED
 from dblockrun.store import models as m
+from dblockrun.store.memory import MemoryRunStore, RunRow
 from dblockrun.timetext import utc
 
 
@@ -148,3 +154,143 @@ def test_a_slot_that_waits_past_its_starting_deadline_is_recorded_missed(
     # The seat's holder runs on.
     assert [r.result for r in store.runs_of("hold")] == [m.RUNNING]
     assert store.seat_holders(["group:backups:1"]) == [("hold", "host-1:1:t")]
+
+
+# --- catch-up after downtime (moved from tests/test_catchup.py) ------------------------
+#
+# The fleet stopped ``seconds`` ago: the job's lock row keeps its last slot
+# then (MemoryRunStore.set_last_slot, as helpers.set_last_slot does in SQL),
+# and a daemon starts now. The SQL these tests rely on (reading the lock row
+# when a plan is in doubt, recording the passed slots in one statement, the
+# slot claims of the backlog) stays covered on every database by
+# tests/test_firing_contract.py (test_the_lock_rows_read_as_claimed_with_the_stores_time,
+# test_a_slot_is_claimed_once_with_its_record_and_its_next_due_time),
+# tests/test_runstore_contract.py (the slot book's records) and, end to end
+# with real daemons after a real outage, test_catchup.py's
+# test_two_daemons_after_downtime_run_each_missed_slot_once.
+
+TICK = """\
+    jobs:
+      tick:
+        cron: "* * * * * *"
+        command: '{held}'
+    """
+
+
+def down_since(seconds: int) -> tuple[MemoryRunStore, float]:
+    """A store whose fleet stopped ``seconds`` whole seconds ago, the
+    daemon starting now, mid-second: (the store, the job tick's last slot)."""
+    store = MemoryRunStore()
+    store.clock.advance(0.4)
+    last = float(math.floor(store.clock.now()) - seconds)
+    store.set_last_slot("tick", last)
+    return store, last
+
+
+def _slots(runs: list[RunRow]) -> Counter[float]:
+    return Counter(r.slot for r in runs if r.slot is not None)
+
+
+def _oks(store: MemoryRunStore) -> list[RunRow]:
+    return [r for r in store.runs_of("tick") if r.result == m.OK]
+
+
+def test_latest_runs_the_newest_missed_slot_and_records_the_older(
+        tmp_path: Path, daemons: list[MemoryDaemon], caplog: pytest.LogCaptureFixture) -> None:
+    """Moved from tests/test_catchup.py (a real daemon on every database,
+    2.1 to 2.7 s a backend); its SQL: see the section's comment."""
+    store, last = down_since(15)
+    daemon = MemoryDaemon(TICK, tmp_path, store=store)
+    daemons.append(daemon)
+    daemon.go_on(lambda: bool(_oks(store)))
+    first_ok = _oks(store)[0]
+    assert first_ok.slot is not None
+    runs = store.runs_of("tick")
+    before = [r for r in runs if r.slot is not None and r.slot < first_ok.slot]
+    assert {r.result for r in before} == {m.MISSED}
+    # Every slot of the outage before the newest is recorded missed once, why
+    # included: the newest RECORDED one by one, the older ones in one record.
+    older, *each = sorted(before, key=lambda r: r.slot or 0)
+    assert [r.slot for r in each] == [first_ok.slot - k for k in range(RECORDED, 0, -1)]
+    assert all((r.output or "") == "missed: no daemon was running the job; "
+               "catch-up: latest runs only the newest missed slot\n" for r in each)
+    assert older.slot == first_ok.slot - RECORDED - 1
+    assert (older.output or "") == (
+        f"missed: {int(older.slot - last)} slots from {_iso(last + 1)} to {_iso(older.slot)}: "
+        "no daemon was running the job; catch-up: latest runs only the newest missed slot\n")
+    assert older.slot - last >= 3  # the outage was 15 s, and the daemon started after it
+    assert ("missed: no daemon was running the job; catch-up: latest runs only the newest "
+            "missed slot; running the newest") in caplog.text
+    daemon.go_on(lambda: len(_oks(store)) >= 3)  # the regular schedule after the catch-up
+    assert max(_slots(store.runs_of("tick")).values()) == 1
+
+
+def test_none_runs_no_missed_slot(tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """Moved from tests/test_catchup.py (a real daemon on every database,
+    0.4 to 1.6 s a backend); its SQL: see the section's comment."""
+    store, last = down_since(8)
+    t0 = store.clock.now()
+    daemon = MemoryDaemon(TICK.replace("command:", "catch-up: none\n        command:"),
+                          tmp_path, store=store)
+    daemons.append(daemon)
+    daemon.go_on(lambda: bool(_oks(store)))
+    first_ok = _oks(store)[0]
+    assert first_ok.slot is not None and first_ok.slot > t0 - FRESH
+    runs = store.runs_of("tick")
+    before = [r for r in runs if r.slot is not None and r.slot < first_ok.slot]
+    # Each slot of the downtime has one record (a slow start may put the
+    # oldest in one summary record).
+    count = coverage([r.record() for r in before], store, 1.0)
+    assert sorted(count) == [last + k for k in range(1, int(first_ok.slot - last))]
+    assert set(count.values()) == {1}
+    assert {r.result for r in before} == {m.MISSED}
+    assert any("catch-up: none runs no missed slot" in (r.output or "") for r in before)
+    assert len(count) >= 6
+    assert max(_slots(runs).values()) == 1
+
+
+def _catch_up_runs(store: MemoryRunStore, last: float, limit: int) -> tuple[list[RunRow],
+                                                                            list[RunRow]]:
+    """(the missed records of the start, the catch-up runs): the slots after
+    ``last`` recorded missed with the catch-up's reason, then the ``limit``
+    slots after them."""
+    runs = store.runs_of("tick")
+    missed = [r for r in runs if r.result == m.MISSED and "catch-up: all" in (r.output or "")]
+    newest_missed = max((r.slot or 0.0 for r in missed), default=last)
+    ran = sorted((r for r in runs if r.slot is not None
+                  and newest_missed < r.slot <= newest_missed + limit), key=lambda r: r.slot or 0)
+    return missed, ran
+
+
+def test_all_runs_the_newest_missed_slots_one_at_a_time_oldest_first(
+        tmp_path: Path, daemons: list[MemoryDaemon], caplog: pytest.LogCaptureFixture) -> None:
+    """Moved from tests/test_catchup.py (a real daemon on every database,
+    1.3 to 1.6 s a backend); its SQL: see the section's comment. Each run
+    takes 0.3 s of the clock (the real test's ``sleep 0.3``)."""
+    store, last = down_since(8)
+    daemon = MemoryDaemon(TICK.replace(
+        "command:", "catch-up: all\n        catch-up-limit: 3\n        command:"),
+        tmp_path, store=store)
+    daemons.append(daemon)
+
+    def caught_up() -> bool:
+        _missed, ran = _catch_up_runs(store, last, 3)
+        return len(ran) == 3 and all(r.result == m.OK for r in ran)
+
+    daemon.go_on(caught_up, took=0.3)
+    missed, ran = _catch_up_runs(store, last, 3)
+    # The older ones: each slot after the last one recorded missed, once.
+    count = coverage([r.record() for r in missed], store, 1.0)
+    assert sorted(count) == [last + k for k in range(1, len(count) + 1)]
+    assert set(count.values()) == {1} and len(count) >= 5
+    # The newest three: each run, oldest first, one at a time.
+    assert [r.result for r in ran] == [m.OK] * 3
+    for a, b in zip(ran, ran[1:], strict=False):
+        assert a.finished is not None and a.finished <= b.started
+    assert ran[0].started - (ran[0].slot or 0) > 1.0  # run late: a catch-up
+    assert "running the newest 3, oldest first" in caplog.text
+    assert max(_slots(store.runs_of("tick")).values()) == 1
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()

@@ -193,6 +193,13 @@ class MemoryRunStore:
             found = self._runs.get(run_id)
             return None if found is None else replace(found)
 
+    def set_last_slot(self, name: str, slot: float) -> None:
+        """The job's lock row as a fleet would have left it (tests: a fleet
+        stopped since ``slot``): its last slot ``slot`` (made if missing),
+        with no run record."""
+        with self._lock:
+            self._locks.setdefault(name, LockRow(name)).last_slot = slot
+
     # -- the operator's switches ------------------------------------------------------
 
     def ensure_jobs(self, names: Iterable[str]) -> None:
