@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import textwrap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
@@ -33,7 +33,7 @@ from dblockrun.scheduling.limits import all_seats
 from dblockrun.scheduling.planner import Planner
 from dblockrun.store import Store
 from dblockrun.store.memory import ManualClock, MemoryRunStore, RunRow
-from dblockrun.store.models import CLAIM_TOLERANCE
+from dblockrun.store.models import CLAIM_TOLERANCE, RUNNING
 from dblockrun.store.outage import Outage
 
 #: The longest a run's real process is waited for.
@@ -131,21 +131,32 @@ class MemoryDaemon:
             self.at(nxt)
         self.at(when)
 
-    def go_on(self, done: Callable[[], bool], took: float = 0.3, turns: int = 100) -> None:
-        """Go on until ``done()``: each run going (a :data:`HELD` command)
-        takes ``took`` seconds of the clock and ends, then the daemon takes
-        its turn; with none going, the clock moves to the next due attempt."""
+    def go_on(self, done: Callable[[], bool], took: float | Mapping[str, float] = 0.3,
+              turns: int = 200) -> None:
+        """Go on until ``done()``: each run (a :data:`HELD` command) ends
+        ``took`` seconds of the clock after it was first seen running
+        (``took``: or by job), and the daemon takes its turn at each time
+        something is due or a run ends, soonest first."""
+        ends: dict[int, float] = {}
         for _ in range(turns):
             if done():
                 return
-            going = [run.id for run in self.store.control.running()]
-            if going:
-                self.clock.advance(took)
-                for run_id in going:
+            now = self.clock.now()
+            for run in self.store.control.running():
+                if run.result == RUNNING and run.id not in ends:
+                    ends[run.id] = now + (took if isinstance(took, float | int)
+                                          else took[run.job])
+            end = min(ends.values(), default=float("inf"))
+            due = self.firing.planner.agenda.next_at()  # (None: all wait for a run's end)
+            if due is None or end <= due:
+                assert ends, "nothing planned and no run going"
+                self.clock.advance(max(0.0, end - now))
+                for run_id in [i for i, at in ends.items() if at <= end]:
                     self.finish(run_id)
+                    del ends[run_id]
                 self.step()
             else:
-                self.at(self.next_at())
+                self.at(due)
         assert done(), f"not done in {turns} turns"
 
     def finish(self, run_id: int) -> RunRow:

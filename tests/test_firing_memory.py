@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from firingmem import MemoryDaemon
-from helpers import coverage
+from helpers import coverage, overlaps
 
 from dblockrun.scheduling.planner import FRESH, RECORDED
 from dblockrun.store import models as m
@@ -294,3 +294,101 @@ def test_all_runs_the_newest_missed_slots_one_at_a_time_oldest_first(
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+# --- a full host (moved from tests/test_limits.py) ---------------------------------------
+#
+# --max-running 1 on one host. The SQL these rely on (the single and batch
+# claims with their records, the slot book's skipped records) stays covered
+# on every database by tests/test_firing_contract.py
+# (test_a_slot_is_claimed_once_with_its_record_and_its_next_due_time,
+# test_a_batch_claims_up_to_its_limit_by_the_single_claims_predicate) and
+# tests/test_runstore_contract.py, and end to end by test_limits.py's
+# test_a_full_host_leaves_the_slot_to_another_host (a full host beside a
+# free one, real daemons) and test_queue.py's
+# test_a_full_host_that_queues_runs_every_slot_one_after_the_other.
+
+TWO_JOBS = """\
+    jobs:
+      left: {{cron: "*/2 * * * * *", command: '{held}'}}
+      right: {{cron: "*/2 * * * * *", command: '{held}'}}
+    """
+
+
+def slots_done(store: MemoryRunStore, names: set[str], first: float, count: int
+               ) -> dict[float, dict[str, m.RunRecord]] | None:
+    """As helpers.slots_done, on the memory store: the first ``count``
+    slots from ``first`` once every job of ``names`` has a finished record
+    for each of them."""
+    per_slot: dict[float, dict[str, m.RunRecord]] = {}
+    for name in names:
+        for run in store.runs_of(name):
+            if run.slot is not None and run.slot >= first:
+                per_slot.setdefault(run.slot, {})[name] = run.record()
+    done = sorted(s for s, runs in per_slot.items()
+                  if set(runs) == names and all(r.finished is not None for r in runs.values()))
+    return {s: per_slot[s] for s in done[:count]} if len(done) >= count else None
+
+
+def test_a_full_host_alone_records_the_slot_skipped_with_the_reason(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """Two jobs due together every 2 s, each run 0.8 s, one host with
+    --max-running 1: of each slot, one job runs and the other is recorded
+    skipped, saying why; never two at once.
+
+    Moved from tests/test_limits.py (a real daemon on every database, 7.5
+    to 8.5 s a backend); its SQL: see the section's comment."""
+    daemon = MemoryDaemon(TWO_JOBS, tmp_path, max_running=1)
+    daemons.append(daemon)
+    store = daemon.store
+    first = store.clock.now() + 1
+    daemon.go_on(lambda: slots_done(store, {"left", "right"}, first, 3) is not None, took=0.8)
+    slots = slots_done(store, {"left", "right"}, first, 3)
+    assert slots is not None
+    for runs in slots.values():
+        assert sorted(r.result for r in runs.values()) == ["ok", "skipped"], runs
+        skipped = next(r for r in runs.values() if r.result == "skipped")
+        assert skipped.output is not None
+        assert "at its --max-running limit (1) and no other host took the slot" in skipped.output
+    assert overlaps([r for runs in slots.values() for r in runs.values()
+                     if r.result == "ok"]) == []
+
+
+BUSY_AND_TICK = """\
+    jobs:
+      busy: {{cron: "*/4 * * * * *", command: '{held}'}}
+      tick: {{cron: "1-59/2 * * * * *", command: '{held}'}}
+    """
+
+
+def test_a_slot_due_while_the_host_is_full_is_skipped_not_run_late(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """A job due alone while the host's one run goes on (the single claim,
+    not a batch): recorded skipped with the reason, never started late; the
+    slots after the run ends run. (busy's runs take 2.5 s, tick's none.)
+
+    Moved from tests/test_limits.py (a real daemon on every database, 8 to
+    11 s a backend); its SQL: see the section's comment."""
+    daemon = MemoryDaemon(BUSY_AND_TICK, tmp_path, max_running=1)
+    daemons.append(daemon)
+    store = daemon.store
+    first = store.clock.now() + 1
+
+    def ticks() -> list[RunRow] | None:
+        runs = [r for r in store.runs_of("tick") if r.slot and r.slot >= first
+                and r.result != "running"]  # (the newest may still run)
+        return runs if {r.result for r in runs} >= {"ok", "skipped"} and len(runs) >= 4 \
+            else None
+
+    daemon.go_on(lambda: ticks() is not None, took={"busy": 2.5, "tick": 0.0})
+    runs = ticks()
+    assert runs is not None
+    assert len({r.slot for r in runs}) == len(runs)  # one record per slot
+    for run in runs:
+        assert run.result in ("ok", "skipped")
+        if run.result == "skipped":
+            assert run.output is not None
+            assert "at its --max-running limit (1)" in run.output
+        else:  # started on time, not when the busy run ended
+            assert run.slot is not None and run.started - run.slot < 0.5
+    assert all(r.result == "ok" for r in store.runs_of("busy") if r.finished)
