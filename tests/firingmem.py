@@ -67,6 +67,18 @@ class ManualDbClock(DbClock):
         return 0.0
 
 
+class ClockedRunStore(MemoryRunStore):
+    """The memory store whose runs end at its clock: a command ran as long
+    as the test moved the clock while it ran. (The daemon measures a
+    command's duration on the machine's clock, which the test does not
+    move: a held command ends a few real milliseconds after its start,
+    whatever the test's clock says.)"""
+
+    def finish_run(self, run_id: int, job: str, token: int | None, result: str,
+                   exit_code: int | None, output: str | None, took: float | None = None) -> bool:
+        return super().finish_run(run_id, job, token, result, exit_code, output)
+
+
 class MemoryDaemon:
     """One daemon's attempts on a :class:`MemoryRunStore`, as the main loop
     (dblockrun/daemon/loop.py) builds them, without its loop: the test
@@ -74,15 +86,16 @@ class MemoryDaemon:
     The jobs file is ``text`` with ``{dir}`` (``tmp``) and ``{held}`` (a
     command the test ends, :data:`HELD`) filled in; ``max_running`` and
     ``host_queue``: ``--max-running`` and ``--when-full queue --queue``;
-    ``store``: one the test prepared (e.g. the lock rows a fleet stopped
-    a while ago left, :meth:`MemoryRunStore.set_last_slot`), for a daemon
-    that starts after downtime."""
+    ``store``: one the test prepared (a :class:`ClockedRunStore`, e.g. the
+    lock rows a fleet stopped a while ago left,
+    :meth:`MemoryRunStore.set_last_slot`), for a daemon that starts after
+    downtime."""
 
     def __init__(self, text: str, tmp: Path, *, holder: str = "host-1:1:t",
                  lease: float = 30.0, max_running: int | None = None,
                  host_queue: int | None = None, store: MemoryRunStore | None = None) -> None:
         self.tmp = tmp
-        self.store = MemoryRunStore() if store is None else store
+        self.store = ClockedRunStore() if store is None else store
         self.clock = self.store.clock
         self.jobs = load_jobs_text(textwrap.dedent(text).format(
             dir=tmp, held=HELD.format(dir=tmp)), "jobs.yaml")

@@ -184,37 +184,9 @@ def test_starting_deadline_records_a_late_slot_as_missed(
 # -- 5: no overlap --------------------------------------------------------------
 
 
-def test_overlapping_slots_are_skipped(store: Store, fleet: Fleet) -> None:
-    d = fleet.start(f"jobs:\n  slow:\n    cron: {EVERY_SECOND}\n    command: sleep 2.5\n",
-                    grace="1s")
-
-    def at_most_one_running() -> list[m.RunRecord]:
-        runs = runs_of(store, "slow")
-        assert len([r for r in runs if r.result == m.RUNNING]) <= 1, runs
-        return runs
-
-    def enough() -> bool:
-        runs = at_most_one_running()
-        return (len([r for r in runs if r.result == m.OK]) >= 1
-                and len([r for r in runs if r.result == m.SKIPPED]) >= 2)
-
-    d.wait(enough, 20, interval=0.1, what="an ok run and two skipped slots")
-    assert d.stop() == 0
-    runs = runs_of(store, "slow")
-    assert {r.result for r in runs} <= {m.OK, m.SKIPPED, m.KILLED}
-    slots = [r.slot for r in runs]
-    assert None not in slots and len(set(slots)) == len(slots), "a slot recorded twice"
-    ran = [r for r in runs if r.result != m.SKIPPED]
-    for a, b in zip(ran, ran[1:], strict=False):
-        assert a.finished is not None and b.started >= a.finished, "two runs overlapped"
-    for skip in (r for r in runs if r.result == m.SKIPPED):
-        assert skip.token is None
-        holders = [r for r in ran if r.started <= skip.started
-                   and (r.finished is None or skip.started <= r.finished)]
-        assert holders, f"slot {skip.slot} skipped while nothing ran"
-        assert skip.host == holders[0].host
-        assert holders[0].slot is not None and skip.slot is not None
-        assert skip.slot > holders[0].slot
+# test_overlapping_slots_are_skipped moved to tests/test_firing_memory.py (one daemon's
+# overlap decision, in-process on the memory store); its SQL stays covered by
+# tests/test_firing_contract.py and, with real daemons, by tests/test_overlap.py.
 
 
 # -- 6: retries ------------------------------------------------------------------
@@ -357,38 +329,12 @@ def test_output_is_logged_with_the_job_prefix_and_kept(
     assert hist[0].output == "line one\nline two\nno newline"
 
 
-def test_a_cron_and_rate_job_keeps_its_rate_among_jobs_due_at_once(
-    store: Store, fleet: Fleet
-) -> None:
-    # Four jobs share every instant, so the daemon claims them in a batch;
-    # the batch claim must hold `limited` to its rate like a single claim.
-    others = "".join(f"  other{i}: {{cron: '*/2 * * * * *', command: 'true'}}\n"
-                     for i in range(3))
-    d = fleet.start("jobs:\n"
-                    "  limited: {cron: '*/2 * * * * *', rate: 30s, command: 'true'}\n"
-                    + others)
-    d.wait(lambda: all(len(runs_of(store, f"other{i}", m.OK)) >= 4 for i in range(3)),
-           FIRST_RUN, "four slots of the other jobs")
-    # Four slots take ~8 s, but a loaded machine may take longer than the
-    # 30 s rate: then a second run is due, so the rate is checked between
-    # runs (one a rate apart at most), not by their number.
-    runs = runs_of(store, "limited")
-    assert runs and all(r.result == m.OK for r in runs), d.text()
-    starts = [r.slot or 0.0 for r in runs]
-    assert all(b - a >= 30 for a, b in zip(starts, starts[1:], strict=False)), (
-        starts, d.text())
-
-
-def test_a_cron_and_rate_job_runs_every_period_without_drift(
-    store: Store, fleet: Fleet
-) -> None:
-    # A start one rate later is a few milliseconds short of the rate by the
-    # database clock: it must still count, so the job runs every 4 s, not 6.
-    d = fleet.start("jobs:\n  paced: {cron: '*/2 * * * * *', rate: 4s, command: 'true'}\n")
-    d.wait(lambda: len(runs_of(store, "paced", m.OK)) >= 4, 40, "four runs")
-    slots = [r.slot or 0.0 for r in runs_of(store, "paced", m.OK)[:4]]
-    gaps = [b - a for a, b in zip(slots, slots[1:], strict=False)]
-    assert gaps == [4.0, 4.0, 4.0], (gaps, d.text())
+# test_a_cron_and_rate_job_keeps_its_rate_among_jobs_due_at_once,
+# test_a_cron_and_rate_job_runs_every_period_without_drift and
+# test_a_cron_and_rate_job_publishes_its_next_start_after_the_rate moved to
+# tests/test_firing_memory.py (one daemon's rate decisions, in-process on the memory
+# store); their SQL (a slot claim's rate and its tolerance, a batch held to the rate,
+# next_due) stays covered on every database by tests/test_firing_contract.py.
 
 
 def test_a_slot_whose_run_record_deadlocks_still_runs(
@@ -429,19 +375,6 @@ def test_a_negative_token_is_logged_once_and_blocks_only_its_job(
     assert "dblockrun unlock edited" in log
     assert "database error" not in log and "database back" not in log, log
     assert runs_of(store, "edited") == []
-
-
-def test_a_cron_and_rate_job_publishes_its_next_start_after_the_rate(
-    store: Store, fleet: Fleet
-) -> None:
-    # `status` shows next_due: for */2s + rate 6s the next start is 6 s after
-    # a run's slot, not the next cron slot 2 s later (then "due since" for 4 s).
-    d = fleet.start("jobs:\n  paced: {cron: '*/2 * * * * *', rate: 6s, command: 'true'}\n")
-    d.wait(lambda: len(runs_of(store, "paced", m.OK)) >= 1, 30, "a run")
-    run = runs_of(store, "paced", m.OK)[0]
-    lock = store.lock_state("paced")
-    assert run.slot is not None and lock is not None
-    assert lock.next_due == run.slot + 6.0
 
 
 def test_a_token_that_goes_backwards_is_logged_and_the_job_goes_on(

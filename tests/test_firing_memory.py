@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from firingmem import MemoryDaemon
+from firingmem import ClockedRunStore, MemoryDaemon
 from helpers import coverage, overlaps
 
 from dblockrun.scheduling.planner import FRESH, RECORDED
@@ -180,7 +180,7 @@ TICK = """\
 def down_since(seconds: int) -> tuple[MemoryRunStore, float]:
     """A store whose fleet stopped ``seconds`` whole seconds ago, the
     daemon starting now, mid-second: (the store, the job tick's last slot)."""
-    store = MemoryRunStore()
+    store = ClockedRunStore()
     store.clock.advance(0.4)
     last = float(math.floor(store.clock.now()) - seconds)
     store.set_last_slot("tick", last)
@@ -392,3 +392,119 @@ def test_a_slot_due_while_the_host_is_full_is_skipped_not_run_late(
         else:  # started on time, not when the busy run ended
             assert run.slot is not None and run.started - run.slot < 0.5
     assert all(r.result == "ok" for r in store.runs_of("busy") if r.finished)
+
+
+# --- rates and overlap of one job (moved from tests/test_daemon.py) -----------------------
+#
+# The SQL these rely on stays covered on every database by
+# tests/test_firing_contract.py: a slot claim's rate and its tolerance
+# (test_a_slot_is_claimed_once_with_its_record_and_its_next_due_time,
+# test_a_slot_claim_a_little_short_of_the_rate_still_counts), a batch held to
+# the rate (test_a_batch_claims_up_to_its_limit_by_the_single_claims_predicate),
+# a held job's slot not claimed (the same first test); and end to end by
+# test_daemon.py's real daemons (test_retries_share_one_token: a rate-only
+# job; test_starting_deadline_records_a_late_slot_as_missed: a per-second
+# cron job) and test_overlap.py's overlap tests (two daemons).
+
+
+def _ok(store: MemoryRunStore, name: str) -> list[RunRow]:
+    return [r for r in store.runs_of(name) if r.result == m.OK]
+
+
+def test_a_cron_and_rate_job_keeps_its_rate_among_jobs_due_at_once(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """Four jobs share every instant, so the daemon claims them in a batch;
+    the batch claim must hold ``limited`` to its rate like a single claim.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 7.7
+    to 8 s a backend); its SQL: see the section's comment."""
+    others = "".join(f"      other{i}: {{{{cron: '*/2 * * * * *', command: '{{held}}'}}}}\n"
+                     for i in range(3))
+    daemon = MemoryDaemon("    jobs:\n"
+                          "      limited: {{cron: '*/2 * * * * *', rate: 30s, command: '{held}'}}\n"
+                          + others, tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: all(len(_ok(store, f"other{i}")) >= 4 for i in range(3)), took=0.1)
+    runs = store.runs_of("limited")
+    assert runs and all(r.result == m.OK for r in runs), runs
+    starts = [r.slot or 0.0 for r in runs]
+    assert all(b - a >= 30 for a, b in zip(starts, starts[1:], strict=False)), starts
+
+
+def test_a_cron_and_rate_job_runs_every_period_without_drift(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """A start one rate later is a few milliseconds short of the rate by the
+    database clock (here: the first turn 10 ms later past its slot than the
+    next): it must still count, so the job runs every 4 s, not 6.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 14 s
+    a backend); its SQL: see the section's comment."""
+    daemon = MemoryDaemon(
+        "jobs:\n  paced: {{cron: '*/2 * * * * *', rate: 4s, command: '{held}'}}\n", tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.at(daemon.next_at() + 0.01)  # the daemon woke a little late
+    daemon.go_on(lambda: len(_ok(store, "paced")) >= 4, took=0.1)
+    slots = [r.slot or 0.0 for r in _ok(store, "paced")[:4]]
+    gaps = [b - a for a, b in zip(slots, slots[1:], strict=False)]
+    assert gaps == [4.0, 4.0, 4.0], gaps
+
+
+def test_a_cron_and_rate_job_publishes_its_next_start_after_the_rate(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """``status`` shows next_due: for */2s + rate 6s the next start is 6 s
+    after a run's slot, not the next cron slot 2 s later.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 1.5
+    to 2 s a backend); its SQL: see the section's comment."""
+    daemon = MemoryDaemon(
+        "jobs:\n  paced: {{cron: '*/2 * * * * *', rate: 6s, command: '{held}'}}\n", tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: len(_ok(store, "paced")) >= 1, took=0.1)
+    run = _ok(store, "paced")[0]
+    lock = store.lock_state("paced")
+    assert run.slot is not None and lock is not None
+    assert lock.next_due == run.slot + 6.0
+
+
+def test_overlapping_slots_are_skipped(tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """A job every second whose run takes 2.5 s: the slots due while it runs
+    are recorded skipped (no token), by the host that runs it; never two
+    runs at once.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 3.6
+    to 4 s a backend); its SQL: see the section's comment."""
+    daemon = MemoryDaemon("jobs:\n  slow:\n    cron: '* * * * * *'\n    command: '{held}'\n",
+                          tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+
+    def at_most_one_running() -> list[RunRow]:
+        runs = store.runs_of("slow")
+        assert len([r for r in runs if r.result == m.RUNNING]) <= 1, runs
+        return runs
+
+    def enough() -> bool:
+        runs = at_most_one_running()
+        return (len([r for r in runs if r.result == m.OK]) >= 1
+                and len([r for r in runs if r.result == m.SKIPPED]) >= 2)
+
+    daemon.go_on(enough, took=2.5)
+    daemon.close()
+    runs = store.runs_of("slow")
+    assert {r.result for r in runs} <= {m.OK, m.SKIPPED, m.KILLED}
+    slots = [r.slot for r in runs]
+    assert None not in slots and len(set(slots)) == len(slots), "a slot recorded twice"
+    ran = [r for r in runs if r.result != m.SKIPPED]
+    for a, b in zip(ran, ran[1:], strict=False):
+        assert a.finished is not None and b.started >= a.finished, "two runs overlapped"
+    for skip in (r for r in runs if r.result == m.SKIPPED):
+        assert skip.token is None
+        holders = [r for r in ran if r.started <= skip.started
+                   and (r.finished is None or skip.started <= r.finished)]
+        assert holders, f"slot {skip.slot} skipped while nothing ran"
+        assert skip.host == holders[0].host
+        assert holders[0].slot is not None and skip.slot is not None
+        assert skip.slot > holders[0].slot
