@@ -21,7 +21,6 @@ from helpers import (
     TestDb,
     fail_next_run_inserts,
     first_with,
-    pass_time,
     runs_of,
     stop_across_slots,
     wait_for,
@@ -29,7 +28,6 @@ from helpers import (
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
-from dblockrun.store.status import report
 
 pytestmark = pytest.mark.slow
 
@@ -219,32 +217,10 @@ def test_retries_share_one_token(
 # -- 7: on-failure disable-for --------------------------------------------------
 
 
-def test_on_failure_disables_the_job(store: Store, fleet: Fleet) -> None:
-    d = fleet.start(f"jobs:\n  broken:\n    cron: {EVERY_SECOND}\n"
-                    "    on-failure: {disable-for: 3h}\n    command: echo boom; exit 1\n")
-    failed = d.wait(lambda: first_with(store, "broken", m.FAILED), FIRST_RUN,
-                    what="failed run")
-    assert failed.exit_code == 1
-
-    def disabled() -> m.JobStatus | None:
-        st = report(store, ["broken"]).jobs[0]
-        return st if st.state == "disabled" else None
-
-    st = d.wait(disabled, 5, what="job disabled")
-    assert st.lock.disabled_until is not None
-    assert st.lock.disabled_until - st.db_now == pytest.approx(3 * 3600, abs=30)
-    reason = st.lock.disabled_reason or ""
-    assert "exited 1" in reason and f"run {failed.id}" in reason, reason
-
-    def one_run() -> None:
-        # A slot that came due while the failed run was still being recorded
-        # (a daemon late under load) is recorded skipped: a record, not a run.
-        runs = [r for r in runs_of(store, "broken") if r.result != m.SKIPPED]
-        assert [r.id for r in runs] == [failed.id], runs
-
-    pass_time(2.2, one_run)
-    assert d.alive()
-    assert d.stop() == 0
+# test_on_failure_disables_the_job moved to tests/test_firing_memory.py (one daemon's
+# on-failure decision, in-process on the memory store); what it writes stays covered on
+# every database by tests/test_firing_contract.py's
+# test_a_disable_for_a_while_keeps_its_reason_and_refuses_claims_until_it_ends.
 
 
 # -- 8: lock-at-most ------------------------------------------------------------

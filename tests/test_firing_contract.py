@@ -15,6 +15,7 @@ from __future__ import annotations
 from runstores import RoleUnderTest
 
 from dblockrun.store import models as m
+from dblockrun.store.base import Disables
 from dblockrun.store.models import CLAIM_TOLERANCE
 
 
@@ -277,3 +278,26 @@ def test_a_slot_claim_a_little_short_of_the_rate_still_counts(run_store: RoleUnd
     assert second is not None and second.token == first.token + 1
     assert [r.slot for r in run_store.records("paced")] == [slot - 1, slot]
     assert run_store.records("paced")[-1].result == m.RUNNING
+
+
+def test_a_disable_for_a_while_keeps_its_reason_and_refuses_claims_until_it_ends(
+        run_store: RoleUnderTest) -> None:
+    """What ``on-failure: {disable-for: ...}`` writes (``Disables``, the
+    daemon's store): the job's row disabled until then, with the reason;
+    no claim of it wins meanwhile."""
+    store = run_store.firing
+    assert isinstance(store, Disables)
+    run_store.ensure("broken")
+    slot = base_slot(run_store)
+    before = run_store.now()
+    # (what it returns differs: the SQL store's a Disabled, the memory one's
+    # the end; the daemon reads neither)
+    store.disable("broken", for_seconds=3 * 3600, reason="on-failure: run 7 exited 1 on h1:1:a")
+    state = run_store.firing.lock_state("broken")
+    assert state is not None and state.disabled_until is not None
+    assert before + 3 * 3600 - 0.01 < state.disabled_until < run_store.now() + 3 * 3600 + 0.01
+    assert state.disabled_reason == "on-failure: run 7 exited 1 on h1:1:a"
+    # Nobody audited it: when it began is not known (a resync records nothing for it).
+    assert run_store.firing.disabled_since("broken", run_store.now()) is None
+    assert run_store.firing.claim_and_record("broken", "h1", 30, slot=slot) is None
+    assert run_store.records("broken") == []

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from firingmem import ClockedRunStore, MemoryDaemon
-from helpers import coverage, overlaps
+from firingmem import DEADLINE, ClockedRunStore, MemoryDaemon
+from helpers import coverage, overlaps, wait_for
 
 from dblockrun.scheduling.planner import FRESH, RECORDED
 from dblockrun.store import models as m
@@ -508,3 +508,46 @@ def test_overlapping_slots_are_skipped(tmp_path: Path, daemons: list[MemoryDaemo
         assert skip.host == holders[0].host
         assert holders[0].slot is not None and skip.slot is not None
         assert skip.slot > holders[0].slot
+
+
+def test_on_failure_disables_the_job(tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """``on-failure: {disable-for: 3h}``: the failed run disables its job
+    for 3 h, saying which run failed how; no run after it.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 3.5 s
+    a backend). Its SQL stays covered on every database by
+    tests/test_firing_contract.py's
+    test_a_disable_for_a_while_keeps_its_reason_and_refuses_claims_until_it_ends
+    (what on-failure writes, and the claims it refuses); the status a user
+    reads of a disabled job by test_cli.py's status tests."""
+    daemon = MemoryDaemon("jobs:\n  broken:\n    cron: '* * * * * *'\n"
+                          "    on-failure: {{disable-for: 3h}}\n    command: echo boom; exit 1\n",
+                          tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: any(r.result == m.FAILED for r in store.runs_of("broken")), took=0.0)
+    failed = next(r for r in store.runs_of("broken") if r.result == m.FAILED)
+    assert failed.exit_code == 1
+
+    def disabled() -> m.LockState | None:
+        lock = store.lock_state("broken")
+        return lock if lock is not None and lock.disabled_until is not None else None
+
+    lock = wait_for(disabled, DEADLINE, what="job disabled")
+    assert lock.disabled_until is not None
+    assert lock.disabled_until - store.clock.now() == pytest.approx(3 * 3600, abs=30)
+    reason = lock.disabled_reason or ""
+    assert "exited 1" in reason and f"run {failed.id}" in reason, reason
+
+    def one_run() -> None:
+        # A slot that came due while the failed run was still being recorded
+        # is recorded skipped: a record, not a run.
+        runs = [r for r in store.runs_of("broken") if r.result != m.SKIPPED]
+        assert [r.id for r in runs] == [failed.id], runs
+
+    end = store.clock.now() + 2.2
+    while (nxt := daemon.next_at()) <= end:  # 2.2 s of the clock, each due turn taken
+        daemon.at(nxt)
+        one_run()
+    daemon.at(end)
+    one_run()

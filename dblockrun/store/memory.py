@@ -209,10 +209,11 @@ class MemoryRunStore:
                 self._locks.setdefault(name, LockRow(name))
 
     def disable(self, name: str, *, for_seconds: float | None = None, until: float | None = None,
-                reason: str | None = None, audited: bool = True) -> float:
+                reason: str | None = None, audited: bool = False) -> float:
         """Disable ``name`` (for ``for_seconds``, until ``until``, or for
         ever): no claim of it wins meanwhile. When it ends. ``audited``: an
-        operator's (in the audit trail), else ``on-failure``'s."""
+        operator's (in the audit trail), else ``on-failure``'s (as
+        ``Store.disable`` with no ``audit``, what the daemon calls)."""
         with self._lock:
             row = self._locks.setdefault(name, LockRow(name))
             now = self.clock.now()
