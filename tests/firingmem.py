@@ -13,6 +13,8 @@ tests that start them.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import textwrap
 import threading
 from collections.abc import Callable, Mapping
@@ -27,7 +29,7 @@ from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.registry import Runs
 from dblockrun.running.heartbeat import DbClock, Renewer
 from dblockrun.running.runjob import RunContext
-from dblockrun.running.runloop import RunLoop
+from dblockrun.running.runloop import RunLoop, Step
 from dblockrun.running.seats import Queues
 from dblockrun.scheduling.limits import all_seats
 from dblockrun.scheduling.planner import Planner
@@ -65,6 +67,55 @@ class ManualDbClock(DbClock):
     @property
     def uncertainty(self) -> float:
         return 0.0
+
+
+class ManualRunLoop(RunLoop):
+    """The run loop whose timers (a retry's delay) follow the test's clock:
+    the daemon releases those due at each turn (:meth:`MemoryDaemon.step`)
+    and waits for the steps it gave its workers, so that a turn sees what
+    they did (a retry's attempt started)."""
+
+    def __init__(self, stop: threading.Event, clock: ManualClock) -> None:
+        super().__init__(stop)
+        self._clock = clock
+        self._later: list[tuple[float, int, Step]] = []
+        self._count = itertools.count()
+        self._busy = 0
+        self._idle = threading.Condition()
+
+    def call_later(self, delay: float, step: Step) -> None:
+        with self._idle:
+            heapq.heappush(self._later, (self._clock.now() + delay, next(self._count), step))
+
+    def submit(self, step: Step) -> None:
+        with self._idle:
+            self._busy += 1
+
+        def counted() -> None:
+            try:
+                step()
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+        super().submit(counted)
+
+    def next_at(self) -> float | None:
+        with self._idle:
+            return self._later[0][0] if self._later else None
+
+    def release(self, every: bool = False) -> None:
+        """Start the steps whose time has come (``every``: all, at a stop),
+        then wait for the steps on the workers."""
+        while True:
+            with self._idle:
+                if not self._later or not (every or self._later[0][0] <= self._clock.now()):
+                    break
+                step = heapq.heappop(self._later)[2]
+            step()
+        with self._idle:
+            assert self._idle.wait_for(lambda: self._busy == 0, DEADLINE), "the run steps"
 
 
 class ClockedRunStore(MemoryRunStore):
@@ -108,9 +159,10 @@ class MemoryDaemon:
         state.clock, state.stop = ManualDbClock(self.clock), self.stop
         state.runs = Runs(max_running, lambda: None)
         self.renewer = Renewer(self.store, 1.0, outage)
+        self.loop = ManualRunLoop(self.stop, self.clock)
         ctx = RunContext(store=self.store, holder=holder, lease=lease, kill_grace=1.0,
                          renewer=self.renewer, outage=outage, stop=self.stop,
-                         stop_grace=lambda: None, loop=RunLoop(self.stop), events=state.events,
+                         stop_grace=lambda: None, loop=self.loop, events=state.events,
                          book=state.book, now=state.clock.now)
         queues = Queues(self.store, state.jobs, state.runs, holder, lease, state.clock.now,
                         host_queue, state.file)
@@ -124,14 +176,21 @@ class MemoryDaemon:
 
     def step(self) -> None:
         """What the main loop does in a turn: the due attempts, then the
-        runs that ended."""
+        runs that ended (a retry due first starts its attempt)."""
+        self.loop.release()
         self.firing.fire_due()
         self.firing.finished()
 
     def next_at(self) -> float:
-        nxt = self.firing.planner.agenda.next_at()
+        nxt = self._due()
         assert nxt is not None, "nothing planned"
         return nxt
+
+    def _due(self) -> float | None:
+        """When something is due next: an attempt or a run's timer."""
+        times = [t for t in (self.firing.planner.agenda.next_at(), self.loop.next_at())
+                 if t is not None]
+        return min(times, default=None)
 
     def at(self, when: float) -> None:
         """Move the clock to ``when`` and take a turn."""
@@ -160,7 +219,7 @@ class MemoryDaemon:
                     ends[run.id] = now + (took if isinstance(took, float | int)
                                           else took[run.job])
             end = min(ends.values(), default=float("inf"))
-            due = self.firing.planner.agenda.next_at()  # (None: all wait for a run's end)
+            due = self._due()  # (None: all wait for a run's end)
             if due is None or end <= due:
                 assert ends, "nothing planned and no run going"
                 self.clock.advance(max(0.0, end - now))
@@ -179,11 +238,18 @@ class MemoryDaemon:
                         what=f"the end of run {run_id} recorded")
 
     def when(self, run_id: int, result: str, what: str) -> RunRow:
-        """The record of the run ``run_id`` once its result is ``result``."""
+        """The record of the run ``run_id`` once its result is ``result``;
+        meanwhile the clock moves to each timer of the runs (a waiting
+        slot's next try, a retry), a turn taken there."""
 
         def found() -> RunRow | None:
             run = self.store.run(run_id)
-            return run if run is not None and run.result == result else None
+            if run is not None and run.result == result:
+                return run
+            timer = self.loop.next_at()
+            if timer is not None:
+                self.at(timer)
+            return None
 
         return wait_for(found, DEADLINE, what=what)
 
@@ -197,6 +263,7 @@ class MemoryDaemon:
         def over() -> bool:
             for run in self.store.control.running():
                 (self.tmp / f"end-{run.id}").touch()
+            self.loop.release(every=True)
             return not self.firing.runs.all()
 
         try:

@@ -190,28 +190,11 @@ def test_starting_deadline_records_a_late_slot_as_missed(
 # -- 6: retries ------------------------------------------------------------------
 
 
-def test_retries_share_one_token(
-    store: Store, fleet: Fleet, tmp_path: Path
-) -> None:
-    counter = tmp_path / "count"
-    d = fleet.start(
-                    "jobs:\n  flaky:\n    rate: 1h\n    retries: 2\n    retry-delay: 200ms\n"
-                    f"    command: n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); "
-                    f"echo $n > {counter}; echo attempt $n; [ $n -ge 3 ]\n"
-                    )
-    d.wait(lambda: first_with(store, "flaky", m.OK), 20, what="the third attempt")
-    runs = runs_of(store, "flaky")
-    assert [r.attempt for r in runs] == [1, 2, 3]
-    assert [r.result for r in runs] == [m.FAILED, m.FAILED, m.OK]
-    assert [r.exit_code for r in runs] == [1, 1, 0]
-    assert [(r.output or "").strip() for r in runs] == ["attempt 1", "attempt 2", "attempt 3"]
-    tokens = {r.token for r in runs}
-    assert len(tokens) == 1 and None not in tokens
-    for a, b in zip(runs, runs[1:], strict=False):
-        assert a.finished is not None and b.started - a.finished >= 0.15, "no retry-delay"
-    assert "retrying (attempt 3 of 3)" in d.text()
-    assert d.stop() == 0
-    assert len(runs_of(store, "flaky")) == 3
+# test_retries_share_one_token moved to tests/test_firing_memory.py (one daemon's retry
+# decisions, the delay on the test's clock); its SQL stays covered on every database by
+# tests/test_firing_contract.py's test_a_retrys_attempts_are_recorded_under_the_claims_token
+# and, with a real daemon, test_chains.py's
+# test_a_run_with_retries_starts_one_run_for_its_last_attempt.
 
 
 # -- 7: on-failure disable-for --------------------------------------------------

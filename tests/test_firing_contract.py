@@ -301,3 +301,25 @@ def test_a_disable_for_a_while_keeps_its_reason_and_refuses_claims_until_it_ends
     assert run_store.firing.disabled_since("broken", run_store.now()) is None
     assert run_store.firing.claim_and_record("broken", "h1", 30, slot=slot) is None
     assert run_store.records("broken") == []
+
+
+def test_a_retrys_attempts_are_recorded_under_the_claims_token(run_store: RoleUnderTest) -> None:
+    """A run's retry (``retries:``) records each attempt under the claim's
+    token while the lease holds; the last one's end releases the job."""
+    store = run_store.firing
+    run_store.ensure("flaky")
+    won = store.claim_and_record("flaky", "h1", 30, rate=3600)
+    assert won is not None and won.run_id is not None
+    assert store.finish_run(won.run_id, "flaky", won.token, m.FAILED, 1, "attempt 1\n")
+    second = store.start_run("flaky", "h1", token=won.token, attempt=2)
+    assert store.finish_run(second, "flaky", won.token, m.FAILED, 1, "attempt 2\n")
+    third = store.start_run("flaky", "h1", token=won.token, attempt=3)
+    assert [r.id for r in store.control.running("flaky")] == [third]
+    assert store.finish_and_release(third, "flaky", "h1", won.token, m.OK, 0,
+                                    "attempt 3\n") == (True, True)
+    records = run_store.records("flaky")
+    assert [(r.id, r.attempt, r.token, r.result) for r in records] == [
+        (won.run_id, 1, won.token, m.FAILED), (second, 2, won.token, m.FAILED),
+        (third, 3, won.token, m.OK)]
+    assert store.control.running("flaky") == []
+    assert store.claim_and_record("flaky", "h2", 30, rate=3600) is None  # the rate holds

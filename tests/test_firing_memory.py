@@ -5,6 +5,7 @@ its SQL (and what only processes and a fleet show)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -551,3 +552,43 @@ def test_on_failure_disables_the_job(tmp_path: Path, daemons: list[MemoryDaemon]
         one_run()
     daemon.at(end)
     one_run()
+
+
+# --- retries (moved from tests/test_daemon.py) --------------------------------------------
+
+
+def test_retries_share_one_token(tmp_path: Path, daemons: list[MemoryDaemon],
+                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A job with two retries 200 ms apart whose command fails twice: three
+    attempts, one claim (one token), each after the retry delay.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 1 to
+    2 s a backend). Its SQL stays covered on every database by
+    tests/test_firing_contract.py's
+    test_a_retrys_attempts_are_recorded_under_the_claims_token (the
+    attempts under one claim's token, the last one's end releasing the
+    job), and end to end by test_chains.py's
+    test_a_run_with_retries_starts_one_run_for_its_last_attempt (a real
+    daemon retrying, on every database). The delay is on the test's clock
+    (the harness's run loop)."""
+    caplog.set_level(logging.INFO)
+    counter = tmp_path / "count"
+    daemon = MemoryDaemon(
+        "jobs:\n  flaky:\n    rate: 1h\n    retries: 2\n    retry-delay: 200ms\n"
+        f"    command: n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); "
+        f"echo $n > {counter}; echo attempt $n; [ $n -ge 3 ]\n", tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: any(r.result == m.OK for r in store.runs_of("flaky")), took=0.0)
+    runs = store.runs_of("flaky")
+    assert [r.attempt for r in runs] == [1, 2, 3]
+    assert [r.result for r in runs] == [m.FAILED, m.FAILED, m.OK]
+    assert [r.exit_code for r in runs] == [1, 1, 0]
+    assert [(r.output or "").strip() for r in runs] == ["attempt 1", "attempt 2", "attempt 3"]
+    tokens = {r.token for r in runs}
+    assert len(tokens) == 1 and None not in tokens
+    for a, b in zip(runs, runs[1:], strict=False):
+        assert a.finished is not None and b.started - a.finished >= 0.15, "no retry-delay"
+    assert "retrying (attempt 3 of 3)" in caplog.text
+    daemon.close()
+    assert len(store.runs_of("flaky")) == 3
