@@ -9,11 +9,14 @@ asks for it (issue 21 item 3): apprise for notify:, prometheus_client with
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
 from harness import Process, daemon_argv, database_options
 from helpers import REPO, TestDb, clean_env, free_port, imported_modules, wait_for
+
+from dblockrun.store import Store
 
 PACKAGE = REPO / "dblockrun"
 
@@ -202,3 +205,61 @@ def test_a_daemon_imports_apprise_and_prometheus_client_when_asked(
         "--metrics", f"127.0.0.1:{free_port()}")
     assert {"apprise", "prometheus_client", "http.server"} <= imported
     assert "rich" not in imported  # a daemon draws no table
+
+
+# -- what a command imports ------------------------------------------------------------
+
+#: The jobs file's reader and the cron library: a command that reads no
+#: jobs file and computes no fire time needs neither (yaml 18 modules,
+#: croniter with dateutil 17).
+FILE_READING = {"yaml", "croniter", "dateutil", "dblockrun.config.load"}
+
+
+def command_imports(tmp_path: Path,
+                    *args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """A real ``dblockrun ARGS`` under ``python -X importtime``: its result
+    and every module it imported (dblockrun's and the libraries')."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "dblockrun", *args],
+                          capture_output=True, text=True, env=clean_env(), cwd=tmp_path,
+                          timeout=60)
+    return done, imported_modules(done.stderr, after="runpy")
+
+
+def heavy(imported: set[str], names: set[str]) -> set[str]:
+    return {m for m in imported if m in names or m.split(".")[0] in names}
+
+
+def test_status_without_a_jobs_file_reads_none(tmp_path: Path, sqlite_db: TestDb) -> None:
+    """``status`` shows what the database holds: the jobs file's reader and
+    croniter load only with ``--wide`` (its limits) or ``--check`` (a
+    passed slot's reason), not for the table every operator runs."""
+    with Store(sqlite_db.url, sqlite_db.prefix) as store:
+        store.ensure_jobs(["backup"])
+    done, imported = command_imports(tmp_path, "--db", sqlite_db.url, "--table-prefix",
+                                     sqlite_db.prefix, "status")
+    assert done.returncode == 0 and "backup" in done.stdout, done.stderr[-2000:]
+    assert "dblockrun.store.status" in imported  # the log is read right
+    assert heavy(imported, FILE_READING) == set()
+
+
+def test_next_opens_no_database(tmp_path: Path) -> None:
+    """``next FILE`` computes fire times from the file alone: no SQLAlchemy
+    (about 180 modules), no driver."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text("jobs:\n  nightly:\n    cron: '0 3 * * *'\n    command: 'true'\n")
+    done, imported = command_imports(tmp_path, "next", str(path), "--count", "1")
+    assert done.returncode == 0 and done.stdout.startswith("nightly: "), done.stderr[-2000:]
+    assert "croniter" in imported  # the log is read right
+    assert heavy(imported, {"sqlalchemy", "sqlite3", "psycopg", "pymysql"}) == set()
+
+
+def test_validate_reads_the_file_alone(tmp_path: Path) -> None:
+    """``validate`` checks the file: no database library, and for a file
+    without ``run-on:`` none of the targeting (labels: json, socket)."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text("jobs:\n  nightly:\n    cron: '0 3 * * *'\n    command: 'true'\n")
+    done, imported = command_imports(tmp_path, "validate", str(path))
+    assert done.returncode == 0 and "ok, 1 job(s)" in done.stdout, done.stderr[-2000:]
+    assert "dblockrun.config.load" in imported  # the log is read right
+    assert heavy(imported, {"sqlalchemy", "sqlite3", "psycopg", "pymysql", "socket",
+                            "dblockrun.scheduling.targeting"}) == set()

@@ -66,7 +66,6 @@ from dblockrun.jobs import (
 )
 from dblockrun.scheduling import calendars
 from dblockrun.scheduling.cron import validate_cron, validate_timezone
-from dblockrun.scheduling.targeting import check_word
 from dblockrun.secretfile import whole_text
 from dblockrun.withheld import DATABASE_VARS
 
@@ -516,6 +515,9 @@ def _on_failure(value: Any) -> OnFailure:
 
 
 def _label_word(value: Any, what: str) -> str:
+    # Here: a file without run-on: (validate, next) needs no targeting (json, socket).
+    from dblockrun.scheduling.targeting import check_word
+
     text = _word(value, what)
     try:
         return check_word(text, what)

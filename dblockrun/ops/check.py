@@ -22,7 +22,6 @@ from collections.abc import Collection, Mapping
 
 from dblockrun.durations import FOREVER, format_duration
 from dblockrun.ops.output import live_text
-from dblockrun.scheduling.calendars import excluded_record
 from dblockrun.store.models import FAILED, LOST, MISSED, SKIPPED, TIMEOUT, JobStatus
 from dblockrun.store.status import PassedSince, StatusReport
 from dblockrun.timetext import iso
@@ -66,9 +65,12 @@ def problems(got: StatusReport, allow: Collection[str] = (),
             out.append(f"job {s.lock.name}: last run {last.id} {last.result}{code} on "
                        f"{last.host}, {_ago(s.db_now - last.started)} ago")
         streak = (passed or {}).get(s.lock.name)
-        if (streak is not None and streak.newest.result not in allow
-                and not excluded_record(streak.newest.output)):
-            out.append(f"job {s.lock.name}: {_passed(streak, s.db_now)}")
+        if streak is not None and streak.newest.result not in allow:
+            # Here: croniter (with the calendars) only when slots were recorded passed.
+            from dblockrun.scheduling.calendars import excluded_record
+
+            if not excluded_record(streak.newest.output):
+                out.append(f"job {s.lock.name}: {_passed(streak, s.db_now)}")
         if got.paused is None and (late := overdue(s)) is not None:
             out.append(f"job {s.lock.name}: {late}")
     return out

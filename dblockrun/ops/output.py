@@ -22,8 +22,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from dblockrun.config.load import differing_keys
-from dblockrun.durations import format_duration
+from dblockrun.durations import FOREVER, format_duration
 from dblockrun.jobs import EVERY_HOST_SEP, Job, RunOn, loads_fields
 from dblockrun.printable import printable
 from dblockrun.scheduling.targeting import (
@@ -34,7 +33,6 @@ from dblockrun.scheduling.targeting import (
     loads_targets,
     matches,
 )
-from dblockrun.store import FOREVER
 from dblockrun.store.models import (
     WAITING,
     Drain,
@@ -44,7 +42,6 @@ from dblockrun.store.models import (
     definitions,
     jobs_known,
 )
-from dblockrun.store.status import live_window
 from dblockrun.timetext import ago, iso, relative, short, stamp, took, zoned
 
 if TYPE_CHECKING:
@@ -156,6 +153,9 @@ class Fleet:
         defs = self.defs.get(name, {})
         if len(defs) < 2:
             return []
+        # Here: only when hosts' definitions of a job differ is the loader (yaml) needed.
+        from dblockrun.config.load import differing_keys
+
         seen: list[dict[str, str]] = []
         for hosts in defs.values():
             for host in hosts:
@@ -259,6 +259,8 @@ def run_json(run: RunRecord | None) -> dict[str, Any] | None:
 
 
 def host_json(h: HostStatus) -> dict[str, Any]:
+    from dblockrun.store.status import live_window  # SQLAlchemy: not for `next`
+
     return {
         "id": h.id,
         "hostname": h.hostname,
@@ -300,6 +302,8 @@ def live_text(live_within: float | None, hosts: Sequence[HostStatus] = ()) -> st
     by its own heartbeat (dblockrun/store/status.py ``live_window``): the
     window the ``hosts`` listed share, if they do."""
     if live_within is None:
+        from dblockrun.store.status import live_window  # SQLAlchemy: not for `next`
+
         windows = {live_window(h.heartbeat) for h in hosts}
         if len(windows) != 1:
             return "a heartbeat within 1.5 of its --heartbeat, 15s by default"

@@ -28,9 +28,6 @@ from dataclasses import replace
 from typing import Any
 
 from dblockrun.jobs import EVERY_HOST_SEP, Job, JobsFile, RunOn
-from dblockrun.scheduling.calendars import next_real_slot
-from dblockrun.scheduling.cron import next_slot_at
-from dblockrun.scheduling.limits import all_seats
 
 log = logging.getLogger("dblockrun")
 
@@ -223,6 +220,8 @@ class LocalJobs:
         the file's jobs' (a targeted job's too, so status shows it
         unmatched) with its groups' seats and lanes; and this host's rows
         of its every-host jobs."""
+        from dblockrun.scheduling.limits import all_seats  # the daemon's: not status's labels
+
         return ([*(j.name for j in self.file.jobs), *all_seats(self.file)],
                 every_host_rows(self.jobs))
 
@@ -236,6 +235,10 @@ class LocalJobs:
     def next_due(self, now: float) -> dict[str, float]:
         """Each enabled cron job's next slot after ``now`` that runs (not one
         a calendar, blackout window or its active range excludes), for `status`."""
+        # Here: the label functions above (status, validate) need no croniter.
+        from dblockrun.scheduling.calendars import next_real_slot
+        from dblockrun.scheduling.cron import next_slot_at
+
         return {job.name: due for job in self.jobs.jobs
                 if job.cron is not None and job.enabled
                 and (due := next_real_slot(job, now) if job.calendared
