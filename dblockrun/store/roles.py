@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from dblockrun.store.alerts import AlertStore
     from dblockrun.store.control import Audit, ControlStore
     from dblockrun.store.drain import DrainStore
-    from dblockrun.store.engine import LockEngine
     from dblockrun.store.store import Store
 
 __all__ = ["Alerting", "Control", "FleetBookkeeping", "Inbox", "Listener", "StatusReading"]
@@ -119,10 +118,6 @@ class HeldGaps(Protocol):
 class FleetBookkeeping(HeldGaps, Protocol):
     """What a daemon's bookkeeping does."""
 
-    #: The lock engine: the round names a lock row whose token cannot be
-    #: claimed (``lock.bad_token``), once.
-    lock: LockEngine
-
     @property
     def control(self) -> ControlStore:
         """Where the round starts to read the actions daemons log."""
@@ -157,12 +152,13 @@ class FleetBookkeeping(HeldGaps, Protocol):
 
     def lock_states(self) -> tuple[dict[str, m.LockState], float]: ...
 
-    def bad_tokens(self, names: Iterable[str]) -> list[tuple[str, int]]: ...
+    def log_bad_tokens(self, names: Iterable[str]) -> None:
+        """Log each of ``names`` whose lock row's token no claim takes (edited
+        by hand), once per job, saying how to repair it."""
 
     def sweep_lost(self, recorder: str = "?") -> list[m.LostRun]: ...
 
     def trim_pool(self) -> bool: ...
-
 
 
 class Alerting(Protocol):

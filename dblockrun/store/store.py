@@ -452,6 +452,14 @@ class Store:
             (str(n), int(t)) for chunk in _chunks(wanted, 500) for n, t in c.execute(
                 sa.select(locks.c.name, locks.c.token).where(locks.c.name.in_(chunk), bad))])
 
+    def log_bad_tokens(self, names: Iterable[str]) -> None:
+        """Log each of ``names`` whose token no claim takes (:meth:`bad_tokens`)
+        once, saying how to repair it: once per job for this store, whether
+        this or a claim that met it saw it first (the lock engine's
+        ``bad_token``)."""
+        for name, token in self.bad_tokens(names):
+            self.lock.bad_token(name, token)
+
     def _names(self, conn: Connection, names: Sequence[str],
                *where: sa.ColumnElement[bool]) -> list[str]:
         """Those of ``names`` whose lock rows are ``where``: a statement per 500."""
