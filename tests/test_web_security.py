@@ -94,9 +94,12 @@ def at_once(calls: list[Callable[[], int]]) -> list[int]:
 
 def test_simultaneous_guesses_get_no_more_checks_than_the_limit(pg: TestDb,
                                                                 tmp_path: Path) -> None:
-    """30 sign-ins at once, 29 wrong and the right one last: at most 5 are
-    checked (each counted before its check); before, 29 got 401 and the
-    right one a session."""
+    """30 sign-ins at once, 29 wrong and the right one last: at most 5 wrong
+    passwords are checked (each counted before its check); before, 29 got
+    401 and the right one a session. A sign-in that works is not counted
+    (pages.login forgets it), so when the right one arrives among the first
+    five (the threads race; CI saw it) a sixth guess is checked, and 401:
+    the guesses checked stay five."""
     web = users_server(pg, tmp_path)
     try:
         browser = Browser(web.url)
@@ -105,8 +108,7 @@ def test_simultaneous_guesses_get_no_more_checks_than_the_limit(pg: TestDb,
         guesses = [f"guess-{i}" for i in range(29)] + [PASSWORD]
         codes = at_once([lambda p=p: login_post(web, cookie, token, "olga", p)  # type: ignore[misc]
                          for p in guesses])
-        checked = [c for c in codes if c in (401, 303)]
-        assert len(checked) <= 5, codes
+        assert codes.count(401) <= 5, codes
         assert set(codes) <= {401, 303, 429}, codes
         assert codes.count(303) <= 1
         # At most 2 checks ran at once: 2 x 64 MiB, not 30.
