@@ -68,9 +68,8 @@ def _status_doc(request: Request, names: list[str]) -> dict[str, Any]:
     """``status --json``'s document of some jobs (one serializer for the
     CLI, API and pages)."""
     from dblockrun.ops.output import status_json
-    from dblockrun.store.status import report
 
-    got = report(config(request).store, names)
+    got = config(request).store.status(names)
     from dblockrun.jobs import EVERY_HOST_SEP
 
     # A row JOB@HOST is its every-host job's: JOB's definition counts too.
