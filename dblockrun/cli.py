@@ -448,7 +448,6 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
 
     from dblockrun.ops import output
     from dblockrun.ops.actions import Access, no_such_job
-    from dblockrun.store.status import report
 
     if watch and (as_json or check):
         raise UsageError("--watch draws the table: not with --json or --check")
@@ -467,7 +466,7 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
     # --check looks whether another session holds the lock rows: a second's wait.
     with _open(Access.READ, jobs_file, CHECK_LOCK_WAIT) as store:
         # An every-host job: its own row and every host's (JOB@HOST).
-        got = report(store, store.with_every_host(list(jobs)) or None, within)
+        got = store.status(store.with_every_host(list(jobs)) or None, within)
         missing = sorted(set(jobs) - {r.lock.name for r in got.jobs})
         if missing:
             raise no_such_job(store, missing)
@@ -483,12 +482,10 @@ def status(jobs: tuple[str, ...], as_json: bool, live_within: str | None, wide: 
                                 got.groups, wide=wide, limits=limits)
             sys.stdout.flush()
             time.sleep(WATCH_EVERY)
-            got = report(store, store.with_every_host(list(jobs)) or None, within)
+            got = store.status(store.with_every_host(list(jobs)) or None, within)
         if check:  # the jobs whose slots are being recorded passed: since when, why
-            from dblockrun.store.status import held_rows, passed_since
-
-            passed = passed_since(store, got.jobs)
-            held = held_rows(store)
+            passed = store.passed_since(got.jobs)
+            held = store.held_rows()
     if check:
         from dblockrun.ops.check import problems
 

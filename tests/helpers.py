@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from dblockrun.jobs import JobsFile
     from dblockrun.store import Store
     from dblockrun.store import models as m
+    from dblockrun.store.memory import MemoryRunStore
     from dblockrun.store.outage import Outage
 
 T = TypeVar("T")
@@ -351,12 +352,13 @@ def set_last_slot(store: Store, name: str, slot: float) -> None:
 SUMMARY = re.compile(r"^\w+: (?:more than )?(\d+) slots from (\S+) to (\S+):")
 
 
-def output_of(store: Store, record: m.RunRecord) -> str:
+def output_of(store: Store | MemoryRunStore, record: m.RunRecord) -> str:
     full = store.run(record.id)
     return (full.output if full is not None else None) or ""
 
 
-def coverage(records: list[m.RunRecord], store: Store, step: float) -> Counter[float]:
+def coverage(records: list[m.RunRecord], store: Store | MemoryRunStore,
+             step: float) -> Counter[float]:
     """How many records stand for each slot of a job every ``step`` seconds:
     one each, a summary record for every slot of its range."""
     count: Counter[float] = Counter()

@@ -48,6 +48,7 @@ class Record:
     result: str
     output: str | None
     duration: float | None
+    attempt: int = 1
 
 
 class RoleUnderTest:
@@ -150,7 +151,7 @@ class InMemory(RoleUnderTest):
         return Row(row.holder, row.token, row.lock_until, row.last_slot, row.next_due)
 
     def records(self, job: str) -> list[Record]:
-        return [Record(r.id, r.slot, r.token, r.result, r.output, r.duration)
+        return [Record(r.id, r.slot, r.token, r.result, r.output, r.duration, r.attempt)
                 for r in self.memory.runs_of(job)]
 
 
@@ -200,7 +201,8 @@ class OnDatabase(RoleUnderTest):
     def records(self, job: str) -> list[Record]:
         found = sorted(self.full.history(job, 1000), key=lambda r: r.id)
         return [Record(r.id, r.slot, r.token, r.result, full.output if (
-            full := self.full.run(r.id)) is not None else None, r.duration) for r in found]
+            full := self.full.run(r.id)) is not None else None, r.duration, r.attempt)
+            for r in found]
 
     def close(self) -> None:
         self.full.close()

@@ -226,6 +226,16 @@ def test_enable_unknown_job_exits_2(sqlite_db: TestDb) -> None:
     assert result.stderr == f"dblockrun: no such job in {where(sqlite_db)}: nope\n"
 
 
+def test_a_jobs_file_given_as_a_job_name_is_told_to_come_with_f(sqlite_db: TestDb) -> None:
+    """``dblockrun status jobs.yaml`` (an operator's slip: the jobs file is
+    an option) says how to name a jobs file, exit 2."""
+    known(sqlite_db, "backup")
+    result = invoke(sqlite_db, "status", "jobs.yaml")
+    assert result.exit_code == 2
+    assert result.stderr == (f"dblockrun: no such job in {where(sqlite_db)}: jobs.yaml"
+                             " (a jobs file is named with -f: dblockrun -f jobs.yaml ...)\n")
+
+
 def test_disable_for_and_until_together_exit_2(sqlite_db: TestDb) -> None:
     result = invoke(sqlite_db, "disable", "backup", "--for", "3h",
                     "--until", "2099-01-01T00:00:00Z")

@@ -21,7 +21,6 @@ from helpers import (
     TestDb,
     fail_next_run_inserts,
     first_with,
-    pass_time,
     runs_of,
     stop_across_slots,
     wait_for,
@@ -29,7 +28,6 @@ from helpers import (
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
-from dblockrun.store.status import report
 
 pytestmark = pytest.mark.slow
 
@@ -184,95 +182,28 @@ def test_starting_deadline_records_a_late_slot_as_missed(
 # -- 5: no overlap --------------------------------------------------------------
 
 
-def test_overlapping_slots_are_skipped(store: Store, fleet: Fleet) -> None:
-    d = fleet.start(f"jobs:\n  slow:\n    cron: {EVERY_SECOND}\n    command: sleep 2.5\n",
-                    grace="1s")
-
-    def at_most_one_running() -> list[m.RunRecord]:
-        runs = runs_of(store, "slow")
-        assert len([r for r in runs if r.result == m.RUNNING]) <= 1, runs
-        return runs
-
-    def enough() -> bool:
-        runs = at_most_one_running()
-        return (len([r for r in runs if r.result == m.OK]) >= 1
-                and len([r for r in runs if r.result == m.SKIPPED]) >= 2)
-
-    d.wait(enough, 20, interval=0.1, what="an ok run and two skipped slots")
-    assert d.stop() == 0
-    runs = runs_of(store, "slow")
-    assert {r.result for r in runs} <= {m.OK, m.SKIPPED, m.KILLED}
-    slots = [r.slot for r in runs]
-    assert None not in slots and len(set(slots)) == len(slots), "a slot recorded twice"
-    ran = [r for r in runs if r.result != m.SKIPPED]
-    for a, b in zip(ran, ran[1:], strict=False):
-        assert a.finished is not None and b.started >= a.finished, "two runs overlapped"
-    for skip in (r for r in runs if r.result == m.SKIPPED):
-        assert skip.token is None
-        holders = [r for r in ran if r.started <= skip.started
-                   and (r.finished is None or skip.started <= r.finished)]
-        assert holders, f"slot {skip.slot} skipped while nothing ran"
-        assert skip.host == holders[0].host
-        assert holders[0].slot is not None and skip.slot is not None
-        assert skip.slot > holders[0].slot
+# test_overlapping_slots_are_skipped moved to tests/test_firing_memory.py (one daemon's
+# overlap decision, in-process on the memory store); its SQL stays covered by
+# tests/test_firing_contract.py and, with real daemons, by tests/test_overlap.py.
 
 
 # -- 6: retries ------------------------------------------------------------------
 
 
-def test_retries_share_one_token(
-    store: Store, fleet: Fleet, tmp_path: Path
-) -> None:
-    counter = tmp_path / "count"
-    d = fleet.start(
-                    "jobs:\n  flaky:\n    rate: 1h\n    retries: 2\n    retry-delay: 200ms\n"
-                    f"    command: n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); "
-                    f"echo $n > {counter}; echo attempt $n; [ $n -ge 3 ]\n"
-                    )
-    d.wait(lambda: first_with(store, "flaky", m.OK), 20, what="the third attempt")
-    runs = runs_of(store, "flaky")
-    assert [r.attempt for r in runs] == [1, 2, 3]
-    assert [r.result for r in runs] == [m.FAILED, m.FAILED, m.OK]
-    assert [r.exit_code for r in runs] == [1, 1, 0]
-    assert [(r.output or "").strip() for r in runs] == ["attempt 1", "attempt 2", "attempt 3"]
-    tokens = {r.token for r in runs}
-    assert len(tokens) == 1 and None not in tokens
-    for a, b in zip(runs, runs[1:], strict=False):
-        assert a.finished is not None and b.started - a.finished >= 0.15, "no retry-delay"
-    assert "retrying (attempt 3 of 3)" in d.text()
-    assert d.stop() == 0
-    assert len(runs_of(store, "flaky")) == 3
+# test_retries_share_one_token moved to tests/test_firing_memory.py (one daemon's retry
+# decisions, the delay on the test's clock); its SQL stays covered on every database by
+# tests/test_firing_contract.py's test_a_retrys_attempts_are_recorded_under_the_claims_token
+# and, with a real daemon, test_chains.py's
+# test_a_run_with_retries_starts_one_run_for_its_last_attempt.
 
 
 # -- 7: on-failure disable-for --------------------------------------------------
 
 
-def test_on_failure_disables_the_job(store: Store, fleet: Fleet) -> None:
-    d = fleet.start(f"jobs:\n  broken:\n    cron: {EVERY_SECOND}\n"
-                    "    on-failure: {disable-for: 3h}\n    command: echo boom; exit 1\n")
-    failed = d.wait(lambda: first_with(store, "broken", m.FAILED), FIRST_RUN,
-                    what="failed run")
-    assert failed.exit_code == 1
-
-    def disabled() -> m.JobStatus | None:
-        st = report(store, ["broken"]).jobs[0]
-        return st if st.state == "disabled" else None
-
-    st = d.wait(disabled, 5, what="job disabled")
-    assert st.lock.disabled_until is not None
-    assert st.lock.disabled_until - st.db_now == pytest.approx(3 * 3600, abs=30)
-    reason = st.lock.disabled_reason or ""
-    assert "exited 1" in reason and f"run {failed.id}" in reason, reason
-
-    def one_run() -> None:
-        # A slot that came due while the failed run was still being recorded
-        # (a daemon late under load) is recorded skipped: a record, not a run.
-        runs = [r for r in runs_of(store, "broken") if r.result != m.SKIPPED]
-        assert [r.id for r in runs] == [failed.id], runs
-
-    pass_time(2.2, one_run)
-    assert d.alive()
-    assert d.stop() == 0
+# test_on_failure_disables_the_job moved to tests/test_firing_memory.py (one daemon's
+# on-failure decision, in-process on the memory store); what it writes stays covered on
+# every database by tests/test_firing_contract.py's
+# test_a_disable_for_a_while_keeps_its_reason_and_refuses_claims_until_it_ends.
 
 
 # -- 8: lock-at-most ------------------------------------------------------------
@@ -357,38 +288,12 @@ def test_output_is_logged_with_the_job_prefix_and_kept(
     assert hist[0].output == "line one\nline two\nno newline"
 
 
-def test_a_cron_and_rate_job_keeps_its_rate_among_jobs_due_at_once(
-    store: Store, fleet: Fleet
-) -> None:
-    # Four jobs share every instant, so the daemon claims them in a batch;
-    # the batch claim must hold `limited` to its rate like a single claim.
-    others = "".join(f"  other{i}: {{cron: '*/2 * * * * *', command: 'true'}}\n"
-                     for i in range(3))
-    d = fleet.start("jobs:\n"
-                    "  limited: {cron: '*/2 * * * * *', rate: 30s, command: 'true'}\n"
-                    + others)
-    d.wait(lambda: all(len(runs_of(store, f"other{i}", m.OK)) >= 4 for i in range(3)),
-           FIRST_RUN, "four slots of the other jobs")
-    # Four slots take ~8 s, but a loaded machine may take longer than the
-    # 30 s rate: then a second run is due, so the rate is checked between
-    # runs (one a rate apart at most), not by their number.
-    runs = runs_of(store, "limited")
-    assert runs and all(r.result == m.OK for r in runs), d.text()
-    starts = [r.slot or 0.0 for r in runs]
-    assert all(b - a >= 30 for a, b in zip(starts, starts[1:], strict=False)), (
-        starts, d.text())
-
-
-def test_a_cron_and_rate_job_runs_every_period_without_drift(
-    store: Store, fleet: Fleet
-) -> None:
-    # A start one rate later is a few milliseconds short of the rate by the
-    # database clock: it must still count, so the job runs every 4 s, not 6.
-    d = fleet.start("jobs:\n  paced: {cron: '*/2 * * * * *', rate: 4s, command: 'true'}\n")
-    d.wait(lambda: len(runs_of(store, "paced", m.OK)) >= 4, 40, "four runs")
-    slots = [r.slot or 0.0 for r in runs_of(store, "paced", m.OK)[:4]]
-    gaps = [b - a for a, b in zip(slots, slots[1:], strict=False)]
-    assert gaps == [4.0, 4.0, 4.0], (gaps, d.text())
+# test_a_cron_and_rate_job_keeps_its_rate_among_jobs_due_at_once,
+# test_a_cron_and_rate_job_runs_every_period_without_drift and
+# test_a_cron_and_rate_job_publishes_its_next_start_after_the_rate moved to
+# tests/test_firing_memory.py (one daemon's rate decisions, in-process on the memory
+# store); their SQL (a slot claim's rate and its tolerance, a batch held to the rate,
+# next_due) stays covered on every database by tests/test_firing_contract.py.
 
 
 def test_a_slot_whose_run_record_deadlocks_still_runs(
@@ -429,19 +334,6 @@ def test_a_negative_token_is_logged_once_and_blocks_only_its_job(
     assert "dblockrun unlock edited" in log
     assert "database error" not in log and "database back" not in log, log
     assert runs_of(store, "edited") == []
-
-
-def test_a_cron_and_rate_job_publishes_its_next_start_after_the_rate(
-    store: Store, fleet: Fleet
-) -> None:
-    # `status` shows next_due: for */2s + rate 6s the next start is 6 s after
-    # a run's slot, not the next cron slot 2 s later (then "due since" for 4 s).
-    d = fleet.start("jobs:\n  paced: {cron: '*/2 * * * * *', rate: 6s, command: 'true'}\n")
-    d.wait(lambda: len(runs_of(store, "paced", m.OK)) >= 1, 30, "a run")
-    run = runs_of(store, "paced", m.OK)[0]
-    lock = store.lock_state("paced")
-    assert run.slot is not None and lock is not None
-    assert lock.next_due == run.slot + 6.0
 
 
 def test_a_token_that_goes_backwards_is_logged_and_the_job_goes_on(

@@ -15,6 +15,8 @@ from __future__ import annotations
 from runstores import RoleUnderTest
 
 from dblockrun.store import models as m
+from dblockrun.store.base import Disables
+from dblockrun.store.models import CLAIM_TOLERANCE
 
 
 def base_slot(run_store: RoleUnderTest) -> float:
@@ -201,7 +203,8 @@ def test_the_lock_rows_read_as_claimed_with_the_stores_time(run_store: RoleUnder
     assert state is not None and state.locked_at is not None and state.lock_until is not None
     assert (state.name, state.holder, state.token, state.last_slot, state.next_due) == (
         "a", "h1", 1, slot, slot + 60)
-    assert state.last_start == state.locked_at
+    # (the same instant; a server's timestamps may round a microsecond apart as floats)
+    assert state.last_start is not None and abs(state.last_start - state.locked_at) < 1e-5
     assert abs(state.lock_until - state.locked_at - 30) < 0.01
     assert store.lock_state("missing") is None
     run_store.disable("b", 60)
@@ -227,3 +230,96 @@ def test_a_disable_began_at_its_newest_audited_disable(run_store: RoleUnderTest)
     # A disable nobody audited (on-failure) has no known start.
     run_store.disable("broken", 60)
     assert store.disabled_since("broken", run_store.now()) is None
+
+
+def test_a_group_seat_held_for_a_job_is_never_one_of_its_lanes(
+        run_store: RoleUnderTest) -> None:
+    """A group's seat is taken for a job (``held_for``) like a lane, and its
+    token may equal the job's claim's; still it never holds the job's run:
+    once the job's row is freed the run is held by nothing (not running,
+    not waiting, not killed through the seat)."""
+    store = run_store.firing
+    run_store.ensure("solo", "group:g:1")
+    slot = base_slot(run_store)
+    won = store.claim_and_record("solo", "h1", 30, slot=slot)
+    assert won is not None and won.run_id is not None
+    seat = store.claim_seat(["group:g:1"], "h1", 30, "solo")
+    assert seat == ("group:g:1", won.token)  # the same token as the job's claim
+    assert store.seat_holders(["group:g:1"]) == [("solo", "h1")]
+    assert store.run_waits(won.run_id, "a seat of group g")
+    assert [r.id for r in store.control.waiting(["solo"])] == [won.run_id]
+    run = store.control.running("solo")[0]
+    assert store.release("solo", "h1", won.token)
+    # The seat stays held for the job, with the run's token: not a lane.
+    assert store.seat_holders(["group:g:1"]) == [("solo", "h1")]
+    assert store.control.running("solo") == []
+    assert store.control.running() == []
+    assert store.control.waiting(["solo"]) == []
+    assert store.control.kill([run], "op@test", "why") == []
+    assert store.renew_many("h1", [("group:g:1", won.token)], 30) == {"group:g:1": None}
+
+
+def test_a_slot_claim_a_little_short_of_the_rate_still_counts(run_store: RoleUnderTest) -> None:
+    """A job with a cron and a rate: a start one rate later by its slot
+    may be a few milliseconds short of the rate by the store's clock (the
+    daemon woke a little earlier past the slot than the time before); the
+    slot claim's tolerance absorbs that, not more."""
+    store = run_store.firing
+    run_store.ensure("paced")
+    slot = base_slot(run_store)
+    first = store.claim_and_record("paced", "h1", 30, slot=slot - 1, rate=3600)
+    assert first is not None and store.release("paced", "h1", first.token)
+    state = store.lock_state("paced")
+    assert state is not None and state.last_start is not None
+    elapsed = run_store.now() - state.last_start  # at most this short by the claim
+    assert store.claim_and_record("paced", "h1", 30, slot=slot, rate=elapsed + 5) is None
+    second = store.claim_and_record("paced", "h1", 30, slot=slot,
+                                    rate=elapsed + 0.8 * CLAIM_TOLERANCE)
+    assert second is not None and second.token == first.token + 1
+    assert [r.slot for r in run_store.records("paced")] == [slot - 1, slot]
+    assert run_store.records("paced")[-1].result == m.RUNNING
+
+
+def test_a_disable_for_a_while_keeps_its_reason_and_refuses_claims_until_it_ends(
+        run_store: RoleUnderTest) -> None:
+    """What ``on-failure: {disable-for: ...}`` writes (``Disables``, the
+    daemon's store): the job's row disabled until then, with the reason;
+    no claim of it wins meanwhile."""
+    store = run_store.firing
+    assert isinstance(store, Disables)
+    run_store.ensure("broken")
+    slot = base_slot(run_store)
+    before = run_store.now()
+    # (what it returns differs: the SQL store's a Disabled, the memory one's
+    # the end; the daemon reads neither)
+    store.disable("broken", for_seconds=3 * 3600, reason="on-failure: run 7 exited 1 on h1:1:a")
+    state = run_store.firing.lock_state("broken")
+    assert state is not None and state.disabled_until is not None
+    assert before + 3 * 3600 - 0.01 < state.disabled_until < run_store.now() + 3 * 3600 + 0.01
+    assert state.disabled_reason == "on-failure: run 7 exited 1 on h1:1:a"
+    # Nobody audited it: when it began is not known (a resync records nothing for it).
+    assert run_store.firing.disabled_since("broken", run_store.now()) is None
+    assert run_store.firing.claim_and_record("broken", "h1", 30, slot=slot) is None
+    assert run_store.records("broken") == []
+
+
+def test_a_retrys_attempts_are_recorded_under_the_claims_token(run_store: RoleUnderTest) -> None:
+    """A run's retry (``retries:``) records each attempt under the claim's
+    token while the lease holds; the last one's end releases the job."""
+    store = run_store.firing
+    run_store.ensure("flaky")
+    won = store.claim_and_record("flaky", "h1", 30, rate=3600)
+    assert won is not None and won.run_id is not None
+    assert store.finish_run(won.run_id, "flaky", won.token, m.FAILED, 1, "attempt 1\n")
+    second = store.start_run("flaky", "h1", token=won.token, attempt=2)
+    assert store.finish_run(second, "flaky", won.token, m.FAILED, 1, "attempt 2\n")
+    third = store.start_run("flaky", "h1", token=won.token, attempt=3)
+    assert [r.id for r in store.control.running("flaky")] == [third]
+    assert store.finish_and_release(third, "flaky", "h1", won.token, m.OK, 0,
+                                    "attempt 3\n") == (True, True)
+    records = run_store.records("flaky")
+    assert [(r.id, r.attempt, r.token, r.result) for r in records] == [
+        (won.run_id, 1, won.token, m.FAILED), (second, 2, won.token, m.FAILED),
+        (third, 3, won.token, m.OK)]
+    assert store.control.running("flaky") == []
+    assert store.claim_and_record("flaky", "h2", 30, rate=3600) is None  # the rate holds

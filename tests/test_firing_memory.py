@@ -5,13 +5,20 @@ its SQL (and what only processes and a fleet show)."""
 
 from __future__ import annotations
 
+import logging
+import math
+from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from firingmem import MemoryDaemon
+from firingmem import DEADLINE, ClockedRunStore, MemoryDaemon
+from helpers import coverage, overlaps, wait_for
 
+from dblockrun.scheduling.planner import FRESH, RECORDED
 from dblockrun.store import models as m
+from dblockrun.store.memory import MemoryRunStore, RunRow
 from dblockrun.timetext import utc
 
 
@@ -148,3 +155,440 @@ def test_a_slot_that_waits_past_its_starting_deadline_is_recorded_missed(
     # The seat's holder runs on.
     assert [r.result for r in store.runs_of("hold")] == [m.RUNNING]
     assert store.seat_holders(["group:backups:1"]) == [("hold", "host-1:1:t")]
+
+
+# --- catch-up after downtime (moved from tests/test_catchup.py) ------------------------
+#
+# The fleet stopped ``seconds`` ago: the job's lock row keeps its last slot
+# then (MemoryRunStore.set_last_slot, as helpers.set_last_slot does in SQL),
+# and a daemon starts now. The SQL these tests rely on (reading the lock row
+# when a plan is in doubt, recording the passed slots in one statement, the
+# slot claims of the backlog) stays covered on every database by
+# tests/test_firing_contract.py (test_the_lock_rows_read_as_claimed_with_the_stores_time,
+# test_a_slot_is_claimed_once_with_its_record_and_its_next_due_time),
+# tests/test_runstore_contract.py (the slot book's records) and, end to end
+# with real daemons after a real outage, test_catchup.py's
+# test_two_daemons_after_downtime_run_each_missed_slot_once.
+
+TICK = """\
+    jobs:
+      tick:
+        cron: "* * * * * *"
+        command: '{held}'
+    """
+
+
+def down_since(seconds: int) -> tuple[MemoryRunStore, float]:
+    """A store whose fleet stopped ``seconds`` whole seconds ago, the
+    daemon starting now, mid-second: (the store, the job tick's last slot)."""
+    store = ClockedRunStore()
+    store.clock.advance(0.4)
+    last = float(math.floor(store.clock.now()) - seconds)
+    store.set_last_slot("tick", last)
+    return store, last
+
+
+def _slots(runs: list[RunRow]) -> Counter[float]:
+    return Counter(r.slot for r in runs if r.slot is not None)
+
+
+def _oks(store: MemoryRunStore) -> list[RunRow]:
+    return [r for r in store.runs_of("tick") if r.result == m.OK]
+
+
+def test_latest_runs_the_newest_missed_slot_and_records_the_older(
+        tmp_path: Path, daemons: list[MemoryDaemon], caplog: pytest.LogCaptureFixture) -> None:
+    """Moved from tests/test_catchup.py (a real daemon on every database,
+    2.1 to 2.7 s a backend); its SQL: see the section's comment."""
+    store, last = down_since(15)
+    daemon = MemoryDaemon(TICK, tmp_path, store=store)
+    daemons.append(daemon)
+    daemon.go_on(lambda: bool(_oks(store)))
+    first_ok = _oks(store)[0]
+    assert first_ok.slot is not None
+    runs = store.runs_of("tick")
+    before = [r for r in runs if r.slot is not None and r.slot < first_ok.slot]
+    assert {r.result for r in before} == {m.MISSED}
+    # Every slot of the outage before the newest is recorded missed once, why
+    # included: the newest RECORDED one by one, the older ones in one record.
+    older, *each = sorted(before, key=lambda r: r.slot or 0)
+    assert [r.slot for r in each] == [first_ok.slot - k for k in range(RECORDED, 0, -1)]
+    assert all((r.output or "") == "missed: no daemon was running the job; "
+               "catch-up: latest runs only the newest missed slot\n" for r in each)
+    assert older.slot == first_ok.slot - RECORDED - 1
+    assert (older.output or "") == (
+        f"missed: {int(older.slot - last)} slots from {_iso(last + 1)} to {_iso(older.slot)}: "
+        "no daemon was running the job; catch-up: latest runs only the newest missed slot\n")
+    assert older.slot - last >= 3  # the outage was 15 s, and the daemon started after it
+    assert ("missed: no daemon was running the job; catch-up: latest runs only the newest "
+            "missed slot; running the newest") in caplog.text
+    daemon.go_on(lambda: len(_oks(store)) >= 3)  # the regular schedule after the catch-up
+    assert max(_slots(store.runs_of("tick")).values()) == 1
+
+
+def test_none_runs_no_missed_slot(tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """Moved from tests/test_catchup.py (a real daemon on every database,
+    0.4 to 1.6 s a backend); its SQL: see the section's comment."""
+    store, last = down_since(8)
+    t0 = store.clock.now()
+    daemon = MemoryDaemon(TICK.replace("command:", "catch-up: none\n        command:"),
+                          tmp_path, store=store)
+    daemons.append(daemon)
+    daemon.go_on(lambda: bool(_oks(store)))
+    first_ok = _oks(store)[0]
+    assert first_ok.slot is not None and first_ok.slot > t0 - FRESH
+    runs = store.runs_of("tick")
+    before = [r for r in runs if r.slot is not None and r.slot < first_ok.slot]
+    # Each slot of the downtime has one record (a slow start may put the
+    # oldest in one summary record).
+    count = coverage([r.record() for r in before], store, 1.0)
+    assert sorted(count) == [last + k for k in range(1, int(first_ok.slot - last))]
+    assert set(count.values()) == {1}
+    assert {r.result for r in before} == {m.MISSED}
+    assert any("catch-up: none runs no missed slot" in (r.output or "") for r in before)
+    assert len(count) >= 6
+    assert max(_slots(runs).values()) == 1
+
+
+def _catch_up_runs(store: MemoryRunStore, last: float, limit: int) -> tuple[list[RunRow],
+                                                                            list[RunRow]]:
+    """(the missed records of the start, the catch-up runs): the slots after
+    ``last`` recorded missed with the catch-up's reason, then the ``limit``
+    slots after them."""
+    runs = store.runs_of("tick")
+    missed = [r for r in runs if r.result == m.MISSED and "catch-up: all" in (r.output or "")]
+    newest_missed = max((r.slot or 0.0 for r in missed), default=last)
+    ran = sorted((r for r in runs if r.slot is not None
+                  and newest_missed < r.slot <= newest_missed + limit), key=lambda r: r.slot or 0)
+    return missed, ran
+
+
+def test_all_runs_the_newest_missed_slots_one_at_a_time_oldest_first(
+        tmp_path: Path, daemons: list[MemoryDaemon], caplog: pytest.LogCaptureFixture) -> None:
+    """Moved from tests/test_catchup.py (a real daemon on every database,
+    1.3 to 1.6 s a backend); its SQL: see the section's comment. Each run
+    takes 0.3 s of the clock (the real test's ``sleep 0.3``)."""
+    store, last = down_since(8)
+    daemon = MemoryDaemon(TICK.replace(
+        "command:", "catch-up: all\n        catch-up-limit: 3\n        command:"),
+        tmp_path, store=store)
+    daemons.append(daemon)
+
+    def caught_up() -> bool:
+        _missed, ran = _catch_up_runs(store, last, 3)
+        return len(ran) == 3 and all(r.result == m.OK for r in ran)
+
+    daemon.go_on(caught_up, took=0.3)
+    missed, ran = _catch_up_runs(store, last, 3)
+    # The older ones: each slot after the last one recorded missed, once.
+    count = coverage([r.record() for r in missed], store, 1.0)
+    assert sorted(count) == [last + k for k in range(1, len(count) + 1)]
+    assert set(count.values()) == {1} and len(count) >= 5
+    # The newest three: each run, oldest first, one at a time.
+    assert [r.result for r in ran] == [m.OK] * 3
+    for a, b in zip(ran, ran[1:], strict=False):
+        assert a.finished is not None and a.finished <= b.started
+    assert ran[0].started - (ran[0].slot or 0) > 1.0  # run late: a catch-up
+    assert "running the newest 3, oldest first" in caplog.text
+    assert max(_slots(store.runs_of("tick")).values()) == 1
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+# --- a full host (moved from tests/test_limits.py) ---------------------------------------
+#
+# --max-running 1 on one host. The SQL these rely on (the single and batch
+# claims with their records, the slot book's skipped records) stays covered
+# on every database by tests/test_firing_contract.py
+# (test_a_slot_is_claimed_once_with_its_record_and_its_next_due_time,
+# test_a_batch_claims_up_to_its_limit_by_the_single_claims_predicate) and
+# tests/test_runstore_contract.py, and end to end by test_limits.py's
+# test_a_full_host_leaves_the_slot_to_another_host (a full host beside a
+# free one, real daemons) and test_queue.py's
+# test_a_full_host_that_queues_runs_every_slot_one_after_the_other.
+
+TWO_JOBS = """\
+    jobs:
+      left: {{cron: "*/2 * * * * *", command: '{held}'}}
+      right: {{cron: "*/2 * * * * *", command: '{held}'}}
+    """
+
+
+def slots_done(store: MemoryRunStore, names: set[str], first: float, count: int
+               ) -> dict[float, dict[str, m.RunRecord]] | None:
+    """As helpers.slots_done, on the memory store: the first ``count``
+    slots from ``first`` once every job of ``names`` has a finished record
+    for each of them."""
+    per_slot: dict[float, dict[str, m.RunRecord]] = {}
+    for name in names:
+        for run in store.runs_of(name):
+            if run.slot is not None and run.slot >= first:
+                per_slot.setdefault(run.slot, {})[name] = run.record()
+    done = sorted(s for s, runs in per_slot.items()
+                  if set(runs) == names and all(r.finished is not None for r in runs.values()))
+    return {s: per_slot[s] for s in done[:count]} if len(done) >= count else None
+
+
+def test_a_full_host_alone_records_the_slot_skipped_with_the_reason(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """Two jobs due together every 2 s, each run 0.8 s, one host with
+    --max-running 1: of each slot, one job runs and the other is recorded
+    skipped, saying why; never two at once.
+
+    Moved from tests/test_limits.py (a real daemon on every database, 7.5
+    to 8.5 s a backend); its SQL: see the section's comment."""
+    daemon = MemoryDaemon(TWO_JOBS, tmp_path, max_running=1)
+    daemons.append(daemon)
+    store = daemon.store
+    first = store.clock.now() + 1
+    daemon.go_on(lambda: slots_done(store, {"left", "right"}, first, 3) is not None, took=0.8)
+    slots = slots_done(store, {"left", "right"}, first, 3)
+    assert slots is not None
+    for runs in slots.values():
+        assert sorted(r.result for r in runs.values()) == ["ok", "skipped"], runs
+        skipped = next(r for r in runs.values() if r.result == "skipped")
+        assert skipped.output is not None
+        assert "at its --max-running limit (1) and no other host took the slot" in skipped.output
+    assert overlaps([r for runs in slots.values() for r in runs.values()
+                     if r.result == "ok"]) == []
+
+
+BUSY_AND_TICK = """\
+    jobs:
+      busy: {{cron: "*/4 * * * * *", command: '{held}'}}
+      tick: {{cron: "1-59/2 * * * * *", command: '{held}'}}
+    """
+
+
+def test_a_slot_due_while_the_host_is_full_is_skipped_not_run_late(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """A job due alone while the host's one run goes on (the single claim,
+    not a batch): recorded skipped with the reason, never started late; the
+    slots after the run ends run. (busy's runs take 2.5 s, tick's none.)
+
+    Moved from tests/test_limits.py (a real daemon on every database, 8 to
+    11 s a backend); its SQL: see the section's comment."""
+    daemon = MemoryDaemon(BUSY_AND_TICK, tmp_path, max_running=1)
+    daemons.append(daemon)
+    store = daemon.store
+    first = store.clock.now() + 1
+
+    def ticks() -> list[RunRow] | None:
+        runs = [r for r in store.runs_of("tick") if r.slot and r.slot >= first
+                and r.result != "running"]  # (the newest may still run)
+        return runs if {r.result for r in runs} >= {"ok", "skipped"} and len(runs) >= 4 \
+            else None
+
+    daemon.go_on(lambda: ticks() is not None, took={"busy": 2.5, "tick": 0.0})
+    runs = ticks()
+    assert runs is not None
+    assert len({r.slot for r in runs}) == len(runs)  # one record per slot
+    for run in runs:
+        assert run.result in ("ok", "skipped")
+        if run.result == "skipped":
+            assert run.output is not None
+            assert "at its --max-running limit (1)" in run.output
+        else:  # started on time, not when the busy run ended
+            assert run.slot is not None and run.started - run.slot < 0.5
+    assert all(r.result == "ok" for r in store.runs_of("busy") if r.finished)
+
+
+# --- rates and overlap of one job (moved from tests/test_daemon.py) -----------------------
+#
+# The SQL these rely on stays covered on every database by
+# tests/test_firing_contract.py: a slot claim's rate and its tolerance
+# (test_a_slot_is_claimed_once_with_its_record_and_its_next_due_time,
+# test_a_slot_claim_a_little_short_of_the_rate_still_counts), a batch held to
+# the rate (test_a_batch_claims_up_to_its_limit_by_the_single_claims_predicate),
+# a held job's slot not claimed (the same first test); and end to end by
+# test_daemon.py's real daemons (test_retries_share_one_token: a rate-only
+# job; test_starting_deadline_records_a_late_slot_as_missed: a per-second
+# cron job) and test_overlap.py's overlap tests (two daemons).
+
+
+def _ok(store: MemoryRunStore, name: str) -> list[RunRow]:
+    return [r for r in store.runs_of(name) if r.result == m.OK]
+
+
+def test_a_cron_and_rate_job_keeps_its_rate_among_jobs_due_at_once(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """Four jobs share every instant, so the daemon claims them in a batch;
+    the batch claim must hold ``limited`` to its rate like a single claim.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 7.7
+    to 8 s a backend); its SQL: see the section's comment."""
+    others = "".join(f"      other{i}: {{{{cron: '*/2 * * * * *', command: '{{held}}'}}}}\n"
+                     for i in range(3))
+    daemon = MemoryDaemon("    jobs:\n"
+                          "      limited: {{cron: '*/2 * * * * *', rate: 30s, command: '{held}'}}\n"
+                          + others, tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: all(len(_ok(store, f"other{i}")) >= 4 for i in range(3)), took=0.1)
+    runs = store.runs_of("limited")
+    assert runs and all(r.result == m.OK for r in runs), runs
+    starts = [r.slot or 0.0 for r in runs]
+    assert all(b - a >= 30 for a, b in zip(starts, starts[1:], strict=False)), starts
+
+
+def test_a_cron_and_rate_job_runs_every_period_without_drift(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """A start one rate later is a few milliseconds short of the rate by the
+    database clock (here: the first turn 10 ms later past its slot than the
+    next): it must still count, so the job runs every 4 s, not 6.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 14 s
+    a backend); its SQL: see the section's comment."""
+    daemon = MemoryDaemon(
+        "jobs:\n  paced: {{cron: '*/2 * * * * *', rate: 4s, command: '{held}'}}\n", tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.at(daemon.next_at() + 0.01)  # the daemon woke a little late
+    daemon.go_on(lambda: len(_ok(store, "paced")) >= 4, took=0.1)
+    slots = [r.slot or 0.0 for r in _ok(store, "paced")[:4]]
+    gaps = [b - a for a, b in zip(slots, slots[1:], strict=False)]
+    assert gaps == [4.0, 4.0, 4.0], gaps
+
+
+def test_a_cron_and_rate_job_publishes_its_next_start_after_the_rate(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """``status`` shows next_due: for */2s + rate 6s the next start is 6 s
+    after a run's slot, not the next cron slot 2 s later.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 1.5
+    to 2 s a backend); its SQL: see the section's comment."""
+    daemon = MemoryDaemon(
+        "jobs:\n  paced: {{cron: '*/2 * * * * *', rate: 6s, command: '{held}'}}\n", tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: len(_ok(store, "paced")) >= 1, took=0.1)
+    run = _ok(store, "paced")[0]
+    lock = store.lock_state("paced")
+    assert run.slot is not None and lock is not None
+    assert lock.next_due == run.slot + 6.0
+
+
+def test_overlapping_slots_are_skipped(tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """A job every second whose run takes 2.5 s: the slots due while it runs
+    are recorded skipped (no token), by the host that runs it; never two
+    runs at once.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 3.6
+    to 4 s a backend); its SQL: see the section's comment."""
+    daemon = MemoryDaemon("jobs:\n  slow:\n    cron: '* * * * * *'\n    command: '{held}'\n",
+                          tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+
+    def at_most_one_running() -> list[RunRow]:
+        runs = store.runs_of("slow")
+        assert len([r for r in runs if r.result == m.RUNNING]) <= 1, runs
+        return runs
+
+    def enough() -> bool:
+        runs = at_most_one_running()
+        return (len([r for r in runs if r.result == m.OK]) >= 1
+                and len([r for r in runs if r.result == m.SKIPPED]) >= 2)
+
+    daemon.go_on(enough, took=2.5)
+    daemon.close()
+    runs = store.runs_of("slow")
+    assert {r.result for r in runs} <= {m.OK, m.SKIPPED, m.KILLED}
+    slots = [r.slot for r in runs]
+    assert None not in slots and len(set(slots)) == len(slots), "a slot recorded twice"
+    ran = [r for r in runs if r.result != m.SKIPPED]
+    for a, b in zip(ran, ran[1:], strict=False):
+        assert a.finished is not None and b.started >= a.finished, "two runs overlapped"
+    for skip in (r for r in runs if r.result == m.SKIPPED):
+        assert skip.token is None
+        holders = [r for r in ran if r.started <= skip.started
+                   and (r.finished is None or skip.started <= r.finished)]
+        assert holders, f"slot {skip.slot} skipped while nothing ran"
+        assert skip.host == holders[0].host
+        assert holders[0].slot is not None and skip.slot is not None
+        assert skip.slot > holders[0].slot
+
+
+def test_on_failure_disables_the_job(tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """``on-failure: {disable-for: 3h}``: the failed run disables its job
+    for 3 h, saying which run failed how; no run after it.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 3.5 s
+    a backend). Its SQL stays covered on every database by
+    tests/test_firing_contract.py's
+    test_a_disable_for_a_while_keeps_its_reason_and_refuses_claims_until_it_ends
+    (what on-failure writes, and the claims it refuses); the status a user
+    reads of a disabled job by test_cli.py's status tests."""
+    daemon = MemoryDaemon("jobs:\n  broken:\n    cron: '* * * * * *'\n"
+                          "    on-failure: {{disable-for: 3h}}\n    command: echo boom; exit 1\n",
+                          tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: any(r.result == m.FAILED for r in store.runs_of("broken")), took=0.0)
+    failed = next(r for r in store.runs_of("broken") if r.result == m.FAILED)
+    assert failed.exit_code == 1
+
+    def disabled() -> m.LockState | None:
+        lock = store.lock_state("broken")
+        return lock if lock is not None and lock.disabled_until is not None else None
+
+    lock = wait_for(disabled, DEADLINE, what="job disabled")
+    assert lock.disabled_until is not None
+    assert lock.disabled_until - store.clock.now() == pytest.approx(3 * 3600, abs=30)
+    reason = lock.disabled_reason or ""
+    assert "exited 1" in reason and f"run {failed.id}" in reason, reason
+
+    def one_run() -> None:
+        # A slot that came due while the failed run was still being recorded
+        # is recorded skipped: a record, not a run.
+        runs = [r for r in store.runs_of("broken") if r.result != m.SKIPPED]
+        assert [r.id for r in runs] == [failed.id], runs
+
+    end = store.clock.now() + 2.2
+    while (nxt := daemon.next_at()) <= end:  # 2.2 s of the clock, each due turn taken
+        daemon.at(nxt)
+        one_run()
+    daemon.at(end)
+    one_run()
+
+
+# --- retries (moved from tests/test_daemon.py) --------------------------------------------
+
+
+def test_retries_share_one_token(tmp_path: Path, daemons: list[MemoryDaemon],
+                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A job with two retries 200 ms apart whose command fails twice: three
+    attempts, one claim (one token), each after the retry delay.
+
+    Moved from tests/test_daemon.py (a real daemon on every database, 1 to
+    2 s a backend). Its SQL stays covered on every database by
+    tests/test_firing_contract.py's
+    test_a_retrys_attempts_are_recorded_under_the_claims_token (the
+    attempts under one claim's token, the last one's end releasing the
+    job), and end to end by test_chains.py's
+    test_a_run_with_retries_starts_one_run_for_its_last_attempt (a real
+    daemon retrying, on every database). The delay is on the test's clock
+    (the harness's run loop)."""
+    caplog.set_level(logging.INFO)
+    counter = tmp_path / "count"
+    daemon = MemoryDaemon(
+        "jobs:\n  flaky:\n    rate: 1h\n    retries: 2\n    retry-delay: 200ms\n"
+        f"    command: n=$(cat {counter} 2>/dev/null || echo 0); n=$((n+1)); "
+        f"echo $n > {counter}; echo attempt $n; [ $n -ge 3 ]\n", tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: any(r.result == m.OK for r in store.runs_of("flaky")), took=0.0)
+    runs = store.runs_of("flaky")
+    assert [r.attempt for r in runs] == [1, 2, 3]
+    assert [r.result for r in runs] == [m.FAILED, m.FAILED, m.OK]
+    assert [r.exit_code for r in runs] == [1, 1, 0]
+    assert [(r.output or "").strip() for r in runs] == ["attempt 1", "attempt 2", "attempt 3"]
+    tokens = {r.token for r in runs}
+    assert len(tokens) == 1 and None not in tokens
+    for a, b in zip(runs, runs[1:], strict=False):
+        assert a.finished is not None and b.started - a.finished >= 0.15, "no retry-delay"
+    assert "retrying (attempt 3 of 3)" in caplog.text
+    daemon.close()
+    assert len(store.runs_of("flaky")) == 3

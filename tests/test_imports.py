@@ -132,6 +132,87 @@ def test_the_daemon_uses_no_store_internals() -> None:
     assert reached == set()
 
 
+#: The store's insides (store/store.py, store/cold.py): its tables, the lock
+#: engine and its statements, the SQLAlchemy engine, the executor, its
+#: connections. Code outside the store package reaches the store through a
+#: role's members (store/roles.py, store/runstore.py), never these.
+STORE_INSIDES = {"t", "lock", "engine", "x", "q", "_run", "_conn"}
+
+
+def _a_store(node: ast.expr) -> bool:
+    """Whether ``node`` names a store as the package's code names one:
+    ``store``, ``self.store``, ``self._store``, ``cfg.store``, ``self.store()``."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return isinstance(name, str) and name.endswith("store")
+
+
+def _a_lock_engine(node: ast.expr) -> bool:
+    """``store.lock_engine()``, or a name ending in ``engine``."""
+    if isinstance(node, ast.Call):
+        return getattr(node.func, "attr", None) == "lock_engine"
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return isinstance(name, str) and name.endswith("engine")
+
+
+def store_insides_reached(path: Path) -> list[str]:
+    """Where the module at ``path`` reaches into a store (by the names
+    above) or a lock engine's statements (``.q``), or takes a raw driver
+    connection: ``line: .attribute``."""
+    return [f"{node.lineno}: .{node.attr}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute)
+            and (node.attr == "raw_connection"
+                 or (node.attr in STORE_INSIDES and _a_store(node.value))
+                 or (node.attr == "q" and _a_lock_engine(node.value)))]
+
+
+def test_code_outside_the_store_uses_no_store_insides() -> None:
+    """Issue 34 item 1: a consumer depends on the role it uses, not on the
+    store's tables, lock engine, statements or connections (status goes
+    through ``StatusReading.status``, the round's bad tokens through
+    ``FleetBookkeeping.log_bad_tokens``). Tests may reach in; the package's
+    modules outside store/ may not."""
+    reached = {f"{path.relative_to(REPO)}:{where}" for path in PACKAGE.rglob("*.py")
+               if not path.is_relative_to(PACKAGE / "store")
+               for where in store_insides_reached(path)}
+    assert reached == set()
+
+
+def test_the_store_insides_check_sees_a_reach(tmp_path: Path) -> None:
+    """The check above finds what it looks for (so its passing says something)."""
+    module = tmp_path / "reach.py"
+    module.write_text("def f(self, store, cfg):\n"
+                      "    self.store.lock.bad_token('a', -1)\n"
+                      "    store.t.locks\n"
+                      "    cfg.store.engine.raw_connection()\n"
+                      "    self.store().lock_engine().q.held_probe\n"
+                      "    self._store._run(len)\n"
+                      "    s.lock.name, query.q, store.status(), engine.claim\n")
+    assert set(store_insides_reached(module)) == {
+        "2: .lock", "3: .t", "4: .raw_connection", "4: .engine", "5: .q", "6: ._run"}
+
+
+def test_no_role_hands_out_the_store_insides() -> None:
+    """A role (store/roles.py, store/runstore.py, store/inbox.py) has no
+    member that is one of the store's insides, nor ``lock_engine`` that
+    hands the engine out, declared or inherited: a consumer typed by its
+    role cannot reach them (mypy holds it to its role's members)."""
+    from typing_extensions import get_protocol_members
+
+    from dblockrun.store import inbox, roles, runstore
+
+    protocols = {f"{module.__name__}.{name}": kind for module in (roles, runstore, inbox)
+                 for name, kind in vars(module).items()
+                 if isinstance(kind, type) and getattr(kind, "_is_protocol", False)
+                 and kind.__module__ == module.__name__}
+    assert {"dblockrun.store.roles.StatusReading", "dblockrun.store.roles.FleetBookkeeping",
+            "dblockrun.store.runstore.RunStore"} <= set(protocols)
+    exposed = {name: sorted(get_protocol_members(kind) & (STORE_INSIDES | {"lock_engine"}))
+               for name, kind in protocols.items()}
+    assert {name: found for name, found in exposed.items() if found} == {}
+
+
 def test_store_modules_import_no_feature_module() -> None:
     graph = imports()
     outside = {(name, target) for name, targets in graph.items()

@@ -18,7 +18,6 @@ from dblockrun.ops import output
 from dblockrun.scheduling.limits import seat_names
 from dblockrun.store import Store
 from dblockrun.store import models as m
-from dblockrun.store.models import RunRecord
 from dblockrun.store.status import report
 
 # --- the jobs file -----------------------------------------------------------------
@@ -197,73 +196,11 @@ def test_a_full_host_leaves_the_slot_to_another_host(
     store.close()
 
 
-@pytest.mark.slow
-def test_a_full_host_alone_records_the_slot_skipped_with_the_reason(
-        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
-    jobs = jobs_file(tmp_path / "jobs.yaml", TWO_JOBS)
-    fleet.start(jobs, "--max-running", "1")
-    store = Store(db.url, db.prefix)
-    try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
-        first = store.db_now() + 1
-        slots = wait_for(lambda: slots_done(store, {"left", "right"}, first, 3), 30,
-                         interval=0.2, what="3 slots of both jobs")
-    finally:
-        codes = fleet.stop()
-    assert codes == [0]
-    for runs in slots.values():
-        assert sorted(r.result for r in runs.values()) == ["ok", "skipped"], runs
-        skipped = next(r for r in runs.values() if r.result == "skipped")
-        record = store.run(skipped.id)
-        assert record is not None and record.output is not None
-        assert "at its --max-running limit (1) and no other host took the slot" in record.output
-    assert overlaps([r for runs in slots.values() for r in runs.values()
-                     if r.result == "ok"]) == []
-    store.close()
-
-
-@pytest.mark.slow
-def test_a_slot_due_while_the_host_is_full_is_skipped_not_run_late(
-        db: TestDb, tmp_path: Path, fleet: Fleet) -> None:
-    """A job due alone while the host's one run goes on (the single claim,
-    not a batch): recorded skipped with the reason, never started late; the
-    slots after the run ends run."""
-    jobs = jobs_file(tmp_path / "jobs.yaml", {
-        "busy": """\
-            cron: "*/4 * * * * *"
-            command: sleep 2.5
-            """,
-        "tick": """\
-            cron: "1-59/2 * * * * *"
-            command: "true"
-            """})
-    fleet.start(jobs, "--max-running", "1")
-    store = Store(db.url, db.prefix)
-    try:
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
-        first = store.db_now() + 1
-
-        def ticks() -> list[RunRecord] | None:
-            runs = [r for r in store.history("tick", 100) if r.slot and r.slot >= first
-                    and r.result != "running"]  # (the newest may still run)
-            return runs if {r.result for r in runs} >= {"ok", "skipped"} and len(runs) >= 4 \
-                else None
-
-        runs = wait_for(ticks, 30, interval=0.2, what="tick's slots run and skipped")
-    finally:
-        codes = fleet.stop()
-    assert codes == [0]
-    assert len({r.slot for r in runs}) == len(runs)  # one record per slot
-    for run in runs:
-        assert run.result in ("ok", "skipped")
-        if run.result == "skipped":
-            record = store.run(run.id)
-            assert record is not None and record.output is not None
-            assert "at its --max-running limit (1)" in record.output
-        else:  # started on time, not when the busy run ended
-            assert run.slot is not None and run.started - run.slot < 0.5
-    assert all(r.result == "ok" for r in store.history("busy", 100) if r.finished)
-    store.close()
+# test_a_full_host_alone_records_the_slot_skipped_with_the_reason and
+# test_a_slot_due_while_the_host_is_full_is_skipped_not_run_late moved to
+# tests/test_firing_memory.py (one host's --max-running decisions, in-process on the
+# memory store); the SQL they rely on stays covered by the contract tests and, with
+# real daemons, by test_a_full_host_leaves_the_slot_to_another_host above.
 
 
 GROUPS = "groups:\n  backups: 1"

@@ -772,3 +772,58 @@ def test_a_killed_daemon_with_1s_heartbeats_leaves_status_within_seconds(
         # Gone 4 s after its last round, well before a fixed 15 s.
         wait_for(lambda: not store.live_hosts(), 10, what="the killed daemon not live")
         assert time.monotonic() - killed < 10
+
+
+# -- a host's running count agrees with the jobs' states ------------------------------------
+
+
+def test_a_host_runs_what_its_jobs_show_running_not_what_it_last_published(
+        db: TestDb, store: Store) -> None:
+    """A daemon publishes how many runs it has at each bookkeeping round (a
+    heartbeat apart): between two rounds `status` showed `slow running on
+    host-b` above `host-b ... running 0`. The hosts' count is read with the
+    jobs' runs: a run started since the last round counts (a fan-out's
+    items each too), one ended since does not."""
+    b, c = "host-b:7:bb", "host-c:8:cc"
+    store.ensure_jobs(["slow", "quick", "fan"])
+    beat(store, b, ["slow", "quick", "fan"], running=0)  # its last round: nothing running
+    beat(store, c, ["slow", "quick", "fan"], running=1)  # its last round: `quick` running
+    slow = store.claim_and_record("slow", b, 60)
+    quick = store.claim_and_record("quick", c, 60)
+    assert slow is not None and quick is not None and quick.run_id is not None
+    store.finish_and_release(quick.run_id, "quick", c, quick.token, "ok", 0, None, 0.0)
+    store.items.sync("fan", ["i1", "i2"])
+    items = store.items.claim("fan", b, 60, slot=store.db_now() - 0.5, rate=None, limit=2)
+    assert len(items) == 2  # each with its run record, running
+
+    doc = json.loads(invoke(db, "status", "--json").stdout)
+    jobs = {j["name"]: j for j in doc["jobs"]}
+    assert (jobs["slow"]["state"], jobs["slow"]["running"]["host"]) == ("running", b)
+    assert jobs["quick"]["state"] == "idle"
+    assert {h["id"]: h["running"] for h in doc["hosts"]} == {b: 3, c: 0}
+    # The table says the same, and so does the status of one job.
+    text = invoke(db, "status").stdout
+    assert "running on host-b" in text
+    assert re.search(rf"^{re.escape(b)} .* 3$", text, re.M), text
+    assert re.search(rf"^{re.escape(c)} .* 0$", text, re.M), text
+    assert {h.id: h.running for h in report(store, ["quick"]).hosts} == {b: 3, c: 0}
+
+
+def test_the_hosts_page_counts_a_live_hosts_runs_as_status_does(store: Store) -> None:
+    """The dashboard's Hosts page says the same as `status` of a live host
+    whose last round is older than its run; a dead host keeps the count it
+    last published (the page lists it, not live)."""
+    from starlette.testclient import TestClient
+    from webtools import app_for
+
+    b, dead = "host-b:7:bb", "host-d:9:dd"
+    store.ensure_jobs(["slow"])
+    beat(store, b, ["slow"], running=0)
+    beat(store, dead, ["slow"], running=2)
+    age_host(store, dead, 600)
+    assert store.claim_and_record("slow", b, 60) is not None
+    page = TestClient(app_for(store, None)).get("/hosts").text  # (no users: open to anyone)
+    rows = dict(re.findall(r'<span class="host">([^<]+)</span>.*?'
+                           r'<td data-label="running">(\d+)</td>', page))
+    assert rows == {b: "1", dead: "2"}
+    assert {h.id: h.running for h in report(store).hosts} == {b: 1}

@@ -255,8 +255,7 @@ class FleetBooks:
 
     def report_bad_rows(self) -> None:
         """Lock rows edited into a state no claim takes: logged once each."""
-        for name, token in self.store.bad_tokens(j.name for j in self._jobs().jobs):
-            self.store.lock.bad_token(name, token)
+        self.store.log_bad_tokens(j.name for j in self._jobs().jobs)
 
     def _tell_lost(self, lost: LostRun) -> None:
         """A run this host's sweep recorded lost (once fleet-wide: the sweep

@@ -91,6 +91,10 @@ def no_such_job(store: StatusReading, names: list[str], hint: str = "") -> Usage
     close = list(dict.fromkeys(match for name in names
                                for match in difflib.get_close_matches(name, known, n=3)))
     guess = f" (did you mean {' or '.join(close)}?)" if close else ""
+    files = [name for name in names if name.endswith((".yaml", ".yml"))]
+    if files and not close:
+        # `dblockrun status jobs.yaml`: the jobs file is an option here.
+        guess = f" (a jobs file is named with -f: dblockrun -f {files[0]} ...)"
     return UsageError(f"no such job in {describe(store.url, store.prefix)}: "
                       f"{', '.join(names)}{guess}{hint}")
 

@@ -193,6 +193,13 @@ class MemoryRunStore:
             found = self._runs.get(run_id)
             return None if found is None else replace(found)
 
+    def set_last_slot(self, name: str, slot: float) -> None:
+        """The job's lock row as a fleet would have left it (tests: a fleet
+        stopped since ``slot``): its last slot ``slot`` (made if missing),
+        with no run record."""
+        with self._lock:
+            self._locks.setdefault(name, LockRow(name)).last_slot = slot
+
     # -- the operator's switches ------------------------------------------------------
 
     def ensure_jobs(self, names: Iterable[str]) -> None:
@@ -202,10 +209,11 @@ class MemoryRunStore:
                 self._locks.setdefault(name, LockRow(name))
 
     def disable(self, name: str, *, for_seconds: float | None = None, until: float | None = None,
-                reason: str | None = None, audited: bool = True) -> float:
+                reason: str | None = None, audited: bool = False) -> float:
         """Disable ``name`` (for ``for_seconds``, until ``until``, or for
         ever): no claim of it wins meanwhile. When it ends. ``audited``: an
-        operator's (in the audit trail), else ``on-failure``'s."""
+        operator's (in the audit trail), else ``on-failure``'s (as
+        ``Store.disable`` with no ``audit``, what the daemon calls)."""
         with self._lock:
             row = self._locks.setdefault(name, LockRow(name))
             now = self.clock.now()

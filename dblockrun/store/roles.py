@@ -4,8 +4,9 @@ whole :class:`~dblockrun.store.store.Store` (which has them all).
 
 - :class:`StatusReading`: what ``status``, ``history``, ``plan`` and the
   pages read (the jobs' lock rows, the runs, the live hosts, the pause and
-  the drains); it is what store/status.py builds its statements on
-  (:class:`~dblockrun.store.status.StatusSource`).
+  the drains), ``status``'s report whole (:meth:`StatusReading.status`:
+  store/status.py builds its statements on the store itself, which its
+  readers never see).
 - :class:`Control`: what operators' commands do (dblockrun/ops/, the
   dashboard's actions, dblockrun/web/acts.py): disable and enable, run now,
   forget, force unlock, and, through :attr:`Control.control` and
@@ -33,25 +34,50 @@ from typing import TYPE_CHECKING, Protocol
 
 from dblockrun.store.inbox import Inbox as Inbox
 from dblockrun.store.inbox import Listener as Listener
-from dblockrun.store.status import StatusSource
 
 if TYPE_CHECKING:
     from dblockrun.store import models as m
     from dblockrun.store.alerts import AlertStore
     from dblockrun.store.control import Audit, ControlStore
     from dblockrun.store.drain import DrainStore
-    from dblockrun.store.engine import LockEngine
+    from dblockrun.store.status import PassedSince, StatusReport, StatusSource
     from dblockrun.store.store import Store
 
 __all__ = ["Alerting", "Control", "FleetBookkeeping", "Inbox", "Listener", "StatusReading"]
 
 
-class StatusReading(StatusSource, Protocol):
+class StatusReading(Protocol):
     """What status, history, ``plan`` and the pages read."""
 
     #: The database URL and table prefix (as errors name them, redacted).
     url: str
     prefix: str
+
+    def status(self, names: Sequence[str] | None = None,
+               live_within: float | None = None) -> StatusReport:
+        """The jobs (all, or ``names``), the live hosts (seen within
+        ``live_within``; None: each by its own heartbeat), the pause and the
+        groups' seats, at one database time (store/status.py)."""
+
+    def passed_since(self, jobs: Sequence[m.JobStatus]) -> dict[str, PassedSince]:
+        """Of ``jobs``, those whose slots are being recorded passed."""
+
+    def held_rows(self) -> str | None:
+        """Why another session holds the lock rows, or None."""
+
+    @property
+    def control(self) -> ControlStore:
+        """The pause, kill requests and the audit trail (store/control.py)."""
+
+    @property
+    def drains(self) -> DrainStore:
+        """The drained hosts (store/drain.py)."""
+
+    def live_hosts(self, within: float | None = None) -> list[m.HostStatus]: ...
+
+    def host_fields(self, ids: list[str]) -> dict[str, str | None]: ...
+
+    def run(self, run_id: int) -> m.RunRecord | None: ...
 
     def db_now(self) -> float: ...
 
@@ -119,10 +145,6 @@ class HeldGaps(Protocol):
 class FleetBookkeeping(HeldGaps, Protocol):
     """What a daemon's bookkeeping does."""
 
-    #: The lock engine: the round names a lock row whose token cannot be
-    #: claimed (``lock.bad_token``), once.
-    lock: LockEngine
-
     @property
     def control(self) -> ControlStore:
         """Where the round starts to read the actions daemons log."""
@@ -157,12 +179,13 @@ class FleetBookkeeping(HeldGaps, Protocol):
 
     def lock_states(self) -> tuple[dict[str, m.LockState], float]: ...
 
-    def bad_tokens(self, names: Iterable[str]) -> list[tuple[str, int]]: ...
+    def log_bad_tokens(self, names: Iterable[str]) -> None:
+        """Log each of ``names`` whose lock row's token no claim takes (edited
+        by hand), once per job, saying how to repair it."""
 
     def sweep_lost(self, recorder: str = "?") -> list[m.LostRun]: ...
 
     def trim_pool(self) -> bool: ...
-
 
 
 class Alerting(Protocol):

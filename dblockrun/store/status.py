@@ -4,10 +4,14 @@ number of jobs.
 1. the lock rows, with the database clock (and the groups' seat rows,
    dblockrun/scheduling/limits.py, which are not jobs);
 2. each job's last finished run and its current run (UNION ALL of a
-   correlated ``ORDER BY id DESC LIMIT 1`` and a join on the token), and
-   the runs an ``overlap: allow N`` job's lanes hold;
+   correlated ``ORDER BY id DESC LIMIT 1`` and a join on the token), the
+   runs an ``overlap: allow N`` job's lanes hold, and the runs running per
+   host (what the hosts' ``running`` shows: read with the jobs' runs, in
+   the same statement, so the two agree);
 3. each fan-out job's item counts (GROUP BY job);
-4. the live hosts (:meth:`Store.hosts`);
+4. the live hosts (:meth:`Store.hosts`), each with the runs running on it
+   from statement 2 (not the count its daemon last published: up to a
+   heartbeat old);
 5. the fleet-wide pause (store/control.py): the one in effect, or the last
    one, whose end tells the slot it dropped from a job that looks due.
 
@@ -121,8 +125,12 @@ def report(store: StatusSource, names: Sequence[str] | None = None,
     jobs), the pause and, with live hosts, their drains: five statements,
     six with live hosts (seven when live hosts define a job
     differently: their keys' digests, to name the keys that differ)."""
-    jobs, seats, db_now = _read(store, names)
-    hosts = store.live_hosts(live_within)
+    jobs, seats, db_now, running = _read(store, names)
+    # Each host's runs as the jobs' states read them (statement 2), not the
+    # count its daemon published at its last round (a heartbeat old: a run
+    # started since would show `running on` a host that `runs 0`).
+    hosts = [replace(h, running=running.get(h.id, 0))
+             for h in store.live_hosts(live_within)]
     drifting = {h for defs in m.definitions(hosts).values() if len(defs) > 1
                 for ids in defs.values() for h in ids}
     if drifting:  # the keys that differ: those hosts' field digests (one more statement)
@@ -136,6 +144,20 @@ def report(store: StatusSource, names: Sequence[str] | None = None,
         pause = None
     return StatusReport(jobs=jobs, hosts=hosts, db_now=db_now, live_within=live_within,
                         paused=pause, groups=_group_usage(seats, db_now))
+
+
+def running_per_host(store: StatusSource) -> dict[str, int]:
+    """The runs running on each host, by its holder id, as ``status``
+    counts them (one statement, through the result index): for a page that
+    lists the hosts without :func:`report`."""
+    runs = store.t.runs
+    stmt = _per_host(runs, runs.c.host, sa.func.count())
+    return store._run(lambda c: {str(h): int(n) for h, n in c.execute(stmt)})
+
+
+def _per_host(runs: sa.Table, *columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """``columns`` per host of the runs running (``status``'s count)."""
+    return sa.select(*columns).where(runs.c.result == m.RUNNING).group_by(runs.c.host)
 
 
 def host_name(h: m.HostStatus) -> str:
@@ -251,15 +273,16 @@ def _group_usage(rows: Sequence[SeatRow], db_now: float) -> list[GroupUsage]:
 
 
 def _read(store: StatusSource, names: Sequence[str] | None
-          ) -> tuple[list[m.JobStatus], list[SeatRow], float]:
-    """The jobs (all, or ``names``), ordered by name, the seat rows and the
-    database time: statements 1 to 3."""
+          ) -> tuple[list[m.JobStatus], list[SeatRow], float, dict[str, int]]:
+    """The jobs (all, or ``names``), ordered by name, the seat rows, the
+    database time and the runs running per host (all jobs'): statements 1
+    to 3."""
     wanted = list(dict.fromkeys(names)) if names else None
     jobs_stmt = _jobs_statement(store, wanted)
     runs_stmt = _runs_statement(store, wanted)
     items_stmt = _items_statement(store, wanted)
 
-    def go(conn: Connection) -> tuple[list[m.JobStatus], list[SeatRow], float]:
+    def go(conn: Connection) -> tuple[list[m.JobStatus], list[SeatRow], float, dict[str, int]]:
         rows = conn.execute(jobs_stmt).mappings().all()
         db_now = float(rows[0]["db_now"])
         seats = [SeatRow(str(r["name"]), r["held_for"], r["holder"],
@@ -270,8 +293,12 @@ def _read(store: StatusSource, names: Sequence[str] | None
         running: dict[str, m.RunRecord] = {}
         lane_runs: dict[str, dict[int, m.RunRecord]] = {}
         counts: dict[str, dict[str, int]] = {}
-        if locks:
+        per_host: dict[str, int] = {}
+        if locks:  # (no job row: no run goes on anywhere)
             for r in conn.execute(runs_stmt).all():
+                if r._mapping["lane"] == _PER_HOST:
+                    per_host[str(r._mapping["host"])] = int(r._mapping["id"])
+                    continue
                 run = m.from_row(m.RunRecord, r._mapping)
                 if r._mapping["lane"]:
                     lane_runs.setdefault(run.job, {})[run.id] = run
@@ -289,7 +316,7 @@ def _read(store: StatusSource, names: Sequence[str] | None
                                    items=counts.get(lock.name),
                                    lane_runs=tuple(sorted(lane_runs.get(lock.name, {}).values(),
                                                           key=lambda run: run.id))))
-        return out, seats, db_now
+        return out, seats, db_now, per_host
 
     return store._run(go)
 
@@ -342,6 +369,10 @@ def _items_statement(store: StatusSource, names: list[str] | None) -> sa.Select[
             .group_by(cat.c.job))
 
 
+#: The runs statement's rows that are no run: a host (``host``) and how many
+#: runs are running on it (``id``).
+_PER_HOST = 2
+
 #: Run columns status shows (not the stored output).
 _RUN_COLUMNS = ("id", "job", "item", "host", "slot", "token", "attempt", "started", "finished",
                 "exit_code", "result")
@@ -352,7 +383,13 @@ def _runs_statement(store: StatusSource, names: list[str] | None) -> sa.Compound
     LIMIT 1`` on the (job, id) index: the cost follows the number of jobs, not
     the history kept), and the runs still running under the job's current
     token (few: found through the result index). A window over all runs took
-    0.37 s on MariaDB with 5 runs per job, and grows with every run kept."""
+    0.37 s on MariaDB with 5 runs per job, and grows with every run kept.
+
+    And, whatever ``names``, one row per host with runs running (``lane``
+    :data:`_PER_HOST`; the count in ``id``), through the result index too:
+    the hosts' ``running`` read in the same statement as the jobs' runs, so
+    a job shown running on a host is counted on it (a fan-out's items and
+    a lane's runs each count, as its daemon's ``--max-running`` does)."""
     runs, locks = store.t.runs, store.t.locks
     # A waiting slot's record says what it waits for (a seat, room on its host).
     columns = [*(runs.c[c] for c in _RUN_COLUMNS),
@@ -370,8 +407,11 @@ def _runs_statement(store: StatusSource, names: list[str] | None) -> sa.Compound
         runs, sa.and_(runs.c.job == locks.c.held_for, runs.c.token == locks.c.token))
     ).where(runs.c.result == m.RUNNING, runs.c.item.is_(None), locks.c.lock_until > store.now,
             sa.func.substr(locks.c.name, 1, len(m.LANE_PREFIX)) == m.LANE_PREFIX)
+    per_host = _per_host(runs, *((sa.func.count() if c == "id" else runs.c.host if c == "host"
+                                  else sa.null()).label(c) for c in _RUN_COLUMNS),
+                         sa.null().label("output"), sa.literal(_PER_HOST).label("lane"))
     if names:
         last = last.where(locks.c.name.in_(names))
         running = running.where(locks.c.name.in_(names))
         lanes = lanes.where(runs.c.job.in_(names))
-    return sa.union_all(last, running, lanes)
+    return sa.union_all(last, running, lanes, per_host)

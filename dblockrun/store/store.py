@@ -42,6 +42,7 @@ from dblockrun.store.sessions import SessionStore
 
 if TYPE_CHECKING:
     from dblockrun.store.alerts import AlertStore
+    from dblockrun.store.status import PassedSince, StatusReport
 
 T = TypeVar("T")
 log = logging.getLogger("dblockrun")
@@ -452,6 +453,14 @@ class Store:
             (str(n), int(t)) for chunk in _chunks(wanted, 500) for n, t in c.execute(
                 sa.select(locks.c.name, locks.c.token).where(locks.c.name.in_(chunk), bad))])
 
+    def log_bad_tokens(self, names: Iterable[str]) -> None:
+        """Log each of ``names`` whose token no claim takes (:meth:`bad_tokens`)
+        once, saying how to repair it: once per job for this store, whether
+        this or a claim that met it saw it first (the lock engine's
+        ``bad_token``)."""
+        for name, token in self.bad_tokens(names):
+            self.lock.bad_token(name, token)
+
     def _names(self, conn: Connection, names: Sequence[str],
                *where: sa.ColumnElement[bool]) -> list[str]:
         """Those of ``names`` whose lock rows are ``where``: a statement per 500."""
@@ -848,6 +857,30 @@ class Store:
 
     # -- status -------------------------------------------------------------
 
+    def status(self, names: Sequence[str] | None = None,
+               live_within: float | None = None) -> StatusReport:
+        """What ``dblockrun status`` shows: the jobs (all, or ``names``),
+        the live hosts, the pause and the groups' seats, read at one database
+        time in a fixed number of statements (store/status.py ``report``)."""
+        from dblockrun.store.status import report
+
+        return report(self, names, live_within)
+
+    def passed_since(self, jobs: Sequence[m.JobStatus]) -> dict[str, PassedSince]:
+        """Of ``jobs``, those whose slots are being recorded passed: since
+        when, how many and why (``status --check``; store/status.py)."""
+        from dblockrun.store.status import passed_since
+
+        return passed_since(self, jobs)
+
+    def held_rows(self) -> str | None:
+        """Why the lock rows are held past the lock wait by another session,
+        naming it where it can be seen; None if they are not (``status
+        --check``; store/status.py)."""
+        from dblockrun.store.status import held_rows
+
+        return held_rows(self)
+
     def lock_states(self) -> tuple[dict[str, m.LockState], float]:
         """Every job's lock row, and the database time: one statement (the
         one `status` reads first)."""
@@ -866,7 +899,7 @@ class Store:
 
     def seat_names(self) -> list[str]:
         """The groups' seat rows' names: ``status`` of some jobs with them
-        (``report(store, names + seats)``) shows the groups' seats too."""
+        (``status(names + seats)``) shows the groups' seats too."""
         locks = self.t.locks
         stmt = sa.select(locks.c.name).where(locks.c.name.like(f"{m.SEAT_PREFIX}%"))
         return self._run(lambda c: sorted(str(r[0]) for r in c.execute(stmt)))

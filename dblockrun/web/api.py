@@ -56,7 +56,6 @@ def _limit(request: Request, default: int = 20) -> int:
 def status(request: Request) -> Response:
     from dblockrun.ops.actions import no_such_job
     from dblockrun.ops.output import status_json
-    from dblockrun.store.status import report
 
     if (denied := _denied(request)) is not None:
         return denied
@@ -65,7 +64,7 @@ def status(request: Request) -> Response:
     names = request.query_params.getlist("job")
     if not names:
         return _json(cfg.status.get().text)
-    got = report(store, store.with_every_host(names))
+    got = store.status(store.with_every_host(names))
     missing = sorted(set(names) - {r.lock.name for r in got.jobs})
     if missing:
         return error(404, public(store, no_such_job(store, missing).message))

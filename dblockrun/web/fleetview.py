@@ -81,9 +81,8 @@ def read(store: StatusReading) -> FleetStatus:
     import gc
 
     from dblockrun.ops.output import dumps, status_doc
-    from dblockrun.store.status import report
 
-    got = report(store)
+    got = store.status()
     enabled = gc.isenabled()
     gc.disable()  # a million short-lived objects, no cycles (ops/output.py _uncollected)
     try:

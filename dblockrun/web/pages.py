@@ -17,7 +17,7 @@ from dblockrun.errors import DatabaseError, DblockrunError, UsageError
 from dblockrun.ops.output import host_name
 from dblockrun.store.models import HostStatus
 from dblockrun.store.status import host_name as name_of
-from dblockrun.store.status import with_drains
+from dblockrun.store.status import running_per_host, with_drains
 from dblockrun.web import sessions
 from dblockrun.web.acts import (
     ACTIONS,
@@ -68,9 +68,8 @@ def _status_doc(request: Request, names: list[str]) -> dict[str, Any]:
     """``status --json``'s document of some jobs (one serializer for the
     CLI, API and pages)."""
     from dblockrun.ops.output import status_json
-    from dblockrun.store.status import report
 
-    got = report(config(request).store, names)
+    got = config(request).store.status(names)
     from dblockrun.jobs import EVERY_HOST_SEP
 
     # A row JOB@HOST is its every-host job's: JOB's definition counts too.
@@ -267,14 +266,21 @@ def timeline(request: Request) -> Response:
 
 
 def hosts(request: Request) -> Response:
+    from dataclasses import replace
+
     from dblockrun.ops.output import host_json
 
     if (login := _sign_in_first(request)) is not None:
         return login
     store = config(request).store
     live = {h.id for h in store.live_hosts()}
+    # A live host's runs as `status` and the Fleet page count them (its
+    # daemon's published count is up to a heartbeat old); a dead one's, the
+    # count it last published.
+    running = running_per_host(store)
     # Each host with its drain in effect (dblockrun drain), and the name it goes by.
-    known = with_drains(store.hosts(), store.drains.current())
+    known = [replace(h, running=running.get(h.id, 0)) if h.id in live else h
+             for h in with_drains(store.hosts(), store.drains.current())]
     return render(request, "hosts.html",
                   hosts=[{**host_json(h), "live": h.id in live, "name": name_of(h)}
                          for h in known])
