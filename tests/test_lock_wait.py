@@ -229,6 +229,45 @@ def test_rows_held_by_another_account_are_named_and_the_fleet_carries_on(
         assert "lease could not be renewed before it expired" in (lost.output or ""), lost
 
 
+def test_a_transaction_in_another_database_on_the_server_is_not_named(
+        db: TestDb, other_account: tuple[Any, str]) -> None:
+    """MariaDB: InnoDB does not say which table a transaction's row locks
+    are on, so the holder named is looked for among the sessions using the
+    fleet's database: another application's older transaction elsewhere on
+    the same server is no suspect (before, the oldest on the server was
+    named, whatever its database)."""
+    if db.backend != "mariadb":
+        pytest.skip("PostgreSQL names the holder from pg_locks, by table")
+    conn, user = other_account
+    with Store(db.url, db.prefix) as store:
+        store.ensure_schema()
+        store.ensure_jobs(["tick"])
+    elsewhere = pymysql.connect(host="127.0.0.1", port=3306, user="root", password="",
+                                database="test", autocommit=False)
+    table = f"elsewhere_{db.prefix.strip('_')}"
+    reader: Reader | None = None
+    try:
+        with elsewhere.cursor() as cur:
+            cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY)")
+            cur.execute(f"INSERT INTO {table} VALUES (1)")
+            elsewhere.commit()
+            cur.execute(f"SELECT id FROM {table} FOR UPDATE")  # older, and on
+        reader = _hold(conn, db, user)  # the fleet's rows
+        check = cli(db, "status", "--check")
+        assert check.returncode == 1, check.stdout
+        assert re.search(rf"^problem: the lock rows are held by another session "
+                         rf"\(id {reader.session}, user {re.escape(user)}\S*, ",
+                         check.stdout, re.M), check.stdout
+    finally:
+        if reader is not None:
+            reader.release.set()
+            reader.thread.join(30)
+        elsewhere.rollback()
+        with elsewhere.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS {table}")
+        elsewhere.close()
+
+
 def test_the_lock_wait_is_a_quarter_of_the_lease_set_once_per_connection() -> None:
     """Decided in one place (store/drivers.py) and sent with what every
     connection sends anyway: PostgreSQL's start-up options, MariaDB's one
