@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from harness import Fleet, Process, track
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, sigint_default, wait_for
+from helpers import REPO, Ran, TestDb, clean_env, dblockrun_cmd, invoke, sigint_default, wait_for
 
 from dblockrun.ops.follow import grown
 from dblockrun.running.runner import OUTPUT_TAIL, LiveOutput, Tail
@@ -30,10 +30,10 @@ def cli_args(db: TestDb, *args: str) -> list[str]:
     return [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, *args]
 
 
-def run_cli(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
-    """`dblockrun ARGS` as a real process, as an operator on another host types it."""
-    return subprocess.run(cli_args(db, *args), capture_output=True, text=True,
-                          env=clean_env(), cwd=REPO, timeout=60)
+def run_cli(db: TestDb, *args: str) -> Ran:
+    """`dblockrun ARGS` as an operator on another host types it (in-process:
+    a `tail` that follows, alongside the run, is a real process below)."""
+    return invoke("--db", db.url, "--table-prefix", db.prefix, *args)
 
 
 def daemon(fleet: Fleet, jobs: Path) -> AbstractContextManager[Process]:
