@@ -29,7 +29,17 @@ from conftest import (
     strict,
 )
 from harness import Fleet, track
-from helpers import REPO, TestDb, clean_env, connections_to, dblockrun_cmd, new_prefix, wait_for
+from helpers import (
+    REPO,
+    Ran,
+    TestDb,
+    clean_env,
+    connections_to,
+    dblockrun_cmd,
+    invoke,
+    new_prefix,
+    wait_for,
+)
 from pgbouncer import Bouncer, Bouncers
 
 from dblockrun import cli as cli_module
@@ -109,10 +119,10 @@ def target(request: pytest.FixtureRequest, server_databases: ServerDatabases,
                   bouncers.get(mode).port)
 
 
-def dblockrun(db: TestDb, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, *args],
-                          capture_output=True, text=True, env=clean_env(), cwd=REPO,
-                          timeout=timeout)
+def dblockrun(db: TestDb, *args: str) -> Ran:
+    """An operator's ``dblockrun ARGS`` on ``db``, in-process (the daemon
+    and ``exec`` below are real processes)."""
+    return invoke("--db", db.url, "--table-prefix", db.prefix, *args)
 
 
 @pytest.mark.parametrize("mode", ["transaction", "session"])
@@ -136,7 +146,9 @@ def test_a_refused_startup_parameter_is_a_configuration_error(
         "to the database URL\n")
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  tick:\n    cron: '* * * * * *'\n    command: 'true'\n")
-    daemon = dblockrun(db, "daemon", str(jobs), timeout=30)
+    daemon = subprocess.run(
+        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "daemon", str(jobs)],
+        capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=30)
     assert daemon.returncode == 2, daemon.stderr
     assert "startup parameter 'options'" in daemon.stderr
     assert "unreachable" not in daemon.stderr
