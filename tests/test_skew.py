@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from faketime import DAEMON_MAIN, DAEMON_PRELUDE, FAKETIME_PACKAGE, find_faketime
 from harness import Fleet
-from helpers import TestDb, dblockrun_cmd, wait_for
+from helpers import TestDb, invoke, wait_for
 
 from dblockrun.store import Store
 
@@ -147,11 +147,9 @@ def faketime_lib() -> str:
 
 
 def status_json(db: TestDb) -> dict[str, Any]:
-    """`dblockrun status --json`, run as a real process on the real clock."""
-    res = subprocess.run(
-        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "status", "--json"],
-        capture_output=True, text=True, timeout=60,
-    )
+    """`dblockrun status --json` on the real clock (in-process: this
+    process's clock is not faked; the daemons' are)."""
+    res = invoke("--db", db.url, "--table-prefix", db.prefix, "status", "--json")
     assert res.returncode == 0, f"status --json exited {res.returncode}: {res.stderr}"
     doc: dict[str, Any] = json.loads(res.stdout)
     return doc
