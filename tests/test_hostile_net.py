@@ -28,6 +28,7 @@ from conftest import pg_admin
 from harness import Fleet
 from helpers import (
     REPO,
+    Ran,
     TestDb,
     clean_env,
     cli,
@@ -35,6 +36,7 @@ from helpers import (
     dblockrun_cmd,
     free_port,
     history_of,
+    invoke,
     lock_row,
     updates,
     wait_for,
@@ -49,8 +51,9 @@ SECRET = "h0stile-Pw"
 TOKEN_MAX = 2**63 - 1  # BIGINT
 
 
-def on(db: TestDb, *args: str) -> subprocess.CompletedProcess[str]:
-    return cli("--db", db.url, "--table-prefix", db.prefix, *args)
+def on(db: TestDb, *args: str) -> Ran:
+    """An operator's ``dblockrun ARGS`` on ``db``, in-process."""
+    return invoke("--db", db.url, "--table-prefix", db.prefix, *args)
 
 
 def ok_runs(db: TestDb, name: str) -> list[m.RunRecord]:
