@@ -10,12 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from helpers import REPO, TestDb, clean_env, dblockrun_cmd, wait_for
+from helpers import REPO, TestDb, clean_env, dblockrun_cmd, invoke, wait_for
 from starlette.testclient import TestClient
 from webtools import PASSWORD, app_for, bearer, csrf_of, users_file
 
-from dblockrun.cli import cli
 from dblockrun.config.load import load_jobs
 from dblockrun.jobs import JobsFile
 from dblockrun.store import Store
@@ -33,9 +31,11 @@ def users(tmp_path: Path) -> Path:
 
 
 def cli_json(db: TestDb, *args: str) -> dict[str, object]:
-    result = CliRunner().invoke(cli, ["--db", db.url, "--table-prefix", db.prefix, *args])
-    assert result.exit_code == 0, result.output
-    doc: dict[str, object] = json.loads(result.output)
+    """The CLI's JSON, through helpers.invoke: a command's entry point,
+    environment and leak check, stdout alone (not stderr's lines too)."""
+    result = invoke("--db", db.url, "--table-prefix", db.prefix, *args)
+    assert result.returncode == 0, result.stderr
+    doc: dict[str, object] = json.loads(result.stdout)
     return doc
 
 
