@@ -11,13 +11,12 @@ is never reported. When one daemon stops, the drift is gone.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness import Fleet
-from helpers import TestDb, dblockrun_cmd, wait_for
+from helpers import TestDb, invoke, wait_for
 
 from dblockrun.store import Store
 
@@ -39,11 +38,8 @@ DRIFT_WARNING = "job drifted: defined differently on "
 
 
 def status(db: TestDb, *args: str) -> str:
-    """`dblockrun status ARGS`, run as a real process."""
-    res = subprocess.run(
-        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "status", *args],
-        capture_output=True, text=True, timeout=60,
-    )
+    """`dblockrun status ARGS`, in-process (the daemons are the processes)."""
+    res = invoke("--db", db.url, "--table-prefix", db.prefix, "status", *args)
     assert res.returncode == 0, f"status {args} exited {res.returncode}: {res.stderr}"
     return res.stdout
 
