@@ -5,14 +5,13 @@ every database, two daemons sharing the job."""
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from harness import Fleet
-from helpers import TestDb, dblockrun_cmd, overlaps, wait_for
+from helpers import TestDb, invoke, overlaps, wait_for
 from jobfiles import FILE, error, jobs_file
 
 from dblockrun.cli import cli
@@ -325,11 +324,10 @@ def test_a_dead_hosts_lanes_are_found_lost_freed_and_kill_stops_every_run(
         # The job is due every second: once the kill frees its lanes, the
         # next slot starts a run at once. Disabled first (as an operator
         # stopping it for good would), nothing takes the lanes again.
-        cli = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix]
-        off = subprocess.run([*cli, "disable", "long", "--reason", "stop it"],
-                             capture_output=True, text=True, timeout=60)
+        on = ("--db", db.url, "--table-prefix", db.prefix)
+        off = invoke(*on, "disable", "long", "--reason", "stop it")
         assert off.returncode == 0, off
-        stop = subprocess.run([*cli, "kill", "long"], capture_output=True, text=True, timeout=60)
+        stop = invoke(*on, "kill", "long")
         assert stop.returncode == 0, stop
         for run in after:
             assert f"run {run.id} on {run.host} killed" in stop.stdout, stop.stdout
@@ -388,14 +386,14 @@ def test_run_now_takes_a_lane_and_says_when_all_are_held(
         """})
     fleet.start(jobs, grace="0.5s")
     store = Store(db.url, db.prefix)
-    run = [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "run", "long"]
+    run = ("--db", db.url, "--table-prefix", db.prefix, "run", "long")
     try:
         wait_for(lambda: len(store.hosts(seen_within=30)) == 1, 30, what="the daemon registered")
         for started in (1, 2):
-            asked = subprocess.run(run, capture_output=True, text=True, timeout=60)
+            asked = invoke(*run)
             assert asked.returncode == 0, asked
             assert len(store.control.running("long")) == started
-        third = subprocess.run(run, capture_output=True, text=True, timeout=60)
+        third = invoke(*run)
         assert third.returncode == 1, third
         assert "overlap: allow 2: 2 runs already going (on " in third.stderr, third.stderr
         assert len(store.control.running("long")) == 2
