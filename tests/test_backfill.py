@@ -239,14 +239,16 @@ def test_backfill_honours_pause_and_disable(db: TestDb, store: Store, tmp_path: 
     slots = missed_slots(store, math.floor(time.time()) - 40, 3)
     span = ("--from", env_slot(slots[0]), "--to", env_slot(slots[-1]))
     store.control.pause(Audit("alice@ops", "pause", reason="upgrade"), None)
-    paused = cli(db, jobs, "backfill", "tick", *span)
+    # In-process: a refusal starts no spawn service (invoke fails on its
+    # thread or socket left behind).
+    paused = op(db, jobs, "backfill", "tick", *span)
     assert paused.returncode == 1
     assert paused.stderr == ("dblockrun: tick: backfill stopped: the fleet is paused (by "
                              "alice@ops: upgrade); 0 ok, 3 not run (the same backfill runs "
                              "what is left later)\n")
     store.control.resume(Audit("alice@ops", "resume"))
     store.disable("tick", reason="broken")
-    disabled = cli(db, jobs, "backfill", "tick", *span)
+    disabled = op(db, jobs, "backfill", "tick", *span)
     assert disabled.returncode == 1
     assert "backfill stopped: tick is disabled (broken)" in disabled.stderr
     assert not out.exists()

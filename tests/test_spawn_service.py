@@ -260,6 +260,27 @@ def test_a_killed_service_leaves_no_command_running(tmp_path: Path, runs: list[R
     assert spawn.start().pid != service
 
 
+def test_a_stopped_service_ends_quietly_and_the_next_start_is_a_new_one(
+        runs: list[Run], caplog: pytest.LogCaptureFixture) -> None:
+    """A backfill's or rerun's end (dblockrun/ops/again.py): the service
+    process ends and is reaped, the reactor thread ends and closes its
+    socket, and that is no 'service died' error."""
+    run = Run(["true"])
+    runs.append(run)
+    assert run.finished().exit_code == 0
+    service = spawn.start()
+    reactor = service._thread
+    service.stop()
+    assert not reactor.is_alive() and service._sock.fileno() == -1
+    with pytest.raises(ChildProcessError):
+        os.waitpid(service.pid, os.WNOHANG)  # reaped, not a zombie
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    again = Run(["true"])
+    runs.append(again)
+    assert again.finished().exit_code == 0
+    assert spawn.start() is not service
+
+
 def test_the_service_imports_spawner_and_is_not_run_as_a_script() -> None:
     """Issue 33 item 4: a script's source is compiled at each start, and the
     compiler's memory stayed with the service (1.6 MB of its 6, bench/idle.py);

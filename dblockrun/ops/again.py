@@ -42,6 +42,7 @@ from dblockrun.timetext import stamp, took
 
 if TYPE_CHECKING:
     from dblockrun.running.runjob import RunContext
+    from dblockrun.running.spawn import SpawnService
     from dblockrun.store import Store
 
 log = logging.getLogger("dblockrun")
@@ -79,7 +80,6 @@ class Here:
     def __init__(self, store: Store, jobs: JobsFile, job: Job, lease: float,
                  say: Callable[[str], None]) -> None:
         from dblockrun.events import Events
-        from dblockrun.running import spawn
         from dblockrun.running.heartbeat import Renewer
         from dblockrun.running.holder import new_holder_id
         from dblockrun.running.runjob import RunContext
@@ -89,8 +89,6 @@ class Here:
 
         self.store, self.jobs, self.job, self.say = store, jobs, job, say
         self.holder = new_holder_id()
-        # Before any thread: the spawn service starts every command.
-        spawn.start(fork=True)
         outage = Outage()
         self.stop = threading.Event()
         self.renewer = Renewer(store, lease / 3, outage)
@@ -102,13 +100,26 @@ class Here:
             loop=RunLoop(self.stop), events=events)
         self.interrupted = 0
         self._pgid: list[int] = []
+        self._service: SpawnService | None = None
 
     def __enter__(self) -> Here:
-        self.renewer.start()
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self.renewer.stop()
+        if self._service is not None:
+            self.renewer.stop()
+            self._service.stop()
+
+    def _ready(self) -> None:
+        """Before the first run: the spawn service (which starts every
+        command; forked before any thread) and the lease renewals. Not
+        before: a backfill or rerun refused (paused fleet, disabled job,
+        nothing to run) starts neither."""
+        if self._service is None:
+            from dblockrun.running import spawn
+
+            self._service = spawn.start(fork=True)
+            self.renewer.start()
 
     def _signalled(self, signum: int) -> None:
         """Ctrl-C or SIGTERM: forwarded to the running command; no slot starts after it."""
@@ -182,6 +193,7 @@ class Here:
         job, store = self.job, self.store
         token, seat = won.token, won.seat
         try:
+            self._ready()
             run_id = store.start_run(job.name, self.holder, token=token, slot=slot,
                                      origin=origin)
         except BaseException:

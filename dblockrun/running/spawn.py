@@ -209,6 +209,8 @@ class SpawnService:
         theirs.close()
         self._sock = ours
         self.alive = True
+        #: Set by stop(): the service's end is ours, not a death.
+        self._stopping = False
         self._lock = threading.Lock()  # _runs, alive
         self._send_lock = threading.Lock()
         self._next_id = 0
@@ -267,6 +269,25 @@ class SpawnService:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:
             pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """The end of this process's use of the service (a command that ran
+        commands, at its end: a daemon's ends with its process): the service
+        ends once the commands it started have, then the reactor, which
+        closes the socket."""
+        global _current
+        with _current_lock:
+            if _current is self:
+                _current = None
+        self._stopping = True
+        try:
+            self._sock.shutdown(socket.SHUT_WR)  # the service reads its end
+        except OSError:
+            pass
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
     # -- the reactor thread ----------------------------------------------------
 
@@ -363,6 +384,8 @@ class SpawnService:
         else:
             code = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         running = [run for run in runs if run._started.is_set()]
+        if self._stopping and not running:
+            return
         log.error("the spawn service (pid %d) died (status %d); stopping the %d command(s) "
                   "it watched", self.pid, code, len(running))
         for run in runs:
