@@ -20,7 +20,7 @@ from dblockrun.store.engine import Claim
 from dblockrun.store.memory import ManualClock, MemoryRunStore
 from dblockrun.store.models import Claimed
 from dblockrun.store.roles import HeldGaps
-from dblockrun.store.runstore import FiringStore, RunStore
+from dblockrun.store.runstore import ChainStore, FiringStore, RunStore
 
 #: The longest a real database's clock is waited for (a lease of a second
 #: or two running out, on a loaded machine).
@@ -49,6 +49,7 @@ class Record:
     output: str | None
     duration: float | None
     attempt: int = 1
+    upstream_run: int | None = None
 
 
 class RoleUnderTest:
@@ -62,6 +63,8 @@ class RoleUnderTest:
     store: RunStore
     gaps: HeldGaps
     firing: FiringStore
+    #: The same store as a daemon's job chains' (tests/test_chain_contract.py).
+    chains: ChainStore
 
     def ensure(self, *names: str) -> None:
         raise NotImplementedError
@@ -115,7 +118,7 @@ class InMemory(RoleUnderTest):
     def __init__(self) -> None:
         self.clock = ManualClock()
         self.memory = MemoryRunStore(self.clock)
-        self.store = self.gaps = self.firing = self.memory
+        self.store = self.gaps = self.firing = self.chains = self.memory
 
     def ensure(self, *names: str) -> None:
         self.memory.ensure_jobs(names)
@@ -151,7 +154,8 @@ class InMemory(RoleUnderTest):
         return Row(row.holder, row.token, row.lock_until, row.last_slot, row.next_due)
 
     def records(self, job: str) -> list[Record]:
-        return [Record(r.id, r.slot, r.token, r.result, r.output, r.duration, r.attempt)
+        return [Record(r.id, r.slot, r.token, r.result, r.output, r.duration, r.attempt,
+                       r.upstream_run)
                 for r in self.memory.runs_of(job)]
 
 
@@ -159,7 +163,7 @@ class OnDatabase(RoleUnderTest):
     def __init__(self, kind: str, url: str, prefix: str) -> None:
         self.kind = kind
         self.full = Store(url, prefix)
-        self.store = self.gaps = self.firing = self.full
+        self.store = self.gaps = self.firing = self.chains = self.full
 
     def ensure(self, *names: str) -> None:
         self.full.ensure_jobs(names)
@@ -201,7 +205,8 @@ class OnDatabase(RoleUnderTest):
     def records(self, job: str) -> list[Record]:
         found = sorted(self.full.history(job, 1000), key=lambda r: r.id)
         return [Record(r.id, r.slot, r.token, r.result, full.output if (
-            full := self.full.run(r.id)) is not None else None, r.duration, r.attempt)
+            full := self.full.run(r.id)) is not None else None, r.duration, r.attempt,
+            r.upstream_run)
             for r in found]
 
     def close(self) -> None:
