@@ -241,6 +241,17 @@ class MemoryRunStore:
             return max((at for of, at in self._disables if of == job and at <= now),
                        default=None)
 
+    def enable(self, name: str) -> None:
+        """Clear a disable of ``name`` (``dblockrun enable``)."""
+        with self._lock:
+            row = self._locks.setdefault(name, LockRow(name))
+            row.disabled_until = row.disabled_reason = None
+
+    def resume(self) -> None:
+        """End the fleet-wide pause (``dblockrun resume``)."""
+        with self._lock:
+            self._pause_ends = None
+
     def pause(self, for_seconds: float) -> None:
         """The fleet-wide pause: no claim wins for ``for_seconds``."""
         with self._lock:
