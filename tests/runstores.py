@@ -89,6 +89,10 @@ class RoleUnderTest:
         """The fleet-wide pause (``dblockrun pause``)."""
         raise NotImplementedError
 
+    def resume(self) -> None:
+        """``dblockrun resume``."""
+        raise NotImplementedError
+
     def drain(self, host: str, for_seconds: float) -> None:
         """``dblockrun drain HOST``."""
         raise NotImplementedError
@@ -139,6 +143,9 @@ class InMemory(RoleUnderTest):
     def pause(self, for_seconds: float) -> None:
         self.memory.pause(for_seconds)
 
+    def resume(self) -> None:
+        self.memory.resume()
+
     def drain(self, host: str, for_seconds: float) -> None:
         self.memory.drain(host, for_seconds)
 
@@ -185,6 +192,9 @@ class OnDatabase(RoleUnderTest):
 
     def pause(self, for_seconds: float) -> None:
         self.full.control.pause(Audit("op@test", "pause"), for_seconds)
+
+    def resume(self) -> None:
+        self.full.control.resume(Audit("op@test", "resume"))
 
     def drain(self, host: str, for_seconds: float) -> None:
         self.full.drains.drain(host, Audit("op@test", "drain", detail=host), for_seconds)

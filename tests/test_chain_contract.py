@@ -101,30 +101,32 @@ def test_a_claim_that_loses_leaves_the_trigger_pending_and_says_why(
     """Held, disabled, paused or drained: nothing written, the trigger left
     for later; the pause and the drain read as in effect."""
     store = run_store.chains
-    run_store.ensure("extract", "load")
+    run_store.ensure("extract", "load", "page")
     since = run_store.now() - 1
     upstream_run(run_store, m.OK)
     store.make_triggers("load", ["extract"], [m.OK], since=since)
+    store.make_triggers("page", ["extract"], [m.OK], since=since)
     trigger, = store.pending_triggers(["load"])
-    busy = store.claim_and_record("load", "h1:1:a", 2)
+    off, = store.pending_triggers(["page"])
+    busy = store.claim_and_record("load", "h1:1:a", 30)
     assert busy is not None
     assert store.claim_trigger(trigger, "h2:1:a", 30) is None
     assert store.pending_triggers(["load"]) == [trigger]
     assert [r.id for r in run_store.records("load")] == [busy.run_id]
     assert store.release("load", "h1:1:a", busy.token)
-    run_store.disable("load", 2)
-    assert store.claim_trigger(trigger, "h2:1:a", 30) is None
-    run_store.pass_until(run_store.now() + 2)
+    run_store.disable("page", 3600)
+    assert store.claim_trigger(off, "h2:1:a", 30) is None
+    assert store.pending_triggers(["page"]) == [off] and run_store.records("page") == []
     assert store.drains.drained("h2") is None and store.control.paused() is None
-    run_store.drain("h2", 60)
+    run_store.drain("h2", 3600)
     assert store.drains.drained("h2") is not None and store.drains.drained("h3") is None
     assert store.claim_trigger(trigger, "h2:1:a", 30) is None
-    run_store.pause(2)
+    run_store.pause(3600)
     assert store.control.paused() is not None
     assert store.claim_trigger(trigger, "h3:1:a", 30) is None
     assert store.pending_triggers(["load"]) == [trigger]
     assert [r.id for r in run_store.records("load")] == [busy.run_id]
-    run_store.pass_until(run_store.now() + 2)
+    run_store.resume()
     assert store.control.paused() is None
     won = store.claim_trigger(trigger, "h3:1:a", 30)
     assert won is not None and store.pending_triggers(["load"]) == []
