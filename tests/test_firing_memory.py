@@ -567,10 +567,11 @@ def test_retries_share_one_token(tmp_path: Path, daemons: list[MemoryDaemon],
     tests/test_firing_contract.py's
     test_a_retrys_attempts_are_recorded_under_the_claims_token (the
     attempts under one claim's token, the last one's end releasing the
-    job). (test_chains.py's
-    test_a_run_with_retries_starts_one_run_for_its_last_attempt, a real
-    daemon retrying on every database, moved here too.) The delay is on the
-    test's clock (the harness's run loop)."""
+    job). A real daemon retries on every database in tests/test_notify.py's
+    test_pings_start_then_success_or_fail_with_the_run_id_and_the_output
+    (two attempts recorded, one ping for the last) and, across two daemons,
+    tests/test_fanout.py's test_two_daemons_run_each_item_once_per_slot_with_retries.
+    The delay is on the test's clock (the harness's run loop)."""
     caplog.set_level(logging.INFO)
     counter = tmp_path / "count"
     daemon = MemoryDaemon(
