@@ -1,12 +1,13 @@
 """A daemon's attempts (dblockrun/daemon/firing.py: ``Firing``, with its
 planner, queues, seats and runs) driven in-process on the memory store
 (dblockrun/store/memory.py), its clock moved by the test: logic tests of
-queues, seats and overlap without database servers nor waits for real
+queues, seats, overlap and job chains without database servers nor waits for real
 slots. The commands run for real (a subprocess each), so that a test holds
 a run as long as it likes (:meth:`MemoryDaemon.finish`).
 
 What the store does under these tests is held to the databases' SQL by
-tests/test_firing_contract.py and tests/test_runstore_contract.py; what
+tests/test_firing_contract.py, tests/test_chain_contract.py and
+tests/test_runstore_contract.py; what
 only a real process, a second daemon or a database does stays in the
 tests that start them.
 """
@@ -24,6 +25,7 @@ from typing import cast
 from helpers import daemon_state, wait_for
 
 from dblockrun.config.load import load_jobs_text
+from dblockrun.daemon.chains import Chains
 from dblockrun.daemon.firing import Firing
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.registry import Runs
@@ -167,19 +169,26 @@ class MemoryDaemon:
         queues = Queues(self.store, state.jobs, state.runs, holder, lease, state.clock.now,
                         host_queue, state.file)
         planner = Planner(1.0, CLAIM_TOLERANCE, host_queue=host_queue is not None)
-        self.firing = Firing(state, planner, ctx, FleetBooks(state), queues)
+        # Job chains look for triggers at every turn (a daemon: each
+        # bookkeeping round), on the memory store's triggers (ChainStore).
+        self.chains = Chains(state, 0.0)
+        self.firing = Firing(state, planner, ctx, FleetBooks(state), queues, self.chains)
         self.store.ensure_jobs([*(job.name for job in self.jobs.jobs), *all_seats(self.jobs)])
         self.renewer.start()
-        self.firing.planner.start([job for job in self.jobs.jobs if job.enabled],
-                                  self.clock.now())
+        # (as loop.py: the enabled jobs with a schedule; a job after others
+        # runs only when a trigger starts it)
+        self.firing.planner.start([job for job in self.jobs.jobs
+                                   if job.enabled and job.scheduled], self.clock.now())
         self.step()
 
     def step(self) -> None:
         """What the main loop does in a turn: the due attempts, then the
-        runs that ended (a retry due first starts its attempt)."""
+        runs that ended (a retry due first starts its attempt), then the
+        job chains' triggers."""
         self.loop.release()
         self.firing.fire_due()
         self.firing.finished()
+        self.firing.chained()
 
     def next_at(self) -> float:
         nxt = self._due()

@@ -20,7 +20,7 @@ from dblockrun.store.engine import Claim
 from dblockrun.store.memory import ManualClock, MemoryRunStore
 from dblockrun.store.models import Claimed
 from dblockrun.store.roles import HeldGaps
-from dblockrun.store.runstore import FiringStore, RunStore
+from dblockrun.store.runstore import ChainStore, FiringStore, RunStore
 
 #: The longest a real database's clock is waited for (a lease of a second
 #: or two running out, on a loaded machine).
@@ -49,6 +49,7 @@ class Record:
     output: str | None
     duration: float | None
     attempt: int = 1
+    upstream_run: int | None = None
 
 
 class RoleUnderTest:
@@ -62,6 +63,8 @@ class RoleUnderTest:
     store: RunStore
     gaps: HeldGaps
     firing: FiringStore
+    #: The same store as a daemon's job chains' (tests/test_chain_contract.py).
+    chains: ChainStore
 
     def ensure(self, *names: str) -> None:
         raise NotImplementedError
@@ -84,6 +87,10 @@ class RoleUnderTest:
 
     def pause(self, for_seconds: float) -> None:
         """The fleet-wide pause (``dblockrun pause``)."""
+        raise NotImplementedError
+
+    def resume(self) -> None:
+        """``dblockrun resume``."""
         raise NotImplementedError
 
     def drain(self, host: str, for_seconds: float) -> None:
@@ -115,7 +122,7 @@ class InMemory(RoleUnderTest):
     def __init__(self) -> None:
         self.clock = ManualClock()
         self.memory = MemoryRunStore(self.clock)
-        self.store = self.gaps = self.firing = self.memory
+        self.store = self.gaps = self.firing = self.chains = self.memory
 
     def ensure(self, *names: str) -> None:
         self.memory.ensure_jobs(names)
@@ -136,6 +143,9 @@ class InMemory(RoleUnderTest):
     def pause(self, for_seconds: float) -> None:
         self.memory.pause(for_seconds)
 
+    def resume(self) -> None:
+        self.memory.resume()
+
     def drain(self, host: str, for_seconds: float) -> None:
         self.memory.drain(host, for_seconds)
 
@@ -151,7 +161,8 @@ class InMemory(RoleUnderTest):
         return Row(row.holder, row.token, row.lock_until, row.last_slot, row.next_due)
 
     def records(self, job: str) -> list[Record]:
-        return [Record(r.id, r.slot, r.token, r.result, r.output, r.duration, r.attempt)
+        return [Record(r.id, r.slot, r.token, r.result, r.output, r.duration, r.attempt,
+                       r.upstream_run)
                 for r in self.memory.runs_of(job)]
 
 
@@ -159,7 +170,7 @@ class OnDatabase(RoleUnderTest):
     def __init__(self, kind: str, url: str, prefix: str) -> None:
         self.kind = kind
         self.full = Store(url, prefix)
-        self.store = self.gaps = self.firing = self.full
+        self.store = self.gaps = self.firing = self.chains = self.full
 
     def ensure(self, *names: str) -> None:
         self.full.ensure_jobs(names)
@@ -182,6 +193,9 @@ class OnDatabase(RoleUnderTest):
     def pause(self, for_seconds: float) -> None:
         self.full.control.pause(Audit("op@test", "pause"), for_seconds)
 
+    def resume(self) -> None:
+        self.full.control.resume(Audit("op@test", "resume"))
+
     def drain(self, host: str, for_seconds: float) -> None:
         self.full.drains.drain(host, Audit("op@test", "drain", detail=host), for_seconds)
 
@@ -201,7 +215,8 @@ class OnDatabase(RoleUnderTest):
     def records(self, job: str) -> list[Record]:
         found = sorted(self.full.history(job, 1000), key=lambda r: r.id)
         return [Record(r.id, r.slot, r.token, r.result, full.output if (
-            full := self.full.run(r.id)) is not None else None, r.duration, r.attempt)
+            full := self.full.run(r.id)) is not None else None, r.duration, r.attempt,
+            r.upstream_run)
             for r in found]
 
     def close(self) -> None:

@@ -144,32 +144,9 @@ def test_an_upstream_host_killed_after_its_run_ended_still_starts_one_run(
     assert fleet.stop()[:2] == [0, 0]
 
 
-DISABLED = """\
-jobs:
-  extract:
-    rate: 1s
-    command: "true"
-  load:
-    after: extract
-    command: "true"
-"""
-
-
-def test_a_trigger_of_a_disabled_job_is_recorded_skipped(fleet: Fleet) -> None:
-    fleet.store.ensure_schema()
-    fleet.store.ensure_jobs(["load"])
-    assert fleet.cli("disable", "load", "--reason", "maintenance").returncode == 0
-    fleet.start(DISABLED)
-    skipped = wait_for(lambda: next(iter(fleet.runs("load", m.SKIPPED)), None), 20,
-                       what="a skipped record of load")
-    assert skipped.output == "skipped: load is disabled\n"
-    assert skipped.upstream_job == "extract" and skipped.upstream_run is not None
-    assert fleet.runs("load", m.OK) == []
-    assert fleet.cli("enable", "load").returncode == 0
-    wait_for(lambda: fleet.runs("load", m.OK) or None, 20, what="load running again")
-    assert fleet.stop() == [0]
-    runs = fleet.runs("load")
-    assert len(upstream_of(runs)) == len(set(upstream_of(runs))) == len(runs)
+# test_a_trigger_of_a_disabled_job_is_recorded_skipped
+# moved to tests/test_firing_memory.py (one daemon on the memory
+# store; its SQL on every database: tests/test_chain_contract.py).
 
 
 def test_a_cycle_is_refused_at_load(tmp_path: Path) -> None:
@@ -183,102 +160,11 @@ def test_a_cycle_is_refused_at_load(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-RETRIED = """\
-jobs:
-  extract:
-    rate: 1h
-    retries: 1
-    retry-delay: 1s
-    env: {{COUNT: {count}}}
-    # The first attempt fails, the retry succeeds: one run, ok.
-    command: |
-      echo x >> "$COUNT"
-      [ "$(wc -l < "$COUNT")" -ge 2 ]
-  load:
-    after: extract
-    command: "true"
-  page:
-    after: {{jobs: [extract], on: failure}}
-    command: "true"
-"""
-
-
-def test_a_run_with_retries_starts_one_run_for_its_last_attempt(
-        fleet: Fleet, tmp_path: Path) -> None:
-    fleet.start(RETRIED.format(count=tmp_path / "count"))
-    load = wait_for(lambda: next(iter(fleet.runs("load", m.OK)), None), 30,
-                    what="load after extract's retry")
-    attempts = fleet.runs("extract")
-    assert [(r.attempt, r.result) for r in attempts] == [(1, m.FAILED), (2, m.OK)]
-    assert load.upstream_run == attempts[1].id
-    time.sleep(3)  # rounds of the bookkeeping: the failed first attempt pages nobody
-    assert fleet.runs("page") == [] and len(fleet.runs("load")) == 1
-    assert fleet.stop() == [0]
-
-
-PAUSED = """\
-jobs:
-  extract:
-    rate: 1h
-    env: {{GO: {go}}}
-    command: while [ ! -e "$GO" ]; do sleep 0.1; done
-  load:
-    after: extract
-    command: "true"
-"""
-
-
-def test_a_trigger_while_the_fleet_is_paused_is_recorded_skipped(
-        fleet: Fleet, tmp_path: Path) -> None:
-    """The pause holds every claim: the trigger of an upstream run that ends
-    under it gets its record."""
-    go = tmp_path / "go"
-    fleet.start(PAUSED.format(go=go))
-    wait_for(lambda: fleet.runs("extract", m.RUNNING) or None, 20, what="extract running")
-    assert fleet.cli("pause", "--for", "1h").returncode == 0
-    go.touch()  # extract ends under the pause
-    skipped = wait_for(lambda: next(iter(fleet.runs("load", m.SKIPPED)), None), 20,
-                       what="a skipped record of load")
-    assert skipped.output == "skipped: the fleet is paused\n"
-    assert fleet.cli("resume").returncode == 0
-    assert fleet.stop() == [0]
-    runs = fleet.runs("load")
-    assert len(upstream_of(runs)) == len(set(upstream_of(runs))) == len(runs)
-
-
-GROUPED = """\
-groups: {{warehouse: 1}}
-jobs:
-  hog:
-    rate: 1h
-    group: warehouse
-    env: {{GO: {go}}}
-    command: while [ ! -e "$GO" ]; do sleep 0.1; done
-  extract:
-    rate: 1h
-    command: "true"
-  load:
-    after: extract
-    group: warehouse
-    command: "true"
-"""
-
-
-def test_a_trigger_whose_group_is_full_is_recorded_skipped(
-        fleet: Fleet, tmp_path: Path) -> None:
-    go = tmp_path / "go"
-    fleet.start(GROUPED.format(go=go))
-    try:
-        skipped = wait_for(lambda: next(iter(fleet.runs("load", m.SKIPPED)), None), 30,
-                           what="a skipped record of load")
-    finally:
-        go.touch()
-    assert skipped.output is not None and skipped.output.startswith(
-        "skipped: group warehouse at its limit (1): held by hog"), skipped.output
-    extract, = fleet.runs("extract")
-    assert (skipped.upstream_job, skipped.upstream_run) == ("extract", extract.id)
-    assert fleet.stop() == [0]
-    assert len(fleet.runs("load")) == 1
+# test_a_run_with_retries_starts_one_run_for_its_last_attempt,
+# test_a_trigger_while_the_fleet_is_paused_is_recorded_skipped and
+# test_a_trigger_whose_group_is_full_is_recorded_skipped
+# moved to tests/test_firing_memory.py (one daemon on the memory
+# store; its SQL on every database: tests/test_chain_contract.py).
 
 
 TOLD = """\
@@ -439,31 +325,6 @@ def test_triggers_found_together_run_one_after_the_other(fleet: Fleet) -> None:
     assert first.finished is not None and second.started >= first.finished
 
 
-BUSY = """\
-jobs:
-  extract:
-    rate: 1s
-    command: "true"
-  load:
-    after: extract
-    command: sleep 2.5
-"""
-
-
-def test_a_trigger_whose_upstream_ended_while_its_job_ran_is_skipped(fleet: Fleet) -> None:
-    """overlap: forbid, as for a slot due while the run goes on: one
-    record per upstream run, ran or skipped with the reason."""
-    fleet.start(BUSY)
-
-    def ran_and_skipped() -> list[m.RunRecord] | None:
-        runs = fleet.runs("load")
-        return runs if {m.OK, m.SKIPPED} <= {r.result for r in runs} else None
-
-    wait_for(ran_and_skipped, 20, interval=0.2, what="load ran and skipped")
-    assert fleet.stop() == [0]
-    runs = fleet.runs("load")
-    ran = next(r for r in runs if r.result == m.OK)
-    skipped = [fleet.store.run(r.id) for r in runs if r.result == m.SKIPPED]
-    assert {r.output for r in skipped if r is not None} == {
-        f"skipped: load was still running on {ran.host} (overlap: forbid)\n"}
-    assert len(upstream_of(runs)) == len(set(upstream_of(runs))) == len(runs)
+# test_a_trigger_whose_upstream_ended_while_its_job_ran_is_skipped
+# moved to tests/test_firing_memory.py (one daemon on the memory
+# store; its SQL on every database: tests/test_chain_contract.py).

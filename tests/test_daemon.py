@@ -193,8 +193,8 @@ def test_starting_deadline_records_a_late_slot_as_missed(
 # test_retries_share_one_token moved to tests/test_firing_memory.py (one daemon's retry
 # decisions, the delay on the test's clock); its SQL stays covered on every database by
 # tests/test_firing_contract.py's test_a_retrys_attempts_are_recorded_under_the_claims_token
-# and, with a real daemon, test_chains.py's
-# test_a_run_with_retries_starts_one_run_for_its_last_attempt.
+# and, with a real daemon on every database, test_notify.py's
+# test_pings_start_then_success_or_fail_with_the_run_id_and_the_output (a retried run).
 
 
 # -- 7: on-failure disable-for --------------------------------------------------

@@ -1,5 +1,5 @@
 """A daemon's attempts on the memory store (tests/firingmem.py): the logic
-of limits that queue, seats and overlap, one daemon, its clock moved by
+of limits that queue, seats, overlap and job chains, one daemon, its clock moved by
 the test. Each test names the tests on the real databases that still cover
 its SQL (and what only processes and a fleet show)."""
 
@@ -567,10 +567,11 @@ def test_retries_share_one_token(tmp_path: Path, daemons: list[MemoryDaemon],
     tests/test_firing_contract.py's
     test_a_retrys_attempts_are_recorded_under_the_claims_token (the
     attempts under one claim's token, the last one's end releasing the
-    job), and end to end by test_chains.py's
-    test_a_run_with_retries_starts_one_run_for_its_last_attempt (a real
-    daemon retrying, on every database). The delay is on the test's clock
-    (the harness's run loop)."""
+    job). A real daemon retries on every database in tests/test_notify.py's
+    test_pings_start_then_success_or_fail_with_the_run_id_and_the_output
+    (two attempts recorded, one ping for the last) and, across two daemons,
+    tests/test_fanout.py's test_two_daemons_run_each_item_once_per_slot_with_retries.
+    The delay is on the test's clock (the harness's run loop)."""
     caplog.set_level(logging.INFO)
     counter = tmp_path / "count"
     daemon = MemoryDaemon(
@@ -592,3 +593,227 @@ def test_retries_share_one_token(tmp_path: Path, daemons: list[MemoryDaemon],
     assert "retrying (attempt 3 of 3)" in caplog.text
     daemon.close()
     assert len(store.runs_of("flaky")) == 3
+
+
+# --- job chains (after:; moved from tests/test_chains.py) ---------------------------------
+#
+# One daemon deciding what a trigger of a downstream job gets: a run, or
+# one record of why not. The SQL of the triggers (made once, pending, the
+# one claim or record, the pause and drain a lost claim reads) stays
+# covered on every database by tests/test_chain_contract.py and
+# tests/test_chains_store.py (the race of four hosts for the same triggers);
+# end to end by test_chains.py's
+# test_three_daemons_start_one_downstream_run_per_upstream_run (real
+# daemons on every database, the command told its upstream run).
+
+
+def _unique_upstreams(runs: list[RunRow]) -> bool:
+    """One record per upstream run, and every record names one."""
+    ups = [r.upstream_run for r in runs if r.upstream_run is not None]
+    return len(ups) == len(set(ups)) == len(runs)
+
+
+CHAIN_DISABLED = """\
+    jobs:
+      extract:
+        rate: 1s
+        command: '{held}'
+      load:
+        after: extract
+        command: '{held}'
+    """
+
+
+def test_a_trigger_of_a_disabled_job_is_recorded_skipped(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """An operator disabled the downstream job: each trigger gets one
+    ``skipped`` record naming its upstream run; enabled, it runs again.
+
+    Moved from tests/test_chains.py (a real daemon on every database).
+    Its SQL: test_chain_contract.py's
+    test_a_claim_that_loses_leaves_the_trigger_pending_and_says_why (a
+    disabled job's claim loses, the trigger stays) and
+    test_a_trigger_that_cannot_run_is_recorded_once_and_pruned_when_old
+    (the one skipped record); test_chains_store.py's
+    test_a_trigger_that_cannot_run_is_recorded_once."""
+    store = ClockedRunStore()
+    store.ensure_jobs(["load"])
+    store.disable("load", reason="maintenance", audited=True)  # dblockrun disable load
+    daemon = MemoryDaemon(CHAIN_DISABLED, tmp_path, store=store)
+    daemons.append(daemon)
+    daemon.go_on(lambda: any(r.result == m.SKIPPED for r in store.runs_of("load")), took=0.2)
+    skipped = next(r for r in store.runs_of("load") if r.result == m.SKIPPED)
+    assert skipped.output == "skipped: load is disabled\n"
+    assert skipped.upstream_job == "extract" and skipped.upstream_run is not None
+    assert [r for r in store.runs_of("load") if r.result == m.OK] == []
+    store.enable("load")  # dblockrun enable load
+    daemon.go_on(lambda: any(r.result == m.OK for r in store.runs_of("load")), took=0.2)
+    daemon.close()
+    assert _unique_upstreams(store.runs_of("load"))
+
+
+CHAIN_PAUSED = """\
+    jobs:
+      extract:
+        rate: 1h
+        command: '{held}'
+      load:
+        after: extract
+        command: "true"
+    """
+
+
+def test_a_trigger_while_the_fleet_is_paused_is_recorded_skipped(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """The pause holds every claim: the trigger of an upstream run that ends
+    under it gets its record.
+
+    Moved from tests/test_chains.py (a real daemon on every database).
+    Its SQL: test_chain_contract.py's
+    test_a_claim_that_loses_leaves_the_trigger_pending_and_says_why (a
+    claim under the pause loses, the pause reads as in effect) and
+    test_a_trigger_that_cannot_run_is_recorded_once_and_pruned_when_old;
+    the pause itself on every database by test_firing_contract.py's claims
+    and test_pause.py."""
+    daemon = MemoryDaemon(CHAIN_PAUSED, tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: any(r.result == m.RUNNING for r in store.runs_of("extract")))
+    extract, = store.runs_of("extract")
+    store.pause(3600)  # dblockrun pause --for 1h
+    daemon.finish(extract.id)  # extract ends under the pause
+    daemon.step()
+    skipped = next(iter(r for r in store.runs_of("load") if r.result == m.SKIPPED), None)
+    assert skipped is not None, store.runs_of("load")
+    assert skipped.output == "skipped: the fleet is paused\n"
+    assert skipped.upstream_run == extract.id
+    store.resume()  # dblockrun resume
+    daemon.at(store.clock.now() + 1)
+    daemon.close()
+    assert _unique_upstreams(store.runs_of("load"))
+
+
+CHAIN_GROUPED = """\
+    groups: {{warehouse: 1}}
+    jobs:
+      hog:
+        rate: 1h
+        group: warehouse
+        command: '{held}'
+      extract:
+        rate: 1h
+        command: '{held}'
+      load:
+        after: extract
+        group: warehouse
+        command: '{held}'
+    """
+
+
+def test_a_trigger_whose_group_is_full_is_recorded_skipped(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """The downstream job's group has no free seat (``hog`` holds it): the
+    trigger's run is recorded skipped with the group's reason.
+
+    Moved from tests/test_chains.py (a real daemon on every database).
+    Its SQL: test_chain_contract.py's
+    test_a_trigger_is_claimed_once_with_a_record_naming_its_upstream_run
+    (the trigger's claim and record), test_firing_contract.py's group seat
+    tests (a full group, its holders)."""
+    daemon = MemoryDaemon(CHAIN_GROUPED, tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: any(r.result == m.SKIPPED for r in store.runs_of("load")),
+                 took={"hog": 3600.0, "extract": 0.2, "load": 0.2})
+    skipped = next(r for r in store.runs_of("load") if r.result == m.SKIPPED)
+    assert skipped.output is not None and skipped.output.startswith(
+        "skipped: group warehouse at its limit (1): held by hog"), skipped.output
+    extract, = store.runs_of("extract")
+    assert (skipped.upstream_job, skipped.upstream_run) == ("extract", extract.id)
+    daemon.close()
+    assert len(store.runs_of("load")) == 1
+
+
+CHAIN_RETRIED = """\
+    jobs:
+      extract:
+        rate: 1h
+        retries: 1
+        retry-delay: 1s
+        # The first attempt fails, the retry succeeds: one run, ok.
+        command: |
+          echo x >> {dir}/count
+          [ "$(wc -l < {dir}/count)" -ge 2 ]
+      load:
+        after: extract
+        command: "true"
+      page:
+        after: {{jobs: [extract], on: failure}}
+        command: "true"
+    """
+
+
+def test_a_run_with_retries_starts_one_run_for_its_last_attempt(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """The failed first attempt (its retry to come) starts nothing; the
+    retry's ok starts ``load`` once, and no look after pages anybody.
+
+    Moved from tests/test_chains.py (a real daemon on every database).
+    Its SQL: test_chain_contract.py's
+    test_a_run_that_is_not_over_makes_no_trigger_from_a_look (an attempt
+    holding its lease, or with a later attempt, makes no trigger) and
+    test_firing_contract.py's
+    test_a_retrys_attempts_are_recorded_under_the_claims_token; end to end,
+    a real daemon's chains by test_chains.py's three-daemon test (no
+    retries: no real daemon retries on every database any more)."""
+    daemon = MemoryDaemon(CHAIN_RETRIED, tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: any(r.result == m.OK for r in store.runs_of("load")), took=0.0)
+    load = next(r for r in store.runs_of("load") if r.result == m.OK)
+    attempts = store.runs_of("extract")
+    assert [(r.attempt, r.result) for r in attempts] == [(1, m.FAILED), (2, m.OK)]
+    assert load.upstream_run == attempts[1].id
+    for _ in range(3):  # looks of the chains: the failed first attempt pages nobody
+        daemon.at(store.clock.now() + 1)
+    assert store.runs_of("page") == [] and len(store.runs_of("load")) == 1
+    daemon.close()
+
+
+CHAIN_BUSY = """\
+    jobs:
+      extract:
+        rate: 1s
+        command: '{held}'
+      load:
+        after: extract
+        command: '{held}'
+    """
+
+
+def test_a_trigger_whose_upstream_ended_while_its_job_ran_is_skipped(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """overlap: forbid, as for a slot due while the run goes on: one
+    record per upstream run, ran or skipped with the reason.
+
+    Moved from tests/test_chains.py (a real daemon on every database).
+    Its SQL: test_chain_contract.py's
+    test_a_claim_that_loses_leaves_the_trigger_pending_and_says_why (a held
+    job's claim loses, the trigger stays) and
+    test_a_trigger_that_cannot_run_is_recorded_once_and_pruned_when_old;
+    the held runs a lost claim reads by test_firing_contract.py's
+    running/waiting tests. Triggers found together waiting for each other
+    (not skipped) stay with test_chains.py's
+    test_triggers_found_together_run_one_after_the_other (two daemons)."""
+    daemon = MemoryDaemon(CHAIN_BUSY, tmp_path)
+    daemons.append(daemon)
+    store = daemon.store
+    daemon.go_on(lambda: {m.OK, m.SKIPPED} <= {r.result for r in store.runs_of("load")},
+                 took={"extract": 0.1, "load": 2.5})
+    daemon.close()
+    runs = store.runs_of("load")
+    ran = next(r for r in runs if r.result == m.OK)
+    skipped = [r for r in runs if r.result == m.SKIPPED]
+    assert {r.output for r in skipped} == {
+        f"skipped: load was still running on {ran.host} (overlap: forbid)\n"}
+    assert _unique_upstreams(runs)

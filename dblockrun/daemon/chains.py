@@ -36,6 +36,7 @@ from dblockrun.errors import DatabaseError
 from dblockrun.jobs import Job, JobsFile
 from dblockrun.scheduling.planner import Cause
 from dblockrun.store.models import Claimed, Trigger
+from dblockrun.store.runstore import ChainStore
 
 log = logging.getLogger("dblockrun")
 
@@ -53,7 +54,8 @@ class Chains:
     """One daemon's part of the job chains (see the module)."""
 
     def __init__(self, state: DaemonState, interval: float) -> None:
-        self.store = state.store
+        #: Only its triggers, claims and reads (tests play it in memory).
+        self.store: ChainStore = state.store
         self.holder = state.settings.holder
         self.lease = state.settings.lease
         #: Seconds between two looks for triggers (the bookkeeping round's).

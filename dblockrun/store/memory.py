@@ -29,9 +29,12 @@ version and the lost sweep), every-host rows (``JOB@HOST``) as one job,
 the rest of the bookkeeping (lost runs, hosts: the held gaps are here,
 :class:`~dblockrun.store.roles.HeldGaps`), transactions cut short, and a
 store that is away: no call here raises
-:class:`~dblockrun.errors.DatabaseError`. Triggers exist only once
-:meth:`MemoryRunStore.add_trigger` made them (``make_triggers`` is not in
-the role).
+:class:`~dblockrun.errors.DatabaseError`.
+
+It plays :class:`~dblockrun.store.runstore.ChainStore` too, the job
+chains' triggers (``after:``): made once per (downstream job, upstream
+run), taken once by a claim of the job (the same predicate) or a record
+of why it did not run (tests/test_chain_contract.py holds it to the SQL).
 """
 
 from __future__ import annotations
@@ -163,14 +166,20 @@ class MemoryRunStore:
         self._next_id = 1
         self._pause_ends: float | None = None
         self._drains: dict[str, float] = {}
-        self._triggers: dict[tuple[str, int], float | None] = {}
+        #: (downstream job, upstream run) -> the trigger, and when it was taken.
+        self._triggers: dict[tuple[str, int], tuple[Trigger, float | None]] = {}
         #: The audited disables: (job, when).
         self._disables: list[tuple[str, float]] = []
         self._control = MemoryControl(self)
+        self._drained = MemoryDrains(self)
 
     @property
     def control(self) -> MemoryControl:
         return self._control
+
+    @property
+    def drains(self) -> MemoryDrains:
+        return self._drained
 
     def db_now(self) -> float:
         return self.clock.now()
@@ -232,6 +241,17 @@ class MemoryRunStore:
             return max((at for of, at in self._disables if of == job and at <= now),
                        default=None)
 
+    def enable(self, name: str) -> None:
+        """Clear a disable of ``name`` (``dblockrun enable``)."""
+        with self._lock:
+            row = self._locks.setdefault(name, LockRow(name))
+            row.disabled_until = row.disabled_reason = None
+
+    def resume(self) -> None:
+        """End the fleet-wide pause (``dblockrun resume``)."""
+        with self._lock:
+            self._pause_ends = None
+
     def pause(self, for_seconds: float) -> None:
         """The fleet-wide pause: no claim wins for ``for_seconds``."""
         with self._lock:
@@ -258,11 +278,6 @@ class MemoryRunStore:
                 return False
             row.kill_token, row.kill_by = row.token, by
             return True
-
-    def add_trigger(self, trigger: Trigger) -> None:
-        """A pending trigger (as ``make_triggers`` makes them)."""
-        with self._lock:
-            self._triggers.setdefault((trigger.job, trigger.upstream_run), None)
 
     # -- the claim -------------------------------------------------------------------
 
@@ -595,14 +610,90 @@ class MemoryRunStore:
                        output: str) -> int | None:
         with self._lock:
             key = (trigger.job, trigger.upstream_run)
-            if key not in self._triggers or self._triggers[key] is not None:
+            found = self._triggers.get(key)
+            if found is None or found[1] is not None:
                 return None
             now = self.clock.now()
-            self._triggers[key] = now
+            self._triggers[key] = (found[0], now)
             return self._insert(RunRow(0, trigger.job, host, None, None, 1, now, result,
                                        finished=now, output=output,
                                        upstream_job=trigger.upstream_job,
                                        upstream_run=trigger.upstream_run))
+
+    # -- job chains (dblockrun.store.runstore.ChainStore) ---------------------------------
+
+    def make_triggers(self, down: str, upstream: Sequence[str], results: Sequence[str], *,
+                      since: float | None = None, ids: Sequence[int] = ()) -> int:
+        """:meth:`Queries.make_triggers <dblockrun.store.queries.Queries.make_triggers>`."""
+        made = 0
+        with self._lock:
+            now = self.clock.now()
+            for run in sorted(self._runs.values(), key=lambda r: r.id):
+                if (run.job not in upstream or run.item is not None or run.result not in results
+                        or run.token is None or run.finished is None
+                        or (down, run.id) in self._triggers):
+                    continue
+                if ids:
+                    if run.id not in ids:
+                        continue
+                elif (since is None or run.finished < since
+                      or any(n.job == run.job and n.token == run.token
+                             and n.attempt > run.attempt for n in self._runs.values())
+                      or self._control._holding(run, now)):
+                    continue
+                self._triggers[(down, run.id)] = (
+                    Trigger(down, run.id, run.job, run.result, run.finished), None)
+                made += 1
+        return made
+
+    def pending_triggers(self, jobs: Sequence[str]) -> list[Trigger]:
+        with self._lock:
+            return sorted((trigger for trigger, taken in self._triggers.values()
+                           if taken is None and trigger.job in jobs),
+                          key=lambda t: t.upstream_run)
+
+    def chained_before(self, job: str) -> bool:
+        with self._lock:
+            return any(of == job for of, _ in self._triggers)
+
+    def claim_trigger(self, trigger: Trigger, holder: str, lease: float) -> Claimed | None:
+        """As :meth:`LockEngine.claim_trigger
+        <dblockrun.store.engine.LockEngine.claim_trigger>`: the trigger
+        taken and the claim (by :meth:`_claim_row`) with its record, or neither."""
+        with self._lock:
+            key = (trigger.job, trigger.upstream_run)
+            found = self._triggers.get(key)
+            if found is None or found[1] is not None:
+                return None
+            now = self.clock.now()
+            won = self._claim_row(trigger.job, holder, lease, Claim(record=True), now)
+            if won is None or won.run_id is None:
+                return None
+            self._triggers[key] = (found[0], now)
+            run = self._runs[won.run_id]
+            run.upstream_job, run.upstream_run = trigger.upstream_job, trigger.upstream_run
+            return won
+
+    def prune_triggers(self, before: float) -> int:
+        with self._lock:
+            gone = [key for key, (trigger, taken) in self._triggers.items()
+                    if taken is not None and trigger.ended < before]
+            for key in gone:
+                del self._triggers[key]
+            return len(gone)
+
+
+class MemoryDrains:
+    """The drained hosts of a :class:`MemoryRunStore` (``dblockrun drain``)."""
+
+    def __init__(self, store: MemoryRunStore) -> None:
+        self._s = store
+
+    def drained(self, host: str) -> float | None:
+        """When ``host``'s drain in effect now ends, None when none is."""
+        with self._s._lock:
+            ends = self._s._drains.get(host)
+            return ends if ends is not None and ends > self._s.clock.now() else None
 
 
 
@@ -623,6 +714,12 @@ class MemoryControl:
                                             and row.name.startswith(LANE_PREFIX)))
                 and row.token == run.token and row.lock_until is not None
                 and row.lock_until > now]
+
+    def paused(self) -> float | None:
+        """When the fleet-wide pause in effect now ends, None when none is."""
+        with self._s._lock:
+            ends = self._s._pause_ends
+            return ends if ends is not None and ends > self._s.clock.now() else None
 
     def running(self, job: str | None = None) -> list[RunRecord]:
         with self._s._lock:

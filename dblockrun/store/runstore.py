@@ -243,11 +243,81 @@ class FiringStore(RunStore, Protocol):
         ...
 
 
+class ChainsControl(RunsControl, Protocol):
+    """:class:`RunsControl` and the fleet-wide pause, what a job chain's
+    lost claim reads to say why (dblockrun/daemon/chains.py)."""
+
+    def paused(self) -> object | None:
+        """The pause in effect now (``dblockrun pause``), None when none is."""
+        ...
+
+
+class Drained(Protocol):
+    """The drained hosts, as a job chain's lost claim reads them."""
+
+    def drained(self, host: str) -> object | None:
+        """``host``'s drain in effect now (``dblockrun drain``), None when none is."""
+        ...
+
+
+class ChainStore(FiringStore, Protocol):
+    """What a daemon's job chains (``after:``; :class:`~dblockrun.daemon.chains.Chains`)
+    ask on top of :class:`FiringStore`: the triggers. A trigger is a row
+    keyed by (downstream job, upstream run record): made once, pending
+    until taken, taken once, by the claim of its job's one run
+    (:meth:`claim_trigger`) or by the record of why it started none
+    (:meth:`~RunStore.record_trigger`). :class:`~dblockrun.store.Store`
+    has it, and so has the memory store (tests/test_chain_contract.py
+    holds both to one contract)."""
+
+    @property
+    def control(self) -> ChainsControl:
+        """The held runs and the fleet-wide pause."""
+        ...
+
+    @property
+    def drains(self) -> Drained:
+        """The drained hosts."""
+        ...
+
+    def make_triggers(self, down: str, upstream: Sequence[str], results: Sequence[str], *,
+                      since: float | None = None, ids: Sequence[int] = ()) -> int:
+        """Make the triggers of ``down`` for the finished runs (no item, a
+        token, a finish) of ``upstream`` whose result is in ``results`` and
+        that have none yet: with ``ids``, those runs only (their host just
+        recorded their end); else those that ended at or after ``since``
+        and are over (no later attempt with their token, and no lock row,
+        the job's or a lane, holding their token with a live lease). A
+        trigger taken and pruned is not made again only while it is kept.
+        The number made."""
+        ...
+
+    def pending_triggers(self, jobs: Sequence[str]) -> list[Trigger]:
+        """The triggers of ``jobs`` not taken yet, by upstream run id."""
+        ...
+
+    def chained_before(self, job: str) -> bool:
+        """Whether ``job`` has a trigger, pending or taken (its ``after:`` is not new)."""
+        ...
+
+    def claim_trigger(self, trigger: Trigger, holder: str, lease: float) -> Claimed | None:
+        """Take the pending ``trigger`` and claim its job (the claim
+        predicate, no slot) with its first attempt's ``running`` record,
+        which names the upstream run: both or neither. None, nothing
+        written, when the trigger is taken already or the claim loses."""
+        ...
+
+    def prune_triggers(self, before: float) -> int:
+        """Forget the taken triggers whose upstream run ended before
+        ``before`` (pending ones are kept); the number forgotten."""
+        ...
+
+
 if TYPE_CHECKING:  # who plays the roles: mypy checks it here
     from dblockrun.store.engine import LockEngine
     from dblockrun.store.memory import MemoryRunStore
     from dblockrun.store.store import Store
 
     def _plays(store: Store, engine: LockEngine,
-               memory: MemoryRunStore) -> tuple[FiringStore, RunStore, FiringStore]:
+               memory: MemoryRunStore) -> tuple[ChainStore, RunStore, ChainStore]:
         return store, engine, memory
