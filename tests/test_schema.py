@@ -204,9 +204,9 @@ def test_mariadb_refusal_from_the_command_line_and_its_way_out(maria: Store) -> 
             conn.exec_driver_sql(f"DELETE FROM {maria.prefix}{table} "
                                  f"WHERE CAST({column} AS BINARY) = 'backup'")
     # (The refusal above is a real process's stderr; the way out need not be.)
-    done = invoke(*cmd[len(dblockrun_cmd()):])
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"schema version {SCHEMA_VERSION} ready in ")
+    ready = invoke(*cmd[len(dblockrun_cmd()):])
+    assert ready.returncode == 0, ready.stderr
+    assert ready.stdout.startswith(f"schema version {SCHEMA_VERSION} ready in ")
     assert [r.job for r in maria.history()] == ["Backup"]
 
 
