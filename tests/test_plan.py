@@ -15,9 +15,10 @@ import math
 import signal
 import time
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from click.testing import CliRunner, Result
@@ -216,10 +217,21 @@ def test_passed_slots_are_caught_up_or_recorded_missed_by_the_new_policy(
     assert len(fresh["run"]) == 1 and len(fresh["recorded"]) + 1 in passed, fresh
     assert fresh["result"] == "missed"
     assert datetime.fromisoformat(fresh["run"][0].replace("Z", "+00:00")).minute == 0
-    # report: its starting-deadline (1h) makes every passed 02:30 slot missed, none run.
+    # report: its starting-deadline (1h) makes every passed 02:30 slot
+    # (Amsterdam) older than an hour missed; within the hour after one
+    # (01:30-02:30 UTC in winter) that newest one is still to run.
     report = jobs["report"]["passed"]
-    assert report["run"] == []
-    assert len(report["recorded"]) in (2, 3)
+    local = datetime.fromtimestamp(now, ZoneInfo("Europe/Amsterdam"))
+    newest = local.replace(hour=2, minute=30, second=0, microsecond=0)
+    if newest > local:
+        newest -= timedelta(days=1)
+    age = now - newest.timestamp()
+    if age < 3600 - 60:
+        assert report["run"] == [newest.astimezone(UTC).strftime(
+            "%Y-%m-%dT%H:%M:%S.000Z")], report
+    elif age > 3600 + 60:
+        assert report["run"] == [], report
+    assert len(report["run"]) + len(report["recorded"]) in (2, 3), report
     assert "starting-deadline 3600s" in report["reason"]
     text = invoke(db, "plan", new, "--current", old).stdout
     assert "    runs (catch-up): " in text

@@ -1051,16 +1051,19 @@ class MysqlQueries(Queries):
 
     @cached_property
     def held_by(self) -> str | None:
-        """The oldest transaction, not this connection's, that holds row
-        locks, of a session using this database: InnoDB does not say on
-        which table once nobody waits (a server's other databases, another
-        application's, are not suspects), and ``INNODB_TRX`` needs the
-        PROCESS privilege."""
+        """The oldest transaction, not this connection's and not itself
+        waiting for a lock, that holds row locks, of a session using this
+        database: InnoDB does not say on which table once nobody waits (a
+        server's other databases, another application's, are not suspects),
+        and a daemon's transaction that took a run's row and now waits for
+        the held lock row is older than the holder but not it. ``INNODB_TRX``
+        needs the PROCESS privilege."""
         return ("SELECT t.trx_mysql_thread_id, CONCAT(p.USER, '@', SUBSTRING_INDEX(p.HOST, "
                 "':', 1)), UNIX_TIMESTAMP(t.trx_started) FROM information_schema.INNODB_TRX t "
                 "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
                 "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() AND t.trx_rows_locked > 0 "
-                "AND p.DB = DATABASE() ORDER BY t.trx_started LIMIT 1")
+                "AND t.trx_state <> 'LOCK WAIT' AND p.DB = DATABASE() "
+                "ORDER BY t.trx_started LIMIT 1")
 
     @cached_property
     def held_probe(self) -> str | None:
