@@ -609,12 +609,10 @@ class MemoryRunStore:
     def record_trigger(self, trigger: Trigger, host: str, result: str,
                        output: str) -> int | None:
         with self._lock:
-            key = (trigger.job, trigger.upstream_run)
-            found = self._triggers.get(key)
-            if found is None or found[1] is not None:
+            if not self._untaken(trigger):
                 return None
             now = self.clock.now()
-            self._triggers[key] = (found[0], now)
+            self._take_trigger(trigger, now)
             return self._insert(RunRow(0, trigger.job, host, None, None, 1, now, result,
                                        finished=now, output=output,
                                        upstream_job=trigger.upstream_job,
@@ -652,6 +650,16 @@ class MemoryRunStore:
                            if taken is None and trigger.job in jobs),
                           key=lambda t: t.upstream_run)
 
+    def _untaken(self, trigger: Trigger) -> bool:
+        """Whether ``trigger`` is pending, not taken yet (under the lock)."""
+        found = self._triggers.get((trigger.job, trigger.upstream_run))
+        return found is not None and found[1] is None
+
+    def _take_trigger(self, trigger: Trigger, now: float) -> None:
+        """Mark the pending ``trigger`` taken at ``now`` (under the lock)."""
+        key = (trigger.job, trigger.upstream_run)
+        self._triggers[key] = (self._triggers[key][0], now)
+
     def chained_before(self, job: str) -> bool:
         with self._lock:
             return any(of == job for of, _ in self._triggers)
@@ -661,15 +669,13 @@ class MemoryRunStore:
         <dblockrun.store.engine.LockEngine.claim_trigger>`: the trigger
         taken and the claim (by :meth:`_claim_row`) with its record, or neither."""
         with self._lock:
-            key = (trigger.job, trigger.upstream_run)
-            found = self._triggers.get(key)
-            if found is None or found[1] is not None:
+            if not self._untaken(trigger):
                 return None
             now = self.clock.now()
             won = self._claim_row(trigger.job, holder, lease, Claim(record=True), now)
             if won is None or won.run_id is None:
                 return None
-            self._triggers[key] = (found[0], now)
+            self._take_trigger(trigger, now)
             run = self._runs[won.run_id]
             run.upstream_job, run.upstream_run = trigger.upstream_job, trigger.upstream_run
             return won
