@@ -247,8 +247,6 @@ class LockEngine:
     def _read_mysql(self, cur: Any, sql: str, params: dict[str, Any],
                     shape: ClaimShape) -> tuple[Claimed | None, Any, Any]:
         self.x.send(cur, sql, params)
-        if shape.cleans:
-            cur.nextset()  # past the dead run's loss, to the claim
         won = cur.rowcount == 1
         token = int(cur.lastrowid) if won else 0
         run_id: int | None = None
@@ -268,6 +266,8 @@ class LockEngine:
         if shape.check:
             cur.nextset()
             found, version = cur.fetchone()
+        if shape.cleans:
+            cur.nextset()  # the dead run's loss, last (Queries.claim, MySQL)
         if not won:
             return None, found, version
         return Claimed(params["name"], token, run_id), token, version

@@ -1076,13 +1076,15 @@ class MysqlQueries(Queries):
                 "'%%Y-%%m-%%dT%%H:%%i:%%s.%%f'), 1, 23), 'Z')")
 
     def claim(self, shape: ClaimShape) -> str:
-        """Results, as the shape has them: the dead run's loss (``record``),
-        the UPDATE (rowcount, lastrowid = token), the INSERT (lastrowid = run
-        id; ``record``), one row (found, version; ``check``)."""
+        """Results, as the shape has them: the UPDATE (rowcount, lastrowid =
+        token), the INSERT (lastrowid = run id; ``record``), one row (found,
+        version; ``check``), the dead run's loss (``cleans``). Each statement
+        reads its own NOW(): the loss comes after the claim, where a dead
+        run's token no longer holds the row the claim took (before it, a
+        lease that ran out between the two statements was live to the first
+        and over for the second, and the dead run stayed ``running``)."""
         locks, p = self.locks, self.p
         parts = [self.claim_update(shape)]
-        if shape.cleans:
-            parts.insert(0, self.supersede)
         if shape.record:
             parts.append(
                 f"{self.records(locks, f'{locks}.name', 'NULL', p('run_slot'))} "
@@ -1090,6 +1092,8 @@ class MysqlQueries(Queries):
                 f"AND {locks}.token = LAST_INSERT_ID() AND ROW_COUNT() = 1")
         if shape.check:
             parts.append(self.known_row)
+        if shape.cleans:
+            parts.append(self.supersede)
         return "; ".join(parts)
 
     def seat_claim(self, count: int, lane: bool = False) -> str:
