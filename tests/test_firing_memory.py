@@ -613,7 +613,8 @@ def _unique_upstreams(runs: list[RunRow]) -> bool:
     return len(ups) == len(set(ups)) == len(runs)
 
 
-CHAIN_DISABLED = """\
+#: extract every second, load after it, both held until the test finishes them.
+CHAIN_HELD = """\
     jobs:
       extract:
         rate: 1s
@@ -639,7 +640,7 @@ def test_a_trigger_of_a_disabled_job_is_recorded_skipped(
     store = ClockedRunStore()
     store.ensure_jobs(["load"])
     store.disable("load", reason="maintenance", audited=True)  # dblockrun disable load
-    daemon = MemoryDaemon(CHAIN_DISABLED, tmp_path, store=store)
+    daemon = MemoryDaemon(CHAIN_HELD, tmp_path, store=store)
     daemons.append(daemon)
     daemon.go_on(lambda: any(r.result == m.SKIPPED for r in store.runs_of("load")), took=0.2)
     skipped = next(r for r in store.runs_of("load") if r.result == m.SKIPPED)
@@ -780,16 +781,6 @@ def test_a_run_with_retries_starts_one_run_for_its_last_attempt(
     daemon.close()
 
 
-CHAIN_BUSY = """\
-    jobs:
-      extract:
-        rate: 1s
-        command: '{held}'
-      load:
-        after: extract
-        command: '{held}'
-    """
-
 
 def test_a_trigger_whose_upstream_ended_while_its_job_ran_is_skipped(
         tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
@@ -805,7 +796,7 @@ def test_a_trigger_whose_upstream_ended_while_its_job_ran_is_skipped(
     running/waiting tests. Triggers found together waiting for each other
     (not skipped) stay with test_chains.py's
     test_triggers_found_together_run_one_after_the_other (two daemons)."""
-    daemon = MemoryDaemon(CHAIN_BUSY, tmp_path)
+    daemon = MemoryDaemon(CHAIN_HELD, tmp_path)
     daemons.append(daemon)
     store = daemon.store
     daemon.go_on(lambda: {m.OK, m.SKIPPED} <= {r.result for r in store.runs_of("load")},
