@@ -22,6 +22,12 @@ p50/p99 of (first instruction - slot), starts per daemon and busiest/mean
 to the end: utime + stime of each daemon and of the children it has reaped
 (guards, commands), from /proc/PID/stat.
 
+``--floor`` first starts the same commands with no scheduler, two at a time
+(``xargs -P 2``, each a ``bash -c`` of the job's command with its environment
+set as a daemon sets it): the time and CPU that ``--jobs`` process starts cost
+on this machine in this run, whatever schedules them. The table gives the last
+start's ratio to it (issue 33's target: 6 s, or 1.2x the floor on a slower day).
+
 ``--features both`` runs each backend twice in the same run, each time on a
 fresh database: plain, then with the fleet features switched on where they
 cost nothing by design: every job has ``run-on`` (the daemons carry the
@@ -37,6 +43,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import resource
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -85,6 +94,33 @@ def jobs_yaml(n: int, period: int, phase: int, record: Path, features: bool = Fa
     return "\n".join(out) + "\n"
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The same commands started with no scheduler, two at a time."""
+
+    seconds: float  # the first start to the last
+    cpu_ms: float  # per start: xargs and the commands (reaped children)
+
+
+def floor(n: int, folder: Path) -> Floor:
+    """Start ``n`` of the bench's commands two at a time with ``xargs -P 2``
+    (bash for each, as the daemons' spawn service starts them), each with the
+    job name, slot and host a daemon would give it."""
+    record = folder / "floor.log"
+    script = f"DBLOCKRUN_JOB=$1 DBLOCKRUN_SLOT=0 DBLOCKRUN_HOST_ID=floor; {RECORD.format(path=record)}"
+    names = "".join(f"many-{i}\n" for i in range(n)).encode()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    subprocess.run(["xargs", "-P", "2", "-n", "1", BASH, "-c", script, "floor"], input=names,
+                   check=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    starts = [s.t for s in read_starts(record)]
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if len(starts) != n:
+        raise SystemExit(f"floor: {len(starts)} of {n} commands started")
+    return Floor(max(starts) - t0, cpu / n * 1000)
+
+
 def started_for(record: Path, slot: float) -> int:
     return len({s.job for s in read_starts(record) if s.slot == slot})
 
@@ -116,7 +152,7 @@ class Outcome:
 
 
 def run_backend(backend: str, args: argparse.Namespace, folder: Path, table: Table,
-                cpu_table: Table, features: bool = False) -> Outcome:
+                cpu_table: Table, features: bool = False, base: Floor | None = None) -> Outcome:
     variant = "features" if features else "plain"
     with fresh_database(backend, str(folder)) as db:
         work = folder / f"{backend}-{variant}"
@@ -164,14 +200,15 @@ def run_backend(backend: str, args: argparse.Namespace, folder: Path, table: Tab
             table.add([backend, variant, time.strftime("%H:%M:%S", time.gmtime(slot)), st.expected,
                        st.started, st.missing, st.duplicates, f"{last:.2f}",
                        st.ms(0.5), st.ms(0.99), "/".join(map(str, counts)) or "-",
-                       f"{balance:.2f}", "yes" if ok else "NO"])
+                       f"{balance:.2f}", f"{last / base.seconds:.2f}" if base else "-",
+                       "yes" if ok else "NO"])
         used = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
         n_starts = sum(1 for s in starts if s.slot in slots)
         cpu_ms = sum(used) / n_starts * 1000 if n_starts else float("nan")
         per_start = (sent1 - sent0) / n_starts if n_starts else float("nan")
         cpu_table.add([backend, variant, f"{t_ready:.1f}", f"{w1 - w0:.1f}", f"{sum(used):.1f}",
-                       " / ".join(f"{u:.1f}" for u in used), f"{cpu_ms:.1f}",
-                       f"{per_start:.2f}"])
+                       " / ".join(f"{u:.1f}" for u in used), f"{cpu_ms:.2f}",
+                       f"{cpu_ms / base.cpu_ms:.2f}" if base else "-", f"{per_start:.3f}"])
         return Outcome(slowest, cpu_ms, per_start)
 
 
@@ -187,6 +224,8 @@ def main() -> None:
     ap.add_argument("--backends", default="postgresql,mariadb")
     ap.add_argument("--features", choices=("off", "on", "both"), default="off",
                     help="run with run-on, notify and --max-running (both: plain, then with)")
+    ap.add_argument("--floor", action="store_true",
+                    help="first time the same commands started two at a time, no scheduler")
     args = ap.parse_args()
     if 60 % args.period:
         ap.error("--period must divide 60")
@@ -194,16 +233,17 @@ def main() -> None:
         args.deadline = max(1.0, args.period - 2.0)
     table = Table(["backend", "variant", "slot (UTC)", "expected", "started", "missing",
                    "duplicates", "last start s", "p50 ms", "p99 ms", "starts per daemon",
-                   "busiest/mean", "met"])
+                   "busiest/mean", "x floor", "met"])
     cpu_table = Table(["backend", "variant", "start-up s", "window s", "CPU s (all daemons)",
-                       "per daemon", "CPU ms per start", "statements per start"])
+                       "per daemon", "CPU ms per start", "x floor", "statements per start"])
     compare = Table(["backend", "last start s plain / features", "ratio",
                      "CPU ms per start plain / features", "ratio",
                      "statements per start plain / features"])
     variants = {"off": (False,), "on": (True,), "both": (False, True)}[args.features]
     with tempfile.TemporaryDirectory(prefix="dblockrun-bench-") as tmp:
+        base = floor(args.jobs, Path(tmp)) if args.floor else None
         for backend in args.backends.split(","):
-            got = [run_backend(backend, args, Path(tmp), table, cpu_table, features)
+            got = [run_backend(backend, args, Path(tmp), table, cpu_table, features, base)
                    for features in variants]
             if len(got) == 2:
                 plain, feat = got
@@ -217,6 +257,10 @@ def main() -> None:
           f"after each; targets: every job once, last start within {TARGET_LAST_S:g} s, "
           f"busiest/mean <= {TARGET_BALANCE:g}; {load()}; {code_version()}")
     print(CLOCK_NOTE)
+    if base is not None:
+        print(f"floor: the same {args.jobs} commands started two at a time with no scheduler "
+              f"(xargs -P 2): the last {base.seconds:.2f} s after the first, "
+              f"{base.cpu_ms:.2f} ms of CPU per start")
     table.print()
     print("daemons' CPU from 1 s before the first slot to 1 s after the last wait (utime + "
           "stime of each daemon and its reaped children: guards and commands); start-up: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from datetime import date
 from functools import cached_property
@@ -349,7 +350,7 @@ class Active:
         return " ".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Schedule:
     """When a cron job has slots: those of any of its expressions (a slot two
     share is one), read in its time zone; ``hash_id``, the job's name in the
@@ -359,6 +360,10 @@ class Schedule:
     crons: tuple[str, ...]
     timezone: str
     hash_id: str = ""
+
+
+#: The Schedules of the jobs alive, by value: jobs that share one share the object.
+_SCHEDULES: weakref.WeakValueDictionary[Schedule, Schedule] = weakref.WeakValueDictionary()
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +436,17 @@ class Job:
     #: ``active:``: the days with slots (None: every day).
     active: Active | None = None
     line: int = 0  # line of the job's name in the file; not part of the definition
+    #: :attr:`schedule`, made once (None: no cron); not part of the definition.
+    _schedule: Schedule | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.cron is not None:
+            crons = (self.cron,) if isinstance(self.cron, str) else self.cron
+            hashed = any("H" in cron for cron in crons)
+            made = Schedule(crons, self.timezone, self.file_name if hashed else "")
+            # Jobs that share a schedule share its object (10,000 jobs on one
+            # cron expression hold one).
+            object.__setattr__(self, "_schedule", _SCHEDULES.setdefault(made, made))
 
     @property
     def allow(self) -> int | None:
@@ -466,13 +482,13 @@ class Job:
 
     @property
     def schedule(self) -> Schedule:
-        """The job's slots, for dblockrun/scheduling/cron.py (a cron job's only):
-        made at each call (a slotted Job has no room to keep it; a Schedule is
-        a key by its value, so cron.py's remembered slots serve every call)."""
-        if self.cron is None:
+        """The job's slots, for dblockrun/scheduling/cron.py (a cron job's
+        only): made with the job (the planner asks for it several times per
+        attempt: 10,000 jobs due at once were 30,000 Schedules made), a key by
+        its value, so cron.py's remembered slots serve every job that shares it."""
+        if self._schedule is None:
             raise ValueError(f"job {self.file_name} has no cron schedule")
-        hashed = any("H" in cron for cron in self.crons)
-        return Schedule(self.crons, self.timezone, self.file_name if hashed else "")
+        return self._schedule
 
     @property
     def file_name(self) -> str:
@@ -639,10 +655,10 @@ class JobsFile:
 
 
 #: The fields :meth:`Job.definition_data` reads (all but the line), and OnFailure's.
-_DEFINITION_FIELDS = tuple(f.name for f in fields(Job) if f.name != "line")
+_DEFINITION_FIELDS = tuple(f.name for f in fields(Job) if f.name != "line" and f.init)
 _ON_FAILURE_FIELDS = tuple(f.name for f in fields(OnFailure))
 #: Each Job field's default, as :meth:`Job.definition_data` holds it.
 _DEFAULTS: dict[str, Any] = {
     name: value for name, value in asdict(Job("x", "x")).items()
-    if (f := Job.__dataclass_fields__[name]).default is not MISSING
+    if (f := Job.__dataclass_fields__[name]).init and f.default is not MISSING
     or f.default_factory is not MISSING}

@@ -17,6 +17,7 @@ from dblockrun.durations import fence_margin
 from dblockrun.errors import DatabaseError
 from dblockrun.events import Events, RunEnded, RunStarted
 from dblockrun.jobs import Job
+from dblockrun.latch import Latch
 from dblockrun.redact import Pieces
 from dblockrun.running.heartbeat import Renewer
 from dblockrun.running.runloop import RunLoop
@@ -300,7 +301,7 @@ class JobRun:
         self.on_start = on_start
         self.last_outcome: ProcessEnd | None = None
         self.last_run_id: int | None = None
-        self.done = threading.Event()
+        self.done = Latch()
         self._recorded = run_id
         self._released = False
         self._first_run_id: int | None = None

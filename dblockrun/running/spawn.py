@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dblockrun.jobs import MAX_ARG
+from dblockrun.latch import Latch
 from dblockrun.running import spawner
 
 log = logging.getLogger("dblockrun")
@@ -145,9 +146,9 @@ class Spawned:
         self.orphaned = False
         self.error: OSError | None = None
         self.streams = list(streams)
-        self._started = threading.Event()
-        self._ended = threading.Event()
-        self._output_done = threading.Event()
+        self._started = Latch()
+        self._ended = Latch()
+        self._output_done = Latch()
 
     def _set_ended(self) -> None:
         self._ended.set()
