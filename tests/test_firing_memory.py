@@ -554,6 +554,46 @@ def test_on_failure_disables_the_job(tmp_path: Path, daemons: list[MemoryDaemon]
     one_run()
 
 
+
+def test_a_daemon_that_starts_while_its_job_is_disabled_records_what_passed_before_it(
+        tmp_path: Path, daemons: list[MemoryDaemon]) -> None:
+    """No daemon ran the job for a while, then an operator disabled it, then
+    a daemon starts: the slots of the downtime before the disable began were
+    due, and each gets one ``missed`` record saying so; the slots of the
+    disable get none (not due); once enabled, it runs again.
+
+    The fault soak's seed 169457 (PostgreSQL, CI): the every-host row of a
+    daemon the nemesis cut off and killed before its outage's resync, which
+    came back while its job was disabled. Only its own host records an
+    every-host row's slots, so 7 slots before the disable had no record.
+    Its SQL: test_firing_contract.py (the lock rows, audited disables'
+    starts) and test_runstore_contract.py (the slot book's records)."""
+    store = ClockedRunStore()
+    store.clock.advance(0.4)
+    last = float(math.floor(store.clock.now()))
+    store.set_last_slot("tick", last)  # the fleet stopped just after this slot
+    store.clock.advance(6.0)  # slots last + 1 .. last + 6 pass with no daemon
+    store.disable("tick", reason="maintenance", audited=True)  # dblockrun disable tick
+    began = store.clock.now()
+    store.clock.advance(3.0)
+    daemon = MemoryDaemon(TICK, tmp_path, store=store)
+    daemons.append(daemon)
+    daemon.until(store.clock.now() + 2.0)  # still disabled: its claims lose
+    store.enable("tick")  # dblockrun enable tick
+    enabled = store.clock.now()
+    daemon.go_on(lambda: len(_oks(store)) >= 2)
+    runs = store.runs_of("tick")
+    count = coverage([r.record() for r in runs], store, 1.0)
+    before = [last + k for k in range(1, 7)]
+    assert [count[s] for s in before] == [1] * 6, sorted(count.items())
+    assert {r.result for r in runs if r.slot is not None and r.slot < began} == {m.MISSED}
+    assert all("no daemon was running the job; then the job was disabled" in (r.output or "")
+               for r in runs if r.slot is not None and r.slot < began)
+    assert not [s for s in count if began < s < enabled]  # disabled: not due
+    assert min(r.slot or 0.0 for r in _oks(store)) > enabled
+    assert max(count.values()) == 1
+
+
 # --- retries (moved from tests/test_daemon.py) --------------------------------------------
 
 

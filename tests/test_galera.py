@@ -13,8 +13,9 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pymysql
@@ -24,6 +25,7 @@ from harness import Fleet
 from helpers import REPO, wait_for
 
 from dblockrun.store import Store
+from dblockrun.store import models as m
 
 #: Ports 3401-3403 and one cluster: its tests run on one xdist worker, in turn.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("galera")]
@@ -33,6 +35,11 @@ PORTS = (3401, 3402, 3403)
 RUN_SECONDS = 15
 #: Any line of an outage (dblockrun/store/outage.py): none may come from a lost race.
 OUTAGE = re.compile(r"database (unreachable|refused|is read-only|deadlock|schema|error)")
+#: The reason the fleet stores with a slot every daemon reached too late to
+#: start (dblockrun/scheduling/planner.py, cause ``late``): a starved machine.
+LATE = "woke late"
+#: A summary record, at the newest of the slots it stands for.
+SUMMARY = re.compile(r"slots from (\S+) to (\S+):")
 
 JOBS = """\
 jobs:
@@ -173,11 +180,33 @@ class Tally:
     duplicates: int
     overlaps: int
     missed: int
+    #: Of ``missed``: those the fleet recorded as reached too late (:data:`LATE`).
+    late: int = 0
+    #: Of ``missed``: those no daemon recorded either: a slot lost silently.
+    unrecorded: int = 0
 
 
-def tally(lines: list[Line], first: float, last: float) -> Tally:
+def passed_slots(records: Iterable[m.RunRecord]) -> dict[tuple[str, int], str]:
+    """(job, slot) -> the stored reason, for each slot the fleet recorded as
+    passed (``missed`` or ``skipped``; a summary record: each of its slots)."""
+    out: dict[tuple[str, int], str] = {}
+    for r in records:
+        if r.slot is None or r.result not in ("missed", "skipped"):
+            continue
+        text = r.output or ""
+        span = SUMMARY.search(text)
+        oldest = int(datetime.fromisoformat(span[1]).timestamp()) if span else int(r.slot)
+        for slot in range(oldest, int(r.slot) + 1):
+            out[r.job, slot] = text
+    return out
+
+
+def tally(lines: list[Line], first: float, last: float,
+          records: Iterable[m.RunRecord] = ()) -> Tally:
     """Starts of slots in [first, last]; a (job, slot) started twice; a run
-    starting before the job's previous run ended; slots that never started."""
+    starting before the job's previous run ended; slots that never started,
+    and of those the ones ``records`` (the history) says were reached too
+    late, and the ones it does not mention."""
     starts: dict[tuple[str, str], int] = {}
     spans: dict[str, list[tuple[float, float]]] = {}
     ends = {(ln.job, ln.slot, ln.token): ln.at for ln in lines if ln.kind != "start"}
@@ -195,9 +224,13 @@ def tally(lines: list[Line], first: float, last: float) -> Tally:
                 for e in range(int(first), int(last) + 1) if e % period == 0}
     ran = {(job, slot_epoch(slot)) for job, slot in starts if job != "long"}
     in_window = {k for k in starts if first <= slot_epoch(k[1]) <= last}
+    missing = expected - ran
+    passed = passed_slots(records)
     return Tally(starts=sum(starts[k] for k in in_window),
                  duplicates=sum(n - 1 for n in starts.values() if n > 1),
-                 overlaps=overlaps, missed=len(expected - ran))
+                 overlaps=overlaps, missed=len(missing),
+                 late=sum(1 for k in missing if LATE in passed.get(k, "")),
+                 unrecorded=sum(1 for k in missing if k not in passed))
 
 
 def outage_lines(fleet: Fleet) -> list[str]:
@@ -215,7 +248,9 @@ def test_one_start_per_slot_on_galera(galera: Galera, fleet: Fleet, layout: str)
         # 3 s, certification aborts on a busy CI held a renewal past the
         # lease, and the run ended `killed` or `lost`.
         start_on(fleet, urls, lease="10s")
-        wait_for(lambda: len(store.hosts(seen_within=30)) == 3, 30,
+        # 90 s: on a loaded CI a daemon took 29 s from its start to its first
+        # line (Python's start-up, starved); the period counts from here.
+        wait_for(lambda: len(store.hosts(seen_within=30)) == 3, 90,
                  what="3 daemons registered")
         cert0, bf0 = galera.conflicts()
         first = store.db_now() + 1
@@ -227,9 +262,18 @@ def test_one_start_per_slot_on_galera(galera: Galera, fleet: Fleet, layout: str)
         minutes = (time.monotonic() - began) / 60
         cert, bf = galera.conflicts()
         assert all(d.alive() for d in fleet), "a daemon died"
+
+        def settled() -> bool:
+            """Each slot of the period started or recorded as passed: a
+            daemon that woke late records the slots it passed on waking."""
+            return tally(log_lines(fleet), first, last, store.history(limit=1000)).unrecorded == 0
+        try:
+            wait_for(settled, 20, interval=0.5, what="each slot started or recorded")
+        except AssertionError:
+            pass  # the assertions below say which
         codes = fleet.stop()
-        result = tally(log_lines(fleet), first, last)
         runs = [r for r in store.history(limit=1000) if r.slot is not None]
+        result = tally(log_lines(fleet), first, last, runs)
     finally:
         fleet.stop()
         store.drop_schema()
@@ -237,20 +281,29 @@ def test_one_start_per_slot_on_galera(galera: Galera, fleet: Fleet, layout: str)
     hosts = {ln.host for ln in log_lines(fleet)}
     print(f"\n{layout}: {result.starts} starts in {last - first:.0f}s, "
           f"{result.duplicates} duplicates, {result.overlaps} overlaps, "
-          f"{result.missed} missed; {len(hosts)} hosts ran jobs; "
+          f"{result.missed} missed ({result.late} reached too late, {result.unrecorded} "
+          f"unrecorded); {len(hosts)} hosts ran jobs; "
           f"cert failures {(cert - cert0) / minutes:.0f}/min, "
           f"bf aborts {(bf - bf0) / minutes:.0f}/min")
     assert codes == [0, 0, 0]
     assert result.duplicates == 0 and result.overlaps == 0
-    # Missed slots are a late daemon's, not a second start: on a loaded CI (four
-    # workers on two cores) brute-force aborts (28 a minute seen) and starved
-    # daemons cost 1 s slots their start now and then (3 of 21 seen). A fleet that
-    # stopped starting would miss most of them.
-    assert result.missed <= 0.2 * (result.starts + result.missed), result
+    # A lost certification loses the claim, never the slot: each slot of the
+    # period started, or a daemon recorded why not.
+    assert result.unrecorded == 0, result
+    # Slots the fleet recorded as reached too late are the machine's: on a loaded
+    # two-core machine (CI: four workers beside soak tests, 10 of 19 slots missed;
+    # here a load average of 14-19, 8 of 21, 6 of them late) every daemon woke
+    # seconds late at once, in both layouts alike (single-writer has no
+    # certification conflicts), with no database error and no outage. The others
+    # are a late daemon's catch-up (a skip while a late run still went, a
+    # catch-up claim refused) and stay few; a fleet whose claims failed would
+    # miss most of them, unrecorded or not late.
+    assert result.missed - result.late <= 0.2 * (result.starts + result.missed), result
+    assert result.starts > 0, result
     # The database agrees: one record per (job, slot), none lost or killed.
     assert len({(r.job, r.slot) for r in runs}) == len(runs)
-    assert {r.result for r in runs} <= {"ok", "skipped"}, \
-        [r for r in runs if r.result not in ("ok", "skipped")]
+    assert [r for r in runs if r.result not in ("ok", "skipped")
+            and not (r.result == "missed" and LATE in (r.output or ""))] == []
     # A lost certification (a deadlock on the losing node's commit) is a lost
     # claim: never an outage line.
     assert outage_lines(fleet) == []

@@ -322,8 +322,10 @@ class Firing:
                 lock.disabled_until is not None and lock.disabled_until > now))
             row = None if lock is None else Row(lock.last_slot, lock.last_start, lock.lock_until)
             began = None
-            if disabled and cause in (Cause.OUTAGE, Cause.LATE):
-                # The slots that passed before the disable began are recorded.
+            if disabled:
+                # The slots that passed before the disable began are recorded:
+                # after an outage, a late wake-up, and at start (the fleet, or
+                # an every-host row's own host, was down before the disable).
                 try:
                     began = self.store.disabled_since(job.name, now)
                 except DatabaseError as exc:
