@@ -18,9 +18,10 @@ import heapq
 import itertools
 import textwrap
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from helpers import daemon_state, wait_for
 
@@ -29,6 +30,7 @@ from dblockrun.daemon.chains import Chains
 from dblockrun.daemon.firing import Firing
 from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.registry import Runs
+from dblockrun.errors import DatabaseError
 from dblockrun.running.heartbeat import DbClock, Renewer
 from dblockrun.running.runjob import RunContext
 from dblockrun.running.runloop import RunLoop, Step
@@ -39,6 +41,7 @@ from dblockrun.store import Store
 from dblockrun.store.memory import ManualClock, MemoryRunStore, RunRow
 from dblockrun.store.models import CLAIM_TOLERANCE, RUNNING
 from dblockrun.store.outage import Outage
+from dblockrun.store.runstore import ChainStore, FiringStore, RunStore
 
 #: The longest a run's real process is waited for.
 DEADLINE = 15.0
@@ -132,6 +135,41 @@ class ClockedRunStore(MemoryRunStore):
         return super().finish_run(run_id, job, token, result, exit_code, output)
 
 
+def _statements() -> list[str]:
+    """What a daemon's attempts, runs and renewals ask of the store: the
+    methods of its roles (``RunStore``, ``FiringStore``, ``ChainStore``)."""
+    names: set[str] = set()
+    for role in (RunStore, FiringStore, ChainStore):
+        names.update(name for name, value in vars(role).items()
+                     if not name.startswith("_") and callable(value))
+    return sorted(names)
+
+
+class CutStore(ClockedRunStore):
+    """A :class:`ClockedRunStore` the test cuts off (:attr:`cut`): while
+    cut, each of the roles' statements raises the driver's error for a
+    lost connection, as a database the network cut does. (Its operator
+    side, ``control``, stays reachable: the test's own reads.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut = False
+        #: The statements refused while cut, by name.
+        self.refused: Counter[str] = Counter()
+        for name in _statements():
+            setattr(self, name, self._unless_cut(getattr(self, name)))
+
+    def _unless_cut(self, statement: Callable[..., Any]) -> Callable[..., Any]:
+        def sent(*args: Any, **kwargs: Any) -> Any:
+            if self.cut:
+                self.refused[statement.__name__] += 1
+                raise DatabaseError("Lost connection to server during query (the test's cut)",
+                                    kind="unreachable")
+            return statement(*args, **kwargs)
+
+        return sent
+
+
 class MemoryDaemon:
     """One daemon's attempts on a :class:`MemoryRunStore`, as the main loop
     (dblockrun/daemon/loop.py) builds them, without its loop: the test
@@ -153,7 +191,7 @@ class MemoryDaemon:
         self.jobs = load_jobs_text(textwrap.dedent(text).format(
             dir=tmp, held=HELD.format(dir=tmp)), "jobs.yaml")
         self.stop = threading.Event()
-        outage = Outage(self.clock.now, self.clock.advance)
+        self.outage = outage = Outage(self.clock.now, self.clock.advance)
         # (only the parts built here read the state's store: the memory one
         # plays what they ask, FiringStore and RunStore)
         state = daemon_state(cast(Store, self.store), holder, self.jobs, lease=lease,

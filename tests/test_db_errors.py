@@ -91,3 +91,19 @@ def test_the_outage_line_says_what_happened_once(kind: str, said: str,
             outage.failed("claim j", DatabaseError(f"database error: {kind} detail", kind=kind))
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [f"{said} (claim j): database error: {kind} detail; retrying with backoff"]
+
+
+def test_the_end_of_an_outage_is_told_once() -> None:
+    """The daemon's loop is woken when the database answers again (its
+    resyncs waiting for the backoff are due then): once per outage, not
+    per statement, and not for rows another session held."""
+    told: list[int] = []
+    outage = Outage(on_back=lambda: told.append(outage.ended))
+    outage.ok()
+    outage.failed("claim j", DatabaseError("gone", kind="unreachable"))
+    outage.failed("heartbeat", DatabaseError("gone", kind="unreachable"))
+    outage.ok()
+    outage.ok()
+    outage.failed("claim j", DatabaseError("held", kind="lock-held"))
+    outage.ok()
+    assert told == [1] and outage.ended == 1

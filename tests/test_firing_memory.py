@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from firingmem import DEADLINE, ClockedRunStore, MemoryDaemon
+from firingmem import DEADLINE, ClockedRunStore, CutStore, MemoryDaemon
 from helpers import coverage, overlaps, wait_for
 
 from dblockrun.scheduling.planner import FRESH, RECORDED
@@ -592,6 +592,71 @@ def test_a_daemon_that_starts_while_its_job_is_disabled_records_what_passed_befo
     assert not [s for s in count if began < s < enabled]  # disabled: not due
     assert min(r.slot or 0.0 for r in _oks(store)) > enabled
     assert max(count.values()) == 1
+
+
+CUT_OFF = """\
+    jobs:
+      tick:
+        cron: "* * * * * *"
+        command: '{held}'
+      long:
+        rate: 1h
+        command: '{held}'
+    """
+
+
+def test_the_slots_an_outage_passed_are_recorded_as_soon_as_the_database_answers(
+        tmp_path: Path, daemons: list[MemoryDaemon], caplog: pytest.LogCaptureFixture) -> None:
+    """A daemon cut off from the database for 20 s: its attempts back off
+    while it fails (0.5 s, doubling up to 10 s), and once a statement gets
+    through again (here the renewal of the run going, a heartbeat after its
+    last try; a daemon's bookkeeping round too, every 1.2 heartbeats), the
+    slots the outage passed are recorded and the next slot runs at once,
+    not when the backoff of the job's last failed attempt is over (up to
+    10 s later).
+
+    The fault soak's seed 169457 (MariaDB, loaded): every-host@d1's resync
+    came 11 s after "database back", and the fleet stopped before its
+    loop decided a slot. Its SQL: test_firing_contract.py (the lock rows,
+    the claims) and test_runstore_contract.py (the slot book's records);
+    with real daemons and a real cut, test_passed_slots.py."""
+    store = CutStore()
+    daemon = MemoryDaemon(CUT_OFF, tmp_path, store=store)
+    daemons.append(daemon)
+    took = {"tick": 0.3, "long": 3600.0}
+    daemon.go_on(lambda: len(_oks(store)) >= 2, took=took)
+    assert [r.job for r in store.control.running()] == ["long"]
+    cut = store.clock.now()
+    store.cut = True
+    daemon.until(cut + 20.0)
+    store.cut = False
+    back = store.clock.now()
+    # While cut, the attempts backed off: 20 slots passed, a few tries.
+    tries = sum(n for name, n in store.refused.items() if name != "renew_many")
+    assert 3 <= tries <= 7, store.refused
+    assert not [r for r in store.runs_of("tick") if r.slot is not None and r.slot > cut]
+    # The renewal (a heartbeat, 1 s, after its last) is the first to get through.
+    daemon.at(back + 1.0)
+    daemon.renewer.wake()
+    wait_for(lambda: not daemon.outage.down, DEADLINE, what="a renewal to get through")
+    daemon.step()  # the turn the database's return woke: the resync
+    daemon.step()  # and the next, at once: the newest passed slot's claim
+    runs = store.runs_of("tick")
+    count = coverage([r.record() for r in runs], store, 1.0)
+    passed = [float(s) for s in range(math.ceil(cut), math.floor(back + 1.0) + 1)]
+    assert [count[s] for s in passed] == [1] * len(passed), sorted(count.items())
+    assert {r.result for r in runs if r.slot is not None and cut < r.slot < passed[-1]} == {
+        m.MISSED}
+    assert any(r.slot is not None and r.slot >= back and r.result in (m.RUNNING, m.OK)
+               for r in runs), [(r.slot, r.result) for r in runs]
+    assert "database back after" in caplog.text
+    # The regular schedule goes on: every slot one record, no gap.
+    daemon.go_on(lambda: len([r for r in _oks(store) if (r.slot or 0) > back + 2]) >= 2,
+                 took=took)
+    count = coverage([r.record() for r in store.runs_of("tick")], store, 1.0)
+    first, last = min(count), max(count)
+    assert [count[first + k] for k in range(int(last - first) + 1)] == [1] * int(
+        last - first + 1), sorted(count.items())
 
 
 # --- retries (moved from tests/test_daemon.py) --------------------------------------------

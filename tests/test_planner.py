@@ -319,6 +319,24 @@ def test_a_database_error_reads_the_row_after_the_backoff() -> None:
     assert d is not None and (d.resync, d.slot) == (Cause.OUTAGE, NOW - 0.5)
 
 
+def test_the_database_back_brings_the_resyncs_waiting_for_the_backoff_forward() -> None:
+    """The fault soak (MariaDB, seed 169457): a job's resync waited the
+    backoff of its failed attempt (up to 10 s) after the database was back.
+    Once it answers, each resync waiting for the backoff is due now, its
+    slot and cause kept; a job's regular plan stays where it was."""
+    planner = Planner(10.0, 0.5)
+    cut, ok = job(), Job("k", "true", cron="*/5 * * * * *")
+    planner.after(cut, NOW - 0.5, Outcome.DB_ERROR, NOW, 0.01, delay=8.0)
+    planner.after(ok, NOW - 0.5, Outcome.STARTED, NOW, 0.01)  # next: NOW + 4.5 (+ margin)
+    planner.database_back(NOW + 1.0)
+    d = planner.agenda.pop_due(NOW + 1.0)
+    assert d is not None and (d.name, d.resync, d.slot) == ("j", Cause.OUTAGE, NOW - 0.5)
+    assert planner.agenda.pop_due(NOW + 4.4) is None
+    d = planner.agenda.pop_due(NOW + 5.0)
+    assert d is not None and (d.name, d.resync, d.slot) == ("k", None, NOW + 4.5)
+    assert len(planner.agenda) == 0  # the resync moved, not doubled
+
+
 def test_a_reload_during_an_outage_keeps_the_changed_jobs_resync() -> None:
     """The fault soak: the database cut for every daemon, the jobs file
     reloaded (one job's description changed) as it came back: the changed

@@ -74,6 +74,8 @@ class Firing:
         self.chains = chains
         #: This host's drain (dblockrun drain): no claim is tried while it lasts.
         self.drain = state.drain
+        #: The outages over (``Outage.ended``) the planner was told of.
+        self._outages_over = state.outage.ended
 
     @property
     def margin(self) -> float:
@@ -82,6 +84,12 @@ class Firing:
     # -- the due attempts ----------------------------------------------------------
 
     def fire_due(self) -> None:
+        ended = self.outage.ended
+        if ended != self._outages_over:
+            # The database is back (any thread's statement got through, which
+            # woke the loop): the resyncs waiting for the backoff are due now.
+            self._outages_over = ended
+            self.planner.database_back(self.clock.now())
         batch: list[tuple[Job, float, float]] = []
         resync: list[tuple[Job, Cause, float | None]] = []
         while not self._stopping():

@@ -134,7 +134,10 @@ class Daemon:
         self.state = DaemonState(
             store=store, settings=Settings(holder, options.lease, options.heartbeat),
             local=local, runs=Runs(options.max_running, signals.wake.set),
-            book=SlotBook(store, holder, events), clock=clock, outage=Outage(),
+            book=SlotBook(store, holder, events), clock=clock,
+            # The end of an outage wakes the loop: the resyncs waiting for the
+            # backoff are due then (Firing.fire_due).
+            outage=Outage(on_back=signals.wake.set),
             # Prometheus with --metrics only: prometheus_client is not imported without it.
             metrics=self._metrics(), events=events, threads=threads, signals=signals,
             stop=stop or threading.Event(),

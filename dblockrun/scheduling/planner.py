@@ -414,6 +414,14 @@ class Agenda:
         due = self._current.get(name)
         return None if due is None else due.slot
 
+    def resyncs_now(self, now: float) -> None:
+        """Every pending resync planned after ``now`` (waiting for an
+        outage's backoff) is due at ``now``, its slot and cause kept."""
+        for name in list(self._resyncs):
+            due = self._current[name]
+            if due.fire_at > now:
+                self.push(now, name, due.slot, due.resync)
+
     def resyncing(self, name: str) -> bool:
         """Whether the job's pending plan is a resync (it reads the job's
         last slot first: after an outage, a late wake-up, the start)."""
@@ -566,6 +574,15 @@ class Planner:
     def resync(self, job: Job, at: float, cause: Cause, since: float | None = None) -> None:
         """Read the job's last slot at ``at`` and plan from there."""
         self.agenda.push(at, job.name, since, cause)
+
+    def database_back(self, now: float) -> None:
+        """The database answers again (an outage is over): the jobs waiting
+        to resync after a database error do it now, not when the backoff
+        of their failed attempt is over. The backoff spaces the attempts
+        while the database fails; once a statement gets through, the slots
+        passed meanwhile are read and recorded, and the schedule goes on,
+        at once (one read of the lock rows for all of them)."""
+        self.agenda.resyncs_now(now)
 
     def regular(self, job: Job, after: float, margin: float) -> None:
         """The job's next attempt after database time ``after`` (for a job

@@ -49,7 +49,8 @@ class Outage:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], object] = time.sleep,
-                 min_delay: float = 0.5, max_delay: float = 10.0) -> None:
+                 min_delay: float = 0.5, max_delay: float = 10.0,
+                 on_back: Callable[[], object] | None = None) -> None:
         self.clock = clock
         self._sleep = sleep
         self._lock = threading.Lock()
@@ -59,6 +60,12 @@ class Outage:
         self.min_delay = min_delay
         self.max_delay = max_delay
         self.errors = 0
+        #: How many outages are over: the daemon's attempts that wait for
+        #: the backoff are due at once when it grows (dblockrun/daemon/firing.py),
+        #: and ``on_back`` is called (from the thread whose statement got
+        #: through: the daemon's wakes its main loop).
+        self.ended = 0
+        self.on_back = on_back
         #: The session holding rows, as last logged, and when a statement last
         #: waited on it (on the clock).
         self._holder: str | None = None
@@ -91,8 +98,10 @@ class Outage:
     def ok(self) -> None:
         with self._lock:
             self.last_ok = self.clock()
+            back = self._since is not None
             if self._since is not None:
                 log.warning("database back after %.1fs", self.last_ok - self._since)
+                self.ended += 1
             self._since = None
             self._failures = 0
             # No statement waited on the held rows for a while: free again.
@@ -101,6 +110,8 @@ class Outage:
                             "for %.1fs or more)", self._holder,
                             self._held_seen - self._held_since)
                 self._holder = None
+        if back and self.on_back is not None:
+            self.on_back()
 
     def retry(self, what: str, fn: Callable[[], R], within: float) -> R | None:
         """Call ``fn`` until it answers or ``within`` seconds from now would
