@@ -107,7 +107,8 @@ def floor(n: int, folder: Path) -> Floor:
     (bash for each, as the daemons' spawn service starts them), each with the
     job name, slot and host a daemon would give it."""
     record = folder / "floor.log"
-    script = f"DBLOCKRUN_JOB=$1 DBLOCKRUN_SLOT=0 DBLOCKRUN_HOST_ID=floor; {RECORD.format(path=record)}"
+    script = ("DBLOCKRUN_JOB=$1 DBLOCKRUN_SLOT=0 DBLOCKRUN_HOST_ID=floor; "
+              + RECORD.format(path=record))
     names = "".join(f"many-{i}\n" for i in range(n)).encode()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()

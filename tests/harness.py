@@ -46,6 +46,7 @@ from helpers import (
     clean_env,
     dblockrun_cmd,
     free_port,
+    harness_thread,
     http_get,
     invoke,
     new_prefix,
@@ -451,7 +452,7 @@ class NotifySocket:
         self._messages: list[tuple[float, str]] = []
         self._lock = threading.Lock()
         self._closed = False
-        threading.Thread(target=self._read, daemon=True).start()
+        harness_thread(self._read, what=f"notify socket {path.name}")
 
     def _drain(self) -> None:
         """Every message waiting in the socket (under the lock)."""

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -76,6 +77,23 @@ def daemon_state(store: Store, holder: str, jobs: JobsFile, *, heartbeat: float 
     return DaemonState(store, Settings(holder, lease, heartbeat), LocalJobs(jobs, {}),
                        Runs(None, lambda: None), SlotBook(store, holder, Events()),
                        outage=outage or Outage())
+
+
+#: The name every thread of the test harness's own servers starts with (a
+#: test's HTTP hooks and their request threads, the database proxy's pumps, the
+#: notify socket's reader): :func:`invoke` tells them from the command's. A
+#: daemon process may send to a hook while a command runs in this process; the
+#: thread that serves it is the test's, not the command's. dblockrun names no
+#: thread so.
+HARNESS_THREAD = "test harness: "
+
+
+def harness_thread(target: Callable[..., object], *args: object, what: str) -> threading.Thread:
+    """Start a daemon thread of the test harness (``target(*args)``), named
+    :data:`HARNESS_THREAD` + ``what`` from its creation on."""
+    thread = threading.Thread(target=target, args=args, name=HARNESS_THREAD + what, daemon=True)
+    thread.start()
+    return thread
 
 
 def wait_for(
@@ -258,11 +276,12 @@ def invoke(*args: str, env: dict[str, str] | None = None,
     what a real stderr shows at exit: :func:`cli`.
 
     Fails if the command left state behind in this process: a socket open
-    (a pool not disposed), a signal handler changed, a thread running. The
+    (a pool not disposed), a signal handler changed, a thread running (but
+    the harness's own, :data:`HARNESS_THREAD`: a hook serving a daemon
+    process's request that came meanwhile). The
     root logger's handlers and level (``backfill`` and ``rerun`` set their
     own) are put back: a real process ends with them."""
     import logging
-    import threading
     import traceback
 
     from click.testing import CliRunner
@@ -296,7 +315,8 @@ def invoke(*args: str, env: dict[str, str] | None = None,
         assert result.exc_info is not None
         stderr += "".join(traceback.format_exception(*result.exc_info))
     left = [f"signal {s.name}" for s, h in signals.items() if signal.getsignal(s) != h]
-    left += [f"thread {t.name}" for t in set(threading.enumerate()) - threads if t.is_alive()]
+    left += [f"thread {t.name}" for t in set(threading.enumerate()) - threads
+             if t.is_alive() and not t.name.startswith(HARNESS_THREAD)]
     if _sockets() - sockets:
         import gc
 

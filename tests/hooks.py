@@ -8,7 +8,10 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socket import socket
 from urllib.parse import parse_qs, urlsplit
+
+from helpers import harness_thread
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,18 @@ class Hit:
             if line.startswith(f"{name}: "):
                 return line.split(": ", 1)[1]
         raise AssertionError(f"no {name!r} in {self.json()['message']!r}")
+
+
+class HarnessHTTPServer(ThreadingHTTPServer):
+    """An HTTP server of the test harness: each request served in a thread
+    of its own, named as the harness's (:func:`helpers.harness_thread`), so
+    that a daemon process's request served while a command runs in this
+    process is not taken for a thread the command left behind."""
+
+    def process_request(self, request: socket | tuple[bytes, socket],
+                        client_address: tuple[str, int]) -> None:
+        harness_thread(self.process_request_thread, request, client_address,
+                       what=f"HTTP request from {client_address[0]}:{client_address[1]}")
 
 
 class Hooks:
@@ -55,9 +70,9 @@ class Hooks:
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = HarnessHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        harness_thread(self.server.serve_forever, what=f"hooks on port {self.port}")
 
     def url(self, scheme: str, path: str) -> str:
         return f"{scheme}://127.0.0.1:{self.port}{path}"

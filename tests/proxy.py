@@ -8,6 +8,8 @@ import socket
 import struct
 import threading
 
+from helpers import harness_thread
+
 
 class Proxy:
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
@@ -19,8 +21,7 @@ class Proxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.2)
         self.port: int = self._listener.getsockname()[1]
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
+        self._thread = harness_thread(self._accept, what=f"proxy on port {self.port}")
 
     def url_for(self, url: str) -> str:
         """The same database URL, through the proxy."""
@@ -68,7 +69,7 @@ class Proxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            harness_thread(self._pump, client, upstream, what=f"proxy pump on port {self.port}")
 
     def _pump(self, a: socket.socket, b: socket.socket) -> None:
         sel = selectors.DefaultSelector()

@@ -19,6 +19,7 @@ from helpers import (
     TestDb,
     clean_env,
     coverage,
+    output_of,
     pass_time,
     runs_of,
     set_last_slot,
@@ -151,7 +152,12 @@ def test_two_daemons_after_downtime_run_each_missed_slot_once(
     oks = sorted((r for r in runs if r.result == m.OK), key=lambda r: r.started)
     for a, b in zip(oks, oks[1:], strict=False):
         assert a.finished is not None and a.finished <= b.started + 0.001, (a, b)
-    assert [r.result for r in ran].count(m.OK) >= 3
+    # Nothing refused the claims (no pause, no disable): a backlog slot given
+    # up as unclaimable is a refusal misread (a lock released between the
+    # claim and the read of its row: under load 3 of the 4 were so, CI).
+    assert not [r.slot for r in runs if "could not be claimed" in output_of(store, r)]
+    assert [r.result for r in ran].count(m.OK) >= 3, [
+        (r.slot, r.result, r.host, output_of(store, r)) for r in ran]
     for d in daemons:
         assert d.stop() == 0
 

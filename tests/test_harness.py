@@ -1,22 +1,27 @@
 """The test harness itself (tests/harness.py): stopping the test command by
 its process group, as a terminal's Ctrl-C or a CI runner's cancel does,
 leaves no process behind, a frozen daemon and its command included
-(issue 36, item 13)."""
+(issue 36, item 13); what :func:`helpers.invoke` takes for a thread a
+command left behind."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import click
 import pytest
 from harness import SUBREAPER_PRELUDE, end, pid_alive, state, track
-from helpers import REPO, clean_env, wait_for
+from helpers import HARNESS_THREAD, REPO, clean_env, invoke, wait_for
+from hooks import Hooks
 
-pytestmark = pytest.mark.slow
+import dblockrun.cli
 
 #: A test that starts a daemon whose command runs for an hour, freezes the
 #: daemon (SIGSTOP), says which processes it has, and waits to be interrupted.
@@ -79,6 +84,7 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sig", "workers"), [
     (signal.SIGINT, "0"), (signal.SIGTERM, "0"), (signal.SIGINT, "2"), (signal.SIGTERM, "2"),
 ], ids=["SIGINT", "SIGTERM", "SIGINT-xdist", "SIGTERM-xdist"])
@@ -123,3 +129,39 @@ def test_stopping_the_test_run_by_its_process_group_leaves_no_process(
             os.killpg(run, signal.SIGKILL)
         done.touch()
         end(parent, 10)
+
+
+def test_invoke_fails_a_thread_the_command_left_not_a_hook_served_meanwhile(
+        hooks: Hooks, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon process may send to the test's hooks while a command runs in
+    this process (CI: ``status --json`` failed, "left behind: thread Thread-207
+    (process_request_thread)"); the thread serving it is the harness's. A
+    thread the command started and left running still fails the call."""
+    client = socket.socket()  # made before the call: not a socket the command left open
+    release = threading.Event()
+
+    @click.command()
+    @click.argument("what")
+    def command(what: str) -> None:
+        if what == "thread":
+            threading.Thread(target=release.wait, args=(30,), name="the command's").start()
+            return
+        # As a daemon's request arriving now: its body still to come when the call ends.
+        before = set(threading.enumerate())
+        client.connect(("127.0.0.1", hooks.port))
+        client.sendall(b"POST /hook HTTP/1.0\r\nContent-Length: 2\r\n\r\n")
+        wait_for(lambda: [t for t in set(threading.enumerate()) - before
+                          if t.name.startswith(HARNESS_THREAD)], 10,
+                 what="the hooks server's thread for the request")
+
+    monkeypatch.setattr(dblockrun.cli, "cli", command)
+    try:
+        assert invoke("hook").returncode == 0
+        client.sendall(b"{}")
+        assert client.recv(100).startswith(b"HTTP/1.0 200")
+        assert [h.path for h in hooks.under("/hook")] == ["/hook"]
+        with pytest.raises(AssertionError, match="left behind: thread the command's"):
+            invoke("thread")
+    finally:
+        release.set()
+        client.close()

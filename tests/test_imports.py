@@ -22,7 +22,8 @@ PACKAGE = REPO / "dblockrun"
 
 #: What a store module may import from outside the store package.
 STORE_MAY_IMPORT = {"dblockrun.errors", "dblockrun.jobs", "dblockrun.durations",
-                    "dblockrun.secretfile", "dblockrun.redact", "dblockrun.supervise"}
+                    "dblockrun.secretfile", "dblockrun.redact", "dblockrun.supervise",
+                    "dblockrun.latch"}
 
 
 def imports() -> dict[str, set[str]]:

@@ -294,10 +294,16 @@ def test_a_backlog_refused_by_a_pause_is_recorded_not_dropped() -> None:
     planner = Planner(10.0, 0.5)
     every = job("all", 3)
     planner.resynced(every, Row(NOW - 5.5), NOW, Cause.DOWN, None, 0.01)
-    planner.agenda.pop_due(NOW)
-    # Refused though nobody holds it or ran it: the fleet is paused.
-    assert planner.after(every, NOW - 2.5, Outcome.LOST, NOW, 0.01)
-    planner.after(every, NOW - 2.5, Outcome.LOST, NOW, 0.01, row=Row(NOW - 5.5))
+    # Refused though nobody holds it or ran it: the fleet is paused. Claimed
+    # once more (the lock may have been released since the claim), refused again.
+    for _ in range(2):
+        assert planner.head("j") == NOW - 2.5
+        d = planner.agenda.pop_due(NOW)
+        assert d is not None and d.slot == NOW - 2.5
+        claim = planner.decide(every, d, NOW, busy=False, full=False)
+        assert (claim.act, claim.slot) == (Act.CLAIM, NOW - 2.5)
+        assert planner.after(every, NOW - 2.5, Outcome.LOST, NOW, 0.01)
+        planner.after(every, NOW - 2.5, Outcome.LOST, NOW, 0.01, row=Row(NOW - 5.5))
     assert planner.head("j") is None
     d = planner.agenda.pop_due(NOW)
     assert d is not None and d.slot == NOW - 2.5
@@ -309,6 +315,38 @@ def test_a_backlog_refused_by_a_pause_is_recorded_not_dropped() -> None:
     planner.after(every, record.slot, Outcome.RECORDED, NOW, 0.01)
     nxt = planner.agenda.pop_due(NOW + 10)
     assert nxt is not None and nxt.slot == NOW + 0.5
+
+
+def test_a_backlog_slot_refused_by_a_lock_released_before_the_row_is_read_is_claimed_again(
+) -> None:
+    """Two daemons after downtime: one runs the backlog's slot, the other's
+    claim of the next is refused by its lock; the run ends and releases it
+    before the refused daemon reads the row, which shows the lock free and
+    the slot not taken. Under load that gave up the backlog: its 3 slots
+    left were recorded skipped, "the slot could not be claimed", none run
+    (CI: test_catchup's two-daemon test, ['ok', 'skipped', 'skipped', 'skipped'])."""
+    planner = Planner(10.0, 0.5)
+    every = job("all", 4)
+    planner.resynced(every, Row(NOW - 9.5), NOW, Cause.DOWN, None, 0.01)
+    assert planner.head("j") == NOW - 3.5
+    # The other host claimed NOW - 3.5, ran it and released the lock.
+    ran = Row(NOW - 3.5, NOW - 0.4, NOW - 0.1)
+    assert planner.after(every, NOW - 3.5, Outcome.LOST, NOW, 0.01)
+    planner.after(every, NOW - 3.5, Outcome.LOST, NOW, 0.01, row=ran)
+    assert planner.head("j") == NOW - 2.5
+    d = planner.agenda.pop_due(NOW)
+    assert d is not None and d.slot == NOW - 2.5
+    # Refused while it ran; by the read, released and the slot still free.
+    assert planner.after(every, NOW - 2.5, Outcome.LOST, NOW, 0.01)
+    planner.after(every, NOW - 2.5, Outcome.LOST, NOW, 0.01, row=ran)
+    assert planner.head("j") == NOW - 2.5
+    d = planner.agenda.pop_due(NOW)
+    assert d is not None and d.slot == NOW - 2.5
+    claim = planner.decide(every, d, NOW, busy=False, full=False)
+    assert (claim.act, claim.slot, claim.due_next) == (Act.CLAIM, NOW - 2.5, NOW - 1.5)
+    # Claimed again: won, and the backlog goes on.
+    assert not planner.after(every, NOW - 2.5, Outcome.STARTED, NOW, 0.01)
+    assert planner.head("j") == NOW - 1.5
 
 
 def test_a_database_error_reads_the_row_after_the_backoff() -> None:

@@ -428,7 +428,7 @@ class Daemon:
             log.info("stopping: waiting up to %gs for %d running job(s) "
                      "(interrupt again to stop them now)", self.options.grace, len(runs))
         told = False
-        while left := sum(run.is_alive() for run in runs):
+        while left := self.firing.runs.left():
             if self.state.signals.stop_now and not told:
                 told = True
                 log.warning("interrupted again: stopping %d running job(s) now", left)

@@ -31,8 +31,9 @@ Step = Callable[[], None]
 
 
 class Watched(Protocol):
-    def check(self, now: float) -> float:
-        """Apply the stops due at monotonic ``now``; seconds until the next look."""
+    def check(self, now: float) -> float | None:
+        """Apply the stops due at monotonic ``now``; seconds until the next
+        look (None: it is over, and looked at no more)."""
 
 
 class RunLoop:
@@ -83,9 +84,10 @@ class RunLoop:
         with self._lock:
             self._watched[id(command)] = command
 
-    def unwatch(self, command: Watched) -> None:
+    def unwatch(self, *commands: Watched) -> None:
         with self._lock:
-            self._watched.pop(id(command), None)
+            for command in commands:
+                self._watched.pop(id(command), None)
 
     def _work(self) -> None:
         while True:
@@ -104,12 +106,23 @@ class RunLoop:
                 watched = list(self._watched.values())
             wait = LOOK_EVERY
             failed = False
+            over: list[Watched] = []
             for command in watched:
                 try:
-                    wait = min(wait, command.check(now))
+                    left = command.check(now)
                 except Exception as exc:  # the other commands' stops still apply
                     self._watcher.crashed(exc)
                     failed = True
+                else:
+                    if left is None:
+                        over.append(command)
+                    else:
+                        wait = min(wait, left)
+            if over:
+                # Ended: not looked at again while its result waits for a
+                # worker (thousands ending at once were each looked at every
+                # tenth of a second until then).
+                self.unwatch(*over)
             if not failed:
                 self._watcher.ok()
             stopping = self.stop.is_set()

@@ -439,19 +439,20 @@ class Process:
             on_end()
         return None
 
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; whether the command ended."""
+    def wait(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: until it ends); whether the command ended."""
         assert self.proc is not None
         return self.proc.wait(timeout)
 
-    def check(self, now: float) -> float:
+    def check(self, now: float) -> float | None:
         """Apply the stops due at monotonic ``now``: lock-at-most, a kill, a lease
-        taken over, the fence, the shutdown grace. Seconds until the next look."""
+        taken over, the fence, the shutdown grace. Seconds until the next look
+        (None: the command ended)."""
         proc, watch, deadline = self.proc, self.watch, self.deadline
         assert proc is not None
         with self._lock:
             if proc.wait(0):
-                return LOOK_EVERY
+                return None
             if self._stopping:
                 if self._kill_at is not None and now >= self._kill_at:
                     proc.signal(signal.SIGKILL)

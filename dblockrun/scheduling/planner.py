@@ -529,6 +529,9 @@ class Planner:
         self._held: dict[str, tuple[float, float]] = {}
         #: Catch-up slots whose claim was refused, to record (next attempt).
         self._given_up: dict[str, Plan] = {}
+        #: Per job, the catch-up slot whose claim was refused though its row,
+        #: read after, showed it free: claimed once more before it is given up.
+        self._refused: dict[str, float] = {}
         #: Per job with ``overlap: queue`` or ``replace``, the slot waiting
         #: for the end of its run here (at most one).
         self.queued: dict[str, float] = {}
@@ -568,6 +571,7 @@ class Planner:
         self._deferred.clear()
         self._held.clear()
         self._given_up.clear()
+        self._refused.clear()
         self.queued.clear()
         self._was_queued.clear()
 
@@ -707,7 +711,11 @@ class Planner:
                  row: Row | None) -> bool:
         """A catch-up backlog's slot: run (the next when this run ends),
         taken elsewhere (on to the next), held (try again), or unclaimable
-        (the backlog is given up)."""
+        (the backlog is given up): refused twice with its row free each
+        time. Once is no proof: the row is read after the claim, and the
+        host that held the lock for the backlog's previous slot may have
+        released it in between, before claiming this one (under load, two
+        daemons after downtime gave up 3 of 4 slots so)."""
         if outcome is Outcome.STARTED:
             self.done(job.name, slot)
             if self.head(job.name) is None:
@@ -719,6 +727,7 @@ class Planner:
             return False
         if row is None:
             return True
+        refused_before = self._refused.pop(job.name, None) == slot
         if row.last_slot is None and row.lock_until is None and row.last_start is None:
             self.done(job.name, slot)  # no row: nothing to catch up
         elif row.last_slot is not None and row.last_slot >= slot:
@@ -727,6 +736,11 @@ class Planner:
             # Held: another host runs an earlier slot and tries this one when
             # it is over; try again in case it does not.
             self.agenda.push(min(now + self.heartbeat, row.lock_until) + margin, job.name, slot)
+            return False
+        elif not refused_before:
+            # Free now: released since the claim, or refused for good (below).
+            self._refused[job.name] = slot
+            self.agenda.push(now, job.name, slot)
             return False
         else:
             # The fleet paused, the job disabled (or its rate, a row edited by
@@ -770,6 +784,8 @@ class Planner:
             del self.backlog[name]
         for name in [n for n in self._given_up if n not in names]:
             del self._given_up[name]
+        for name in [n for n in self._refused if n not in names]:
+            del self._refused[name]
         for name in [n for n in self.queued if n not in names]:
             del self.queued[name]
 

@@ -139,7 +139,8 @@ def on_engine(method: Callable[Concatenate[LockEngine, P], T]) -> Callable[Conca
 
 
 class RunEnd(NamedTuple):
-    """A run's result and its lock's release (:meth:`LockEngine.finish_and_release`)."""
+    """A run's result and its lock's release (:meth:`LockEngine.finish_and_release`),
+    its values in the order of the statement's columns (``Queries.END_COLUMNS``)."""
 
     run_id: int
     job: str
@@ -148,19 +149,8 @@ class RunEnd(NamedTuple):
     result: str
     exit_code: int | None
     output: str | None
-    least: float
     took: float | None
-
-
-def end_params(ends: Sequence[RunEnd]) -> dict[str, Any]:
-    """The parameters of :meth:`Queries.ends <dblockrun.store.queries.Queries.ends>`."""
-    params: dict[str, Any] = {}
-    for i, end in enumerate(ends):
-        for (_name, stem, _kind), value in zip(Queries.END_COLUMNS, (
-                end.run_id, end.job, end.holder, end.token, end.result, end.exit_code,
-                end.output, end.took, end.least), strict=True):
-            params[f"{stem}{i}"] = value
-    return params
+    least: float
 
 
 class LockEngine:
@@ -627,15 +617,15 @@ class LockEngine:
             if seat is not None:
                 self.release_seat(seat, holder)
             return done
-        end = RunEnd(run_id, job, holder, token, result, exit_code, output,
-                     float(lock_at_least), took)
+        end = RunEnd(run_id, job, holder, token, result, exit_code, output, took,
+                     float(lock_at_least))
         if seat is not None:
             return self._finish_release_seat(end, seat)
         return self._ends(end)
 
     def _finish_and_release_many(self, ends: Sequence[RunEnd]) -> list[tuple[bool, bool]]:
         """The results and releases of ``ends``: one statement."""
-        sql, params = self._text("finish_and_release", len(ends)), end_params(ends)
+        sql, params = self._text("finish_and_release", len(ends)), self.q.end_params(ends)
         if self.dialect == "postgresql":
             rows = self.x.run(lambda cur: self.x.send(cur, sql, params).fetchall())
             done = {int(run_id): (bool(written), bool(released))
@@ -654,7 +644,7 @@ class LockEngine:
 
     def _finish_release_seat(self, end: RunEnd,
                              seat: tuple[str, int]) -> tuple[bool, bool]:
-        params = {**end_params([end]), "holder": end.holder, "seat": seat[0],
+        params = {**self.q.end_params([end]), "holder": end.holder, "seat": seat[0],
                   "seat_token": seat[1]}
         if self.dialect == "postgresql":
             params.update(run_id=end.run_id, name=end.job, token=end.token, result=end.result,

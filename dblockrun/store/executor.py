@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from dblockrun.errors import DatabaseError
+from dblockrun.latch import Latch
 from dblockrun.store.drivers import Driver, db_error, holder_text, is_deadlock, is_lock_wait
 
 T = TypeVar("T")
@@ -247,7 +248,7 @@ class _Call(Generic[A, R]):
         self.result: R | None = None
         self.error: BaseException | None = None
         self.finished = False
-        self.wake = threading.Event()
+        self.wake = Latch()  # set once (to lead, or done), never cleared
 
 
 class Together(Generic[A, R]):

@@ -18,8 +18,11 @@ built from it, so no path can forget one.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from dblockrun.store.models import LANE_PREFIX, OK, RUNNING, TOKEN_MAX, WAITING
 
@@ -632,21 +635,21 @@ class Queries:
                    ("least", "a", "DOUBLE PRECISION"))
 
     def ends(self, count: int) -> str:
-        """The ends of ``count`` runs (their results and releases) as rows
-        of a derived table, from the parameters ``r0``, ``n0``... (each
-        typed: a column of NULLs is still a number)."""
-        rows = []
-        for i in range(count):
-            cells = (self.typed(self.p(f"{stem}{i}"), kind) for _name, stem, kind in
-                     self.END_COLUMNS)
-            rows.append("SELECT " + ", ".join(
-                f"{cell} AS {name}" for cell, (name, _s, _k) in zip(
-                    cells, self.END_COLUMNS, strict=True)))
-        return " UNION ALL ".join(rows)
+        """The ends of ``count`` runs (their results and releases) as rows of
+        a derived table. PostgreSQL: from one JSON parameter ``ends``
+        (:meth:`end_params`), so the text is the same whatever the count:
+        psycopg parses it once and the server prepares it (16 ends as 144
+        parameters were parsed again at each call, 47 µs an end here,
+        against 8 as JSON)."""
+        columns = ", ".join(f"{name} {kind}" for name, _stem, kind in self.END_COLUMNS)
+        return f"SELECT * FROM jsonb_to_recordset(CAST({self.p('ends')} AS jsonb)) AS e({columns})"
 
-    @staticmethod
-    def typed(value: str, kind: str) -> str:
-        return f"CAST({value} AS {kind})"
+    def end_params(self, ends: Sequence[Sequence[object]]) -> dict[str, Any]:
+        """The parameters of :meth:`ends`: each end's values in the order of
+        :attr:`END_COLUMNS`."""
+        names = [name for name, _stem, _kind in self.END_COLUMNS]
+        return {"ends": json.dumps([dict(zip(names, end, strict=True)) for end in ends],
+                                   allow_nan=False)}
 
     def finish_run(self, fenced: bool) -> str:
         """A run's end; ``fenced``: only while the job's lock has its token."""
@@ -1133,10 +1136,20 @@ class MysqlQueries(Queries):
                 f"AND l.token = v.token "
                 f"SET {self.run_result('r', 'v')}, l.{self.released('l', 'v.least')}")
 
-    @staticmethod
-    def typed(value: str, kind: str) -> str:
-        """(The server types the inlined values itself.)"""
-        return value
+    def ends(self, count: int) -> str:
+        """The ends of ``count`` runs as rows of a derived table, from the
+        parameters ``r0``, ``n0``... (PyMySQL inlines them: nothing to parse
+        again but the text itself)."""
+        rows = []
+        for i in range(count):
+            rows.append("SELECT " + ", ".join(
+                f"{self.p(f'{stem}{i}')} AS {name}" for name, stem, _kind in self.END_COLUMNS))
+        return " UNION ALL ".join(rows)
+
+    def end_params(self, ends: Sequence[Sequence[object]]) -> dict[str, Any]:
+        """The parameters of :meth:`ends`."""
+        return {f"{stem}{i}": value for i, end in enumerate(ends)
+                for (_name, stem, _kind), value in zip(self.END_COLUMNS, end, strict=True)}
 
     @cached_property
     def finish_release_seat(self) -> str:
