@@ -97,13 +97,16 @@ def test_a_run_lost_with_its_daemon_says_who_recorded_it_and_the_last_renewal(
 @pytest.mark.slow
 def test_an_exec_run_lost_is_recorded_by_the_next_exec_with_why(db: TestDb,
                                                                 tmp_path: Path) -> None:
-    started = tmp_path / "started"
-    first = subprocess.Popen(
-        [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "exec", "--name", "k9",
-         "--lease", "3s", "--", "sh", "-c", f"touch {started}; exec sleep 30"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(), cwd=REPO)
+    started, said = tmp_path / "started", tmp_path / "first.err"
+    with open(said, "wb") as err:
+        first = subprocess.Popen(
+            [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "exec", "--name",
+             "k9", "--lease", "3s", "--", "sh", "-c", f"touch {started}; exec sleep 30"],
+            stdout=subprocess.DEVNULL, stderr=err, env=clean_env(), cwd=REPO)
     try:
-        wait_for(started.exists, 30, what="the first command")
+        wait_for(lambda: started.exists() or first.poll() is not None, 60,
+                 what="the first command")
+        assert started.exists(), f"exec ended {first.returncode}: {said.read_text()}"
         first.kill()
         first.wait(timeout=10)
     finally:

@@ -74,8 +74,17 @@ def test_every_slot_of_a_database_outage_has_exactly_one_record(
     with outage_switch(db) as (reach, cut, restore):
         daemons = fleet.start_n(2, JOB, url=reach.url)
         try:
-            daemons[0].wait(lambda: any(r.result == m.OK for r in runs_of(store, "tick")), 30,
-                            what="a first run")
+            # Both daemons past their start (its resync of the job done: a slot
+            # decided after both registered), so the outage's slots are the
+            # outage's, not a start-up's: a daemon still starting under load
+            # when the database went away recorded them "no daemon was running
+            # the job", which was its own view.
+            wait_for(lambda: len(store.hosts(seen_within=30)) == 2, 60,
+                     what="both daemons registered")
+            both = time.time()
+            daemons[0].wait(lambda: any(r.result == m.OK and (r.slot or 0) > both + STEP
+                                        for r in runs_of(store, "tick")), 30,
+                            what="a run after both started")
             cut()
             cut_at = time.time()
             wait_for(lambda: time.time() >= cut_at + OUTAGE, OUTAGE + 5, interval=0.2,
