@@ -101,7 +101,7 @@ def test_an_exec_run_lost_is_recorded_by_the_next_exec_with_why(db: TestDb,
     with open(said, "wb") as err:
         first = subprocess.Popen(
             [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "exec", "--name",
-             "k9", "--lease", "3s", "--", "sh", "-c", f"touch {started}; exec sleep 30"],
+             "k9", "--lease", "6s", "--", "sh", "-c", f"touch {started}; exec sleep 30"],
             stdout=subprocess.DEVNULL, stderr=err, env=clean_env(), cwd=REPO)
     try:
         wait_for(lambda: started.exists() or first.poll() is not None, 60,

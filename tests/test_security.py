@@ -416,10 +416,21 @@ def test_daemon_and_exec_without_ddl(
     try:
         wait_for(lambda: len(history_of(db, "j")) >= 2 and len(history_of(db, "f")) >= 2, 30,
                  what="runs as the DML-only role")
-        for args in (["status"], ["history"], ["disable", "j", "--for", "1h"], ["enable", "j"],
-                     ["unlock", "j"], ["pause", "--for", "1h"], ["resume"], ["audit"]):
+
+        def run(*args: str) -> None:
             done = invoke("--db", url, "--table-prefix", db.prefix, *args)
             assert done.returncode == 0, (args, done.stderr)
+
+        for args in (["status"], ["history"], ["pause", "--for", "1h"]):
+            run(*args)
+        # Paused, then no run of j going: `unlock` forces the lock open, and a
+        # run still finishing would lose it (an ERROR, rightly: under load a
+        # 0.01 s run's result came after the unlock).
+        wait_for(lambda: all(r.result != "running" for r in history_of(db, "j")), 30,
+                 what="j's runs over")
+        for args in (["disable", "j", "--for", "1h"], ["enable", "j"], ["unlock", "j"],
+                     ["resume"], ["audit"]):
+            run(*args)
     finally:
         assert d.stop() == 0
     assert "ERROR" not in d.text(), d.text()

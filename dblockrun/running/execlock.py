@@ -217,6 +217,11 @@ def exec_locked(target: ExecTarget, opts: ExecOptions) -> int:
         renewer.stop()
     outcome = run.last_outcome
     if outcome is None:
+        # Said whatever the log level (exec logs errors only): it exits 1 with
+        # nothing run, which silence would leave a mystery.
+        sys.stderr.write(f"dblockrun: the command was not started: "
+                         f"{run.not_started or 'the run ended first'}\n")
+        sys.stderr.flush()
         return 1
     status = shell_status(outcome.exit_code)
     if outcome.reason == "error":

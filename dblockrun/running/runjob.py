@@ -300,6 +300,8 @@ class JobRun:
         self.err_sink = err_sink
         self.on_start = on_start
         self.last_outcome: ProcessEnd | None = None
+        #: Why its last attempt's command was not started (None: it was, or no attempt).
+        self.not_started: str | None = None
         self.last_run_id: int | None = None
         self.done = Latch()
         self._recorded = run_id
@@ -465,8 +467,9 @@ class JobRun:
         ``lost`` by the bookkeeping)."""
         job, ctx = self.job, self.ctx
         if self._lease_ran_out():
-            log.warning("job %s: not starting attempt %d: its lease ran out before the "
-                        "command could start", self.label, attempt)
+            self.not_started = "its lease ran out before the command could start"
+            log.warning("job %s: not starting attempt %d: %s", self.label, attempt,
+                        self.not_started)
             self._end()
             return
         run_id = self._recorded if attempt == 1 else None
@@ -480,6 +483,7 @@ class JobRun:
                                             origin=self.origin),
                 self._lease_left(ctx.kill_grace + 1))
             if run_id is None:
+                self.not_started = "its run could not be recorded"
                 log.error("job %s: could not record the run; not starting it", job.name)
                 self._end()
                 return
