@@ -441,7 +441,7 @@ class Job:
 
     def __post_init__(self) -> None:
         if self.cron is not None:
-            crons = (self.cron,) if isinstance(self.cron, str) else self.cron
+            crons = self.crons
             hashed = any("H" in cron for cron in crons)
             made = Schedule(crons, self.timezone, self.file_name if hashed else "")
             # Jobs that share a schedule share its object (10,000 jobs on one

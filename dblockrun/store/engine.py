@@ -644,11 +644,12 @@ class LockEngine:
 
     def _finish_release_seat(self, end: RunEnd,
                              seat: tuple[str, int]) -> tuple[bool, bool]:
-        params = {**self.q.end_params([end]), "holder": end.holder, "seat": seat[0],
-                  "seat_token": seat[1]}
-        if self.dialect == "postgresql":
+        params: dict[str, Any] = {"holder": end.holder, "seat": seat[0], "seat_token": seat[1]}
+        if self.dialect == "postgresql":  # finish_run's and release's own parameters
             params.update(run_id=end.run_id, name=end.job, token=end.token, result=end.result,
                           code=end.exit_code, output=end.output, least=end.least, took=end.took)
+        else:  # one run's ends()
+            params.update(self.q.end_params([end]))
 
         def go(cur: Any) -> tuple[bool, bool]:
             self.x.send(cur, self.q.finish_release_seat, params)
