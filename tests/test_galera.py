@@ -23,7 +23,7 @@ import pymysql
 import pytest
 from conftest import selected_backends, strict
 from harness import Fleet
-from helpers import REPO, wait_for
+from helpers import REPO, SUMMARY, wait_for
 
 from dblockrun.store import Store
 from dblockrun.store import models as m
@@ -43,8 +43,6 @@ LATE = "woke late"
 #: planned the job (cause ``down``): under load, "registered" came seconds
 #: before a daemon's loop planned its jobs, and the period counts from then.
 STARTING = "no daemon was running the job"
-#: A summary record, at the newest of the slots it stands for.
-SUMMARY = re.compile(r"slots from (\S+) to (\S+):")
 
 JOBS = """\
 jobs:
@@ -203,8 +201,8 @@ def passed_slots(records: Iterable[m.RunRecord]) -> dict[tuple[str, int], str]:
         if r.slot is None or r.result not in ("missed", "skipped"):
             continue
         text = r.output or ""
-        span = SUMMARY.search(text)
-        oldest = int(datetime.fromisoformat(span[1]).timestamp()) if span else int(r.slot)
+        span = SUMMARY.match(text)  # a summary record: each slot of its range
+        oldest = int(datetime.fromisoformat(span[2]).timestamp()) if span else int(r.slot)
         for slot in range(oldest, int(r.slot) + 1):
             out[r.job, slot] = text
     return out
