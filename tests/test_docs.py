@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from clitree import commands, option_names
-from helpers import REPO, clean_env, invoke
+from helpers import LOW_PRIORITY, REPO, clean_env, invoke
 
 from dblockrun.cli import cli
 from dblockrun.config.load import (
@@ -95,9 +95,9 @@ def yaml_blocks() -> list[tuple[str, str]]:
 
 def test_the_site_builds_strict(tmp_path: Path) -> None:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                           str(tmp_path / "site")], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([*LOW_PRIORITY, sys.executable, "-m", "mkdocs", "build", "--strict",
+                           "--site-dir", str(tmp_path / "site")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "WARNING" not in proc.stderr, proc.stderr
     # The pages ARCHITECTURE.md and CHANGELOG.md are included into, not copied to.

@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 import pytest
 from harness import SUBREAPER_PRELUDE, end, pid_alive, state, track
-from helpers import HARNESS_THREAD, REPO, clean_env, invoke, wait_for
+from helpers import HARNESS_THREAD, REPO, at_low_priority, clean_env, invoke, wait_for
 from hooks import Hooks
 
 import dblockrun.cli
@@ -165,3 +165,17 @@ def test_invoke_fails_a_thread_the_command_left_not_a_hook_served_meanwhile(
     finally:
         release.set()
         client.close()
+
+
+def test_builds_at_low_priority_leave_the_callers_priority_alone() -> None:
+    def nice_of_a_child() -> int:
+        out = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"],
+                             capture_output=True, text=True, check=True).stdout
+        return int(out)
+
+    before = os.nice(0)
+    assert at_low_priority(nice_of_a_child) == max(before, 10)
+    assert os.nice(0) == before  # the test's own thread, and so its later daemons
+    assert nice_of_a_child() == before
+    with pytest.raises(ZeroDivisionError):  # a failure reaches the caller
+        at_low_priority(lambda: 1 // 0)

@@ -68,6 +68,19 @@ def runs_since(db: TestDb, name: str, since: float, count: int) -> bool:
     return sum(r.started > since for r in ok_runs(db, name)) >= count
 
 
+def went_busy(run: m.RunRecord) -> bool:
+    """A slot that came while the job's previous run was still going
+    (``overlap: forbid``): on a starved machine a one-second job's command
+    can outlast its second. The slot is recorded, not lost."""
+    return run.result == m.SKIPPED and "previous run still going" in (run.output or "")
+
+
+def kept_every_slot(runs: list[m.RunRecord]) -> bool:
+    """Each record is a run that went ok (or is running) or a slot skipped
+    for a run still going: none failed, missed or lost to an outage."""
+    return all(r.result in (m.OK, m.RUNNING) or went_busy(r) for r in runs)
+
+
 # -- 6. a token at the BIGINT maximum -----------------------------------------------
 
 
@@ -90,12 +103,13 @@ def test_a_bad_token_fails_only_its_job_and_unlock_repairs_it_without_reuse(
             wait_for(functools.partial(runs_at_least, db, name, 4), 40, what=f"runs of {name}")
         for name in healthy:
             runs = history_of(db, name)
-            assert {r.result for r in runs} <= {m.OK, m.RUNNING}, (name, runs, d.text())
-            done = sorted(r.slot or 0.0 for r in runs if r.result == m.OK)
-            # Every slot since the first ran, none late by more than a second.
+            assert kept_every_slot(runs), (name, runs, d.text())
+            done = sorted(r.slot or 0.0 for r in runs if r.result == m.OK or went_busy(r))
+            # Every slot since the first has its record, no run late by more
+            # than a second.
             assert [b - a for a, b in zip(done, done[1:], strict=False)] == \
                 [1.0] * (len(done) - 1), (name, done)
-            assert all(r.started - (r.slot or 0.0) < 1.0 for r in runs), (name, runs)
+            assert all(r.started - (r.slot or 0.0) < 1.0 for r in runs if r.token), (name, runs)
         log = d.text()
         why = "negative" if bad < 0 else "at the BIGINT maximum"
         assert log.count(f"job edited: its fencing token is {why}") == 1, log
@@ -283,7 +297,7 @@ def test_a_flood_of_idle_sockets_on_the_metrics_port_loses_no_run(
                      what=f"runs of {name} during the flood")
         for name in names:
             runs = history_of(db, name)
-            assert {r.result for r in runs} <= {m.OK, m.RUNNING}, (name, runs, d.text())
+            assert kept_every_slot(runs), (name, runs, d.text())
         log = d.text()
         assert "Too many open files" not in log and "Traceback" not in log, log
         assert SECRET not in log

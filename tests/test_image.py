@@ -40,7 +40,16 @@ from typing import Any
 import pytest
 from conftest import ServerDatabases, selected_backends
 from harness import children, comm, descendants, state, track
-from helpers import REPO, TestDb, clean_env, free_port, http_get, new_prefix, wait_for
+from helpers import (
+    LOW_PRIORITY,
+    REPO,
+    TestDb,
+    clean_env,
+    free_port,
+    http_get,
+    new_prefix,
+    wait_for,
+)
 
 from dblockrun import __version__
 
@@ -72,8 +81,8 @@ def outside() -> dict[str, str]:
 
 
 def check(args: list[str], cwd: Path, timeout: float) -> str:
-    proc = subprocess.run(args, cwd=cwd, env=outside(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([*LOW_PRIORITY, *args], cwd=cwd, env=outside(), capture_output=True,
+                          text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr}"
     return proc.stdout
 

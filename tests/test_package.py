@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from harness import Process, daemon_argv
-from helpers import REPO, clean_env, wait_for
+from helpers import LOW_PRIORITY, REPO, clean_env, wait_for
 
 from dblockrun import __version__
 
@@ -63,8 +63,8 @@ def outside(**extra: str) -> dict[str, str]:
 
 def _check(args: list[str], cwd: Path, timeout: float) -> str:
     """Run ``args``; what it printed (stdout, then stderr)."""
-    proc = subprocess.run(args, cwd=cwd, env=outside(), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([*LOW_PRIORITY, *args], cwd=cwd, env=outside(), capture_output=True,
+                          text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
     return f"{proc.stdout}\n{proc.stderr}"
 
