@@ -90,7 +90,7 @@ jobs:
     user: {system_user}
     env-inherit: all
 """)
-    d = sqlite_fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s", env=daemon_env())
+    d = sqlite_fleet.start(jobs, env=daemon_env())
     try:
         runs = {name: first_run(sqlite_db, name)
                 for name in ("plain", "named", "nothing", "as-user", "as-user-all")}
@@ -160,7 +160,7 @@ jobs:
     rate: 1h
     command: echo connecting to mysql://app:Hunter2Pw@db.internal/app now
 """)
-    d = sqlite_fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
+    d = sqlite_fleet.start(jobs)
     try:
         run = first_run(sqlite_db, "leaky")
     finally:
@@ -364,7 +364,7 @@ jobs:
   slow: {{rate: 1h, command: touch {marker}; exec sleep 100}}
 """)
     evil = clean_env(SUDO_USER=EVIL_USER)
-    d = sqlite_fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
+    d = sqlite_fleet.start(jobs)
     try:
         run = first_run(sqlite_db, "hostile")
         wait_for(marker.exists, 30, what="the slow job to start")

@@ -95,7 +95,7 @@ def test_a_bad_token_fails_only_its_job_and_unlock_repairs_it_without_reuse(
     lock_row(db, "edited", token=bad)
     jobs = write_jobs(tmp_path / "jobs.yaml", "jobs:\n" + "".join(
         f"  {n}: {{cron: {EVERY_SECOND}, command: 'true'}}\n" for n in [*healthy, "edited"]))
-    d = fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
+    d = fleet.start(jobs)
     try:
         # Every job is due on every second (one batch claim): the edited row
         # must fail only its own job, not the batch as an outage.
@@ -267,7 +267,7 @@ def test_a_flood_of_idle_sockets_on_the_metrics_port_loses_no_run(
     jobs = write_jobs(tmp_path / "jobs.yaml", "jobs:\n" + "".join(
         f"  {n}: {{cron: {EVERY_SECOND}, command: 'echo hi'}}\n" for n in names))
     # The URL (with a password) from the environment.
-    limited = Fleet(None, tmp_path, prefix=db.prefix, heartbeat="0.5s", lease="2s", grace="2s")
+    limited = Fleet(None, tmp_path, prefix=db.prefix)
     d = limited.start(jobs, "--metrics", str(port), program=LIMITED,
                       env=clean_env(DBLOCKRUN_DB=url))
     flood: list[socket.socket] = []

@@ -278,7 +278,7 @@ def test_lock_table_edited_into_nonsense(db: TestDb, tmp_path: Path, fleet: Flee
         f"  {n}: {{rate: 1s, command: 'true'}}\n"
         for n in ("null-holder", "far-future", "negative", "canary"))
         + "  future-slot: {cron: '* * * * * *', command: 'true'}\n")
-    d = fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
+    d = fleet.start(jobs)
     try:
         # status must show the nonsense, not crash.
         for args in (["status"], ["status", "--json"], ["history"]):
@@ -319,7 +319,7 @@ def test_unlock_fences_a_running_holder(db: TestDb, tmp_path: Path, fleet: Fleet
     command = f"echo $$ > {pidfile}; exec sleep 60"
     jobs = write_jobs(tmp_path / "jobs.yaml",
                       f"jobs:\n  long: {{rate: 1h, command: '{command}'}}\n")
-    d = fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
+    d = fleet.start(jobs)
     try:
         pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30))
         assert invoke("--db", db.url, "--table-prefix", db.prefix, "unlock", "long").returncode == 0
@@ -527,7 +527,7 @@ def test_user_key_runs_the_command_as_that_user(
                       f"    command: '{probe}'\n"
                       f"  f:\n    rate: 1h\n    user: {system_user}\n    items-command: id -un\n"
                       f"    command: 'echo $DBLOCKRUN_ITEM; id -un'\n")
-    d = sqlite_fleet.start(jobs, heartbeat="0.5s", lease="2s", grace="2s")
+    d = sqlite_fleet.start(jobs)
 
     def finished(name: str) -> Any:
         with Store(sqlite_db.url, sqlite_db.prefix) as store:
