@@ -224,13 +224,16 @@ def test_store_modules_import_no_feature_module() -> None:
 
 # -- what a running daemon imports (issue 21 item 3) ----------------------------------
 
-#: Libraries a daemon imports only when a job or an option asks for them:
+#: Libraries (and modules of ours) a daemon imports only when a job or an option
+#: asks for them:
 #: module -> what asks for it. Imported alone over the interpreter they cost
 #: apprise 19 MB, prometheus_client 14 (with http.server), rich 6; difflib
 #: 0.14 (issue 33 item 4: a daemon keeps every module it imports).
 ASKED_FOR = {"apprise": "a job's notify:", "prometheus_client": "--metrics",
              "http.server": "--metrics", "rich": "a table (status, history ...)",
-             "difflib": "a mistake's hint (did you mean ...?)"}
+             "difflib": "a mistake's hint (did you mean ...?)",
+             "dblockrun.running.fanout": "a job with items:",
+             "dblockrun.config.resources": "a job's limits:"}
 
 
 #: The ``web`` extra's libraries: ``dblockrun web`` only, never a daemon.

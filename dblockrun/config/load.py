@@ -28,7 +28,6 @@ from typing import Any
 
 import yaml
 
-from dblockrun.config import resources
 from dblockrun.config.secreturl import check_url
 from dblockrun.durations import format_duration, parse_duration
 from dblockrun.errors import ConfigError, ConfigErrors
@@ -812,6 +811,10 @@ def _limits(value: Any) -> WrittenLimits | None:
     :class:`~dblockrun.jobs.Limits` (:meth:`_Parser.parse_job`)."""
     if value is None:
         return None
+    # Imported here: a daemon keeps every module it imports, and few jobs
+    # set limits (issue 33 item 4).
+    from dblockrun.config import resources
+
     mapping = _mapping(value)
     written: list[tuple[str, Any]] = []
     for key, raw in mapping.items():

@@ -18,7 +18,6 @@ from dblockrun.daemon.fleet import FleetBooks
 from dblockrun.daemon.state import DaemonState
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import Job
-from dblockrun.running.fanout import FanOut
 from dblockrun.running.runjob import JobRun, RunContext
 from dblockrun.running.seats import Queues, take_lane, take_seat
 from dblockrun.scheduling.limits import Go, Refused, Seat, full_reason
@@ -554,6 +553,10 @@ class Firing:
         if self.runs.full():
             log.info("job %s: at --max-running: its items are left to the other hosts", job.name)
             return Outcome.AT_LIMIT
+        # Imported here: a daemon keeps every module it imports, and most
+        # daemons have no job with items (issue 33 item 4).
+        from dblockrun.running.fanout import FanOut
+
         worker = FanOut(self.ctx, job, slot, on_done=self.runs.done, next_due=due_next,
                         room=self.runs.free)
         self.runs.add(worker)
