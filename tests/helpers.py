@@ -100,11 +100,12 @@ def harness_thread(target: Callable[..., object], *args: object, what: str) -> t
 #: site): it takes the CPU a daemon of another test's worker does not need
 #: now, so the daemons measured against one-second slots are not starved
 #: by it on a two-core machine.
-LOW_PRIORITY = ["nice", "-n", "10"]
+NICENESS = 10
+LOW_PRIORITY = ["nice", "-n", str(NICENESS)]
 
 
 def at_low_priority(work: Callable[[], T]) -> T:
-    """``work()`` in a thread at niceness 10, as :data:`LOW_PRIORITY` does
+    """``work()`` in a thread at :data:`NICENESS`, as :data:`LOW_PRIORITY` does
     for one command: every process it starts inherits it (on Linux a
     nice value belongs to a thread, and a child takes its forking
     thread's); the calling thread's own stays as it was."""
@@ -113,7 +114,7 @@ def at_low_priority(work: Callable[[], T]) -> T:
 
     def low() -> None:
         me = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, me, max(10, os.getpriority(os.PRIO_PROCESS, me)))
+        os.setpriority(os.PRIO_PROCESS, me, max(NICENESS, os.getpriority(os.PRIO_PROCESS, me)))
         try:
             done.append(work())
         except BaseException as e:  # re-raised in the caller's thread

@@ -18,7 +18,15 @@ from pathlib import Path
 import click
 import pytest
 from harness import SUBREAPER_PRELUDE, end, pid_alive, state, track
-from helpers import HARNESS_THREAD, REPO, at_low_priority, clean_env, invoke, wait_for
+from helpers import (
+    HARNESS_THREAD,
+    NICENESS,
+    REPO,
+    at_low_priority,
+    clean_env,
+    invoke,
+    wait_for,
+)
 from hooks import Hooks
 
 import dblockrun.cli
@@ -174,7 +182,7 @@ def test_builds_at_low_priority_leave_the_callers_priority_alone() -> None:
         return int(out)
 
     before = os.nice(0)
-    assert at_low_priority(nice_of_a_child) == max(before, 10)
+    assert at_low_priority(nice_of_a_child) == max(before, NICENESS)
     assert os.nice(0) == before  # the test's own thread, and so its later daemons
     assert nice_of_a_child() == before
     with pytest.raises(ZeroDivisionError):  # a failure reaches the caller
