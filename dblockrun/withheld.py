@@ -14,11 +14,21 @@ DATABASE_VARS = "DBLOCKRUN_DB"
 WEB_SECRET = "DBLOCKRUN_WEB_SECRET"
 
 _SECRETS: set[str] = set()
+#: Bumped when a name is added: what was filtered before may pass no more.
+_generation = 0
 
 
 def add(name: str) -> None:
     """The variable ``name`` holds a secret: no command gets it from now on."""
-    _SECRETS.add(name)
+    global _generation
+    if name not in _SECRETS:
+        _SECRETS.add(name)
+        _generation += 1
+
+
+def generation() -> int:
+    """Changes whenever a name is added: a filter kept from before is stale."""
+    return _generation
 
 
 def withheld(name: str) -> bool:

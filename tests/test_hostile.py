@@ -124,6 +124,29 @@ jobs:
     assert env["as-user-all"]["USER"] == env["as-user-all"]["LOGNAME"] == system_user
 
 
+def test_a_secret_named_by_a_reload_leaves_the_next_commands_environment() -> None:
+    """The daemon filters its environment once per env-inherit (not at
+    every start); a variable a reload names as a notification URL's is
+    withheld from the next command on, and a command's changes to its own
+    environment reach no other."""
+    from types import MappingProxyType
+
+    from dblockrun import withheld
+    from dblockrun.jobs import Job
+    from dblockrun.running.runjob import base_env
+
+    name = f"TEST_RELOADED_SECRET_{os.getpid()}"
+    environ = MappingProxyType({"PATH": "/bin", name: "hook-url", "KEEP_ME": "kept"})
+    job = Job(name="j", rate=60.0, command="env")
+    first = base_env(job, environ)
+    assert first[name] == "hook-url" and first["KEEP_ME"] == "kept"
+    first["KEEP_ME"] = "changed by one run"
+    assert base_env(job, environ)["KEEP_ME"] == "kept"
+    withheld.add(name)  # a reload's `notify: {urls: [{env: NAME}]}`
+    after = base_env(job, environ)
+    assert name not in after and after["KEEP_ME"] == "kept"
+
+
 def test_env_inherit_is_checked_at_load(tmp_path: Path) -> None:
     cases = [
         ("env-inherit: some", "must be all, none or a list of variable names, got a string"),

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from dblockrun.durations import fence_margin
@@ -35,6 +36,7 @@ from dblockrun.store import models as m
 from dblockrun.store.base import Disables
 from dblockrun.store.outage import Outage
 from dblockrun.store.runstore import RunStore
+from dblockrun.withheld import generation as withheld_generation
 from dblockrun.withheld import withheld
 
 if TYPE_CHECKING:
@@ -63,9 +65,12 @@ class RunContext:
     stop_grace: Callable[[], float | None]
     #: Takes each step of the runs and watches their commands.
     loop: RunLoop
-    #: The environment commands start from, read once: dict(os.environ)
-    #: decodes every variable again, 0.5 ms a start with a few dozen.
-    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: The environment commands start from, read once (dict(os.environ)
+    #: decodes every variable again, 0.5 ms a start with a few dozen) and
+    #: read-only, so what each job inherits of it is filtered once
+    #: (:func:`inherited_env`).
+    environ: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType(dict(os.environ)))
     #: Where the runs' starts and ends are told (dblockrun/events.py): the
     #: log, metrics, notifications and pings subscribe there.
     events: Events | None = None
@@ -131,15 +136,41 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _LOGIN_VARS = ("HOME", "USER", "LOGNAME", "SHELL")
 
 
+#: What :func:`inherited_env` filtered from a read-only environment, by the
+#: environment's id, the secrets' generation, ``env-inherit`` and whether the
+#: job has a ``user:``; each entry keeps its environment (so its id stays its
+#: own). Every run of a job filters the same daemon's environment the same
+#: way: a few dozen variables at every start of a 10,000-job burst.
+_INHERITED: dict[tuple[int, int, str | tuple[str, ...], bool],
+                 tuple[Mapping[str, str], dict[str, str]]] = {}
+#: Entries kept at most (one a job's env-inherit, a context, in practice).
+_INHERITED_MAX = 64
+
+
 def inherited_env(job: Job, environ: Mapping[str, str]) -> dict[str, str]:
     """What a command of ``job`` takes from ``environ`` (the daemon's
     environment), as its ``env-inherit`` says: all of it, none, or the
     variables named (``LC_*``: every name starting ``LC_``); a ``user:`` job
     inherits none unless it says so. The daemon's secrets
     (dblockrun/withheld.py) never; a PATH always (cron's when none is
-    inherited)."""
+    inherited). A read-only ``environ`` (the run context's) is filtered
+    once per ``env-inherit``; the caller gets its own copy."""
     inherit = job.env_inherit if job.env_inherit is not None else (
         "none" if job.user else "all")
+    if not isinstance(environ, MappingProxyType):
+        return _inherited(inherit, bool(job.user), environ)
+    key = (id(environ), withheld_generation(), inherit, bool(job.user))
+    kept = _INHERITED.get(key)
+    if kept is None or kept[0] is not environ:
+        if len(_INHERITED) >= _INHERITED_MAX:
+            _INHERITED.clear()
+        kept = _INHERITED[key] = (environ, _inherited(inherit, bool(job.user), environ))
+    return dict(kept[1])
+
+
+def _inherited(inherit: str | tuple[str, ...], user: bool,
+               environ: Mapping[str, str]) -> dict[str, str]:
+    """:func:`inherited_env`'s filter."""
     if inherit == "all":
         env = {k: v for k, v in environ.items() if not withheld(k)}
     elif inherit == "none":
@@ -149,7 +180,7 @@ def inherited_env(job: Job, environ: Mapping[str, str]) -> dict[str, str]:
         prefixes = tuple(n[:-1] for n in inherit if n.endswith("*"))
         env = {k: v for k, v in environ.items()
                if (k in names or (prefixes and k.startswith(prefixes))) and not withheld(k)}
-    if job.user:
+    if user:
         for name in _LOGIN_VARS:  # the user's own, set when it starts
             env.pop(name, None)
     env.setdefault("PATH", DEFAULT_PATH)

@@ -405,21 +405,24 @@ def _request(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, ids: 
     Raises OSError (E2BIG) naming what is too large for the kernel to
     execute, or for one request (the run fails with that reason, its
     command never started; the service and every other run go on)."""
-    # Four bytes a character at most: only a long string is encoded to measure it.
-    long = [("an argument", a) for a in argv if len(a) * 4 >= MAX_ARG]
-    long += [(f"variable {k[:80]}", f"{k}={v}") for k, v in env.items()
-             if (len(k) + len(v) + 1) * 4 >= MAX_ARG]
-    for what, text in long:
-        size = len(os.fsencode(text)) + 1  # with its NUL
-        if size > MAX_ARG:
-            raise OSError(errno.E2BIG, f"{what} is {size:,} bytes: at most {MAX_ARG:,} "
-                          "(Linux's limit for one argument or variable)")
     fields: dict[str, object] = {"argv": list(argv), "env": dict(env), "cwd": cwd,
                                  "ids": list(ids) if ids is not None else None, "fence": fence,
                                  "since": since, "grace": grace}
     if limits is not None:
         fields["limits"] = limits
     body = json.dumps(fields).encode()[1:]
+    # Four bytes a character at most, and the request holds every character
+    # (JSON escapes only lengthen it): only a request this long can hold a
+    # string over the limit, and only a long string is encoded to measure it.
+    if len(body) * 4 >= MAX_ARG:
+        long = [("an argument", a) for a in argv if len(a) * 4 >= MAX_ARG]
+        long += [(f"variable {k[:80]}", f"{k}={v}") for k, v in env.items()
+                 if (len(k) + len(v) + 1) * 4 >= MAX_ARG]
+        for what, text in long:
+            size = len(os.fsencode(text)) + 1  # with its NUL
+            if size > MAX_ARG:
+                raise OSError(errno.E2BIG, f"{what} is {size:,} bytes: at most {MAX_ARG:,} "
+                              "(Linux's limit for one argument or variable)")
     if len(body) + 32 > spawner.MAX_REQUEST:
         raise OSError(errno.E2BIG, f"the command and its environment are {len(body):,} bytes: "
                       f"at most {spawner.MAX_REQUEST:,} (the spawn service's limit)")
