@@ -8,7 +8,7 @@ Times vary threefold between days on this machine; counts do not. Every
 figure is counted on the wire by a proxy of bench/wirecount.py in front of
 the database (one per measured fleet or process, so that nothing else is
 counted), on a fresh database per scenario, with real `dblockrun` processes.
-The scenarios run side by side, both backends at once (about 100 s):
+The scenarios run side by side, both backends at once (about 110 s):
 
 * **burst**: 2,000 jobs due on one instant (a cron slot), 4 daemons: the
   statements they send from 1 s before the slot until 1 s after the last
@@ -67,7 +67,7 @@ import tempfile
 import time
 import tomllib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -106,7 +106,9 @@ BURST_PERIOD = 30  # seconds between the burst job's slots (the first one is mea
 BURST_LEAD = 35.0  # from writing the jobs file to the first slot (4 daemons start in 5-25 s)
 BURST_WAIT = 60.0  # the most seconds after the slot to wait for every run to end
 IDLE_JOBS = 1000
-IDLE_SETTLE = 5.0  # seconds after the daemon is up (its host row): its start-up's end
+#: Seconds after the daemon is up (its host row): its start-up and the
+#: first round interval's early rounds (one every 2 s) are over.
+IDLE_SETTLE = 14.0
 MINUTE = 60.0
 IDLE_SLACK = 6.0  # seconds of samples beyond the minute, to pick its quiet ends in
 SAMPLE_EVERY = 0.1
@@ -326,7 +328,19 @@ def burst(backend: str, folder: Path) -> list[Figure]:
                "opened by the daemons' pools meanwhile (on MariaDB their SETs aside above)"),
         Figure(backend, "burst", "starts_not_once", st.missing + st.duplicates,
                f"{st.missing} missing, {st.duplicates} twice"),
+        Figure(backend, "burst", "busiest_share", busiest_share(st.per_host, BURST_DAEMONS),
+               "starts per daemon " + "/".join(
+                   str(n) for n in sorted(st.per_host.values(), reverse=True))),
     ]
+
+
+def busiest_share(per_host: Mapping[str, int], daemons: int) -> float:
+    """The busiest daemon's starts over the mean (1.0: spread evenly; a
+    daemon that started none counts in the mean)."""
+    started = sum(per_host.values())
+    if not started:
+        return float("inf")
+    return round(max(per_host.values()) / (started / daemons), 2)
 
 
 # -- idle ---------------------------------------------------------------------------------
@@ -510,7 +524,7 @@ RUNS: dict[str, Callable[[str, Path], list[Figure]]] = {
 def measure(backends: Sequence[str], scenarios: Sequence[str] = SCENARIOS,
             folder: Path | None = None, took: dict[str, float] | None = None) -> list[Figure]:
     """Every figure of ``scenarios`` on ``backends``, all side by side (the
-    idle minute is the longest: about 100 s in all): each has its own
+    idle minute is the longest: about 110 s in all): each has its own
     database and proxies, so nothing one does is counted in another's
     figures. ``took``: filled with each one's seconds ("backend scenario")."""
     with tempfile.TemporaryDirectory(prefix="dblockrun-budget-") as tmp:

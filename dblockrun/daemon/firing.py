@@ -38,6 +38,12 @@ from dblockrun.timetext import utc
 
 log = logging.getLogger("dblockrun")
 
+#: The longest a host busy starting its share of a burst waits before it
+#: claims what the others left (seconds after its first claim).
+BUSY_WAIT = 3.0
+#: How often it looks at its workers' backlog meanwhile.
+LOOK_BACK = 0.05
+
 
 class Firing:
     """A daemon's attempts (see the module); what it shares with the
@@ -71,6 +77,8 @@ class Firing:
         self._replacing: set[str] = set()
         #: Job chains (after:): the triggers this host makes and takes.
         self.chains = chains
+        #: The runs a batch's claim started, while :meth:`_fire_batch` collects them.
+        self._batch_runs: list[JobRun] | None = None
         #: This host's drain (dblockrun drain): no claim is tried while it lasts.
         self.drain = state.drain
         #: The outages over (``Outage.ended``) the planner was told of.
@@ -247,8 +255,9 @@ class Firing:
 
     def _fire_batch(self, batch: list[tuple[Job, float, float]]) -> None:
         """Many jobs due at once: claim them in few statements, this host's
-        share first so the work spreads over the fleet, then (a moment later)
-        whatever no other host took."""
+        share first so the work spreads over the fleet, then whatever no
+        other host took: a moment later, and once its workers have begun
+        its share (:meth:`_until_begun`)."""
         groups: dict[tuple[float, float, float | None], list[Job]] = {}
         for job, slot, due_next in batch:
             groups.setdefault((slot, due_next, job.claim_spacing), []).append(job)
@@ -260,12 +269,14 @@ class Firing:
             hosts = self.books.live_hosts
             share = len(pending) if len(pending) < 4 * hosts else -(-len(pending) // hosts)
             first = time.monotonic()
+            runs: list[JobRun] = []
             capped = False  # --max-running held this host back in the last pass
             for look, limit in enumerate((share, len(pending))):
                 if not pending or self._stopping():
                     break
                 if limit != share:
                     self._pause(first + SHARE_WAIT - time.monotonic())
+                    self._until_begun(first, runs)
                 free = self.runs.free()
                 take = limit if free is None else min(limit, free)
                 capped = take < limit
@@ -287,10 +298,15 @@ class Firing:
                         outcomes[name] = (Outcome.DB_ERROR, delay)
                     pending = []
                     break
-                for claimed in won:
-                    self.metrics.claimed(claimed.name, "won")
-                    outcomes[claimed.name] = (self._start(
-                        by_name[claimed.name], claimed.token, slot, sent, claimed.run_id), 0.0)
+                self._batch_runs = runs
+                try:
+                    for claimed in won:
+                        self.metrics.claimed(claimed.name, "won")
+                        outcomes[claimed.name] = (self._start(
+                            by_name[claimed.name], claimed.token, slot, sent, claimed.run_id),
+                            0.0)
+                finally:
+                    self._batch_runs = None
                 taken = {c.name for c in won}
                 pending = [name for name in pending if name not in taken]
             look_again = max(0.0, first + SHARE_WAIT - time.monotonic())
@@ -303,6 +319,21 @@ class Firing:
             for job in jobs:
                 outcome, delay = outcomes.get(job.name, (Outcome.LOST, 0.0))
                 self._after(job, slot, outcome, delay)
+
+    def _until_begun(self, first: float, runs: list[JobRun]) -> None:
+        """Wait (at most BUSY_WAIT from ``first``) until a worker has begun
+        each of ``runs``, this host's share of a burst: a host late to the
+        burst (deciding it on a busy machine) claims its own share
+        meanwhile, and this one loses no time (its workers are busy until
+        then). The main loop waits with it, as it does for SHARE_WAIT."""
+        deadline = first + BUSY_WAIT
+        seen = 0  # runs[:seen] have begun (workers take them about in order)
+        while not self._stopping() and (left := deadline - time.monotonic()) > 0:
+            while seen < len(runs) and runs[seen].begun:
+                seen += 1
+            if seen == len(runs):
+                return
+            self._pause(min(LOOK_BACK, left))
 
     # -- plans in doubt --------------------------------------------------------------
 
@@ -422,6 +453,8 @@ class Firing:
                      run_id=run_id, seat=seat, lane=lane, upstream=upstream)
         self.runs.add(run)
         run.start()
+        if self._batch_runs is not None:
+            self._batch_runs.append(run)
         return Outcome.STARTED
 
     def _start_queued(self, queues: Queues, job: Job, token: int, slot: float | None,

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,9 @@ log = logging.getLogger("dblockrun")
 #: has written its host rows by then, so no host warns of a job another
 #: host that is starting too will run.
 SETTLE_ROUNDS = 2
+#: Seconds between rounds during the first :attr:`FleetBooks.interval`
+#: after the start-up's round; then one every interval.
+EARLY_ROUND = 2.0
 #: Every this many rounds, the slots a lock held with no run kept from
 #: everyone are recorded (:meth:`FleetBooks.held_slots`) ...
 HELD_EVERY = 5
@@ -156,13 +160,23 @@ class FleetBooks:
         return ROUND_EVERY * self.heartbeat
 
     def _loop(self) -> None:
-        delay = self.interval
+        # Rounds every EARLY_ROUND during the first interval too (each counts
+        # as none of the rounds :meth:`step` counts): the hosts of a fleet
+        # started together count each other before their first burst (the
+        # batch share, dblockrun/daemon/firing.py), however slowly each
+        # started, not a round later.
+        early_until = time.monotonic() + self.interval
+        delay = min(EARLY_ROUND, self.interval)
         rounds = 0
         while not self._worker.wait(delay):
             try:
-                rounds = self.step(rounds)
+                if time.monotonic() < early_until:
+                    self.round()
+                    delay = EARLY_ROUND
+                else:
+                    rounds = self.step(rounds)
+                    delay = self.interval
                 self.outage.ok()
-                delay = self.interval
             except DatabaseError as exc:
                 delay = min(self.interval, self.outage.failed("bookkeeping", exc))
             self._worker.ok()

@@ -334,6 +334,9 @@ class JobRun:
         #: Why its last attempt's command was not started (None: it was, or no attempt).
         self.not_started: str | None = None
         self.last_run_id: int | None = None
+        #: A worker has begun its first attempt (a burst's host, before it
+        #: claims more: dblockrun/daemon/firing.py ``_until_begun``).
+        self.begun = False
         self.done = Latch()
         self._recorded = run_id
         self._released = False
@@ -497,6 +500,7 @@ class JobRun:
         its claim and the command's start; the run's record is then swept
         ``lost`` by the bookkeeping)."""
         job, ctx = self.job, self.ctx
+        self.begun = True
         if self._lease_ran_out():
             self.not_started = "its lease ran out before the command could start"
             log.warning("job %s: not starting attempt %d: %s", self.label, attempt,
