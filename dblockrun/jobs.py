@@ -252,7 +252,9 @@ class Limits:
 
     @property
     def any(self) -> bool:
-        return any(getattr(self, f.name) is not None for f in fields(self))
+        """Whether any limit is set (asked at every start: a comparison with
+        the default, not a walk over the fields)."""
+        return self is not NO_LIMITS and self != NO_LIMITS
 
     def items(self) -> list[tuple[str, str]]:
         """(key, value) of each limit set, as the jobs file writes them."""
@@ -265,6 +267,10 @@ class Limits:
     def text(self) -> str:
         """``memory 512M, cpu-time 10m, nice 10``; empty without limits."""
         return ", ".join(f"{key} {value}" for key, value in self.items())
+
+
+#: No limit of any kind: what a job without ``limits:`` shares.
+NO_LIMITS = Limits()
 
 
 def _seconds_text(seconds: float | None) -> str | None:
@@ -426,7 +432,7 @@ class Job:
     #: ``overlap:``: one of :data:`OVERLAP`; ``allow N`` with its bound.
     overlap: str = "forbid"
     #: ``limits:``: what its commands may use (none set: no limit).
-    limits: Limits = Limits()
+    limits: Limits = NO_LIMITS
     #: ``after:``: the upstream jobs whose runs start one of this job's.
     after: After | None = None
     #: ``expect:``: its deadlines and durations (dblockrun/notify/alerts.py).
