@@ -41,7 +41,7 @@ log = logging.getLogger("dblockrun")
 #: The longest a host busy starting its share of a burst waits before it
 #: claims what the others left (seconds after its first claim).
 BUSY_WAIT = 3.0
-#: How often it looks at its workers' backlog meanwhile.
+#: How often it looks meanwhile whether its workers have begun its share.
 LOOK_BACK = 0.05
 
 
