@@ -211,11 +211,14 @@ class MemoryDaemon:
         # bookkeeping round), on the memory store's triggers (ChainStore).
         self.chains = Chains(state, 0.0)
         self.firing = Firing(state, planner, ctx, FleetBooks(state), queues, self.chains)
-        self.store.ensure_jobs([*(job.name for job in self.jobs.jobs), *all_seats(self.jobs)])
+        # (as loop.py: the file's rows and this host's every-host rows)
+        self.store.ensure_jobs([*(job.name for job in self.jobs.jobs), *all_seats(self.jobs),
+                                *(job.name for job in state.local.jobs.jobs if job.every_host)])
         self.renewer.start()
-        # (as loop.py: the enabled jobs with a schedule; a job after others
-        # runs only when a trigger starts it)
-        self.firing.planner.start([job for job in self.jobs.jobs
+        # (as loop.py: this host's enabled jobs with a schedule, an
+        # every-host job under its row's name; a job after others runs only
+        # when a trigger starts it)
+        self.firing.planner.start([job for job in state.local.jobs.jobs
                                    if job.enabled and job.scheduled], self.clock.now())
         self.step()
 

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from firingmem import DEADLINE, ClockedRunStore, CutStore, MemoryDaemon
@@ -192,8 +193,8 @@ def _slots(runs: list[RunRow]) -> Counter[float]:
     return Counter(r.slot for r in runs if r.slot is not None)
 
 
-def _oks(store: MemoryRunStore) -> list[RunRow]:
-    return [r for r in store.runs_of("tick") if r.result == m.OK]
+def _oks(store: MemoryRunStore, job: str = "tick") -> list[RunRow]:
+    return [r for r in store.runs_of(job) if r.result == m.OK]
 
 
 def test_latest_runs_the_newest_missed_slot_and_records_the_older(
@@ -913,3 +914,73 @@ def test_a_trigger_whose_upstream_ended_while_its_job_ran_is_skipped(
     assert {r.output for r in skipped} == {
         f"skipped: load was still running on {ran.host} (overlap: forbid)\n"}
     assert _unique_upstreams(runs)
+
+
+EVERY_HOST_TICK = """\
+    jobs:
+      tick:
+        cron: "* * * * * *"
+        on: every-host
+        command: "true"
+    """
+
+
+class RefusedAtClaim(ClockedRunStore):
+    """The fleet paused, or the job disabled, between a slot's decision and
+    its claim: once :attr:`late` is set, the next slot's claim finds the
+    pause (or disable) begun ``late`` seconds after its slot."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+        self.late: float | None = None
+        self.began: float | None = None
+
+    def claim_and_record(self, name: str, holder: str, lease: float, *,
+                         slot: float | None = None, **kwargs: Any) -> m.Claimed | None:
+        if self.late is not None and slot is not None:
+            self.clock.advance(max(0.0, slot + self.late - self.clock.now()))
+            self.began, self.late = self.clock.now(), None
+            if self.what == "pause":
+                self.pause(3600)  # dblockrun pause --for 1h
+            else:
+                self.disable(name, reason="maintenance", audited=True)  # dblockrun disable
+        return super().claim_and_record(name, holder, lease, slot=slot, **kwargs)
+
+
+@pytest.mark.parametrize("what", ["pause", "disable"])
+def test_an_every_host_slot_refused_by_a_pause_begun_after_it_came_due_is_recorded(
+        tmp_path: Path, daemons: list[MemoryDaemon], what: str) -> None:
+    """The fleet paused (or the job disabled) 0.6 s after an every-host
+    slot came due, before its claim reached the database: the claim is
+    refused, and no other host claims or records that row, so the slot gets
+    its one ``skipped`` record saying why; the slots that come due while
+    paused get none (not due), and once resumed the job runs again.
+
+    The fault soak's seed 499718 (MariaDB, CI): the claim of
+    ``every-host@d2`` reached the database 0.6 s after its slot, just after
+    the nemesis paused the fleet; the daemon took the refusal for a slot
+    another host won, and the slot had no record."""
+    store = RefusedAtClaim(what)
+    daemon = MemoryDaemon(EVERY_HOST_TICK, tmp_path, store=store)
+    daemons.append(daemon)
+    row, = (name for name in store.lock_states()[0] if name.startswith("tick@"))
+    daemon.go_on(lambda: len(_oks(store, row)) >= 2)
+    store.late = 0.6
+    daemon.until(store.clock.now() + 3.0)
+    assert store.began is not None
+    refused = math.floor(store.began)  # the slot whose claim the pause refused
+    runs = store.runs_of(row)
+    skipped = [r for r in runs if r.result == m.SKIPPED]
+    assert [(r.slot, r.output) for r in skipped] == [(refused, (
+        "skipped: the fleet was paused before its claim\n" if what == "pause"
+        else f"skipped: {row} was disabled before its claim\n"))], runs
+    assert not [r for r in runs if r.slot is not None and r.slot > refused]  # not due
+    if what == "pause":
+        store.resume()  # dblockrun resume
+    else:
+        store.enable(row)  # dblockrun enable
+    back = store.clock.now()
+    daemon.go_on(lambda: any((r.slot or 0.0) > back for r in _oks(store, row)))
+    count = coverage([r.record() for r in store.runs_of(row)], store, 1.0)
+    assert max(count.values()) == 1

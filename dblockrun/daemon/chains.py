@@ -200,8 +200,7 @@ class Chains:
         this look found it behind another trigger)."""
         lock = self.store.lock_state(job.name)
         now = self.clock.now()
-        if lock is not None and (lock.token < 0 or (lock.disabled_until is not None
-                                                    and lock.disabled_until > now)):
+        if lock is not None and lock.disabled_at(now):
             return Cause.UNCLAIMABLE, f"{job.name} is disabled"
         if self.store.control.paused() is not None:
             return Cause.UNCLAIMABLE, "the fleet is paused"

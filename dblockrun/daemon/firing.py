@@ -221,16 +221,50 @@ class Firing:
         except DatabaseError as exc:
             return self._failed(job, exc, f"claim {job.name}")
         self.metrics.claimed(job.name, "won" if won is not None else "lost")
-        if won is None and job.every_host and self.drain is not None:
-            # Only this host claims an every-host row: drained since it last
-            # read? (The claim predicate knew first.)
+        if won is None and job.every_host:
+            refused = self._refused(job, slot)
+            if refused is not None:
+                return refused
+        if won is None:
+            return Outcome.LOST, 0.0
+        return self._start(job, won.token, slot, sent, won.run_id), 0.0
+
+    def _refused(self, job: Job, slot: float | None) -> tuple[Outcome, float] | None:
+        """An every-host row's claim refused: no other host claims the row,
+        so why is read (a statement or two, only then; the claim predicate
+        knew first). This host drained since it last read: the slot is left
+        (:meth:`_left`). The fleet paused, or the job disabled, after the
+        slot came due (it landed between the slot's decision and its
+        claim): the slot is recorded ``skipped``, as every slot due outside
+        a pause or disable gets a record (docs/fleet.md). None: a slot that
+        came due while paused or disabled (not due: no record), or a row
+        held (the job's previous run)."""
+        if self.drain is not None:
             self.drain.told()
             self.drain.refresh()
             if self._drained():
                 return self._left(job, slot)
-        if won is None:
-            return Outcome.LOST, 0.0
-        return self._start(job, won.token, slot, sent, won.run_id), 0.0
+        if slot is None:
+            return None
+        began: float | None
+        try:
+            now = self.clock.now()
+            pause = self.store.control.paused()
+            if pause is not None:
+                began, why = pause.since, "the fleet was paused before its claim"
+            else:
+                lock = self.store.lock_state(job.name)
+                if lock is None or not lock.disabled_at(now):
+                    return None
+                began = self.store.disabled_since(job.name, now)
+                why = f"{job.name} was disabled before its claim"
+            self.outage.ok()
+        except DatabaseError as exc:
+            return self._failed(job, exc, f"read why the claim of {job.name} was refused")
+        if began is None or began <= slot:
+            return None
+        return self._record(job, Decision(Act.RECORD, slot, None,
+                                          plan=single(slot, Cause.UNCLAIMABLE, why)))
 
     def _drained(self) -> bool:
         return self.drain is not None and self.drain.drained() is not None
@@ -356,8 +390,7 @@ class Firing:
             return
         for job, cause, since in wanted:
             lock = locks.get(job.name)
-            disabled = lock is not None and (lock.token < 0 or (
-                lock.disabled_until is not None and lock.disabled_until > now))
+            disabled = lock is not None and lock.disabled_at(now)
             row = None if lock is None else Row(lock.last_slot, lock.last_start, lock.lock_until)
             began = None
             if disabled:

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from dblockrun.jobs import EVERY_HOST_SEP, LANE_PREFIX
+from dblockrun.store.control import Pause
 from dblockrun.store.engine import Claim
 from dblockrun.store.models import (
     CLAIM_TOLERANCE,
@@ -165,6 +166,7 @@ class MemoryRunStore:
         self._runs: dict[int, RunRow] = {}
         self._next_id = 1
         self._pause_ends: float | None = None
+        self._pause_since = 0.0
         self._drains: dict[str, float] = {}
         #: (downstream job, upstream run) -> the trigger, and when it was taken.
         self._triggers: dict[tuple[str, int], tuple[Trigger, float | None]] = {}
@@ -230,8 +232,8 @@ class MemoryRunStore:
             if for_seconds is not None:
                 end = now + for_seconds
             row.disabled_until, row.disabled_reason = end, reason
-            if audited:
-                self._disables.append((name, now))
+            if audited:  # (by job, as the audit trail: an every-host row's is its job's)
+                self._disables.append((name.split(EVERY_HOST_SEP, 1)[0], now))
             return end
 
     def disabled_since(self, name: str, now: float) -> float | None:
@@ -255,7 +257,8 @@ class MemoryRunStore:
     def pause(self, for_seconds: float) -> None:
         """The fleet-wide pause: no claim wins for ``for_seconds``."""
         with self._lock:
-            self._pause_ends = self.clock.now() + for_seconds
+            self._pause_since = self.clock.now()
+            self._pause_ends = self._pause_since + for_seconds
 
     def drain(self, host: str, for_seconds: float) -> None:
         """Refuse the claims of holders on ``host`` (``HOST:...``) for ``for_seconds``."""
@@ -721,11 +724,13 @@ class MemoryControl:
                 and row.token == run.token and row.lock_until is not None
                 and row.lock_until > now]
 
-    def paused(self) -> float | None:
-        """When the fleet-wide pause in effect now ends, None when none is."""
+    def paused(self) -> Pause | None:
+        """The fleet-wide pause in effect now, None when none is."""
         with self._s._lock:
             ends = self._s._pause_ends
-            return ends if ends is not None and ends > self._s.clock.now() else None
+            if ends is None or ends <= self._s.clock.now():
+                return None
+            return Pause(ends, self._s._pause_since, "tests", None)
 
     def running(self, job: str | None = None) -> list[RunRecord]:
         with self._s._lock:

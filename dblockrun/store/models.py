@@ -168,6 +168,12 @@ class LockState:
     #: a daemon claims it or it is withdrawn.
     run_requested: float | None = None
 
+    def disabled_at(self, now: float) -> bool:
+        """Whether the row refuses claims as a disabled job's does at
+        database time ``now``: a disable that has not ended, or a negative
+        token (a row edited by hand: ``dblockrun unlock`` repairs it)."""
+        return self.token < 0 or (self.disabled_until is not None and self.disabled_until > now)
+
 
 @dataclass(frozen=True)
 class Disable:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Protocol
 from dblockrun.store.models import CLAIM_TOLERANCE, RUNNING
 
 if TYPE_CHECKING:
+    from dblockrun.store.control import Pause
     from dblockrun.store.models import Claimed, LockState, RunRecord, Trigger
 
 
@@ -142,7 +143,8 @@ class RunStore(Protocol):
 
 
 class RunsControl(Protocol):
-    """The runs a daemon's attempts and queues read and stop (a part of
+    """The runs a daemon's attempts and queues read and stop, and the
+    fleet-wide pause (a part of
     :class:`~dblockrun.store.control.ControlStore`). A run is *held* while
     a lock row (the job's own, or one of its lanes: ``overlap: allow N``)
     has the run's token and a live lease."""
@@ -162,6 +164,12 @@ class RunsControl(Protocol):
         reason``) on the row that holds each (the job's or a lane with the
         run's token, its lease live), which its holder reads with its next
         renewal; audited. The runs asked."""
+        ...
+
+    def paused(self) -> Pause | None:
+        """The pause in effect now (``dblockrun pause``), None when none is:
+        what a lost claim reads to say why (an every-host row's,
+        dblockrun/daemon/firing.py; a job chain's, dblockrun/daemon/chains.py)."""
         ...
 
 
@@ -243,15 +251,6 @@ class FiringStore(RunStore, Protocol):
         ...
 
 
-class ChainsControl(RunsControl, Protocol):
-    """:class:`RunsControl` and the fleet-wide pause, what a job chain's
-    lost claim reads to say why (dblockrun/daemon/chains.py)."""
-
-    def paused(self) -> object | None:
-        """The pause in effect now (``dblockrun pause``), None when none is."""
-        ...
-
-
 class Drained(Protocol):
     """The drained hosts, as a job chain's lost claim reads them."""
 
@@ -271,7 +270,7 @@ class ChainStore(FiringStore, Protocol):
     holds both to one contract)."""
 
     @property
-    def control(self) -> ChainsControl:
+    def control(self) -> RunsControl:
         """The held runs and the fleet-wide pause."""
         ...
 
