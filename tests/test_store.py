@@ -255,6 +255,14 @@ def test_a_bookkeeping_round_reads_what_the_fleet_filed(store: Store) -> None:
     again = round_of("me:2:x", '{"a": "2"}')
     assert (again.live_others, again.differing) == (1, [])
     assert {h.id for h in store.hosts(seen_within=60)} == {"me:2:x", "other:1:x"}
+    # A drained host is live but takes no share of a burst (dblockrun drain other);
+    # a drain of a host whose name only begins the same is not its.
+    assert again.serving_others == 1
+    store.drains.drain("othe", Audit("alice@ops-1", "drain"), 3600)
+    assert round_of("me:2:x", '{"a": "2"}').serving_others == 1
+    store.drains.drain("other", Audit("alice@ops-1", "drain"), 3600)
+    drained = round_of("me:2:x", '{"a": "2"}')
+    assert (drained.live_others, drained.serving_others) == (1, 0)
 
 
 def test_hosts_register_with_offset(store: Store) -> None:

@@ -300,7 +300,7 @@ class Firing:
             outcomes: dict[str, tuple[Outcome, float]] = {}
             pending = list(by_name)
             random.shuffle(pending)
-            hosts = self.books.live_hosts
+            hosts = self.books.serving_hosts  # a drained host claims none
             share = len(pending) if len(pending) < 4 * hosts else -(-len(pending) // hosts)
             first = time.monotonic()
             runs: list[JobRun] = []

@@ -124,8 +124,11 @@ class FleetBooks:
         #: The jobs' ``expect:`` alerts, looked at after each round
         #: (dblockrun/notify/alerts.py: no statement without such jobs).
         self._alerts = alerts
-        #: Daemons seen within three heartbeats (at least 1): the batch share.
+        #: Daemons seen within three heartbeats (at least 1).
         self.live_hosts = 1
+        #: ... of them, those not drained, this one counted (at least 1): the
+        #: hosts a burst is shared among (dblockrun/daemon/firing.py).
+        self.serving_hosts = 1
         #: Rounds since the held slots were last looked at.
         self._since_held = 0
         self._drift_seen: set[tuple[str, str]] = set()
@@ -234,6 +237,7 @@ class FleetBooks:
         self._fields = {}
         self.clock.add(done.sample)
         self.live_hosts = 1 + done.live_others
+        self.serving_hosts = 1 + done.serving_others
         for lost in done.lost:
             self._tell_lost(lost)
             self._blocked_slots(lost)

@@ -887,10 +887,10 @@ class LockEngine:
         def go(cur: Any) -> BooksRound:
             wall0, mono0 = time.time(), time.monotonic()
             if self.q.one_round:
-                db, live, differing, requested, dead, told = self.x.send(
+                db, live, serving, differing, requested, dead, told = self.x.send(
                     cur, self.q.books_round, params).fetchone()
             else:  # MySQL: one result a statement
-                db, live = self.x.send(cur, self.q.books_round, params).fetchone()
+                db, live, serving = self.x.send(cur, self.q.books_round, params).fetchone()
                 differing, requested, dead, told = (_next_rows(cur) for _ in range(4))
                 cur.nextset()  # the host row's write
                 requested = [row[0] for row in requested]
@@ -898,7 +898,7 @@ class LockEngine:
             db = float(db)
             sample = ClockSample(db_now=db, offset=db - (wall0 + wall1) / 2,
                                  mono_offset=db - (mono0 + mono1) / 2, rtt=mono1 - mono0)
-            return BooksRound(sample, int(live),
+            return BooksRound(sample, int(live), int(serving),
                               [(str(h), None if j is None else str(j)) for h, j in differing or []],
                               [str(n) for n in requested or []],
                               self._mark_lost(cur, dead or [], host_id),

@@ -419,6 +419,7 @@ class BooksRound:
 
     sample: ClockSample
     live_others: int  # other hosts seen within ``within``
+    serving_others: int  # ... of them, those whose host is not drained
     #: (host id, definitions JSON) of the other live hosts whose definitions
     #: differ from this host's.
     differing: list[tuple[str, str | None]]

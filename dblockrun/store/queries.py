@@ -249,7 +249,12 @@ class Queries:
     @cached_property
     def not_drained(self) -> str:
         """The claiming holder's host (its id up to the first ``:``) is not drained."""
-        drain, holder = self.drain, f"CAST({self.p('holder')} AS {self.name_type})"
+        return self.undrained(f"CAST({self.p('holder')} AS {self.name_type})")
+
+    def undrained(self, holder: str) -> str:
+        """The host of ``holder`` (an expression: ``HOST:pid:random``, a
+        holder or a host row's id) is not drained."""
+        drain = self.drain
         return (f"NOT EXISTS (SELECT 1 FROM {drain} WHERE {drain}.ends > {self.now} "
                 f"AND {drain}.host = substr({holder}, 1, length({drain}.host)) "
                 f"AND substr({holder}, length({drain}.host) + 1, 1) = ':')")
@@ -916,9 +921,10 @@ class Queries:
     def books_round(self) -> str:
         """A daemon's idle bookkeeping round in one statement: this host's
         row written (inserted the first time; with its labels and targeting),
-        and read back in one row: the
-        database time, how many other hosts are live, the other live hosts
-        whose definitions differ from this one's (JSON ``[[id, jobs]...]``),
+        and read back in one row: the database time, how many other hosts
+        are live and how many of them are not drained (a burst's share,
+        dblockrun/daemon/firing.py), the other live hosts whose definitions
+        differ from this one's (JSON ``[[id, jobs]...]``),
         the jobs with a run-now request (JSON names), the dead runs (JSON
         rows of :attr:`lost_runs`) and the operator actions daemons log
         (:data:`TOLD_ACTIONS`) audited after ``audit_after``. Reads all run
@@ -938,6 +944,7 @@ class Queries:
                 f"fields = COALESCE(EXCLUDED.fields, {hosts}.fields) "
                 "RETURNING last_seen) "
                 f"SELECT (SELECT last_seen FROM me), (SELECT count(*) {others}), "
+                f"(SELECT count(*) {others} AND {self.undrained('h.id')}), "
                 f"(SELECT json_agg(json_build_array(h.id, h.jobs) ORDER BY h.hostname, h.id) "
                 f"{others} "
                 f"AND h.jobs IS DISTINCT FROM {p('jobs')}), "
@@ -1016,17 +1023,19 @@ class MysqlQueries(Queries):
     @cached_property
     def books_round(self) -> str:
         """A daemon's idle bookkeeping round in one round trip, as
-        statements of one query: (1) the database time and how many other
-        hosts are live, (2) the other live hosts whose definitions differ
-        from this one's, (3) the jobs with a run-now request, (4) the dead
-        runs (:attr:`lost_runs`), (5) the operator actions daemons log
-        audited after ``audit_after``, then this host's row written
+        statements of one query: (1) the database time, how many other
+        hosts are live and how many of them are not drained, (2) the other
+        live hosts whose definitions differ from this one's, (3) the jobs
+        with a run-now request, (4) the dead runs (:attr:`lost_runs`), (5)
+        the operator actions daemons log audited after ``audit_after``, then
+        this host's row written
         (inserted the first time). The reads come first, so this host is
         counted apart."""
         hosts, locks, p, now = self.hosts, self.locks, self.p, self.now
         others = (f"FROM {hosts} h WHERE h.id <> {p('id')} "
                   f"AND h.last_seen >= {now} - {p('within')}")
-        return (f"SELECT {now}, (SELECT count(*) {others}); "
+        return (f"SELECT {now}, (SELECT count(*) {others}), "
+                f"(SELECT count(*) {others} AND {self.undrained('h.id')}); "
                 f"SELECT h.id, h.jobs {others} AND NOT (h.jobs <=> {p('jobs')}) "
                 "ORDER BY h.hostname, h.id; "
                 f"SELECT {locks}.name FROM {locks} WHERE {locks}.run_requested IS NOT NULL; "

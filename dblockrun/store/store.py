@@ -795,7 +795,7 @@ class Store:
         requests, and the operator actions daemons log audited after
         ``audit_after``. PostgreSQL: one statement (store/queries.py
         ``books_round``); MySQL: one round trip of statements; SQLite:
-        five, and no requests (its daemons poll for them)."""
+        six, and no requests (its daemons poll for them)."""
         engine = self.lock_engine()
         if engine.q.books_in_one_trip:
             return engine.books_round(host_id, hostname=hostname, pid=pid, version=version,
@@ -810,8 +810,10 @@ class Store:
                             fields=fields)
         lost = self.sweep_lost(host_id)
         others = [h for h in self.hosts(seen_within=within) if h.id != host_id]
-        return BooksRound(sample, len(others), [(h.id, h.jobs) for h in others
-                                                if h.jobs != jobs], [], lost,
+        drained = {d.host for d in self.drains.current()}
+        serving = [h for h in others if h.id.partition(":")[0] not in drained]
+        return BooksRound(sample, len(others), len(serving),
+                          [(h.id, h.jobs) for h in others if h.jobs != jobs], [], lost,
                           self.control.told_after(audit_after))
 
     @property
