@@ -121,7 +121,8 @@ def test_the_budget_file_has_a_budget_for_every_figure_on_both_backends() -> Non
     budgets = budget.load_budgets()
     keys = {"burst.statements_per_start", "burst.connections", "burst.busiest_share",
             "idle.statements_per_minute",
-            "idle.round_trips_per_minute", "idle.bytes_per_minute", "one_run.statements",
+            "idle.round_trips_per_minute", "idle.bytes_per_minute", "idle.connections",
+            "one_run.statements",
             "commands.status", "commands.exec", "commands.run", "commands.kill"}
     for backend in SERVERS:
         for key in keys:
