@@ -179,8 +179,11 @@ def test_failed_sends_change_nothing_for_the_runs_and_are_counted(
     d.wait(lambda: len(hooks.under("/broken")) >= 3, 30, "three failed notifications")
     d.wait(lambda: metric(port, "dblockrun_pings_total", job="works", signal="success",
                           outcome="failed") >= 3, 20, "three failed pings")
-    assert metric(port, "dblockrun_notifications_total", job="fails", event="failure",
-                  outcome="failed") >= 3
+    # Counted once the daemon has the hook's answer, a moment after the hook
+    # has the request.
+    d.wait(lambda: metric(port, "dblockrun_notifications_total", job="fails",
+                          event="failure", outcome="failed") >= 3, 20,
+           "three failed notifications counted")
     # The runs are what the commands did: exit 4 failed, echo ok.
     assert {(r.result, r.exit_code) for r in runs_of(store, "fails")} <= {
         (m.FAILED, 4), (m.RUNNING, None)}
