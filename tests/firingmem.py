@@ -35,7 +35,6 @@ from dblockrun.running.heartbeat import DbClock, Renewer
 from dblockrun.running.runjob import RunContext
 from dblockrun.running.runloop import RunLoop, Step
 from dblockrun.running.seats import Queues
-from dblockrun.scheduling.limits import all_seats
 from dblockrun.scheduling.planner import Planner
 from dblockrun.store import Store
 from dblockrun.store.memory import ManualClock, MemoryRunStore, RunRow
@@ -211,9 +210,10 @@ class MemoryDaemon:
         # bookkeeping round), on the memory store's triggers (ChainStore).
         self.chains = Chains(state, 0.0)
         self.firing = Firing(state, planner, ctx, FleetBooks(state), queues, self.chains)
-        # (as loop.py: the file's rows and this host's every-host rows)
-        self.store.ensure_jobs([*(job.name for job in self.jobs.jobs), *all_seats(self.jobs),
-                                *(job.name for job in state.local.jobs.jobs if job.every_host)])
+        # (as loop.py: the file's rows, its seats and lanes, and this host's
+        # every-host rows; the memory store keeps no row's file name)
+        rows, every_host = state.local.rows()
+        self.store.ensure_jobs([*rows, *(name for name, _file_name in every_host)])
         self.renewer.start()
         # (as loop.py: this host's enabled jobs with a schedule, an
         # every-host job under its row's name; a job after others runs only
