@@ -260,6 +260,35 @@ def test_a_killed_service_leaves_no_command_running(tmp_path: Path, runs: list[R
     assert spawn.start().pid != service
 
 
+def test_a_service_killed_as_its_command_starts_leaves_no_run_waiting(
+        tmp_path: Path, runs: list[Run], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The command has started, but its run thread has not yet handed its
+    # pipes to the reactor when the service dies; the reactor, with nothing
+    # to read, ends. The run still ends (a CI run on a loaded machine waited
+    # for ever on its output).
+    posting, release = threading.Event(), threading.Event()
+    post = spawn.SpawnService.post
+
+    def held_post(self: spawn.SpawnService, todo: tuple[str, spawn.Spawned]) -> None:
+        if todo[0] == "add":
+            posting.set()
+            release.wait(10)
+        post(self, todo)
+
+    monkeypatch.setattr(spawn.SpawnService, "post", held_post)
+    service = spawn.start()
+    run = Run(["sh", "-c", f"touch {tmp_path}/go; sleep 60"])
+    runs.append(run)
+    assert posting.wait(10)
+    run.wait_started(tmp_path / "go")
+    os.kill(service.pid, signal.SIGKILL)
+    wait_for(lambda: not service._thread.is_alive(), 10, what="the reactor to end")
+    release.set()
+    outcome = run.finished(timeout=10)
+    assert outcome.reason == "stopped" and "the spawn service died" in (outcome.detail or "")
+    wait_for(lambda: not group_alive(run.pgid), 10, what="the group to go")
+
+
 def test_a_stopped_service_ends_quietly_and_the_next_start_is_a_new_one(
         runs: list[Run], caplog: pytest.LogCaptureFixture) -> None:
     """A backfill's or rerun's end (dblockrun/ops/again.py): the service

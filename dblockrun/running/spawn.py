@@ -217,6 +217,9 @@ class SpawnService:
         self._next_id = 0
         self._runs: dict[int, Spawned] = {}
         self._todo: collections.deque[tuple[str, Spawned]] = collections.deque()
+        #: Set by the reactor as it ends (under _lock): a todo posted after
+        #: it is settled by its poster, never left for a reactor that is gone.
+        self._reactor_ended = False
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread = threading.Thread(target=self._react, name="spawn-reactor", daemon=True)
         self._thread.start()
@@ -264,8 +267,20 @@ class SpawnService:
         return run
 
     def post(self, todo: tuple[str, Spawned]) -> None:
-        """Hand ``todo`` to the reactor."""
-        self._todo.append(todo)
+        """Hand ``todo`` to the reactor; once it has ended (the service died
+        and nothing was left to read), settle it here: a run whose start
+        raced the service's death has no output to read any more."""
+        with self._lock:
+            ended = self._reactor_ended
+            if not ended:
+                self._todo.append(todo)
+        if ended:
+            what, run = todo
+            if what == "add":
+                for fd, _sink in run.streams:
+                    os.close(fd)
+            run._output_done.set()
+            return
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:
@@ -297,7 +312,16 @@ class SpawnService:
         poll.register(self._sock, select.POLLIN)
         poll.register(self._wake_r, select.POLLIN)
         streams: dict[int, tuple[Spawned, LineSink, bytearray]] = {}
-        while self.alive or streams:
+        while True:
+            if not (self.alive or streams):
+                # The service is gone and every pipe read: end, unless a run
+                # started just before the death has posted its pipes since.
+                with self._lock:
+                    self._reactor_ended = not self._todo
+                if self._reactor_ended:
+                    break
+                self._do_todo(poll, streams)
+                continue
             for fd, _event in poll.poll():
                 try:
                     if fd == self._sock.fileno() and self.alive:
