@@ -215,10 +215,12 @@ def release(tmp_path: Path) -> Iterator[Path]:
 @pytest.mark.slow
 def test_an_exec_holds_one_connection(target: Target, tmp_path: Path, release: Path) -> None:
     """The claim, its renewals and the result, on one connection. Through a
-    transaction pooler it runs for six renewals (every second: a third of
-    the lease): psycopg would prepare the renewal at its fifth."""
+    transaction pooler it runs for six renewals (every 2 s: a third of the
+    lease): psycopg would prepare the renewal at its fifth. The lease is 6 s,
+    not 3: on a starved CI machine a 3 s lease ran out before its renewal
+    (the exec fenced, 143)."""
     db, started = target.db, tmp_path / "started"
-    ticks = 60 if target.mode == "transaction" else 5
+    ticks = 120 if target.mode == "transaction" else 5
     script = (f"touch {started}; n=0; while [ ! -e {release} ] || [ $n -lt {ticks} ]; "
               "do sleep 0.1; n=$((n+1)); done")
     # The schema first: the first exec on a database without it creates it
@@ -227,7 +229,7 @@ def test_an_exec_holds_one_connection(target: Target, tmp_path: Path, release: P
     assert init.returncode == 0, init.stderr
     proc = track(subprocess.Popen(
         [*dblockrun_cmd(), "--db", db.url, "--table-prefix", db.prefix, "exec", "--name",
-         "conn", "--lease", "3s", "--", "sh", "-c", script],
+         "conn", "--lease", "6s", "--", "sh", "-c", script],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=REPO))
     try:
         wait_for(lambda: started.exists() or proc.poll() is not None, 30,

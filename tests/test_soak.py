@@ -314,4 +314,5 @@ def test_fault_soak(db: TestDb, tmp_path: Path) -> None:
     # Every kind of violation fails, as in bench/soak.py.
     assert not report.violations, (
         f"{report.figures()}\n" + "\n".join(str(v) for v in report.violations[:50])
+        + "".join(f"\n{line}" for line in report.evidence)
         + f"\nreplay: {report.replay()}")

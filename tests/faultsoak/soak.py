@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from faketime import find_faketime
@@ -15,8 +16,17 @@ from helpers import wait_for
 
 from dblockrun.errors import DatabaseError
 from dblockrun.store import Store
+from dblockrun.store import models as m
 from dblockrun.store.control import Audit
-from faultsoak.checker import Checker, Quiet, Violation, Window, count, daemon_problems
+from faultsoak.checker import (
+    Checker,
+    Quiet,
+    Violation,
+    Window,
+    count,
+    daemon_problems,
+    iso,
+)
 from faultsoak.fleet import Host, Hosts
 from faultsoak.nemesis import Action, Fault, play, schedule
 from faultsoak.workload import LEASE, SCRIPT, jobs_yaml, read_commands
@@ -73,6 +83,10 @@ class Report:
     records: int = 0
     runs: int = 0
     violations: list[Violation] = field(default_factory=list)
+    #: For the first coverage violations: what the daemons logged and the
+    #: database recorded of that job around its slot, and the faults then,
+    #: so that a failure seen once under CI's load carries its own story.
+    evidence: list[str] = field(default_factory=list)
 
     def figures(self) -> str:
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(self.injected.items()))
@@ -85,6 +99,40 @@ class Report:
     def replay(self) -> str:
         return (f"python bench/soak.py --backend {self.backend} --seed {self.seed} "
                 f"--seconds {self.seconds:g}")
+
+
+#: Around a coverage violation's slot: the seconds of records and log lines shown.
+AROUND = 6.0
+
+
+def evidence(violations: list[Violation], records: list[m.RunRecord], faults: list[Fault],
+             wall_begin: float, names: list[str], logs: dict[str, Path],
+             most: int = 3) -> list[str]:
+    """What happened around the slot of each of the first ``most`` coverage
+    violations: the faults, the job's records, its daemons' log lines."""
+    out: list[str] = []
+    for v in [v for v in violations if v.kind == "coverage" and v.slot is not None][:most]:
+        assert v.slot is not None
+        first, last = v.slot - AROUND, v.slot + AROUND
+        out.append(f"-- around {v}")
+        out += [f"  fault {f.describe(names)}" for f in faults
+                if wall_begin + f.at <= last and wall_begin + f.end >= first]
+        out += [f"  record {r.id} slot {iso(r.slot)} {r.result} by {r.host} token {r.token} "
+                f"at {iso(r.started)}: {(r.output or '').strip()[:160]}"
+                for r in records if r.job == v.row and r.slot is not None
+                and first <= r.slot <= last]
+        job = f"job {v.row}:"
+        for name, path in logs.items():
+            for line in path.read_text(errors="replace").splitlines():
+                stamp = line[:24]
+                try:
+                    at = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+                except ValueError:
+                    continue
+                if first <= at <= last + 1 and (job in line or "database" in line
+                                                or "fleet " in line):
+                    out.append(f"  {name}: {line[:240]}")
+    return out
 
 
 def print_schedule(faults: list[Fault], names: list[str], seed: int,
@@ -243,6 +291,8 @@ def run_soak(url: str, prefix: str, backend: str, seconds: float, seed: int, wor
         checker = Checker(records, commands,
                           Window(wall_begin + EDGE_START, stop_at - EDGE_END), names, quiet)
         report.violations = checker.check(problems)
+        report.evidence = evidence(report.violations, records, faults, wall_begin, names,
+                                   {d.name: d.log for d in fleet.hosts})
         report.slots = checker.slots_checked
         report.records = len(records)
         report.runs = len(commands)
