@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from dblockrun.daemon.halts import halted
 from dblockrun.daemon.state import DaemonState
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import Job, JobsFile
@@ -198,12 +199,10 @@ class Chains:
         upstream run ended: the trigger was due when nothing ran, as a slot
         due then would have run; it waits its turn, not skipped because
         this look found it behind another trigger)."""
-        lock = self.store.lock_state(job.name)
-        now = self.clock.now()
-        if lock is not None and lock.disabled_at(now):
-            return Cause.UNCLAIMABLE, f"{job.name} is disabled"
-        if self.store.control.paused() is not None:
-            return Cause.UNCLAIMABLE, "the fleet is paused"
+        halt = halted(self.store, job.name, self.clock.now())
+        if halt is not None:
+            return Cause.UNCLAIMABLE, ("the fleet is paused" if halt.job is None
+                                       else f"{halt.job} is disabled")
         if self.store.drains.drained(self.holder.partition(":")[0]) is not None:
             return None  # this host is drained (dblockrun drain): the others take it
         running = [run for run in self.store.control.running(job.name)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from dblockrun.daemon.chains import Chains
 from dblockrun.daemon.drain import DRAINED_REASON
 from dblockrun.daemon.fleet import FleetBooks
+from dblockrun.daemon.halts import halted
 from dblockrun.daemon.state import DaemonState
 from dblockrun.errors import DatabaseError
 from dblockrun.jobs import Job
@@ -246,23 +247,15 @@ class Firing:
                 return self._left(job, slot)
         if slot is None:
             return None
-        began: float | None
         try:
-            now = self.clock.now()
-            pause = self.store.control.paused()
-            if pause is not None:
-                began, why = pause.since, "the fleet was paused before its claim"
-            else:
-                lock = self.store.lock_state(job.name)
-                if lock is None or not lock.disabled_at(now):
-                    return None
-                began = self.store.disabled_since(job.name, now)
-                why = f"{job.name} was disabled before its claim"
+            halt = halted(self.store, job.name, self.clock.now(), since=True)
             self.outage.ok()
         except DatabaseError as exc:
             return self._failed(job, exc, f"read why the claim of {job.name} was refused")
-        if began is None or began <= slot:
+        if halt is None or halt.since is None or halt.since <= slot:
             return None
+        why = ("the fleet was paused before its claim" if halt.job is None
+               else f"{halt.job} was disabled before its claim")
         return self._record(job, Decision(Act.RECORD, slot, None,
                                           plan=single(slot, Cause.UNCLAIMABLE, why)))
 
