@@ -23,8 +23,9 @@ class Halt:
 
 def halted(store: FiringStore, name: str, now: float, *, since: bool = False) -> Halt | None:
     """The pause in effect now, else the disable of job ``name``, else
-    None: one statement, two for a disabled job, three with ``since`` (when
-    its disable began; a pause's start comes with it)."""
+    None: one statement while paused, else two (the job's lock row), three
+    for a disabled job with ``since`` (when its disable began; a pause's
+    start comes with the pause)."""
     pause = store.control.paused()
     if pause is not None:
         return Halt(None, pause.since)
