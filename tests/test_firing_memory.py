@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -923,12 +923,25 @@ EVERY_HOST_TICK = """\
         on: every-host
         command: "true"
     """
+#: The same, beside a one-host job due on the same instants: the two are
+#: claimed together, in one batch (Firing._fire_batch).
+EVERY_HOST_TICK_IN_A_BATCH = """\
+    jobs:
+      tick:
+        cron: "* * * * * *"
+        on: every-host
+        command: "true"
+      other:
+        cron: "* * * * * *"
+        command: "true"
+    """
 
 
 class RefusedAtClaim(ClockedRunStore):
     """The fleet paused, or the job disabled, between a slot's decision and
-    its claim: once :attr:`late` is set, the next slot's claim finds the
-    pause (or disable) begun ``late`` seconds after its slot."""
+    its claim: once :attr:`late` is set, the next slot's claim (alone or in
+    a batch) finds the pause (or disable) begun ``late`` seconds after its
+    slot."""
 
     def __init__(self, what: str) -> None:
         super().__init__()
@@ -936,33 +949,49 @@ class RefusedAtClaim(ClockedRunStore):
         self.late: float | None = None
         self.began: float | None = None
 
+    def _halt(self, names: Sequence[str], slot: float | None) -> None:
+        if self.late is None or slot is None:
+            return
+        self.clock.advance(max(0.0, slot + self.late - self.clock.now()))
+        self.began, self.late = self.clock.now(), None
+        if self.what == "pause":
+            self.pause(3600)  # dblockrun pause --for 1h
+        else:  # dblockrun disable, of the every-host row
+            row, = (name for name in names if name.startswith("tick@"))
+            self.disable(row, reason="maintenance", audited=True)
+
     def claim_and_record(self, name: str, holder: str, lease: float, *,
                          slot: float | None = None, **kwargs: Any) -> m.Claimed | None:
-        if self.late is not None and slot is not None:
-            self.clock.advance(max(0.0, slot + self.late - self.clock.now()))
-            self.began, self.late = self.clock.now(), None
-            if self.what == "pause":
-                self.pause(3600)  # dblockrun pause --for 1h
-            else:
-                self.disable(name, reason="maintenance", audited=True)  # dblockrun disable
+        self._halt([name], slot)
         return super().claim_and_record(name, holder, lease, slot=slot, **kwargs)
 
+    def claim_batch(self, names: Sequence[str], holder: str, lease: float, *, slot: float,
+                    **kwargs: Any) -> list[m.Claimed]:
+        self._halt(names, slot)
+        return super().claim_batch(names, holder, lease, slot=slot, **kwargs)
 
+
+@pytest.mark.parametrize("claim", ["alone", "batch"])
 @pytest.mark.parametrize("what", ["pause", "disable"])
 def test_an_every_host_slot_refused_by_a_pause_begun_after_it_came_due_is_recorded(
-        tmp_path: Path, daemons: list[MemoryDaemon], what: str) -> None:
+        tmp_path: Path, daemons: list[MemoryDaemon], what: str, claim: str) -> None:
     """The fleet paused (or the job disabled) 0.6 s after an every-host
     slot came due, before its claim reached the database: the claim is
     refused, and no other host claims or records that row, so the slot gets
     its one ``skipped`` record saying why; the slots that come due while
-    paused get none (not due), and once resumed the job runs again.
+    paused get none (not due), and once resumed the job runs again. Alike
+    whether the row is claimed alone or in a batch with the other jobs due
+    on the same instant.
 
     The fault soak's seed 499718 (MariaDB, CI): the claim of
     ``every-host@d2`` reached the database 0.6 s after its slot, just after
     the nemesis paused the fleet; the daemon took the refusal for a slot
-    another host won, and the slot had no record."""
+    another host won, and the slot had no record. Seed 83646 (MariaDB, CI,
+    after that fix): the same for ``every-host@d3``, woken from SIGSTOP with
+    its other jobs due, in a batch claim, which had not read why."""
     store = RefusedAtClaim(what)
-    daemon = MemoryDaemon(EVERY_HOST_TICK, tmp_path, store=store)
+    daemon = MemoryDaemon(EVERY_HOST_TICK if claim == "alone" else EVERY_HOST_TICK_IN_A_BATCH,
+                          tmp_path, store=store)
     daemons.append(daemon)
     row, = (name for name in store.lock_states()[0] if name.startswith("tick@"))
     daemon.go_on(lambda: len(_oks(store, row)) >= 2)

@@ -221,14 +221,21 @@ class Firing:
             self.outage.ok()
         except DatabaseError as exc:
             return self._failed(job, exc, f"claim {job.name}")
-        self.metrics.claimed(job.name, "won" if won is not None else "lost")
-        if won is None and job.every_host:
+        if won is None:
+            return self._lost(job, slot)
+        self.metrics.claimed(job.name, "won")
+        return self._start(job, won.token, slot, sent, won.run_id), 0.0
+
+    def _lost(self, job: Job, slot: float | None) -> tuple[Outcome, float]:
+        """A claim of ``job`` refused, alone or in a batch: another host won
+        it, or for an every-host row (which no other host claims), why is
+        read (:meth:`_refused`)."""
+        self.metrics.claimed(job.name, "lost")
+        if job.every_host:
             refused = self._refused(job, slot)
             if refused is not None:
                 return refused
-        if won is None:
-            return Outcome.LOST, 0.0
-        return self._start(job, won.token, slot, sent, won.run_id), 0.0
+        return Outcome.LOST, 0.0
 
     def _refused(self, job: Job, slot: float | None) -> tuple[Outcome, float] | None:
         """An every-host row's claim refused: no other host claims the row,
@@ -341,8 +348,7 @@ class Firing:
                 if capped:  # left to the other hosts: looked at once more
                     outcomes[name] = (Outcome.AT_LIMIT, look_again)
                 else:
-                    self.metrics.claimed(name, "lost")
-                    outcomes[name] = (Outcome.LOST, 0.0)
+                    outcomes[name] = self._lost(by_name[name], slot)
             for job in jobs:
                 outcome, delay = outcomes.get(job.name, (Outcome.LOST, 0.0))
                 self._after(job, slot, outcome, delay)
