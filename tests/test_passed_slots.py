@@ -321,6 +321,49 @@ def test_a_lost_holders_unrecorded_busy_slots_are_recorded_by_the_bookkeeping(
     assert store.run(won.run_id).result == m.LOST  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("claimed_first", [False, True], ids=["run-out", "claimed-first"])
+def test_slots_a_lost_runs_lock_at_least_kept_after_its_lease_are_recorded(
+        store: Store, claimed_first: bool) -> None:
+    """The fault soak (PostgreSQL, seed 24153): a holder with a 3 s lease
+    and lock-at-least 4 s was cut off; once its lease ran out another
+    host's sweep recorded its run lost, and the next slot, inside the
+    lock-at-least, was refused by every host's claim and recorded by none:
+    the lock's end the bookkeeping went by was the lease's. The lost run's
+    lock is now held until its lock-at-least is over, as its end would
+    have held it, so the slots it keeps get one ``skipped`` record each:
+    from the bookkeeping once it has run out, or through the gap of the
+    claim that moved the job on first."""
+    job = Job(name="spaced", cron="* * * * * *", command="true", lock_at_least=3.0)
+    store.ensure_jobs([job.name])
+    p = float(int(store.db_now()))
+    won = store.claim_and_record(job.name, "dead", 0.5, slot=p, rate=job.claim_spacing)
+    assert won is not None and won.run_id is not None
+    claimed = store.lock_state(job.name)
+    assert claimed is not None and claimed.locked_at is not None
+    assert claimed.lock_until is not None
+    start, lease_end = claimed.locked_at, claimed.lock_until
+    wait_for(lambda: store.db_now() > lease_end, 10, what="the lease to run out")
+    books = books_of(store, "h2", job)
+    books.round()  # its sweep records the run lost
+    assert store.run(won.run_id).result == m.LOST  # type: ignore[union-attr]
+    held = store.lock_state(job.name).lock_until  # type: ignore[union-attr]
+    assert held == pytest.approx(start + job.lock_at_least, abs=0.01)
+    end = held
+    if claimed_first:  # another host moves the job on before any bookkeeping looks
+        wait_for(lambda: store.db_now() > held, 10, what="the lock-at-least to end")
+        end = float(int(store.db_now()))
+        assert store.claim_and_record(job.name, "h3", 30, slot=end,
+                                      rate=job.claim_spacing) is not None
+    else:
+        wait_for(lambda: store.db_now() > held + 1.0, 10, what="the lock to have run out")
+    books.held_slots()
+    books_of(store, "h3", job).held_slots()  # a second host looks too: recorded once
+    kept = [p + k for k in range(1, 10) if p + k < min(held, end)]
+    assert len(kept) >= 2  # the slots after the lease's end the lock-at-least kept
+    skipped = sorted(r.slot or 0.0 for r in runs_of(store, job.name) if r.result == m.SKIPPED)
+    assert skipped == kept
+
+
 # -- a batch claim another host was making when it died -----------------------
 
 

@@ -185,6 +185,10 @@ class FleetBookkeeping(HeldGaps, Protocol):
 
     def sweep_lost(self, recorder: str = "?") -> list[m.LostRun]: ...
 
+    def release(self, name: str, holder: str, token: int, lock_at_least: float = 0.0) -> bool:
+        """A run the sweep recorded lost: its lock held until its
+        ``lock_at_least`` is over, as the run's end would have held it."""
+
     def trim_pool(self) -> bool: ...
 
 
